@@ -1,0 +1,1 @@
+"""Orchestration shared by every system: configs, run lifecycle, meters, records, tracking."""

@@ -1,0 +1,71 @@
+"""Backend resolution: which engine runs a job, and whether its numbers are measured or simulated."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.config import ConfigError
+
+# Real engine of each family (DESIGN.md): the TTC engine runs on torch, the others on vLLM.
+REAL_ENGINE = {"ttc": "torch", "tts": "vllm", "serving": "vllm"}
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str        # torch | vllm | sim
+    device: str      # cpu | cuda | sim
+    simulated: bool
+    reason: str      # one line for the first line of output and the record
+
+    @property
+    def label(self) -> str:
+        return "simulated" if self.simulated else "measured"
+
+
+def cuda_available() -> bool:
+    """True when a CUDA GPU is usable by torch. Checks NVML first so CPU machines stay fast."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        if n == 0:
+            return False
+    except Exception:
+        return False
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def resolve_backend(cfg, family: str) -> Backend:
+    """Resolve ``backend.name``/``backend.device`` for a family.
+
+    auto: the family's real engine on a CUDA GPU, else the simulated backend on ``hardware``.
+    Raises ConfigError for a real backend the family has no engine for, or device=cuda without CUDA.
+    """
+    name, device = cfg.backend.name, cfg.backend.device
+    hw = cfg.hardware.name
+    if name == "auto":
+        if cuda_available():
+            name, device = REAL_ENGINE[family], "cuda"
+            return Backend(name, device, False, f"backend=auto -> real {name} engine on CUDA GPU")
+        return Backend("sim", "sim", True,
+                       f"backend=auto -> SIMULATED backend on the '{hw}' profile (no CUDA GPU found); "
+                       f"all numbers below are simulated")
+    if name == "sim":
+        return Backend("sim", "sim", True, f"backend=sim -> SIMULATED backend on the '{hw}' profile; "
+                                           f"all numbers below are simulated")
+    real = REAL_ENGINE[family]
+    if name != real:
+        raise ConfigError(f"backend={name!r} is not allowed for system={cfg.system.name!r} "
+                          f"(family {family}): use auto, sim or {real}")
+    has_cuda = cuda_available() if device in ("auto", "cuda") else False
+    if device == "cuda" and not has_cuda:
+        raise ConfigError(f"backend.device='cuda' is not allowed here: no CUDA GPU is available "
+                          f"(use backend.device=cpu or backend=sim)")
+    if device == "auto":
+        device = "cuda" if has_cuda else "cpu"
+    return Backend(name, device, False, f"backend={name} -> real {name} engine on {device.upper()} "
+                                        f"(measured; hardware profile '{hw}' used only for defaults)")

@@ -1,0 +1,166 @@
+"""Structured-config schemas for the shared config groups, and validation helpers.
+
+Every YAML option of a group extends its schema through its defaults list
+(``defaults: [_hardware_schema, _self_]``), so Hydra type-checks it at composition. Family-specific
+groups (workload kinds, system knobs) are registered by ``systems/<family>/config.py`` modules,
+each exposing ``register(cs: ConfigStore)``; ``register_configs()`` calls them all.
+
+Semantic checks that types cannot express (beams divisible by beam width, a KV budget large enough
+for one beam, ...) raise :class:`ConfigError` from the family's ``validate(cfg)`` before any work
+starts.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+FAMILY_MODULES = ["systems.ttc.config", "systems.tts.config", "systems.serving.config"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is not allowed. The message names the field, the value and what is allowed."""
+
+
+def bad(field_name: str, value: Any, allowed: str) -> ConfigError:
+    """Build a ConfigError naming the field, the value and what is allowed."""
+    return ConfigError(f"{field_name}={value!r} is not allowed: {allowed}")
+
+
+@dataclass
+class HardwareConfig:
+    """A device profile. Per-device numbers; every number's source is in ``sources``.
+
+    Units: bytes, bytes/s, FLOP/s, seconds, watts, MHz.
+    """
+    name: str = MISSING
+    kind: str = "gpu"                     # gpu | cpu
+    description: str = ""
+    num_gpus: int = 1
+    memory_bytes: int = MISSING           # device memory per GPU (bytes)
+    peak_flops: float = MISSING           # dense fp16/bf16 tensor FLOP/s per GPU
+    mem_bw: float = MISSING               # device memory bandwidth (B/s)
+    h2d_bw: float = MISSING               # effective host->device copy bandwidth, pinned (B/s)
+    d2h_bw: float = MISSING               # effective device->host copy bandwidth, pinned (B/s)
+    launch_overhead_s: float = 0.0        # fixed cost per decoder layer per forward launch (s)
+    flops_efficiency: float = 0.6         # achieved / peak for large GEMMs
+    mem_efficiency: float = 0.8           # achieved / peak for streaming reads
+    interconnect_bw: float = 0.0          # GPU<->GPU (NVLink) B/s, for TP/PP
+    tdp_w: float = 0.0
+    idle_w: float = 0.0
+    clock_min_mhz: int = 0
+    clock_max_mhz: int = 0
+    clock_default_mhz: int = 0
+    clock_step_mhz: int = 15
+    kv_budget: Any = None                 # default KV budget for offloading studies (bytes or "7GiB")
+    power: Dict[str, Any] = field(default_factory=dict)     # power-model parameters (serving family)
+    measured: Dict[str, Any] = field(default_factory=dict)  # calibrated values, with their date
+    sources: Dict[str, str] = field(default_factory=dict)   # field -> spec sheet / measurement
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a decoder-only LM: the exact shapes of the named model.
+
+    ``hf_model_type`` is the transformers ``model_type`` that builds it (random weights from this
+    config unless ``weights`` is a local checkpoint directory). ``hf_config`` carries extra
+    constructor fields of that transformers config class.
+    """
+    name: str = MISSING
+    paper_name: str = ""                  # how the paper calls it
+    hf_model_type: str = MISSING          # opt | llama | qwen2 | mistral | ...
+    maps_to: str = ""                     # why this transformers class stands for the paper's model
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_heads: int = MISSING
+    num_kv_heads: int = MISSING
+    head_dim: int = MISSING
+    intermediate_size: int = MISSING
+    vocab_size: int = MISSING
+    max_position: int = 2048
+    dtype: str = "float16"                # float16 | bfloat16 | float32 | float64
+    weights: str = "random"               # random | /path/to/local/checkpoint
+    num_params: Optional[int] = None      # parameter count; None = derived from the shapes
+    hf_config: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class VerifierConfig(ModelConfig):
+    """A verifier / reward model (same shapes as a model); ``name: none`` means no verifier."""
+    name: str = "none"
+    hf_model_type: str = ""
+    num_layers: int = 0
+    hidden_size: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    step_tag_id: Optional[int] = None     # token id of the PRM step tag
+
+
+@dataclass
+class BackendConfig:
+    """Which engine executes the system: ``auto`` = the real engine on a CUDA GPU, else ``sim``."""
+    name: str = "auto"                    # auto | torch | vllm | sim
+    device: str = "auto"                  # auto | cpu | cuda
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment tracking. Local files stay the source of truth."""
+    name: str = "wandb"                   # wandb | none
+    mode: str = "offline"                 # offline | online | disabled
+    project: str = "ttc-sched-bench"
+    entity: Optional[str] = None
+
+
+BACKENDS = ("auto", "torch", "vllm", "sim")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def register_configs() -> None:
+    """Register every schema with Hydra's ConfigStore (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(group="hardware", name="_hardware_schema", node=HardwareConfig)
+    cs.store(group="model", name="_model_schema", node=ModelConfig)
+    cs.store(group="verifier", name="_verifier_schema", node=VerifierConfig)
+    cs.store(group="backend", name="_backend_schema", node=BackendConfig)
+    cs.store(group="tracking", name="_tracking_schema", node=TrackingConfig)
+    for mod in FAMILY_MODULES:
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name == mod:
+                continue
+            raise
+        m.register(cs)
+
+
+def _first(*values):
+    """Resolver ``${first:a,b,...}``: the first value that is not null (top-level shortcuts)."""
+    for v in values:
+        if v is not None and v != "None":
+            return v
+    return None
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("first"):
+        OmegaConf.register_new_resolver("first", _first)
+
+
+def validate_common(cfg) -> None:
+    """Checks shared by every family. Raises ConfigError."""
+    if cfg.backend.name not in BACKENDS:
+        raise bad("backend", cfg.backend.name, f"one of {', '.join(BACKENDS)}")
+    if cfg.backend.device not in DEVICES:
+        raise bad("backend.device", cfg.backend.device, f"one of {', '.join(DEVICES)}")
+    if cfg.model.dtype not in DTYPES:
+        raise bad("model.dtype", cfg.model.dtype, f"one of {', '.join(DTYPES)}")
+    if cfg.hardware.kind not in ("gpu", "cpu"):
+        raise bad("hardware.kind", cfg.hardware.kind, "gpu or cpu")

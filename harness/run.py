@@ -1,0 +1,179 @@
+"""Run lifecycle shared by every system.
+
+``run(cfg)``: validate the composed config (before any work), resolve the backend and say which on
+the first line of output, skip a job whose valid record exists, run the family's runner
+(``systems/<family>/runner.py``: ``validate(cfg)`` and ``run(cfg, ctx) -> RunResult``), and write
+the record atomically. An OOM or a failure mid-run is a recorded result (status ``oom``/``error``),
+never a lost one.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness import records
+from harness.backend import Backend, resolve_backend
+from harness.config import ConfigError, validate_common
+from harness.tracking import make_tracker
+
+log = logging.getLogger(__name__)
+
+
+class RunOOM(RuntimeError):
+    """Raised by an engine when the configuration does not fit in (real or simulated) memory."""
+
+
+@dataclass
+class RunResult:
+    """What a family runner returns.
+
+    summary: scalar metrics (SI units: seconds, bytes, joules) stored in run.json.
+    display: rows (label, key, formatter) for the printed table; values come from ``summary``,
+        so the printed table and the record cannot disagree.
+    tables: name -> pandas DataFrame, each written as ``<name>.parquet``.
+    """
+    status: str = "ok"                   # ok | oom | error
+    message: str = ""
+    summary: Dict[str, Any] = field(default_factory=dict)
+    display: List[Tuple[str, str, Callable[[Any], str]]] = field(default_factory=list)
+    tables: Dict[str, Any] = field(default_factory=dict)
+    extra: Dict[str, Any] = field(default_factory=dict)   # stored verbatim in run.json
+
+
+@dataclass
+class RunContext:
+    cfg: DictConfig
+    backend: Backend
+    outdir: Path
+    tracker: Any
+    show_progress: bool = True
+
+    def progress(self, total: int, desc: str):
+        """A tqdm bar (stderr) for steps done / total inside the job."""
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, disable=not self.show_progress, leave=False,
+                    dynamic_ncols=True)
+
+
+def family_of(cfg) -> str:
+    return cfg.system.family
+
+
+def load_runner(family: str):
+    return importlib.import_module(f"systems.{family}.runner")
+
+
+def output_dir(cfg) -> Path:
+    if cfg.get("output_dir"):
+        return Path(cfg.output_dir)
+    from hydra.core.hydra_config import HydraConfig
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def validate(cfg) -> Tuple[Any, Backend]:
+    """All checks that must pass before work starts. Returns (runner module, backend)."""
+    validate_common(cfg)
+    family = family_of(cfg)
+    try:
+        runner = load_runner(family)
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"system={cfg.system.name!r}: family {family!r} is not available ({e})") from None
+    runner.validate(cfg)
+    backend = resolve_backend(cfg, family)
+    if hasattr(runner, "validate_backend"):
+        runner.validate_backend(cfg, backend)
+    return runner, backend
+
+
+def print_table(cfg, backend: Backend, res: RunResult, outdir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    tag = " [SIMULATED]" if backend.simulated else ""
+    t = Table(title=f"{cfg.system.name} | {cfg.model.name} | {cfg.hardware.name if backend.simulated else backend.device}"
+                    f" | status={res.status}{tag}", show_header=True)
+    t.add_column("metric")
+    t.add_column("value" + (" (simulated)" if backend.simulated else " (measured)"), justify="right")
+    for label, key, fmt in res.display:
+        v = res.summary.get(key)
+        t.add_row(label, "n/a" if v is None else fmt(v))
+    con = Console(width=110)
+    con.print(t)
+    if res.message:
+        con.print(f"status {res.status}: {res.message}")
+    con.print(f"record: {outdir / 'run.json'}")
+
+
+def run(cfg: DictConfig) -> Dict[str, Any]:
+    """Run one job from a composed config and return its record (also written to run.json).
+
+    Raises ConfigError (before any work and before any file is written) for bad input.
+    """
+    runner, backend = validate(cfg)
+    print(backend.reason, flush=True)
+    outdir = output_dir(cfg)
+    records.check_writable(outdir)
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    chash = records.config_hash(cfg_dict)
+    if cfg.get("resume", True):
+        prev = records.load_valid_record(outdir, chash)
+        if prev is not None:
+            print(f"skipping: valid record exists ({outdir / 'run.json'}, status {prev['status']})")
+            return prev
+
+    rec: Dict[str, Any] = {
+        "record_version": records.RECORD_VERSION,
+        "run_id": outdir.name,
+        "experiment": cfg.get("experiment_name"),
+        "system": cfg.system.name, "family": family_of(cfg), "model": cfg.model.name,
+        "hardware_profile": cfg.hardware.name,
+        "backend": {"name": backend.name, "device": backend.device, "simulated": backend.simulated,
+                    "label": backend.label, "reason": backend.reason},
+        "seed": cfg.get("seed"),
+        "config_hash": chash,
+        "config": cfg_dict,
+        "git": records.git_info(),
+        "packages": records.package_versions(),
+        "inventory": records.hardware_inventory(),
+        "started_at": datetime.now(timezone.utc).isoformat(),
+    }
+    tracker = make_tracker(cfg_dict, cfg.get("tracking"), outdir,
+                           name=f"{cfg.system.name}-{outdir.name}", group=cfg.get("sweep_name"))
+    ctx = RunContext(cfg, backend, outdir, tracker, show_progress=bool(cfg.get("progress", True)))
+    t0 = time.perf_counter()
+    try:
+        res = runner.run(cfg, ctx)
+    except RunOOM as e:
+        res = RunResult(status="oom", message=str(e))
+    except MemoryError as e:
+        res = RunResult(status="oom", message=f"host MemoryError: {e}")
+    except Exception as e:
+        if type(e).__name__ == "OutOfMemoryError":   # torch.cuda.OutOfMemoryError
+            res = RunResult(status="oom", message=str(e).splitlines()[0])
+        else:
+            log.error("run failed: %s", traceback.format_exc())
+            res = RunResult(status="error", message=f"{type(e).__name__}: {e}")
+    rec.update(status=res.status, message=res.message, wall_s=time.perf_counter() - t0,
+               finished_at=datetime.now(timezone.utc).isoformat(),
+               summary=res.summary, tables=sorted(res.tables), **res.extra)
+    for name, df in res.tables.items():
+        try:
+            records.atomic_write_parquet(outdir / f"{name}.parquet", df)
+        except Exception as e:   # a table that cannot be written must not lose the record
+            rec.setdefault("table_errors", {})[name] = str(e)
+    records.atomic_write_json(outdir / "run.json", rec)
+    try:
+        tracker.log_summary({"status": res.status, "simulated": backend.simulated, **res.summary})
+        for name, df in res.tables.items():
+            tracker.log_table(name, df)
+    finally:
+        tracker.finish(res.status)
+    print_table(cfg, backend, res, outdir)
+    return rec

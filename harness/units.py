@@ -1,0 +1,48 @@
+"""Byte sizes with units: ``7GiB``, ``512MiB``, ``24GB`` or a plain number of bytes."""
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value, field: str = "size") -> int:
+    """Parse a byte size.
+
+    Args:
+        value: int/float bytes, or a string such as ``"7GiB"``, ``"512 MiB"``, ``"24GB"``, ``"1e9"``.
+        field: name used in the error message.
+    Returns:
+        The size in bytes (int).
+    Raises:
+        ValueError: naming the field, the value and the accepted forms.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{field}={value!r} is not a size; use bytes or a unit such as 7GiB, 512MiB")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"{field}={value!r} must be >= 0 bytes")
+        return int(value)
+    m = _SIZE_RE.match(str(value))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS:
+        raise ValueError(
+            f"{field}={value!r} is not a size; use bytes (e.g. 7516192768) or a number with one of the "
+            f"units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (e.g. 7GiB, 512MiB)")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def fmt_bytes(n: float | None, unit: str = "GiB") -> str:
+    """Format bytes in a binary unit, e.g. ``fmt_bytes(3<<30) == '3.00 GiB'``."""
+    if n is None:
+        return "n/a"
+    return f"{n / _UNITS[unit.lower()]:.2f} {unit}"
+
+
+GiB = 1 << 30
+MiB = 1 << 20

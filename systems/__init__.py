@@ -1,0 +1,1 @@
+"""Systems under test, one sub-package per family: ttc/ (LBS), tts/ (FastTTS), serving/ (BEAM)."""

@@ -1,0 +1,17 @@
+import pytest
+
+from harness.units import parse_size
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("7GiB", 7 * 2**30), ("512MiB", 512 * 2**20), ("24GB", 24 * 10**9), ("1024", 1024),
+    (4096, 4096), ("1.5 KiB", 1536), ("2e3", 2000),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["7 giga", "GiB", "-1", -5, True, "1.2.3MiB"])
+def test_parse_size_rejects(bad):
+    with pytest.raises(ValueError, match="kv_budget"):
+        parse_size(bad, "kv_budget")
