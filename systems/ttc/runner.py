@@ -1,0 +1,205 @@
+"""Runner of the TTC family: validates the config, drives the step-wise beam search, and hands each
+step's plan to an executor (``sim.SimExecutor`` or ``torch_engine.TorchExecutor``)."""
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from harness.config import ConfigError, bad
+from harness.run import RunContext, RunResult
+from harness.units import GiB, parse_size
+from systems.ttc import analytic
+from systems.ttc.config import SCHEDULERS
+from systems.ttc.plan import DTYPE_BYTES, KVGeometry, Scheduler
+from systems.ttc.sim import SimExecutor, model_params
+from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
+
+_gib = lambda v: f"{v / GiB:,.2f} GiB"
+_s = lambda v: f"{v:,.3f} s"
+_pct = lambda v: f"{100 * v:.1f} %"
+
+
+def kv_budget_bytes(cfg, *, live: Optional[int] = None) -> Optional[int]:
+    """The device KV budget (bytes): system.kv_budget, else the hardware profile's, else derived
+    from device memory minus weights (10 % runtime reserve). ``live`` (free device memory from
+    ``torch.cuda.mem_get_info``) applies on real GPUs when nothing is configured."""
+    for field, val in (("kv_budget", cfg.system.get("kv_budget")), ("hardware.kv_budget", cfg.hardware.get("kv_budget"))):
+        if val is not None:
+            try:
+                return parse_size(val, field)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+    if live is not None:
+        return live
+    weights = model_params(cfg.model) * DTYPE_BYTES[cfg.model.dtype]
+    return max(0, int(cfg.hardware.memory_bytes * 0.9) - weights)
+
+
+def validate(cfg) -> None:
+    w, s = cfg.workload, cfg.system
+    if w.get("kind") != "ttc_beam":
+        raise bad("workload", w.get("name"), "a TTC workload (ttc_beam) for the LBS family systems")
+    if s.scheduler not in SCHEDULERS:
+        raise bad("system.scheduler", s.scheduler, f"one of {', '.join(SCHEDULERS)}")
+    if w.beam_width < 1:
+        raise bad("workload.beam_width", w.beam_width, "an integer >= 1")
+    if w.beams < 1 or w.beams % w.beam_width:
+        raise bad("beams", w.beams, f"a positive multiple of beam_width={w.beam_width} "
+                                    f"(beams = beam size x beam width)")
+    if w.prompt_len < 1:
+        raise bad("prompt_len", w.prompt_len, "an integer >= 1")
+    if w.gen_len < 1:
+        raise bad("gen_len", w.gen_len, "an integer >= 1")
+    if not 0 < w.step <= w.gen_len:
+        raise bad("step", w.step, f"an integer in 1..gen_len={w.gen_len}")
+    if w.prompt_len + w.gen_len > cfg.model.max_position:
+        raise bad("gen_len", w.gen_len, f"prompt_len + gen_len <= the model's max_position "
+                                        f"({cfg.model.max_position}) for {cfg.model.name}")
+    if w.scorer not in ("logprob",):
+        raise bad("workload.scorer", w.scorer, "logprob")
+    budget = kv_budget_bytes(cfg) if (s.get("kv_budget") is not None or cfg.hardware.get("kv_budget") is not None) else None
+    if budget is not None and s.scheduler != "in_gpu":
+        one_beam = (w.prompt_len + w.gen_len) * KVGeometry.from_model(cfg.model).kv_token
+        if budget < one_beam:
+            raise bad("kv_budget", s.get("kv_budget") or cfg.hardware.get("kv_budget"),
+                      f"at least one beam's KV at full length: {one_beam} B ({one_beam / 2**20:.2f} MiB) "
+                      f"for {cfg.model.name} at {w.prompt_len + w.gen_len} tokens; got {budget} B "
+                      f"({budget / 2**20:.2f} MiB)")
+
+
+def validate_backend(cfg, backend) -> None:
+    if backend.name == "torch" and cfg.system.scheduler == "hf_offload":
+        return
+    if backend.simulated and cfg.system.scheduler == "hf_offload":
+        raise bad("backend", "sim", "torch for system=hf_offload (it runs transformers' own offloaded cache)")
+
+
+def _executor(cfg, ctx: RunContext, budget):
+    if ctx.backend.simulated:
+        return SimExecutor(cfg.hardware, cfg.model, cfg.seed)
+    from systems.ttc.torch_engine import TorchExecutor
+    return TorchExecutor(cfg.model, device=ctx.backend.device, budget_bytes=budget, seed=cfg.seed,
+                         scheduler=cfg.system.scheduler, record_tree=cfg.system.get("record_tree", False))
+
+
+def _live_budget(ctx: RunContext) -> Optional[int]:
+    if ctx.backend.device != "cuda":
+        return None
+    import torch
+    free, _ = torch.cuda.mem_get_info()
+    return int(free * 0.9)
+
+
+def run(cfg, ctx: RunContext) -> RunResult:
+    w, sysc = cfg.workload, cfg.system
+    if sysc.scheduler == "hf_offload":
+        from systems.ttc.hf_offload import run_hf_offload
+        return run_hf_offload(cfg, ctx)
+    geom = KVGeometry.from_model(cfg.model)
+    budget = kv_budget_bytes(cfg, live=None if ctx.backend.simulated else _live_budget(ctx))
+    sched_budget = None if (sysc.scheduler == "in_gpu" and budget is None) else budget
+    scheduler = Scheduler(sysc.scheduler, geom, sched_budget, inter_beam=sysc.inter_beam,
+                          prefetch=sysc.prefetch, prompt_len=w.prompt_len, gen_len=w.gen_len)
+    n_beams, beam_size = w.beams, w.beams // w.beam_width
+    pred = analytic.predict(cfg.model, num_beams=n_beams, prompt_len=w.prompt_len, gen_len=w.gen_len,
+                            step=w.step, mem_gpu=budget or 0, dtype_bytes=geom.dtype_bytes)
+    summary = {"kv_budget_bytes": budget, "beams": n_beams, "step": w.step, "gen_len": w.gen_len,
+               "prompt_len": w.prompt_len, "full_kv_bytes": scheduler.full_kv_bytes(n_beams), **pred}
+    summary["eq_prediction_bytes"] = (pred["eq3_layerwise_bytes"] if sysc.scheduler == "layerwise"
+                                      else pred["eq5_lbs_bytes"] if sysc.scheduler == "lbs" else 0)
+    if sysc.scheduler == "in_gpu" and not scheduler.fits_whole_request(n_beams):
+        summary["oom"] = True
+        return RunResult(status="oom", summary=summary, display=DISPLAY,
+                         message=f"in_gpu: KV of {n_beams} beams at {w.prompt_len + w.gen_len} tokens "
+                                 f"({scheduler.full_kv_bytes(n_beams) / GiB:.2f} GiB) exceeds the KV "
+                                 f"budget ({budget / GiB:.2f} GiB)")
+
+    ex = _executor(cfg, ctx, sched_budget)
+    rng = np.random.default_rng(cfg.seed)
+    prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
+    tree = BeamTree(w.prompt_len)
+    n_steps = math.ceil(w.gen_len / w.step)
+    rows, group_rows, kept_log = [], [], []
+    try:
+        pre = ex.prefill(tree, prompt, offload=not scheduler.fits_whole_request(n_beams) or sysc.scheduler == "layerwise")
+        tot = {"compute_s": pre.compute_s, "io_stall_s": pre.io_stall_s, "other_s": 0.0,
+               "h2d_bytes": pre.h2d_bytes, "d2h_bytes": pre.d2h_bytes}
+        peak = pre.peak_device_bytes
+        beams = initial_beams(tree, n_beams, cfg.seed)
+        bar = ctx.progress(n_steps, f"{sysc.name} steps")
+        for i in range(n_steps):
+            T = min(w.step, w.gen_len - i * w.step)
+            plan = scheduler.plan(i, tree, beams, T)
+            o = ex.execute_step(plan, tree, beams)
+            for k, b in enumerate(beams):
+                b.cum_logprob += float(o.logprob_delta[k])
+                if o.tokens is not None:
+                    b.tokens.extend(o.tokens[k])
+                tree.segments[b.leaf].length = T
+            other = 0.0
+            if i + 1 < n_steps:
+                t0 = time.perf_counter()
+                new = select_and_expand(tree, beams, beam_size, w.beam_width)
+                other = ex.expand(plan, tree, beams, new)
+                if not ex.simulated:
+                    other = time.perf_counter() - t0
+                kept_log.append({"step": i, "kept": sorted({b.parent_uid for b in new})})
+                beams = new
+            for k in ("compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):
+                tot[k] += getattr(o, k)
+            tot["other_s"] += other
+            peak = max(peak, o.peak_device_bytes)
+            rows.append({"step": i, "start_tokens": plan.start, "tokens": T, "groups": plan.num_groups,
+                         "capacity": plan.capacity, "compute_s": o.compute_s, "io_stall_s": o.io_stall_s,
+                         "other_s": other, "latency_s": o.compute_s + o.io_stall_s + other,
+                         "h2d_bytes": o.h2d_bytes, "d2h_bytes": o.d2h_bytes,
+                         "plan_h2d_bytes": plan.h2d_bytes, "plan_d2h_bytes": plan.d2h_bytes,
+                         "peak_device_bytes": o.peak_device_bytes})
+            group_rows.extend(o.group_rows)
+            bar.update(1)
+        bar.close()
+    finally:
+        ex.close()
+
+    e2e = tot["compute_s"] + tot["io_stall_s"] + tot["other_s"]
+    best = max(beams, key=lambda b: (b.cum_logprob, -b.uid))
+    steps_df = pd.DataFrame(rows)
+    summary.update({
+        "e2e_s": e2e, "compute_s": tot["compute_s"], "io_stall_s": tot["io_stall_s"], "other_s": tot["other_s"],
+        "io_share": tot["io_stall_s"] / e2e if e2e > 0 else 0.0,
+        "h2d_bytes": tot["h2d_bytes"], "d2h_bytes": tot["d2h_bytes"],
+        "plan_h2d_bytes": int(steps_df.plan_h2d_bytes.sum()), "plan_d2h_bytes": int(steps_df.plan_d2h_bytes.sum()),
+        "groups_per_step": float(steps_df.groups.mean()), "peak_device_kv_bytes": peak,
+        "tokens_per_s": n_beams * w.gen_len / e2e if e2e > 0 else None,
+        "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid),
+        "energy_j": ex.energy_j(e2e, tot["compute_s"]) if hasattr(ex, "energy_j") else None,
+    })
+    tables = {"steps": steps_df}
+    if group_rows:
+        tables["groups"] = pd.DataFrame(group_rows)
+    extra = {"beam_tree": kept_log} if cfg.system.get("record_tree") else {}
+    if hasattr(ex, "final_tokens"):
+        extra["best_tokens"] = best.tokens
+    return RunResult(status="ok", summary=summary, display=DISPLAY, tables=tables, extra=extra)
+
+
+DISPLAY = [
+    ("end-to-end latency", "e2e_s", _s),
+    ("compute", "compute_s", _s),
+    ("I/O stall", "io_stall_s", _s),
+    ("other (prune + expand)", "other_s", _s),
+    ("I/O share of latency", "io_share", _pct),
+    ("host->GPU", "h2d_bytes", _gib),
+    ("GPU->host", "d2h_bytes", _gib),
+    ("Eq.1-5 prediction (host->GPU)", "eq_prediction_bytes", _gib),
+    ("  Eq.1-3 layer-wise", "eq3_layerwise_bytes", _gib),
+    ("  Eq.4-5 LBS", "eq5_lbs_bytes", _gib),
+    ("groups per step (mean)", "groups_per_step", lambda v: f"{v:.2f}"),
+    ("peak device KV", "peak_device_kv_bytes", _gib),
+    ("KV budget", "kv_budget_bytes", _gib),
+    ("energy", "energy_j", lambda v: f"{v:,.0f} J"),
+]
