@@ -13,12 +13,30 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from harness.run import run
+    from harness.run import run, run_isolated, should_isolate
     try:
-        run(cfg)
+        run_isolated(cfg) if should_isolate(cfg) else run(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        if not _record_invalid_sweep_job(cfg, e):
+            sys.exit(2)
+
+
+def _record_invalid_sweep_job(cfg: DictConfig, err: Exception) -> bool:
+    """In a multirun, an invalid job is recorded (status error) so the sweep goes on."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        return False
+    from pathlib import Path
+
+    from harness import records
+    out = Path(HydraConfig.get().runtime.output_dir)
+    records.atomic_write_json(out / "run.json", {
+        "record_version": records.RECORD_VERSION, "run_id": out.name, "status": "error",
+        "message": f"invalid configuration: {err}", "system": cfg.system.name, "model": cfg.model.name,
+        "summary": {}, "config": {"overrides": list(HydraConfig.get().overrides.task)}})
+    return True
 
 
 if __name__ == "__main__":

@@ -149,9 +149,22 @@ def _first(*values):
     return None
 
 
+def _parallel_jobs(backend_name: str) -> int:
+    """Resolver ``${parallel_jobs:${backend.name}}``: sweep jobs in parallel (all cores) only when
+    every job is simulated; real engines run one job at a time so measurements do not interfere."""
+    if backend_name == "sim":
+        return -1
+    if backend_name == "auto":
+        from harness.backend import cuda_available
+        return 1 if cuda_available() else -1
+    return 1
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("first"):
         OmegaConf.register_new_resolver("first", _first)
+    if not OmegaConf.has_resolver("parallel_jobs"):
+        OmegaConf.register_new_resolver("parallel_jobs", _parallel_jobs)
 
 
 def validate_common(cfg) -> None:

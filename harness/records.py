@@ -137,7 +137,8 @@ def hardware_inventory() -> Dict[str, Any]:
 
 def config_hash(cfg_dict: Dict[str, Any]) -> str:
     """Hash of the resolved config minus bookkeeping keys (output paths, tracking, progress)."""
-    drop = {"results_dir", "sweep_name", "tracking", "progress", "output_dir", "resume", "hydra"}
+    drop = {"results_dir", "sweep_name", "tracking", "progress", "output_dir", "resume", "hydra",
+            "isolate", "report", "experiment_name"}
     core = {k: v for k, v in cfg_dict.items() if k not in drop}
     return hashlib.sha256(json.dumps(_jsonable(core), sort_keys=True).encode()).hexdigest()[:16]
 

@@ -177,3 +177,54 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         tracker.finish(res.status)
     print_table(cfg, backend, res, outdir)
     return rec
+
+
+# --- process isolation for real-engine jobs in a sweep ------------------------------------------
+
+def _child(cfg_yaml: str) -> None:
+    from harness.config import register_configs, register_resolvers
+    register_resolvers()
+    register_configs()
+    run(OmegaConf.create(cfg_yaml))
+
+
+def run_isolated(cfg: DictConfig) -> Optional[Dict[str, Any]]:
+    """Run the job in a fresh child process (spawned), so no GPU/vLLM state leaks into the next
+    job of the sweep; a child that dies (segfault, OOM kill) is recorded as ``error``."""
+    import multiprocessing as mp
+    validate(cfg)                                   # bad input fails here, before any work
+    outdir = output_dir(cfg)
+    records.check_writable(outdir)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["output_dir"] = str(outdir)
+    p = mp.get_context("spawn").Process(target=_child, args=(OmegaConf.to_yaml(resolved),))
+    p.start()
+    p.join()
+    rec_path = outdir / "run.json"
+    if p.exitcode != 0 and not rec_path.exists():
+        how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
+        rec = {"record_version": records.RECORD_VERSION, "run_id": outdir.name, "status": "error",
+               "message": f"job process died ({how}) before writing its record",
+               "system": cfg.system.name, "family": family_of(cfg), "model": cfg.model.name,
+               "config": resolved, "config_hash": records.config_hash(resolved), "summary": {}}
+        records.atomic_write_json(rec_path, rec)
+        print(f"job died ({how}); recorded as error in {rec_path}")
+        return rec
+    return None
+
+
+def should_isolate(cfg: DictConfig) -> bool:
+    """``isolate: auto`` isolates real-engine jobs of a multirun; true/false force it."""
+    mode = cfg.get("isolate", "auto")
+    if isinstance(mode, bool):
+        return mode
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:
+        return False
+    if not multirun:
+        return False
+    _, backend = validate(cfg)
+    return not backend.simulated
