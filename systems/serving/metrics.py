@@ -1,0 +1,82 @@
+"""Serving metrics shared by the simulator and the real engine: TTFT/TBT percentiles, SLO
+attainment, energy, decision time and the predictor's error (BEAM Tab. 1).
+
+Definitions: TTFT = first token time - arrival; TBT = gap between consecutive tokens of a request.
+TTFT attainment = share of requests with TTFT <= SLO (unfinished requests miss); TBT attainment =
+share of requests whose mean TBT (TPOT) <= SLO (requests with one output token meet it);
+``slo_tbt_token_attainment`` = share of all token gaps <= SLO.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import numpy as np
+import pandas as pd
+
+
+def _pct(x: np.ndarray, q: float) -> Optional[float]:
+    x = x[np.isfinite(x)]
+    return float(np.percentile(x, q)) if len(x) else None
+
+
+def prediction_error(req: pd.DataFrame, dec: pd.DataFrame, gaps: np.ndarray, gap_times: np.ndarray) -> Dict[str, Any]:
+    """MAPE (%) of the controller's predictions against what happened.
+
+    TTFT: decisions at a request's arrival predict its TTFT. TBT: S2 decisions (no TTFT predicted)
+    predict the TBT of the tokens emitted until the next decision (their mean gap).
+    """
+    out: Dict[str, Any] = {"pred_ttft_mape_pct": None, "pred_tbt_mape_pct": None}
+    if dec.empty:
+        return out
+    a = dec[(dec.trigger == "arrival") & dec.pred_ttft_s.notna() & (dec.request >= 0)]
+    if len(a):
+        actual = req["ttft_s"].to_numpy()[a.request.to_numpy(int)]
+        ok = np.isfinite(actual) & (actual > 0)
+        if ok.any():
+            out["pred_ttft_mape_pct"] = float(100 * np.mean(np.abs(a.pred_ttft_s.to_numpy()[ok] - actual[ok]) / actual[ok]))
+    s2 = dec[dec.pred_tbt_s.notna() & dec.pred_ttft_s.isna() & (dec.trigger != "tick")]
+    if len(s2) and len(gaps):
+        order = np.argsort(gap_times, kind="stable")
+        gt, gv = gap_times[order], gaps[order]
+        t = dec.time_s.to_numpy()
+        idx = np.searchsorted(t, s2.time_s.to_numpy(), side="right")
+        t_next = np.append(t, np.inf)[idx]
+        lo = np.searchsorted(gt, s2.time_s.to_numpy(), side="left")
+        hi = np.searchsorted(gt, t_next, side="left")
+        cs = np.concatenate([[0.0], np.cumsum(gv)])
+        n = hi - lo
+        ok = n > 0
+        if ok.any():
+            mean = (cs[hi[ok]] - cs[lo[ok]]) / n[ok]
+            out["pred_tbt_mape_pct"] = float(100 * np.mean(np.abs(s2.pred_tbt_s.to_numpy()[ok] - mean) / mean))
+    return out
+
+
+def summarize(req: pd.DataFrame, gaps: np.ndarray, gap_times: np.ndarray, dec: pd.DataFrame,
+              energy_j: Optional[float], makespan_s: float, slo_ttft: float, slo_tbt: float) -> Dict[str, Any]:
+    """Summary scalars (SI units). ``energy_j`` None = unavailable (kept None, never 0)."""
+    ttft = req["ttft_s"].to_numpy(float)
+    tbt_mean = req["tbt_mean_s"].to_numpy(float)
+    done = np.isfinite(req["finish_s"].to_numpy(float))
+    out_tok = int(req["generated"].sum())
+    s: Dict[str, Any] = {
+        "requests": int(len(req)), "completed": int(done.sum()),
+        "makespan_s": float(makespan_s), "output_tokens": out_tok,
+        "throughput_tok_s": out_tok / makespan_s if makespan_s > 0 else None,
+        "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90), "ttft_p99_s": _pct(ttft, 99),
+        "tbt_p50_s": _pct(gaps, 50), "tbt_p90_s": _pct(gaps, 90), "tbt_p99_s": _pct(gaps, 99),
+        "tpot_p90_s": _pct(tbt_mean, 90),
+        "slo_ttft_s": slo_ttft, "slo_tbt_s": slo_tbt,
+        "slo_ttft_attainment": float(np.mean(np.nan_to_num(ttft, nan=np.inf) <= slo_ttft)) if len(req) else None,
+        "slo_tbt_attainment": float(np.mean(np.where(req["output_len"].to_numpy() <= 1, True,
+                                                     np.nan_to_num(tbt_mean, nan=np.inf) <= slo_tbt) & (done | (req["output_len"].to_numpy() <= 1)))) if len(req) else None,
+        "slo_tbt_token_attainment": float(np.mean(gaps <= slo_tbt)) if len(gaps) else None,
+        "energy_j": energy_j,
+        "energy_per_token_j": (energy_j / out_tok) if (energy_j is not None and out_tok) else None,
+        "avg_power_w": (energy_j / makespan_s) if (energy_j is not None and makespan_s > 0) else None,
+        "decisions": int(len(dec)),
+        "decision_us_p50": _pct(dec["decision_us"].to_numpy(float), 50) if len(dec) else None,
+        "decision_us_p99": _pct(dec["decision_us"].to_numpy(float), 99) if len(dec) else None,
+    }
+    s.update(prediction_error(req, dec, gaps, gap_times))
+    return s

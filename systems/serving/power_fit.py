@@ -1,0 +1,117 @@
+"""Fit the GPU power model (:mod:`systems.serving.gpu_model`) to measured public data.
+
+* A100 ``P_act(f) = a + b (f/f_max)^alpha`` to the Perseus SOSP'24 A100-SXM4-80GB stage profiles
+  (``gpu_power/perseus_a100_sxm/*.csv``: time and energy per forward/backward vs locked SM clock,
+  855-1410 MHz). Average power = energy / time per row. Least squares, alpha on a grid, (a, b)
+  linear. Also reports how well ``t(f) = c/f + d`` fits the measured times (share of clock-scaled time).
+* ``mem_beta`` to ML.ENERGY v3 H100 power vs batch (``llm_configs_flat.csv``, one GPU, dense
+  Llama-3.1-8B): ``P = min(limit, P_idle + (P_max - P_idle) (beta + (1 - beta) r(batch)))`` with ``r``
+  the compute-bound fraction our latency model gives for that decode batch on the ``h100`` profile
+  (grid search over P_max and beta; the measured power saturates at the 700 W limit).
+
+``python -m systems.serving.power_fit /path/to/shared/data/gpu_power`` prints the parameters and fit
+quality (MAPE, %) that ``conf/hardware/a100-80gb.yaml`` records under ``power:``.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+import pandas as pd
+
+
+def fit_perseus(gpu_power_dir: Path, f_max: float = 1410.0) -> Dict[str, float]:
+    """Fit P_act(f) and t(f) on the two Perseus A100 profiles.
+
+    Returns a dict with act_a_w, act_b_w, act_alpha, power_mape_pct (per-row power error),
+    time_mape_pct (t = c/f + d fitted per (model, stage, instruction)), clock_scaled_share
+    (median c/f_max / t(f_max)), n_rows. Raises FileNotFoundError if the CSVs are absent.
+    """
+    d = Path(gpu_power_dir) / "perseus_a100_sxm"
+    frames = []
+    for name in ("gpt3-175b+a100_sxm_bf16.csv", "bloom+a100_sxm_bf16.csv"):
+        df = pd.read_csv(d / name)
+        df["model"] = name.split("+")[0]
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True)
+    x = df["frequency"].to_numpy(float) / f_max
+    p = (df["energy"] / df["time"]).to_numpy(float)
+    best = None
+    for alpha in np.arange(1.0, 8.001, 0.05):
+        A = np.stack([np.ones_like(x), x ** alpha], axis=1)
+        coef, *_ = np.linalg.lstsq(A, p, rcond=None)
+        err = float(np.mean(np.abs(A @ coef - p) / p))
+        if best is None or err < best[0]:
+            best = (err, float(coef[0]), float(coef[1]), float(alpha))
+    err, a, b, alpha = best
+    t_err, shares = [], []
+    for _, g in df.groupby(["model", "stage", "instruction"]):
+        f = g["frequency"].to_numpy(float)
+        t = g["time"].to_numpy(float)
+        A = np.stack([1.0 / f, np.ones_like(f)], axis=1)
+        (c, dd), *_ = np.linalg.lstsq(A, t, rcond=None)
+        t_err.extend(np.abs(A @ np.array([c, dd]) - t) / t)
+        shares.append((c / f.max()) / (c / f.max() + dd))
+    return {"act_a_w": round(a, 2), "act_b_w": round(b, 2), "act_alpha": round(alpha, 2),
+            "power_mape_pct": round(100 * err, 2), "time_mape_pct": round(100 * float(np.mean(t_err)), 2),
+            "clock_scaled_share": round(float(np.median(shares)), 3), "n_rows": int(len(df))}
+
+
+def fit_mem_beta(gpu_power_dir: Path, model_cfg, h100_cfg, ctx_tokens: float = 512.0) -> Dict[str, float]:
+    """Fit ``mem_beta`` on ML.ENERGY v3 H100 single-GPU Llama-3.1-8B lm-arena-chat power vs batch.
+
+    ``model_cfg``/``h100_cfg``: model and hardware configs (attribute access) used to compute the
+    compute-bound fraction of a decode step of ``avg_batch_size`` sequences with ``ctx_tokens`` of
+    context each. Returns mem_beta, p_max_w, power_mape_pct, itl_mape_pct (our decode-step latency vs
+    the measured median ITL), n_configs.
+    """
+    from systems.serving.gpu_model import StageModel
+    df = pd.read_csv(Path(gpu_power_dir) / "mlenergy_leaderboard_v3" / "llm_configs_flat.csv")
+    df = df[(df.gpu_model == "H100") & (df.num_gpus == 1) & (df.task == "lm-arena-chat")
+            & (df.model_id == "meta-llama/Llama-3.1-8B-Instruct")].sort_values("avg_batch_size")
+    if df.empty:
+        raise ValueError("no H100 / Llama-3.1-8B-Instruct / lm-arena-chat rows in llm_configs_flat.csv")
+    sm = StageModel(model_cfg, h100_cfg, tp=1, pp=1)
+    bs = df["avg_batch_size"].to_numpy(float)
+    t_sm, t_mem, t_other = sm.parts(bs, sm.f_max, ctx_tokens=bs * ctx_tokens, attn_pairs=bs * ctx_tokens)
+    r = t_sm / np.maximum(t_sm, t_mem)
+    p = df["avg_power_watts_per_gpu"].to_numpy(float)
+    idle, limit = float(h100_cfg.idle_w), float(h100_cfg.power["limit_w"])
+    best = None
+    for p_max in np.arange(300.0, 1500.0, 2.0):        # busy power of a compute-bound kernel (uncapped)
+        for beta in np.arange(0.0, 1.0001, 0.005):
+            pred = np.minimum(limit, idle + (p_max - idle) * (beta + (1 - beta) * r))
+            err = float(np.mean(np.abs(pred - p) / p))
+            if best is None or err < best[0]:
+                best = (err, float(p_max), float(beta))
+    err, p_max, beta = best
+    itl = (np.maximum(t_sm, t_mem) + t_other) * 1e3
+    return {"mem_beta": round(beta, 3), "p_max_w": round(p_max, 1), "power_mape_pct": round(100 * err, 2),
+            "itl_mape_pct": round(100 * float(np.mean(np.abs(itl - df["median_itl_ms"]) / df["median_itl_ms"])), 2),
+            "n_configs": int(len(df))}
+
+
+def load_conf(group: str, name: str):
+    """A conf/<group>/<name>.yaml composed with its schema (for fitting outside a run)."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.config import register_configs, register_resolvers
+    root = Path(__file__).resolve().parents[2]
+    register_resolvers()
+    register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(root / "conf")):
+        cfg = compose("config", overrides=[f"{group}={name}", "tracking=none"])
+    return cfg[group]
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    d = Path(argv[0]) if argv else Path(__file__).resolve().parents[3] / "shared" / "data" / "gpu_power"
+    print("perseus A100:", fit_perseus(d))
+    print("ml.energy H100:", fit_mem_beta(d, load_conf("model", "llama-3.1-8b"), load_conf("hardware", "h100")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Offline profiler: the per-shard latency/energy lookup table L(n, f), E(n, f) (BEAM §2.5).
+
+The table is sampled sparsely over (num_tokens n, clock f) and expanded to every n in [1, n_max]:
+
+* small-token region (n <= ``small_max``): tile-quantised sampling, one point at the end of each
+  ``tile``-token tile (latency steps at tile boundaries, so L(n) = L(ceil(n / tile) * tile));
+* large-token region: only the chunk sizes S1 may choose (plus ``n_max``), linear in between.
+
+Samples come from a ``measure(n, f) -> (latency_s, energy_j_per_gpu)`` callable: the simulator's
+ground truth (:class:`systems.serving.gpu_model.StageModel`) or a measurement on a real device.
+Sampling in the small region uses single-token sequences with ``ctx`` tokens of context each
+(decode batches); the large region one prefill chunk of n tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Sequence, Tuple
+
+import numpy as np
+
+
+@dataclass
+class LatencyEnergyTable:
+    """L[n, i] seconds and E[n, i] joules per GPU for one stage iteration of n tokens at clocks[i].
+
+    Shapes: clocks (F,) MHz ascending; L, E (n_max + 1, F) (row 0 unused); idle_w (F,) = P_idle(f)
+    per GPU. ``samples``: the (n) values that were measured.
+    """
+    clocks: np.ndarray
+    L: np.ndarray
+    E: np.ndarray
+    idle_w: np.ndarray
+    samples: List[int] = field(default_factory=list)
+
+    @property
+    def n_max(self) -> int:
+        return self.L.shape[0] - 1
+
+    def rows(self, n) -> Tuple[np.ndarray, np.ndarray]:
+        """(L, E) rows for token counts ``n`` (int array, clipped to [1, n_max]): shape (*n.shape, F)."""
+        idx = np.clip(np.asarray(n, dtype=np.int64), 1, self.n_max)
+        return self.L[idx], self.E[idx]
+
+
+def sample_points(tile: int, small_max: int, chunks: Sequence[int], n_max: int) -> List[int]:
+    """Token counts to measure: tile ends up to ``small_max``, then the chunk sizes and ``n_max``."""
+    pts = {1} | set(range(tile, small_max + 1, tile)) | {int(c) for c in chunks if c > small_max} | {n_max}
+    return sorted(p for p in pts if 1 <= p <= n_max)
+
+
+def build_table(measure: Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray]],
+                clocks: np.ndarray, idle_w: np.ndarray, n_max: int, tile: int, small_max: int,
+                chunks: Sequence[int]) -> LatencyEnergyTable:
+    """Sample ``measure`` at :func:`sample_points` x ``clocks`` and expand to every n.
+
+    Small region: step-wise (the next sampled tile end at or above n); large region: linear
+    between samples. ``measure(n (S,1), f (1,F))`` returns arrays broadcastable to (S, F).
+    """
+    pts = sample_points(tile, small_max, chunks, n_max)
+    n_s = np.asarray(pts, dtype=np.int64)
+    lat, en = measure(n_s[:, None], np.asarray(clocks, float)[None, :])
+    lat = np.broadcast_to(lat, (len(pts), len(clocks))).astype(float)
+    en = np.broadcast_to(en, (len(pts), len(clocks))).astype(float)
+    n_all = np.arange(n_max + 1)
+    L = np.empty((n_max + 1, len(clocks)))
+    E = np.empty_like(L)
+    small = n_s <= small_max
+    ns, nl = n_s[small], n_s[~small]
+    # step-wise below small_max: index of the first sample >= n
+    k = np.searchsorted(ns, np.clip(n_all, 1, ns[-1]), side="left")
+    L[: ns[-1] + 1], E[: ns[-1] + 1] = lat[small][k[: ns[-1] + 1]], en[small][k[: ns[-1] + 1]]
+    if ns[-1] < n_max:
+        xs = np.concatenate([[ns[-1]], nl])
+        ls = np.vstack([lat[small][-1:], lat[~small]])
+        es = np.vstack([en[small][-1:], en[~small]])
+        rest = n_all[ns[-1] + 1:]
+        for i in range(len(clocks)):
+            L[ns[-1] + 1:, i] = np.interp(rest, xs, ls[:, i])
+            E[ns[-1] + 1:, i] = np.interp(rest, xs, es[:, i])
+    return LatencyEnergyTable(np.asarray(clocks, float), L, E, np.asarray(idle_w, float), pts)
+
+
+def sim_measure(stage, ctx: float, small_max: int):
+    """A ``measure`` callable from a StageModel: decode batches (ctx tokens of context per sequence)
+    for n <= small_max, one prefill chunk (attention over n/2 tokens on average) above."""
+    def measure(n, f):
+        n = np.asarray(n, float)
+        dec = n <= small_max
+        ctx_tok = np.where(dec, n * ctx, n)                 # KV read: decodes' contexts / the chunk itself
+        pairs = np.where(dec, n * ctx, n * n / 2.0)
+        return stage.step(n, f, ctx_tokens=ctx_tok, attn_pairs=pairs)
+    return measure
+
+
+def table_error(table: LatencyEnergyTable, measure, n_values: Sequence[int]) -> dict:
+    """Mean absolute percentage error (%) of L and E against ``measure`` at ``n_values`` x clocks."""
+    n = np.asarray(n_values, dtype=np.int64)
+    lat, en = measure(n[:, None], table.clocks[None, :])
+    L, E = table.rows(n)
+    return {"latency_mape_pct": float(100 * np.mean(np.abs(L - lat) / lat)),
+            "energy_mape_pct": float(100 * np.mean(np.abs(E - en) / en))}

@@ -1,0 +1,330 @@
+"""Serving request streams: synthetic arrivals (Poisson, burst, ramp) and real traces.
+
+A stream is a :class:`Requests` (arrays sorted by arrival): ``arrival_s`` (s from the start),
+``input_len`` and ``output_len`` (tokens). Sources:
+
+* Poisson at ``rate`` req/s; burst (``rate`` -> ``rate_high`` in [burst_start_s, burst_end_s));
+  ramp (rate linear from ``rate`` to ``rate_high``), all by thinning a Poisson process (BEAM §2.8).
+* Azure LLM inference trace 2023 (``TIMESTAMP,ContextTokens,GeneratedTokens`` CSV), Mooncake FAST'25
+  JSONL (``timestamp`` ms, ``input_length``, ``output_length``), replayed with ``time_scale``.
+* ServeGen per-client 10-minute windows (rate, CV, Gamma/Weibull IAT parameters) and per-client
+  token-length PDFs, sampled the way ServeGen's ``generate_workload`` does, scaled to a target
+  token rate (BEAM's main trace: the 19:00-20:00 segment at about 1,800 tokens/s).
+
+Files are read from paths given by the user (relative paths from ``$TTC_DATA_DIR``, default
+``../shared/data`` beside the repository); nothing is copied into the repository. Malformed input
+raises :class:`TraceError` naming the file and line.
+"""
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class TraceError(ValueError):
+    """A trace file is missing or malformed; the message names the file and the line."""
+
+
+@dataclass
+class Requests:
+    """Requests sorted by arrival. Arrays of equal length N: arrival_s (float s), input_len and
+    output_len (int tokens, >= 1). ``note``: how the stream was made (scaling, truncation)."""
+    arrival_s: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    note: str = ""
+
+    def __len__(self) -> int:
+        return int(len(self.arrival_s))
+
+    @property
+    def span_s(self) -> float:
+        return float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) > 1 else 0.0
+
+    @property
+    def mean_rate(self) -> float:
+        """Requests per second over the span (N / span)."""
+        return len(self) / self.span_s if self.span_s > 0 else float("nan")
+
+
+def data_dir() -> Path:
+    """``$TTC_DATA_DIR`` or ``<repo>/../shared/data``."""
+    return Path(os.environ.get("TTC_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+def resolve(path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else data_dir() / p
+
+
+# -- synthetic arrivals ------------------------------------------------------------------------
+def thinned_poisson(rate_fn: Callable[[np.ndarray], np.ndarray], rate_max: float, duration_s: float,
+                    rng: np.random.Generator) -> np.ndarray:
+    """Arrival times (s) of a Poisson process with rate ``rate_fn(t)`` <= ``rate_max`` on [0, duration)."""
+    if rate_max <= 0 or duration_s <= 0:
+        return np.zeros(0)
+    n = rng.poisson(rate_max * duration_s)
+    t = np.sort(rng.uniform(0.0, duration_s, n))
+    keep = rng.uniform(0.0, rate_max, n) < rate_fn(t)
+    return t[keep]
+
+
+def lengths(n: int, mean_in: int, mean_out: int, jitter: float, rng: np.random.Generator):
+    """Input/output lengths: the means, or uniform within +-``jitter`` of them (tokens, >= 1)."""
+    def one(m):
+        if jitter <= 0:
+            return np.full(n, int(m), dtype=np.int64)
+        return np.maximum(1, np.rint(rng.uniform(m * (1 - jitter), m * (1 + jitter), n))).astype(np.int64)
+    return one(mean_in), one(mean_out)
+
+
+def rate_function(w) -> Tuple[Callable, float]:
+    """(rate(t) req/s, its maximum) for a poisson / burst / ramp workload config."""
+    lo, hi = float(w.rate), float(w.rate_high)
+    if w.kind == "poisson":
+        return (lambda t: np.full_like(t, lo)), lo
+    if w.kind == "burst":
+        a, b = float(w.burst_start_s), float(w.burst_end_s)
+        return (lambda t: np.where((t >= a) & (t < b), hi, lo)), max(lo, hi)
+    if w.kind == "ramp":
+        d = float(w.duration_s)
+        return (lambda t: lo + (hi - lo) * t / d), max(lo, hi)
+    raise ValueError(f"workload.kind={w.kind!r} has no rate function")
+
+
+# -- trace files -------------------------------------------------------------------------------
+def _fail(path: Path, line: int, what: str):
+    raise TraceError(f"{path}:{line}: {what}")
+
+
+def load_azure(path) -> Requests:
+    """Azure LLM inference trace 2023 CSV (header ``TIMESTAMP,ContextTokens,GeneratedTokens``).
+
+    Arrivals are seconds from the first row. Raises TraceError (file:line) for a missing file, a
+    wrong header, a bad timestamp or token count, or rows out of time order.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: trace file not found")
+    ts, ins, outs = [], [], []
+    with open(path, newline="") as f:
+        rd = csv.reader(f)
+        header = next(rd, None)
+        if header is None or [h.strip() for h in header[:3]] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
+            _fail(path, 1, f"header {header!r}, expected TIMESTAMP,ContextTokens,GeneratedTokens")
+        for i, row in enumerate(rd, start=2):
+            if len(row) < 3:
+                _fail(path, i, f"{len(row)} fields, expected 3")
+            try:
+                t = datetime.strptime(row[0][:26], "%Y-%m-%d %H:%M:%S.%f").timestamp()
+            except ValueError:
+                _fail(path, i, f"timestamp {row[0]!r} is not YYYY-MM-DD HH:MM:SS.ffffff")
+            try:
+                a, b = int(row[1]), int(row[2])
+            except ValueError:
+                _fail(path, i, f"token counts {row[1]!r}, {row[2]!r} are not integers")
+            if ts and t < ts[-1]:
+                _fail(path, i, "timestamp earlier than the previous row (rows must be sorted)")
+            ts.append(t), ins.append(a), outs.append(b)
+    if not ts:
+        raise TraceError(f"{path}: no rows")
+    t = np.asarray(ts)
+    return Requests(t - t[0], np.asarray(ins, np.int64), np.asarray(outs, np.int64), note=f"azure {path.name}")
+
+
+def load_mooncake(path) -> Requests:
+    """Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length`` per line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: trace file not found")
+    ts, ins, outs = [], [], []
+    with open(path) as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                o = json.loads(line)
+                t, a, b = float(o["timestamp"]) / 1e3, int(o["input_length"]), int(o["output_length"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                _fail(path, i, f"not a request object with timestamp/input_length/output_length ({e})")
+            if ts and t < ts[-1]:
+                _fail(path, i, "timestamp earlier than the previous line (lines must be sorted)")
+            ts.append(t), ins.append(a), outs.append(b)
+    if not ts:
+        raise TraceError(f"{path}: no requests")
+    t = np.asarray(ts)
+    return Requests(t - t[0], np.asarray(ins, np.int64), np.asarray(outs, np.int64), note=f"mooncake {path.name}")
+
+
+# -- ServeGen --------------------------------------------------------------------------------
+@lru_cache(maxsize=4)
+def _servegen_clients(root: str):
+    """{client_id: (trace rows [(t, rate, cv, pattern, shape, scale)], dataset dict or None)}."""
+    root_p = Path(root)
+    traces = sorted(root_p.glob("chunk-*-trace.csv"))
+    if not traces:
+        raise TraceError(f"{root_p}: no chunk-*-trace.csv files (a ServeGen <category>/<model> folder)")
+    out = {}
+    for tp in traces:
+        cid = tp.name[len("chunk-"):-len("-trace.csv")]
+        rows = []
+        with open(tp) as f:
+            for i, line in enumerate(f, start=1):
+                parts = line.strip().split(",")
+                if len(parts) != 6:
+                    _fail(tp, i, f"{len(parts)} fields, expected timestamp,rate,cv,pattern,shape,scale")
+                try:
+                    rows.append((float(parts[0]), float(parts[1]), float(parts[2] or 0), parts[3],
+                                 float(parts[4] or 0), float(parts[5] or 0)))
+                except ValueError:
+                    _fail(tp, i, "non-numeric timestamp/rate/cv/shape/scale")
+        ds_path = root_p / f"chunk-{cid}-dataset.json"
+        ds = None
+        if ds_path.is_file():
+            try:
+                raw = json.loads(ds_path.read_text())
+                ds = {int(k): {fld: {int(a): float(b) for a, b in ast.literal_eval(v).items()}
+                               for fld, v in d.items() if fld in ("input_tokens", "output_tokens")}
+                      for k, d in raw.items()}
+            except (ValueError, SyntaxError, AttributeError) as e:
+                raise TraceError(f"{ds_path}: not a ServeGen dataset (keys -> dict-literal PDFs): {e}")
+        out[cid] = (rows, ds)
+    return out
+
+
+def _pdf_arrays(pdf: Dict[int, float]):
+    v = np.fromiter(pdf.keys(), dtype=np.int64)
+    p = np.fromiter(pdf.values(), dtype=float)
+    return v, p / p.sum()
+
+
+def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: float,
+                  rng: np.random.Generator) -> Requests:
+    """Sample requests from ServeGen windows in [start_s, start_s + duration_s) of day 1.
+
+    Each active client window yields IATs from its Gamma/Weibull (shape, scale), rescaled so the
+    window hits ``rate * s``, where ``s`` makes the expected input+output token rate equal
+    ``target_tokens_per_s`` (0 = unscaled). Token lengths come from the client's PDF for the 6-hour
+    key containing the window, or the rate-weighted pool of all clients' PDFs when the client has
+    no dataset file. Arrival times are seconds from ``start_s``.
+    """
+    clients = _servegen_clients(str(Path(path)))
+    t0, t1 = float(start_s), float(start_s) + float(duration_s)
+    active = []       # (cid, win_start, win_len, rate, pattern, shape, scale)
+    for cid, (rows, _) in clients.items():
+        for (t, rate, cv, pat, shape, scale) in rows:
+            lo, hi = max(t, t0), min(t + 600.0, t1)
+            if hi > lo and rate > 0 and pat:
+                active.append((cid, lo, hi - lo, rate, pat, shape, scale))
+    if not active:
+        raise TraceError(f"{path}: no active client windows in [{t0}, {t1}) s")
+
+    def pdfs_for(cid, t):
+        ds = clients[cid][1]
+        if not ds:
+            return None
+        key = max(k for k in ds if k <= t) if any(k <= t for k in ds) else min(ds)
+        d = ds[key]
+        if not d.get("input_tokens") or not d.get("output_tokens"):
+            return None
+        return d["input_tokens"], d["output_tokens"]
+
+    # pooled PDFs (rate-weighted) for clients without data
+    pool_in: Dict[int, float] = {}
+    pool_out: Dict[int, float] = {}
+    mean_tok = {}
+    for cid, lo, ln, rate, *_ in active:
+        pd_ = pdfs_for(cid, lo)
+        if pd_ is None:
+            continue
+        w = rate * ln
+        for src, dst in ((pd_[0], pool_in), (pd_[1], pool_out)):
+            for k, v in src.items():
+                dst[k] = dst.get(k, 0.0) + w * v
+        mean_tok[(cid, lo)] = sum(k * v for k, v in pd_[0].items()) + sum(k * v for k, v in pd_[1].items())
+    if not pool_in:
+        raise TraceError(f"{path}: no client in the segment has token-length PDFs (chunk-*-dataset.json)")
+    pool = (_pdf_arrays(pool_in), _pdf_arrays(pool_out))
+    pool_mean = float(pool[0][0] @ pool[0][1] + pool[1][0] @ pool[1][1])
+    exp_tokens = sum(rate * ln * mean_tok.get((cid, lo), pool_mean) for cid, lo, ln, rate, *_ in active)
+    scale_rate = (target_tokens_per_s * (t1 - t0) / exp_tokens) if target_tokens_per_s > 0 else 1.0
+
+    arr, ins, outs = [], [], []
+    for cid, lo, ln, rate, pat, shape, scale in active:
+        r = rate * scale_rate
+        if r <= 0:
+            continue
+        # start the renewal process one window early so the window sees it in steady state
+        # (starting at the window edge would put a burst of near-zero IATs there)
+        n_exp = r * (ln + 600.0)
+        n_draw = int(n_exp + 6 * math.sqrt(n_exp) + 5)
+        def draw(k):
+            if pat == "Gamma" and shape > 0:
+                return rng.gamma(shape, 1.0, k) / shape
+            if pat == "Weibull" and shape > 0:
+                return rng.weibull(shape, k) / math.gamma(1 + 1 / shape)
+            return rng.exponential(1.0, k)
+        iat = draw(n_draw) / r                                 # mean IAT = 1 / r
+        while iat.sum() < ln + 600.0:                          # bursty IATs: draw until past the window
+            iat = np.concatenate([iat, draw(n_draw) / r])
+        t = lo - 600.0 + np.cumsum(iat)
+        t = t[(t >= lo) & (t < lo + ln)]
+        if len(t) == 0:
+            continue
+        pd_ = pdfs_for(cid, lo)
+        (vi, pi), (vo, po) = pool if pd_ is None else (_pdf_arrays(pd_[0]), _pdf_arrays(pd_[1]))
+        arr.append(t - t0)
+        ins.append(rng.choice(vi, len(t), p=pi))
+        outs.append(rng.choice(vo, len(t), p=po))
+    a = np.concatenate(arr)
+    order = np.argsort(a, kind="stable")
+    note = (f"servegen {Path(path).name} [{t0:.0f},{t1:.0f}) s, {len(active)} client windows, "
+            f"rates x{scale_rate:.4g} for {target_tokens_per_s:g} tok/s")
+    return Requests(a[order], np.maximum(1, np.concatenate(ins)[order]),
+                    np.maximum(1, np.concatenate(outs)[order]), note=note)
+
+
+# -- one entry point ----------------------------------------------------------------------------
+def build_requests(w) -> Requests:
+    """The request stream of a serving workload config (see systems/serving/config.py).
+
+    Trace and ServeGen streams are cut to ``duration_s`` (and ``max_requests``); prompts longer than
+    ``max_input_len`` are truncated. Raises TraceError for missing/malformed files.
+    """
+    rng = np.random.default_rng(int(w.seed))
+    if w.kind in ("poisson", "burst", "ramp"):
+        fn, rmax = rate_function(w)
+        t = thinned_poisson(fn, rmax, float(w.duration_s), rng)
+        i, o = lengths(len(t), w.input_len, w.output_len, float(w.len_jitter), rng)
+        req = Requests(t, i, o, note=f"{w.kind} arrivals")
+    elif w.kind == "trace":
+        p = resolve(w.path)
+        full = load_azure(p) if w.format == "azure" else load_mooncake(p)
+        t = full.arrival_s / float(w.time_scale)
+        sel = (t >= float(w.start_s)) & (t < float(w.start_s) + float(w.duration_s))
+        req = Requests(t[sel] - float(w.start_s), full.input_len[sel], full.output_len[sel],
+                       note=f"{full.note} time_scale {w.time_scale}")
+    elif w.kind == "servegen":
+        req = load_servegen(resolve(w.path), w.start_s, w.duration_s, float(w.target_tokens_per_s), rng)
+    else:
+        raise ValueError(f"workload.kind={w.kind!r}")
+    if w.max_requests is not None and len(req) > int(w.max_requests):
+        n = int(w.max_requests)
+        req = Requests(req.arrival_s[:n], req.input_len[:n], req.output_len[:n], req.note)
+    trunc = int((req.input_len > int(w.max_input_len)).sum())
+    if trunc:
+        req.input_len = np.minimum(req.input_len, int(w.max_input_len))
+        req.note += f"; {trunc} prompts truncated to {w.max_input_len} tokens"
+    return req
