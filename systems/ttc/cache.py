@@ -1,0 +1,104 @@
+"""A transformers ``Cache`` that serves each layer's K/V from the TTC engine's dense device buffers.
+
+transformers 5.x calls ``past_key_values.update(key_states, value_states, layer_idx)`` once per
+decoder layer per forward, with ``key_states``/``value_states`` of shape
+``[batch, num_kv_heads, q_len, head_dim]``, and uses the returned tensors (all cached tokens plus
+the new ones, same layout) for attention. :class:`GroupCache` answers from a :class:`KVProvider`:
+before layer ``l`` attends, ``provider.layer_kv(l)`` returns that layer's dense buffer
+``[2, batch, num_kv_heads, capacity, head_dim]`` (the provider may load it from the host first and
+prefetch layer ``l+1``: layer-wise offloading's per-layer hook); the new K/V are written in place at
+``[length, length + q_len)`` and ``provider.layer_done(l, length, q_len)`` may then write them back
+to the host. Nothing is concatenated or reallocated per token (``DynamicCache`` uses ``torch.cat``).
+
+All sequences of a batch have the same length (true in step-wise beam search: every live path has
+the same length), so no padding mask is needed: decode (``q_len = 1``) and prefill run with the
+model's causal path. Works with OPT, LLaMA (GQA) and Qwen2 in transformers 5.19.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Protocol, Tuple
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class KVProvider(Protocol):
+    def layer_kv(self, layer_idx: int) -> torch.Tensor:
+        """Layer ``layer_idx``'s resident buffer ``[2, batch, num_kv_heads, capacity, head_dim]``."""
+
+    def layer_done(self, layer_idx: int, start: int, q_len: int) -> None:
+        """Tokens ``[start, start + q_len)`` of the layer were just written."""
+
+
+class DenseKV:
+    """Simplest provider: one preallocated tensor ``[num_layers, 2, batch, num_kv_heads, capacity,
+    head_dim]`` (all layers resident). Used for prefill, in-GPU runs and tests."""
+
+    def __init__(self, kv: torch.Tensor):
+        self.kv = kv
+
+    def layer_kv(self, layer_idx: int) -> torch.Tensor:
+        return self.kv[layer_idx]
+
+    def layer_done(self, layer_idx: int, start: int, q_len: int) -> None:
+        pass
+
+
+class BufferLayer(CacheLayerMixin):
+    """One layer of :class:`GroupCache`; ``keys``/``values`` are views of the provider's buffer."""
+
+    is_sliding = False
+    is_compileable = False
+    supports_early_init = False
+
+    def __init__(self, owner: "GroupCache", layer_idx: int, length: int):
+        super().__init__()
+        self.owner, self.layer_idx, self.length = owner, layer_idx, length
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:  # buffers come from the provider
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+        buf = self.owner.provider.layer_kv(self.layer_idx)
+        n, q = self.length, key_states.shape[-2]
+        if n + q > buf.shape[-2]:
+            raise RuntimeError(f"layer {self.layer_idx}: {n + q} tokens exceed the device buffer's "
+                               f"capacity {buf.shape[-2]}")
+        buf[0, :, :, n:n + q].copy_(key_states)
+        buf[1, :, :, n:n + q].copy_(value_states)
+        self.length = n + q
+        self.keys, self.values = buf[0, :, :, :n + q], buf[1, :, :, :n + q]
+        self.owner.provider.layer_done(self.layer_idx, n, q)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class GroupCache(Cache):
+    """``Cache`` over a provider's buffers for one group of equal-length beams.
+
+    Args:
+        provider: a :class:`KVProvider` (buffers ``[2, G, num_kv_heads, capacity, head_dim]`` per layer).
+        num_layers: decoder layers of the model.
+        length: tokens already in the buffers (positions ``[0, length)``), the same for every beam.
+    """
+
+    def __init__(self, provider: KVProvider, num_layers: int, length: int = 0):
+        self.provider = provider
+        super().__init__(layers=[BufferLayer(self, i, length) for i in range(num_layers)])
+
+    def set_length(self, length: int) -> None:
+        for layer in self.layers:
+            layer.length = length

@@ -1,0 +1,139 @@
+"""Build the transformers causal LM the TTC torch executor runs (DESIGN.md "The TTC engine").
+
+The architecture comes from our :class:`harness.config.ModelConfig` (``conf/model/*.yaml``): random
+weights from a seeded init (``weights: random``), or a local checkpoint directory
+(``weights: /path``, loaded with ``from_pretrained``; nothing is fetched from a hub). The built
+model's KV geometry (layers, KV heads, head dim) is checked against ours so that the bytes the
+analytic model (LBS Eq.1-5) and the plans predict are the bytes the engine moves.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict
+
+import torch
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "float64": torch.float64}
+SUPPORTED = ("opt", "llama", "qwen2")
+
+
+class ModelGeometryError(ValueError):
+    """The built transformers model's KV geometry differs from the model config's."""
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """KV shape of a decoder-only LM: per layer, per beam, per token ``2 * num_kv_heads * head_dim``
+    elements (``bytes_per_token_layer`` = LBS Table 1's ``KV``)."""
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @property
+    def elem_bytes(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def bytes_per_token_layer(self) -> int:
+        """``KV`` of LBS Table 1: bytes per layer, per beam, per token (K and V)."""
+        return 2 * self.num_kv_heads * self.head_dim * self.elem_bytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes per beam per token over all layers (``KV_beam(1)``)."""
+        return self.num_layers * self.bytes_per_token_layer
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype={name!r} is not allowed: one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def hf_config_kwargs(mcfg) -> Dict[str, Any]:
+    """transformers config constructor fields for ``mcfg`` (a ModelConfig or DictConfig).
+
+    Raises ValueError for a model type we do not map (allowed: opt, llama, qwen2)."""
+    t = mcfg.hf_model_type
+    extra = dict(mcfg.hf_config or {})
+    common = dict(num_hidden_layers=int(mcfg.num_layers), hidden_size=int(mcfg.hidden_size),
+                  num_attention_heads=int(mcfg.num_heads), vocab_size=int(mcfg.vocab_size),
+                  max_position_embeddings=int(mcfg.max_position))
+    if t == "opt":
+        if mcfg.num_kv_heads != mcfg.num_heads or mcfg.head_dim * mcfg.num_heads != mcfg.hidden_size:
+            raise ModelGeometryError(
+                f"model {mcfg.name}: OPT has num_kv_heads == num_heads and head_dim == hidden/heads; "
+                f"got num_heads={mcfg.num_heads}, num_kv_heads={mcfg.num_kv_heads}, head_dim={mcfg.head_dim}")
+        kw = dict(common, ffn_dim=int(mcfg.intermediate_size))
+        kw.setdefault("word_embed_proj_dim", int(mcfg.hidden_size))
+    elif t in ("llama", "qwen2"):
+        kw = dict(common, num_key_value_heads=int(mcfg.num_kv_heads), head_dim=int(mcfg.head_dim),
+                  intermediate_size=int(mcfg.intermediate_size))
+    else:
+        raise ValueError(f"model.hf_model_type={t!r} is not allowed for the torch engine: one of "
+                         f"{', '.join(SUPPORTED)}")
+    kw.update(extra)
+    return kw
+
+
+def kv_geometry_of(model) -> KVGeometry:
+    """Read the KV geometry off a built transformers model (its attention modules, not its config)."""
+    attns = [m for name, m in model.named_modules() if name.endswith("self_attn") and hasattr(m, "k_proj")]
+    if not attns:
+        raise ModelGeometryError(f"{type(model).__name__}: no self_attn modules with k_proj found")
+    a = attns[0]
+    head_dim = int(getattr(a, "head_dim"))
+    kv_heads = a.k_proj.out_features // head_dim
+    return KVGeometry(len(attns), kv_heads, head_dim, next(model.parameters()).dtype)
+
+
+def check_geometry(model, mcfg, dtype: torch.dtype) -> KVGeometry:
+    """Raise ModelGeometryError unless the built model's layers, KV heads and head dim equal ours."""
+    g = kv_geometry_of(model)
+    want = KVGeometry(int(mcfg.num_layers), int(mcfg.num_kv_heads), int(mcfg.head_dim), dtype)
+    if g != want:
+        raise ModelGeometryError(
+            f"model {mcfg.name}: built {type(model).__name__} has KV geometry (layers={g.num_layers}, "
+            f"kv_heads={g.num_kv_heads}, head_dim={g.head_dim}, dtype={g.dtype}) but conf/model says "
+            f"(layers={want.num_layers}, kv_heads={want.num_kv_heads}, head_dim={want.head_dim}, "
+            f"dtype={want.dtype})")
+    return g
+
+
+def build_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: str | None = None,
+                attn_implementation: str = "sdpa"):
+    """Build the causal LM of ``mcfg`` in eval mode on ``device``; returns ``(model, KVGeometry)``.
+
+    ``weights: random`` -> ``AutoModelForCausalLM.from_config`` under ``torch.manual_seed(seed)``
+    (the CPU RNG is restored afterwards), so the same seed gives the same weights on every device.
+    ``weights: <dir>`` -> ``from_pretrained(dir, local_files_only=True)``.
+    ``dtype`` overrides ``mcfg.dtype`` (tests use float64).
+    Raises ValueError (unsupported type or dtype), FileNotFoundError (missing checkpoint dir),
+    ModelGeometryError (built geometry differs from the config).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dt = torch_dtype(dtype or mcfg.dtype)
+    weights = mcfg.get("weights", "random") if hasattr(mcfg, "get") else getattr(mcfg, "weights", "random")
+    if weights in (None, "", "random"):
+        hf_cfg = AutoConfig.for_model(mcfg.hf_model_type, **hf_config_kwargs(mcfg))
+        hf_cfg._attn_implementation = attn_implementation
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dt, attn_implementation=attn_implementation)
+    else:
+        if not os.path.isdir(weights):
+            raise FileNotFoundError(f"model.weights={weights!r}: not a local checkpoint directory "
+                                    f"(use 'random' or a path; nothing is downloaded)")
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dt, local_files_only=True,
+                                                     attn_implementation=attn_implementation)
+        if model.config.model_type != mcfg.hf_model_type:
+            raise ModelGeometryError(f"model.weights={weights!r} is a {model.config.model_type!r} checkpoint, "
+                                     f"conf/model says hf_model_type={mcfg.hf_model_type!r}")
+    model = model.to(device).eval()
+    model.requires_grad_(False)
+    geom = check_geometry(model, mcfg, dt)
+    return model, geom
