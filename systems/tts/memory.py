@@ -1,0 +1,176 @@
+"""Roofline cost model and asymmetric KV allocation (FastTTS §4.3, "M").
+
+Units: bytes, seconds, FLOP, tokens. Shapes come from ``ModelConfig``-like objects (num_layers,
+hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, vocab_size, dtype) and the
+hardware profile (peak_flops, mem_bw, flops_efficiency, mem_efficiency, launch_overhead_s).
+
+The allocation minimises (FastTTS §4.3, Eq. 1)
+
+    T_tot = ceil(N/B_pre) * T_roof^pre(B_pre, S) + ceil(N/B_dec) * S_dec * T_roof^dec(B_dec, S_cache)
+    s.t.    B_pre * KVBytes(1, S) + B_dec * KVBytes(1, S_ctx) <= M
+
+with T_roof = max(FLOPs / P, Bytes / BW) and KVBytes(1, S) = 2 * L * H_kv * d_head * S * bytes.
+The FLOP/byte terms are not given by the paper; ours are the standard instantiation written in
+shared/reference/fasttts.md §4.2. T_tot is separable (f(B_pre) + g(B_dec)) and the constraint is a
+budget, so the exact optimum is min over B_pre of f(B_pre) + min_{b <= D(B_pre)} g(b): a prefix
+minimum over g, vectorised (no convexity assumed). Ties go to the larger decode batch, then to
+the smaller prefill batch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost model needs of a model (see module docstring for units)."""
+    num_params: float
+    num_layers: int
+    hidden_size: int
+    kv_bytes_per_token: float     # 2 * L * H_kv * d_head * bytes
+    weight_bytes: float
+    vocab_size: int
+
+    @staticmethod
+    def of(m) -> "ModelShape":
+        L, h, hq, hkv, d, i, V = (int(m.num_layers), int(m.hidden_size), int(m.num_heads), int(m.num_kv_heads),
+                                  int(m.head_dim), int(m.intermediate_size), int(m.vocab_size))
+        b = DTYPE_BYTES[m.dtype]
+        tied = bool((m.hf_config or {}).get("tie_word_embeddings", False))
+        per_layer = h * hq * d + 2 * h * hkv * d + hq * d * h + 3 * h * i + (hq + 2 * hkv) * d
+        params = m.num_params if m.get("num_params") else L * per_layer + V * h * (1 if tied else 2)
+        return ModelShape(float(params), L, h, 2.0 * L * hkv * d * b, float(params) * b, V)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Achievable compute P (FLOP/s) and bandwidth BW (B/s) of a device, and a fixed cost per
+    layer per forward (s)."""
+    flops: float
+    bw: float
+    launch_per_layer_s: float = 0.0
+
+    @staticmethod
+    def of(hw) -> "Roofline":
+        return Roofline(float(hw.peak_flops) * float(hw.flops_efficiency), float(hw.mem_bw) * float(hw.mem_efficiency),
+                        float(hw.launch_overhead_s))
+
+
+def t_prefill(m: ModelShape, hw: Roofline, batch, seq_len):
+    """Roofline time (s) of one prefill pass of ``batch`` sequences of ``seq_len`` new tokens
+    (numpy-broadcastable). FLOPs = 2*params*B*S + 2*L*d*B*S^2 (causal attention); Bytes = weights +
+    B*S*KV/token."""
+    B, S = np.asarray(batch, dtype=float), np.asarray(seq_len, dtype=float)
+    flops = 2 * m.num_params * B * S + 2 * m.num_layers * m.hidden_size * B * S * S
+    byts = m.weight_bytes + B * S * m.kv_bytes_per_token
+    return np.maximum(flops / hw.flops, byts / hw.bw) + m.num_layers * hw.launch_per_layer_s
+
+
+def t_decode(m: ModelShape, hw: Roofline, batch, ctx_len):
+    """Roofline time (s) of one decode step for ``batch`` sequences with ``ctx_len`` cached tokens
+    each. FLOPs = 2*params*B + 4*L*d*B*ctx; Bytes = weights + B*ctx*KV/token."""
+    B, C = np.asarray(batch, dtype=float), np.asarray(ctx_len, dtype=float)
+    flops = 2 * m.num_params * B + 4 * m.num_layers * m.hidden_size * B * C
+    byts = m.weight_bytes + B * C * m.kv_bytes_per_token
+    return np.maximum(flops / hw.flops, byts / hw.bw) + m.num_layers * hw.launch_per_layer_s
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Result of the search: batches, KV bytes per engine, predicted T_tot (s), whether the
+    offload extension (§4.3.2) was chosen."""
+    b_pre: int
+    b_dec: int
+    gen_kv_bytes: int
+    ver_kv_bytes: int
+    t_tot_s: float
+    offload: bool = False
+
+
+class MemoryTooSmall(ValueError):
+    """The KV budget cannot hold one verifier and one generator sequence."""
+
+
+def _f_pre(ver: ModelShape, hw: Roofline, n: int, b_pre: np.ndarray, s: float) -> np.ndarray:
+    return np.ceil(n / b_pre) * t_prefill(ver, hw, b_pre, s)
+
+
+def _g_dec(gen: ModelShape, hw: Roofline, n: int, b_dec: np.ndarray, s_dec: float, s_cache: float) -> np.ndarray:
+    return np.ceil(n / b_dec) * s_dec * t_decode(gen, hw, b_dec, s_cache)
+
+
+def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_bytes: float, n: int,
+                      s_ver: float, s_ctx: float, s_dec: float, offload: bool = False,
+                      offload_bw: Optional[float] = None) -> Allocation:
+    """Roofline-guided KV allocation (FastTTS §4.3.1; offload §4.3.2).
+
+    Args:
+        gen, ver: generator / verifier shapes. hw: roofline. budget_bytes: M, KV bytes for both.
+        n: number of beams N. s_ver: verifier input length S (tokens). s_ctx: generator sequence
+        length held in KV while decoding (tokens). s_dec: decode horizon S_dec (tokens per step).
+        offload: also consider giving each stage the whole budget while the inactive model's KV
+        sits in host memory; the swap of both KV sets is charged at ``offload_bw`` (B/s).
+    Returns: the Allocation minimising T_tot (ties: larger B_dec, then smaller B_pre).
+    Raises: MemoryTooSmall when not even B_pre = B_dec = 1 fits.
+    """
+    k_pre = ver.kv_bytes_per_token * s_ver
+    k_dec = gen.kv_bytes_per_token * s_ctx
+    if k_pre + k_dec > budget_bytes:
+        raise MemoryTooSmall(f"KV budget {budget_bytes / 2**20:.1f} MiB < one verifier sequence "
+                             f"({k_pre / 2**20:.1f} MiB) + one generator sequence ({k_dec / 2**20:.1f} MiB)")
+    s_cache = s_ctx - s_dec / 2.0
+    pre_max = int(min(n, (budget_bytes - k_dec) // k_pre))
+    dec_max = int(min(n, (budget_bytes - k_pre) // k_dec))
+    b_pre = np.arange(1, pre_max + 1, dtype=float)
+    b_dec = np.arange(1, dec_max + 1, dtype=float)
+    f = _f_pre(ver, hw, n, b_pre, s_ver)
+    g = _g_dec(gen, hw, n, b_dec, s_dec, s_cache)
+    G = np.minimum.accumulate(g)                                   # best g over b <= d
+    Gb = np.maximum.accumulate(np.where(g <= G, b_dec, 0.0))       # largest b attaining it
+    d = np.minimum(dec_max, np.floor((budget_bytes - b_pre * k_pre) / k_dec)).astype(int)
+    ok = d >= 1
+    tot = np.where(ok, f + G[np.maximum(d, 1) - 1], np.inf)
+    bd = np.where(ok, Gb[np.maximum(d, 1) - 1], 0.0)
+    i = int(np.lexsort((b_pre, -bd, tot))[0])
+    bp, bdd = int(b_pre[i]), int(bd[i])
+    best = Allocation(bp, bdd, int(budget_bytes - bp * k_pre), int(bp * k_pre), float(tot[i]))
+    if offload:
+        bp_o = min(n, int(budget_bytes // k_pre))
+        b_all = np.arange(1, min(n, int(budget_bytes // k_dec)) + 1, dtype=float)
+        g_all = _g_dec(gen, hw, n, b_all, s_dec, s_cache)
+        bd_o = int(b_all[np.lexsort((-b_all, g_all))[0]])
+        swap = 2.0 * budget_bytes / (offload_bw or hw.bw)
+        t_off = float(_f_pre(ver, hw, n, np.array([bp_o], float), s_ver)[0]
+                      + _g_dec(gen, hw, n, np.array([bd_o], float), s_dec, s_cache)[0] + swap)
+        if t_off < best.t_tot_s:
+            return Allocation(bp_o, bd_o, int(budget_bytes), int(budget_bytes), t_off, True)
+    return best
+
+
+def brute_force_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_bytes: float, n: int,
+                           s_ver: float, s_ctx: float, s_dec: float) -> Allocation:
+    """Reference: every feasible (B_pre, B_dec) pair in [1, n]^2; same objective and tie rule.
+    O(n^2); for tests."""
+    k_pre = ver.kv_bytes_per_token * s_ver
+    k_dec = gen.kv_bytes_per_token * s_ctx
+    s_cache = s_ctx - s_dec / 2.0
+    best = None
+    for bp in range(1, n + 1):
+        for bd in range(1, n + 1):
+            if bp * k_pre + bd * k_dec > budget_bytes:
+                continue
+            t = float(_f_pre(ver, hw, n, np.array([bp], float), s_ver)[0]
+                      + _g_dec(gen, hw, n, np.array([bd], float), s_dec, s_cache)[0])
+            key = (t, -bd, bp)
+            if best is None or key < best[0]:
+                best = (key, bp, bd)
+    if best is None:
+        raise MemoryTooSmall("nothing fits")
+    (t, _, _), bp, bd = best
+    return Allocation(bp, bd, int(budget_bytes - bp * k_pre), int(bp * k_pre), t)

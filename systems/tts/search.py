@@ -1,0 +1,324 @@
+"""Generator + verifier test-time search (search-and-learn semantics, FastTTS §1) with the
+FastTTS techniques S (speculative beam extension, §4.1) and P (prefix-aware order, §4.2).
+
+Plain Python: the engines (real vLLM in ``engines.py``, simulated in ``sim.py``) only execute
+``GenRequest`` lists and verifier items; every search decision is made here, identically for both.
+
+Per iteration (search-and-learn ``beam_search``): (1) every active path gets one step (a path whose
+speculative tokens already hold a complete step consumes it instead: no generator call); (2) the
+verifier scores the new step (with look-ahead verification, a complete speculative step is scored
+in the same request); (3) paths ending (end token, step cap, max_model_len, last iteration) are
+collected; (4) the policy selects survivors among the rest by aggregated score and (5) duplicates
+them back to ``n`` paths. The last iteration decodes without the step delimiter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from systems.tts.beams import Beam, aggregate, request_seed, stable_hash, synthetic_score
+from systems.tts.engines import GenRequest
+
+
+@dataclass
+class SearchSettings:
+    """Search knobs (FastTTS §1.4). Token counts in tokens."""
+    search: str = "beam_search"
+    n: int = 64
+    beam_width: int = 4
+    num_iterations: int = 10
+    max_step_tokens: int = 2048
+    max_model_len: int = 4096
+    agg: str = "last"
+    seed: int = 0
+    speculative: bool = False
+    prefix_aware: bool = False
+    r_mean: float = 0.85
+    r_std: float = 0.1
+    spec_max_beams: int = 256
+    lookahead: bool = True
+    vg_short_iterations: int = 3
+    vg_short_tokens: int = 64
+    score_source: str = "synthetic"      # prm | synthetic
+    delimiter_id: int = 271
+    eos_id: int = 151643
+
+
+@dataclass
+class IterationRecord:
+    problem: int
+    iteration: int
+    active: int
+    gen_requests: int
+    gen_skipped: int          # paths whose step came from speculation (no generator call)
+    ver_requests: int
+    gen_time_s: float
+    ver_time_s: float
+    gen_prompt_tokens: int
+    gen_cached_tokens: int
+    ver_prompt_tokens: int
+    ver_cached_tokens: int
+    new_tokens: int           # step tokens committed this iteration (all paths)
+    spec_generated: int
+    spec_kept: int
+    completed: int
+    selected: str             # survivors' uids in selection order, ";"-joined
+    selected_keys: str        # their content hashes (committed tokens), ";"-joined
+
+
+@dataclass
+class ProblemResult:
+    problem: int
+    completions: List[Beam]
+    iterations: List[IterationRecord]
+    gen_time_s: float
+    ver_time_s: float
+
+    @property
+    def latency_s(self) -> float:
+        return self.gen_time_s + self.ver_time_s
+
+
+# ---------------------------------------------------------------------------------------- selection
+def select_survivors(policy: str, cands: Sequence[Beam], n: int, beam_width: int, agg: str) -> List[Tuple[Beam, int]]:
+    """Pick survivors and their number of children.
+
+    Args: policy (beam_search | vg_search | dynamic_branching | dvts), ``cands`` the active paths
+        (scored), ``n`` paths to refill, ``beam_width`` branching factor, ``agg`` score aggregation.
+    Returns: [(survivor, children)] in selection order. Ties in score break by uid, so the result
+        does not depend on the order of ``cands``.
+    - beam_search / vg_search: global top n // beam_width; children refill n (earliest get the
+      remainder, search-and-learn ``(active * (n // k + 1))[:n]``).
+    - dynamic_branching: the same survivors; children proportional to s - min(s) + 1e-6 with
+      largest-remainder rounding to n.
+    - dvts: subtrees = root index // beam_width; argmax inside each subtree, beam_width children.
+    """
+    if not cands:
+        return []
+    key = lambda b: (-aggregate(b.scores, agg), b.uid)
+    if policy == "dvts":
+        groups: Dict[int, List[Beam]] = {}
+        for b in cands:
+            groups.setdefault(int(b.uid.split(".")[0]) // beam_width, []).append(b)
+        return [(min(groups[g], key=key), beam_width) for g in sorted(groups)]
+    k = max(1, n // beam_width)
+    top = sorted(cands, key=key)[:k]
+    if policy == "dynamic_branching":
+        s = np.array([aggregate(b.scores, agg) for b in top])
+        w = s - s.min() + 1e-6
+        share = w / w.sum() * n
+        base = np.floor(share).astype(int)
+        rem = n - int(base.sum())
+        order = sorted(range(len(top)), key=lambda i: (-(share[i] - base[i]), i))
+        for i in order[:rem]:
+            base[i] += 1
+        return [(b, int(c)) for b, c in zip(top, base) if c > 0]
+    reps = [n // len(top) + (1 if i < n % len(top) else 0) for i in range(len(top))]
+    return list(zip(top, reps))
+
+
+def truncate_keep(length: int, r: float) -> int:
+    """Speculative tokens a duplicate keeps: round(r * length), at least 1 kept and 1 dropped
+    (FastTTS AE ``truncate_sentence_by_tokens``); 0 for a single token."""
+    if length <= 1:
+        return 0
+    return int(min(length - 1, max(1, round(r * length))))
+
+
+def duplicate(selected: List[Tuple[Beam, int]], prefix_aware: bool, speculative: bool, r_mean: float,
+              r_std: float, seed: int, problem: int, iteration: int) -> List[Beam]:
+    """Children of the survivors, in scheduling order.
+
+    Without P (the vLLM baseline, AE): survivors first, then their copies round by round
+    ``[A, B, C, A', B', C', ...]``. With P (§4.2): each survivor's children adjacent ``[A, A', B,
+    B', ...]`` so siblings share the prefix cache; parents keep their relative order. Child c of
+    parent u is named ``u.c`` in both orders. Child 0 keeps all speculative tokens; with S a copy
+    keeps a fraction r ~ N(r_mean, r_std) clipped to [0, 1] of them (§4.1, Alg. 1), drawn from a
+    generator keyed by its name."""
+    def child(p: Beam, c: int) -> Beam:
+        uid = f"{p.uid}.{c}"
+        if c == 0 or not p.spec:
+            return p.copy_as(uid)
+        if not speculative:
+            return p.copy_as(uid, spec=[])
+        rng = np.random.default_rng(stable_hash("trunc", seed, problem, iteration, uid))
+        r = float(np.clip(rng.normal(r_mean, r_std), 0.0, 1.0))
+        return p.copy_as(uid, spec=p.spec[:truncate_keep(len(p.spec), r)])
+    out: List[Beam] = []
+    if prefix_aware:
+        for p, cnt in selected:
+            out.extend(child(p, c) for c in range(cnt))
+    else:
+        for c in range(max((cnt for _, cnt in selected), default=0)):
+            out.extend(child(p, c) for p, cnt in selected if c < cnt)
+    return out
+
+
+def speculative_potential(scores: Sequence[float], bins: int) -> List[int]:
+    """Score-bin potential M_i = B - j + 1 for a score in bin C_j (C_1 highest) of B equal-count
+    bins over the given scores (FastTTS §4.1.1). Returns ints in [1, B]."""
+    m = len(scores)
+    if m == 0:
+        return []
+    order = sorted(range(m), key=lambda i: -scores[i])
+    pot = [1] * m
+    for rank, i in enumerate(order):
+        j = min(bins, rank * bins // m + 1)
+        pot[i] = bins - j + 1
+    return pot
+
+
+def _first_boundary(tokens: Sequence[int], delim: int, eos: int) -> Optional[int]:
+    for i, t in enumerate(tokens):
+        if t == delim or t == eos:
+            return i + 1
+    return None
+
+
+# ---------------------------------------------------------------------------------------- loop
+class Search:
+    """Runs the search for one problem at a time on a generator and a verifier.
+
+    ``generator.extend(requests, speculative, spec_max_beams) -> GenResult``;
+    ``verifier.verify(problem, beams_steps) -> (values, time_s, cached, prompt)`` where
+    ``beams_steps`` is [(tokens, step_ends)] and values[i][k] is the PRM value of step k or None
+    (not computed by this call). The score cache (content key -> selection score) makes a path whose
+    steps were all scored before skip the verifier (look-ahead verification).
+    """
+
+    def __init__(self, st: SearchSettings, generator, verifier, on_iteration: Optional[Callable] = None,
+                 before_iteration: Optional[Callable] = None):
+        self.st, self.gen, self.ver, self.on_iteration = st, generator, verifier, on_iteration
+        self.before_iteration = before_iteration      # (iteration, active paths, prompt length) -> None
+
+    def _cap(self, it: int) -> int:
+        st = self.st
+        if st.search == "vg_search" and it < st.vg_short_iterations:
+            return min(st.vg_short_tokens, st.max_step_tokens)
+        return st.max_step_tokens
+
+    def _commit(self, b: Beam, step: List[int], keys: Dict[str, List[int]]):
+        b.tokens.extend(step)
+        b.step_ends.append(len(b.tokens))
+        prev = keys[b.uid][-1]
+        keys[b.uid].append(stable_hash(prev, tuple(step)))
+
+    def run_problem(self, pidx: int, prompt: List[int]) -> ProblemResult:
+        st = self.st
+        root = stable_hash("problem", pidx, tuple(prompt))
+        beams = [Beam(str(i)) for i in range(st.n)]
+        keys: Dict[str, List[int]] = {b.uid: [root] for b in beams}   # chain hash per committed step
+        cache: Dict[int, float] = {}                                   # step key -> selection score
+        completions: List[Beam] = []
+        records: List[IterationRecord] = []
+        gen_t = ver_t = 0.0
+        iters = 1 if st.search == "best_of_n" else st.num_iterations
+        prev_potential: Dict[str, int] = {}
+        for it in range(iters):
+            active = [b for b in beams if not b.done]
+            if not active:
+                break
+            last = it == iters - 1
+            cap = self._cap(it)
+            if self.before_iteration:
+                self.before_iteration(it, active, len(prompt))
+            reqs, skipped, new_tokens = [], 0, 0
+            for b in active:
+                cut = None if last else _first_boundary(b.spec, st.delimiter_id, st.eos_id)
+                if cut is not None:                     # a whole step was produced speculatively
+                    step, b.spec = b.spec[:cut], b.spec[cut:]
+                    self._commit(b, step, keys)
+                    new_tokens += len(step)
+                    b.finish = "eos" if step[-1] == st.eos_id else "delimiter"
+                    skipped += 1
+                    continue
+                room = st.max_model_len - len(prompt) - len(b.tokens) - len(b.spec)
+                reqs.append(GenRequest(uid=f"p{pidx}.i{it}.{b.uid}", prompt_ids=prompt + b.tokens + b.spec,
+                                       max_tokens=max(1, min(cap - len(b.spec), room)),
+                                       seed=request_seed(st.seed, pidx, it, b.uid),
+                                       stop_at_delimiter=not last,
+                                       potential=prev_potential.get(b.uid, 1)))
+            res = self.gen.extend(reqs, speculative=st.speculative and not last, spec_max_beams=st.spec_max_beams)
+            gen_t += res.time_s
+            by_uid = {b.uid: b for b in active}
+            spec_generated = res.spec_tokens
+            for r in reqs:
+                b = by_uid[r.uid.split(".", 2)[2]]
+                o = res.outputs[r.uid]
+                step = b.spec + o.tokens[:o.step_len]
+                b.spec = list(o.tokens[o.step_len:])
+                self._commit(b, step, keys)
+                new_tokens += o.step_len
+                b.finish = o.finish
+            # ------------------------------------------------ verification (+ look-ahead)
+            items, owners = [], []
+            for b in active:
+                toks, ends, ks = b.tokens, list(b.step_ends), list(keys[b.uid][1:])
+                if st.speculative and st.lookahead and not last:
+                    cut = _first_boundary(b.spec, st.delimiter_id, st.eos_id)
+                    if cut is not None:
+                        toks = b.tokens + b.spec[:cut]
+                        ends.append(len(toks))
+                        ks.append(stable_hash(ks[-1], tuple(b.spec[:cut])))
+                if any(k not in cache for k in ks):
+                    items.append((toks, ends))
+                    owners.append(ks)
+            vals, vt, vcached, vprompt = self.ver.verify(pidx, items) if items else ([], 0.0, 0, 0)
+            ver_t += vt
+            for ks, vs in zip(owners, vals):
+                for k, v in zip(ks, vs):
+                    if v is not None and k not in cache:
+                        cache[k] = v if st.score_source == "prm" else synthetic_score(st.seed, k)
+            for b in active:
+                ks = keys[b.uid][1:]
+                missing = [k for k in ks if k not in cache]
+                if missing:
+                    raise RuntimeError(f"verifier returned no score for {len(missing)} step(s) of path {b.uid}")
+                b.scores = [cache[k] for k in ks]
+            # ------------------------------------------------ completion
+            now = gen_t + ver_t
+            n_done = 0
+            for b in active:
+                total = len(prompt) + len(b.tokens)
+                ended = (b.finish == "eos" or (b.finish == "length" and cap == st.max_step_tokens)
+                         or total >= st.max_model_len or last)
+                if st.search == "vg_search" and b.finish == "length" and cap < st.max_step_tokens:
+                    ended = total >= st.max_model_len
+                if ended:
+                    b.done = True
+                    if total >= st.max_model_len and b.finish != "eos":
+                        b.finish = "max_len"
+                    b.completion_time_s, b.completed_iteration = now, it
+                    b.spec = []
+                    completions.append(b)
+                    n_done += 1
+            alive = [b for b in active if not b.done]
+            selected = select_survivors(st.search, alive, st.n, st.beam_width, st.agg) if not last else []
+            spec_kept = sum(len(p.spec) for p, _ in selected) if st.speculative else 0
+            records.append(IterationRecord(
+                pidx, it, len(active), len(reqs), skipped, len(items), res.time_s, vt,
+                sum(o.prompt_tokens for o in res.outputs.values()), sum(o.cached_tokens for o in res.outputs.values()),
+                vprompt, vcached, new_tokens, spec_generated, spec_kept, n_done,
+                ";".join(p.uid for p, _ in selected), ";".join(str(keys[p.uid][-1]) for p, _ in selected)))
+            if self.on_iteration:
+                self.on_iteration(records[-1])
+            if not selected:
+                beams = []
+                break
+            pot = speculative_potential([aggregate(p.scores, st.agg) for p, _ in selected], st.beam_width)
+            beams = duplicate(selected, st.prefix_aware, st.speculative, st.r_mean, st.r_std, st.seed, pidx, it)
+            prev_potential = {}
+            for (p, cnt), m in zip(selected, pot):
+                for c in range(cnt):
+                    prev_potential[f"{p.uid}.{c}"] = m
+            for b in beams:
+                parent = b.uid.rsplit(".", 1)[0]
+                keys[b.uid] = list(keys[parent])
+        for b in beams:                               # iteration budget exhausted (not reached with last)
+            if not b.done:
+                b.done, b.finish = True, "budget"
+                b.completion_time_s, b.completed_iteration = gen_t + ver_t, len(records) - 1
+                completions.append(b)
+        return ProblemResult(pidx, completions, records, gen_t, ver_t)
