@@ -16,6 +16,7 @@ p stages, each a TP group of g GPUs, m in-flight microbatches, l = L(n, f), e = 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
@@ -51,11 +52,14 @@ class Decision:
 
 @dataclass
 class WindowStats:
-    """Load seen over the last window: arrivals, their prompt tokens, time-mean decodes, length (s)."""
+    """Load seen over the last window: arrivals, their prompt tokens (sum and 90th percentile),
+    time-mean decodes, window length (s), and the largest prompt-token count of any 1-s slice."""
     arrivals: int
     input_tokens: int
     mean_decodes: float
     duration_s: float
+    input_p90: float = 0.0
+    peak_tokens_per_s: float = 0.0
 
 
 # -- Eq. 1 and Eq. 2 ---------------------------------------------------------------------------
@@ -87,67 +91,118 @@ def eq2_decode(l, e, p_idle, D: int, m, p: int, g: int):
 
 
 # -- S1 and S2 ----------------------------------------------------------------------------------
-def s1_search(table: LatencyEnergyTable, waiting: Sequence[Tuple[float, int]], D: int, m: int,
-              p: int, g: int, chunks: Sequence[int], slo_ttft: float, slo_tbt: float,
-              clock_idx: Optional[np.ndarray] = None) -> Decision:
-    """Alg. 1: minimum Eq.1 energy over chunk x clock subject to every waiting request's TTFT SLO
-    and the ongoing decodes' TBT SLO. Requests that already waited past the TTFT SLO are not
-    constraints (they have missed). Infeasible everywhere -> largest chunk at max clock,
-    ``feasible=False``.
+class TableSearch:
+    """Exact minimum search over clocks on one table row, fast enough for event-driven use.
+
+    Latency rows are non-increasing in the clock (the profiler enforces it), so the feasible clocks
+    of a latency bound are a suffix found by bisection; the minimum of an objective
+    ``w_e * E[n] + w_l * P_idle * L[n]`` over every suffix is cached per (n, w_e, w_l). The result
+    equals a brute-force scan (tests compare them).
     """
-    C = np.asarray(chunks, dtype=np.int64)
-    ci = np.arange(len(table.clocks)) if clock_idx is None else np.asarray(clock_idx)
+
+    def __init__(self, table: LatencyEnergyTable, clock_idx: Optional[np.ndarray] = None):
+        ci = np.arange(len(table.clocks)) if clock_idx is None else np.asarray(clock_idx)
+        self.L, self.E = table.L[:, ci], table.E[:, ci]
+        self.idle, self.clocks = table.idle_w[ci], table.clocks[ci]
+        self.F = len(ci)
+        self._neg: dict = {}
+        self._best: dict = {}
+
+    def first_ok(self, n: int, bound: float) -> int:
+        """Index of the lowest clock with L[n] <= bound (F if none)."""
+        row = self._neg.get(n)
+        if row is None:
+            row = self._neg[n] = (-self.L[n]).tolist()
+        return bisect_left(row, -bound)
+
+    def best_from(self, n: int, w_e: float, w_l: float, j: int) -> Tuple[int, float]:
+        """(index, value) of the minimum of w_e*E[n] + w_l*idle*L[n] over clocks j..F-1."""
+        key = (n, w_e, w_l)
+        c = self._best.get(key)
+        if c is None:
+            obj = (w_e * self.E[n] + w_l * self.idle * self.L[n]).tolist()
+            idx, val = [0] * self.F, [0.0] * self.F
+            bi, bv = self.F - 1, obj[-1]
+            for i in range(self.F - 1, -1, -1):
+                if obj[i] <= bv:
+                    bi, bv = i, obj[i]
+                idx[i], val[i] = bi, bv
+            if len(self._best) > 200_000:
+                self._best.clear()
+            c = self._best[key] = (idx, val)
+        return c[0][j], c[1][j]
+
+
+def s1_search(search: TableSearch, waiting: Sequence[Tuple[float, int]], D: int, m: int,
+              p: int, g: int, chunks: Sequence[int], slo_ttft: float, slo_tbt: float) -> Decision:
+    """Alg. 1: minimum Eq.1 energy over chunk x clock subject to every waiting request's TTFT SLO
+    and the ongoing decodes' TBT SLO (``waiting``: FCFS (waited s, remaining tokens), the newest
+    last). Requests that already waited past the TTFT SLO are not constraints (they have missed).
+    Ties go to the earlier chunk candidate and the lower clock. Infeasible everywhere -> largest
+    chunk at max clock, ``feasible=False``.
+    """
     d = -(-D // m) if D > 0 else 0
-    L, E = table.rows(C + d)
-    L, E = L[:, ci], E[:, ci]
-    idle = table.idle_w[ci]
-    w = np.array([x[0] for x in waiting], float)
-    cum = np.cumsum([x[1] for x in waiting]).astype(float)
-    live = w < slo_ttft
-    total = cum[-1] if len(cum) else 0.0
-    k_all = np.ceil(total / C)
-    ttft, tbt, energy = eq1_prefill(L, E, idle, k_all[:, None], p, g, m)
-    if live.any():
-        k = np.ceil(cum[live][:, None] / C[None, :])                 # (I, K)
-        bound = np.min((slo_ttft - w[live])[:, None] / (k + p - 1), axis=0)   # max l per chunk
-        ok = L <= bound[:, None]
-    else:
-        ok = np.ones_like(L, bool)
-    t_new = (w[-1] if len(w) else 0.0) + ttft          # TTFT of the newest waiting request
-    if D > 0:
-        ok &= tbt <= slo_tbt
-    if not ok.any():
-        j = len(table.clocks) - 1
-        kk = int(np.argmax(C))
-        Lf, Ef = table.rows(np.array([C[kk] + d]))
-        t, b, en = eq1_prefill(Lf[0, j], Ef[0, j], table.idle_w[j], k_all[kk], p, g, m)
-        t0 = w[-1] if len(w) else 0.0
-        return Decision(int(C[kk]), m, float(table.clocks[j]), "s1", False, float(t0 + t), float(b), float(en))
-    en = np.where(ok, energy, np.inf)
-    a, b = np.unravel_index(int(np.argmin(en)), en.shape)
-    return Decision(int(C[a]), m, float(table.clocks[ci[b]]), "s1", True, float(t_new[a, b]),
-                    float(tbt[a, b]), float(energy[a, b]))
+    mp = max(m, p)
+    cum, tot, cons = 0, 0, []
+    for wt, tok in waiting:
+        cum += tok
+        if wt < slo_ttft:
+            cons.append((slo_ttft - wt, cum))
+    tot = cum
+    t0 = waiting[-1][0] if waiting else 0.0
+    best = None
+    for c in chunks:
+        n = c + d
+        lim = slo_tbt / mp if D > 0 else math.inf
+        for slack, cu in cons:
+            b = slack / (-(-cu // c) + p - 1)
+            if b < lim:
+                lim = b
+        j0 = search.first_ok(n, lim)
+        if j0 >= search.F:
+            continue
+        k = -(-tot // c)
+        j, v = search.best_from(n, float(k), float(p - 1), j0)
+        if best is None or v < best[0]:
+            best = (v, c, j, k)
+    if best is None:
+        c = max(chunks)
+        n, k, j = c + d, -(-tot // c), search.F - 1
+        l = float(search.L[n, j])
+        e = g * p * (k * float(search.E[n, j]) + (p - 1) * float(search.idle[j]) * l)
+        return Decision(int(c), m, float(search.clocks[j]), "s1", False, t0 + (k + p - 1) * l, mp * l, e)
+    v, c, j, k = best
+    l = float(search.L[c + d, j])
+    return Decision(int(c), m, float(search.clocks[j]), "s1", True, t0 + (k + p - 1) * l, mp * l, g * p * v)
 
 
-def s2_search(table: LatencyEnergyTable, D: int, p: int, g: int, microbatches: Sequence[int],
-              slo_tbt: float, chunk: int, clock_idx: Optional[np.ndarray] = None) -> Decision:
+def s2_search(search: TableSearch, D: int, p: int, g: int, microbatches: Sequence[int],
+              slo_tbt: float, chunk: int) -> Decision:
     """Alg. 2: minimum Eq.2 energy per token over microbatches x clock subject to TBT <= SLO.
-    m is limited to <= D. Infeasible -> the candidate with the lowest TBT at max clock."""
-    M = np.asarray([mm for mm in microbatches if mm <= max(D, 1)] or [min(microbatches)], dtype=np.int64)
-    ci = np.arange(len(table.clocks)) if clock_idx is None else np.asarray(clock_idx)
-    b = -(-max(D, 1) // M)
-    L, E = table.rows(b)
-    L, E = L[:, ci], E[:, ci]
-    tbt, e_round, e_tok = eq2_decode(L, E, table.idle_w[ci], D, M[:, None], p, g)
-    ok = tbt <= slo_tbt
-    if not ok.any():
-        a = int(np.argmin(tbt[:, -1]))
-        return Decision(chunk, int(M[a]), float(table.clocks[ci[-1]]), "s2", False, None,
-                        float(tbt[a, -1]), float(e_tok[a, -1]))
-    en = np.where(ok, e_tok, np.inf)
-    a, j = np.unravel_index(int(np.argmin(en)), en.shape)
-    return Decision(chunk, int(M[a]), float(table.clocks[ci[j]]), "s2", True, None, float(tbt[a, j]),
-                    float(e_tok[a, j]))
+    m is limited to <= D. Ties go to the earlier m and the lower clock. Infeasible -> the candidate
+    with the lowest TBT at max clock."""
+    Dp = max(D, 1)
+    ms = [mm for mm in microbatches if mm <= Dp] or [min(microbatches)]
+    best = None
+    for m in ms:
+        b = -(-Dp // m)
+        mp = max(m, p)
+        j0 = search.first_ok(b, slo_tbt / mp)
+        if j0 >= search.F:
+            continue
+        j, v = search.best_from(b, float(m), float(mp - m), j0)
+        if best is None or v < best[0]:
+            best = (v, m, j, b)
+    if best is None:
+        jl = search.F - 1
+        m = min(ms, key=lambda mm: max(mm, p) * float(search.L[-(-Dp // mm), jl]))
+        b, mp = -(-Dp // m), max(m, p)
+        l, e = float(search.L[b, jl]), float(search.E[b, jl])
+        return Decision(chunk, m, float(search.clocks[jl]), "s2", False, None, mp * l,
+                        g * p / Dp * (m * e + float(search.idle[jl]) * (mp - m) * l))
+    v, m, j, b = best
+    return Decision(chunk, m, float(search.clocks[j]), "s2", True, None, max(m, p) * float(search.L[b, j]),
+                    g * p / Dp * v)
 
 
 # -- controllers ---------------------------------------------------------------------------------
@@ -184,38 +239,53 @@ class WindowDVFS(Controller):
     """Window-DVFS (DynamoLLM's DVFS part, BEAM §2.6): every ``period_s`` pick the lowest clock
     predicted to meet both SLOs at the previous window's load; chunk and m never change.
 
-    Prediction at clock f (our reconstruction): one request of mean prompt X in k = ceil(X/c)
-    chunks, prefill utilisation rho = lambda * k * L(c + d, f) (lambda = arrivals/s),
-    TTFT = (k + p - 1) * l + rho / (1 - rho) * k * l / 2 (M/D/1 wait), mean
-    TBT = max(m, p) * (rho * L(c + d, f) + (1 - rho) * L(d, f)). Needs rho < 1. No feasible clock
-    -> max clock.
+    Prediction at each clock f (our reconstruction of "expected to meet the SLOs at that load"):
+    the steady round time R of m microbatches when prefill tokens arrive at the window's rate (the
+    larger of its mean and its busiest 1-s slice, plus the prompt tokens still queued at its end
+    per window second) and D decodes are spread over the slots solves R = m * L(D/m + q, f) with q = rate * R / m
+    prefill tokens per microbatch (fixed-point iteration); q > chunk means overload. Then
+    TBT = max(R, p * L(D/m + q)) and TTFT of a p90-long prompt X = R / m + (ceil(X / c) + p - 1) *
+    L(min(c, X + q) + D/m). The clock is the lowest feasible one, raised to the energy valley of the
+    typical microbatch (D/m + q tokens) if below it. No feasible clock -> max clock.
     """
     name: str = "window_dvfs"
     period_s: Optional[float] = 5.0
 
-    def predict(self, win: WindowStats, m: int):
-        """Arrays over clocks: (TTFT s, mean TBT s, rho)."""
-        lam = win.arrivals / max(win.duration_s, 1e-9)
-        X = win.input_tokens / win.arrivals if win.arrivals else 0.0
-        D = win.mean_decodes
-        d = int(math.ceil(D / m)) if D > 0 else 0
+    def predict(self, win: WindowStats, m: int, backlog_tokens: float = 0.0):
+        """(TTFT s, TBT s, feasible-load mask) over clocks, and the valley clock index."""
+        T = self.table
+        rate_tok = (max(win.input_tokens / max(win.duration_s, 1e-9), win.peak_tokens_per_s)
+                    + backlog_tokens / max(win.duration_s, 1e-9))
+        d = win.mean_decodes / m
         c = self.default_chunk
-        k = max(1, math.ceil(X / c)) if X > 0 else 0
-        l_c, _ = self.table.rows(np.array([min(c, max(int(X), 1)) + d]))
-        l_d, _ = self.table.rows(np.array([max(d, 1)]))
-        l_c, l_d = l_c[0], l_d[0]
-        rho = lam * k * l_c
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ttft = (k + self.p - 1) * l_c + np.where(rho < 1, rho / (1 - rho), np.inf) * k * l_c / 2
-        tbt = max(m, self.p) * (np.minimum(rho, 1) * l_c + (1 - np.minimum(rho, 1)) * l_d)
-        return ttft, tbt, rho
+        n_max = T.n_max
+
+        def lat(n):
+            n = np.clip(n, 1, n_max)
+            lo = np.floor(n).astype(np.int64)
+            return T.L[lo, np.arange(len(T.clocks))]
+        R = m * lat(np.full(len(T.clocks), max(d, 1.0)))
+        for _ in range(40):
+            q = rate_tok * R / m
+            R = m * lat(d + np.minimum(q, c) + 1e-9)
+        q = rate_tok * R / m
+        stable = q <= c
+        tbt = np.maximum(R, self.p * lat(d + np.minimum(q, c)))
+        X = win.input_p90
+        k = max(1, math.ceil(X / c)) if X > 0 else 1
+        ttft = R / m + (k + self.p - 1) * lat(np.minimum(c, X + q) + d)
+        n_typ = int(np.clip(round(d + float(np.median(np.minimum(q, c)))), 1, n_max))
+        return ttft, tbt, stable, int(np.argmin(T.E[n_typ]))
 
     def on_tick(self, st: EngineState, win: WindowStats) -> Optional[Decision]:
-        ttft, tbt, rho = self.predict(win, st.microbatches)
-        ok = (rho < 1) & (tbt <= self.slo_tbt) & ((ttft <= self.slo_ttft) | (win.arrivals == 0))
+        backlog = float(sum(t for _, t in st.waiting))
+        ttft, tbt, stable, j_valley = self.predict(win, st.microbatches, backlog)
+        ok = stable & (tbt <= self.slo_tbt) & ((ttft <= self.slo_ttft) | (win.arrivals == 0))
         if not ok.any():
             return Decision(st.chunk, st.microbatches, float(self.table.clocks[-1]), "window", False)
-        j = int(np.argmax(ok))                        # lowest feasible clock
+        # lowest feasible clock, but not below the energy valley of the typical microbatch (clocks
+        # below it cost more time and more energy: Pareto-dominated)
+        j = max(int(np.argmax(ok)), j_valley)
         return Decision(st.chunk, st.microbatches, float(self.table.clocks[j]), "window", True,
                         float(ttft[j]) if win.arrivals else None, float(tbt[j]))
 
@@ -237,17 +307,22 @@ class Beam(Controller):
     def __post_init__(self):
         if not self.microbatches:
             self.microbatches = tuple(range(1, 2 * self.p + 1))
+        self.set_clocks(self.clock_idx)
+
+    def set_clocks(self, clock_idx: Optional[np.ndarray]) -> None:
+        """Restrict the clock candidates (indices into table.clocks; None = all)."""
+        self.clock_idx = clock_idx
+        self.search = TableSearch(self.table, clock_idx)
 
     def _s1(self, st: EngineState) -> Decision:
         chunks = self.chunks if self.search_chunk else (self.default_chunk,)
         # prefill needs the full pipeline (Eq.1's (k + p - 1) l assumes chunks pipelined): m = p
-        return s1_search(self.table, st.waiting, st.num_decodes, self.p, self.p, self.g,
-                         chunks, self.slo_ttft, self.slo_tbt, self.clock_idx)
+        return s1_search(self.search, st.waiting, st.num_decodes, self.p, self.p, self.g,
+                         chunks, self.slo_ttft, self.slo_tbt)
 
     def _s2(self, st: EngineState) -> Decision:
         ms = self.microbatches if self.search_microbatch else (self.p,)
-        return s2_search(self.table, st.num_decodes, self.p, self.g, ms, self.slo_tbt, st.chunk,
-                         self.clock_idx)
+        return s2_search(self.search, st.num_decodes, self.p, self.g, ms, self.slo_tbt, st.chunk)
 
     def on_arrival(self, st):
         return self._s1(st) if st.waiting else self._s2(st)

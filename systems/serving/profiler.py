@@ -6,6 +6,9 @@ The table is sampled sparsely over (num_tokens n, clock f) and expanded to every
   ``tile``-token tile (latency steps at tile boundaries, so L(n) = L(ceil(n / tile) * tile));
 * large-token region: only the chunk sizes S1 may choose (plus ``n_max``), linear in between.
 
+Latency is made non-increasing in the clock (a cumulative max from the highest clock down), which
+the controllers' bisection over clocks relies on; a measured table with noise is smoothed so.
+
 Samples come from a ``measure(n, f) -> (latency_s, energy_j_per_gpu)`` callable: the simulator's
 ground truth (:class:`systems.serving.gpu_model.StageModel`) or a measurement on a real device.
 Sampling in the small region uses single-token sequences with ``ctx`` tokens of context each
@@ -77,6 +80,8 @@ def build_table(measure: Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np
         for i in range(len(clocks)):
             L[ns[-1] + 1:, i] = np.interp(rest, xs, ls[:, i])
             E[ns[-1] + 1:, i] = np.interp(rest, xs, es[:, i])
+    # latency must not grow with the clock (noise in a measured table): cumulative max from the top
+    L = np.maximum.accumulate(L[:, ::-1], axis=1)[:, ::-1]
     return LatencyEnergyTable(np.asarray(clocks, float), L, E, np.asarray(idle_w, float), pts)
 
 

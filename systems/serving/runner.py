@@ -122,7 +122,7 @@ def controller_for(cfg, table):
                           int(s.default_chunk), list(s.chunk_candidates), list(s.microbatch_candidates),
                           bool(s.search_chunk), bool(s.search_microbatch), float(s.window_s))
     if s.controller == "beam" and not s.search_freq:
-        ctl.clock_idx = np.array([len(table.clocks) - 1])
+        ctl.set_clocks(np.array([len(table.clocks) - 1]))
     fc = s.get("fixed_clock_mhz")
     if fc is not None:
         j = int(np.argmin(np.abs(table.clocks - fc)))

@@ -55,12 +55,14 @@ class ServingSimulator:
         requests: the stream. p, g: stages and GPUs per stage. delay_s: clock actuation delay.
         max_num_seqs: cap on requests in prefill or decode. kv_capacity_tokens: KV tokens that fit
         per stage (admission waits beyond it). drain_s: after the last arrival, stop after this
-        long; unfinished requests miss their SLOs.
+        long; unfinished requests miss their SLOs. max_waiting_view: controllers see the oldest
+        waiting requests one by one up to this many, the rest as one entry (the newest's wait,
+        their tokens), which bounds decision time under overload.
     """
 
     def __init__(self, stage: StageModel, controller: Controller, requests: Requests, p: int, g: int,
                  delay_s: float = 0.0085, max_num_seqs: int = 256, kv_capacity_tokens: float = math.inf,
-                 drain_s: float = 300.0, max_waiting_view: int = 256):
+                 drain_s: float = 300.0, max_waiting_view: int = 64):
         self.st, self.ctl, self.p, self.g = stage, controller, int(p), int(g)
         self.delay_s, self.max_num_seqs, self.kv_cap = delay_s, int(max_num_seqs), kv_capacity_tokens
         self.max_waiting_view = max_waiting_view
@@ -73,7 +75,11 @@ class ServingSimulator:
 
     # -- helpers ------------------------------------------------------------------------------
     def _state(self, now: float) -> EngineState:
-        w = [(now - self.arr_l[r], self.inp_l[r] - self.pref[r]) for r in self.waiting[: self.max_waiting_view]]
+        v = self.max_waiting_view
+        w = [(now - self.arr_l[r], self.inp_l[r] - self.pref[r]) for r in self.waiting[: v - 1]]
+        if len(self.waiting) >= v:     # the rest as one entry: the newest's wait, all their tokens
+            rest = self.waiting[v - 1:]
+            w.append((now - self.arr_l[rest[-1]], sum(self.inp_l[r] - self.pref[r] for r in rest)))
         return EngineState(now, w, self.n_dec, self.chunk, self.m, self.clock_target)
 
     def _apply(self, d: Optional[Decision], now: float, trigger: str, rid: int, wall_ns: int) -> None:
@@ -143,8 +149,12 @@ class ServingSimulator:
             if te == tt:
                 self._d_update(te)
                 win = WindowStats(self.win_arr, self.win_tok, self.d_int / max(te - self.win_t0, 1e-9),
-                                  te - self.win_t0)
+                                  te - self.win_t0,
+                                  float(np.percentile(self.win_lens, 90)) if self.win_lens else 0.0,
+                                  float(max(self.win_sec.values())) if self.win_sec else 0.0)
+                self.win_sec = defaultdict(int)
                 self.win_arr = self.win_tok = 0
+                self.win_lens = []
                 self.d_int, self.win_t0 = 0.0, te
                 self._call(self.ctl.on_tick, te, "tick", -1, win)
                 self.next_tick = te + self.ctl.period_s
@@ -154,6 +164,8 @@ class ServingSimulator:
                 self.waiting.append(r)
                 self.win_arr += 1
                 self.win_tok += self.inp_l[r]
+                self.win_lens.append(self.inp_l[r])
+                self.win_sec[int(te)] += self.inp_l[r]
                 self._call(self.ctl.on_arrival, te, "arrival", r)
             else:
                 _, _, j, decs, chunks = heapq.heappop(self.heap)
@@ -232,6 +244,8 @@ class ServingSimulator:
         self.e_bin: Dict[int, float] = defaultdict(float)
         self.d_int, self.d_t, self.win_t0 = 0.0, 0.0, 0.0
         self.win_arr = self.win_tok = 0
+        self.win_lens: List[int] = []
+        self.win_sec: Dict[int, int] = defaultdict(int)
         self.next_arr = 0
         self.next_tick = self.ctl.period_s if self.ctl.period_s else math.inf
         d0 = self.ctl.initial()
