@@ -118,6 +118,27 @@ class TrackingConfig:
     entity: Optional[str] = None
 
 
+class AttrDict(dict):
+    """A resolved config as plain dicts with attribute access (fast in hot loops, unlike DictConfig)."""
+
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+
+def plain(cfg) -> AttrDict:
+    """Resolve a DictConfig into nested :class:`AttrDict` s."""
+    def conv(x):
+        if isinstance(x, dict):
+            return AttrDict({k: conv(v) for k, v in x.items()})
+        if isinstance(x, list):
+            return [conv(v) for v in x]
+        return x
+    return conv(OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg)
+
+
 BACKENDS = ("auto", "torch", "vllm", "sim")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float16", "bfloat16", "float32", "float64")

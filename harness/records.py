@@ -6,6 +6,7 @@ metrics. ``load_valid_record`` lets a sweep skip jobs that already finished.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -81,6 +82,7 @@ def check_writable(directory: Path) -> None:
                           f"pass a writable results_dir=PATH") from None
 
 
+@functools.lru_cache(maxsize=None)          # once per process: a sweep's worker reuses it
 def git_info(root: Optional[Path] = None) -> Dict[str, Any]:
     root = Path(root or Path(__file__).resolve().parent.parent)
     try:
@@ -93,6 +95,7 @@ def git_info(root: Optional[Path] = None) -> Dict[str, Any]:
         return {"sha": None, "dirty": None, "error": str(e)}
 
 
+@functools.lru_cache(maxsize=None)
 def package_versions() -> Dict[str, Optional[str]]:
     out = {"python": platform.python_version()}
     for p in PACKAGES:
@@ -103,6 +106,7 @@ def package_versions() -> Dict[str, Optional[str]]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def hardware_inventory() -> Dict[str, Any]:
     """CPU, RAM and (when NVML works) each GPU's name, UUID, memory, power limit and driver."""
     inv: Dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),

@@ -81,11 +81,12 @@ def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
     return paths
 
 
-def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "") -> Path:
+def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "",
+                   floatfmt: str = ",.4g") -> Path:
     """Write a DataFrame as a markdown table (with an optional title and notes) to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = df.to_markdown(index=False, floatfmt=".4g") if len(df) else "(no rows)"
+    body = df.to_markdown(index=False, floatfmt=floatfmt) if len(df) else "(no rows)"
     text = (f"# {title}\n\n" if title else "") + body + "\n" + (f"\n{notes}\n" if notes else "")
     path.write_text(text)
     return path

@@ -139,9 +139,9 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         "seed": cfg.get("seed"),
         "config_hash": chash,
         "config": cfg_dict,
-        "git": records.git_info(),
-        "packages": records.package_versions(),
-        "inventory": records.hardware_inventory(),
+        "git": dict(records.git_info()),
+        "packages": dict(records.package_versions()),
+        "inventory": dict(records.hardware_inventory()),
         "started_at": datetime.now(timezone.utc).isoformat(),
     }
     tracker = make_tracker(cfg_dict, cfg.get("tracking"), outdir,

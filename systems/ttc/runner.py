@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from harness.config import ConfigError, bad
+from harness.config import ConfigError, bad, plain
 from harness.run import RunContext, RunResult
 from harness.units import GiB, parse_size
 from systems.ttc import analytic
@@ -61,6 +61,8 @@ def validate(cfg) -> None:
                                         f"({cfg.model.max_position}) for {cfg.model.name}")
     if w.scorer not in ("logprob",):
         raise bad("workload.scorer", w.scorer, "logprob")
+    if s.get("replay_tree"):
+        load_beam_tree(s.replay_tree, n_steps=math.ceil(w.gen_len / w.step))
     budget = kv_budget_bytes(cfg) if (s.get("kv_budget") is not None or cfg.hardware.get("kv_budget") is not None) else None
     if budget is not None and s.scheduler != "in_gpu":
         one_beam = (w.prompt_len + w.gen_len) * KVGeometry.from_model(cfg.model).kv_token
@@ -69,6 +71,26 @@ def validate(cfg) -> None:
                       f"at least one beam's KV at full length: {one_beam} B ({one_beam / 2**20:.2f} MiB) "
                       f"for {cfg.model.name} at {w.prompt_len + w.gen_len} tokens; got {budget} B "
                       f"({budget / 2**20:.2f} MiB)")
+
+
+def load_beam_tree(path, n_steps: int):
+    """A recorded beam tree (``beam_tree.json`` of a run with ``system.record_tree=true``): per step,
+    the uids of the beams selection kept, in order. Raises ConfigError if missing or malformed."""
+    import json
+    from pathlib import Path
+    p = Path(path)
+    if p.is_dir():
+        p = p / "beam_tree.json"
+    try:
+        doc = json.loads(p.read_text())
+        steps = [[int(u) for u in s["kept"]] for s in doc["steps"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"system.replay_tree={str(path)!r} is not a readable beam tree ({e}); "
+                          f"record one with system.record_tree=true") from None
+    if len(steps) != n_steps - 1:
+        raise ConfigError(f"system.replay_tree={str(path)!r} has {len(steps)} step transitions; this "
+                          f"configuration needs {n_steps - 1} (same beams, step and gen_len)")
+    return steps
 
 
 def validate_backend(cfg, backend) -> None:
@@ -95,6 +117,7 @@ def _live_budget(ctx: RunContext) -> Optional[int]:
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
+    cfg = plain(cfg)                      # resolved plain dicts: no OmegaConf lookups in hot loops
     w, sysc = cfg.workload, cfg.system
     if sysc.scheduler == "hf_offload":
         from systems.ttc.hf_offload import run_hf_offload
@@ -118,6 +141,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
                                  f"({scheduler.full_kv_bytes(n_beams) / GiB:.2f} GiB) exceeds the KV "
                                  f"budget ({budget / GiB:.2f} GiB)")
 
+    replay = load_beam_tree(sysc.replay_tree, n_steps=math.ceil(w.gen_len / w.step)) if sysc.get("replay_tree") else None
     ex = _executor(cfg, ctx, sched_budget)
     rng = np.random.default_rng(cfg.seed)
     prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
@@ -143,11 +167,12 @@ def run(cfg, ctx: RunContext) -> RunResult:
             other = 0.0
             if i + 1 < n_steps:
                 t0 = time.perf_counter()
-                new = select_and_expand(tree, beams, beam_size, w.beam_width)
+                keep = replay[i] if replay is not None else None
+                new = select_and_expand(tree, beams, beam_size, w.beam_width, keep_uids=keep)
                 other = ex.expand(plan, tree, beams, new)
                 if not ex.simulated:
                     other = time.perf_counter() - t0
-                kept_log.append({"step": i, "kept": sorted({b.parent_uid for b in new})})
+                kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
                 beams = new
             for k in ("compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):
                 tot[k] += getattr(o, k)
@@ -181,7 +206,15 @@ def run(cfg, ctx: RunContext) -> RunResult:
     tables = {"steps": steps_df}
     if group_rows:
         tables["groups"] = pd.DataFrame(group_rows)
-    extra = {"beam_tree": kept_log} if cfg.system.get("record_tree") else {}
+    extra = {}
+    if cfg.system.get("record_tree"):
+        from harness.records import atomic_write_json
+        atomic_write_json(ctx.outdir / "beam_tree.json", {"seed": cfg.seed, "beams": n_beams,
+                                                          "beam_width": w.beam_width, "step": w.step,
+                                                          "gen_len": w.gen_len, "steps": kept_log})
+        extra["beam_tree_file"] = str(ctx.outdir / "beam_tree.json")
+    if replay is not None:
+        extra["replayed_tree"] = str(sysc.replay_tree)
     if hasattr(ex, "final_tokens"):
         extra["best_tokens"] = best.tokens
     return RunResult(status="ok", summary=summary, display=DISPLAY, tables=tables, extra=extra)

@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from systems.ttc.plan import DTYPE_BYTES, KVGeometry, StepPlan
-from systems.ttc.tree import Beam, BeamTree, mix64
+from systems.ttc.tree import Beam, BeamTree, mix64_array
 
 
 def layer_params(m) -> int:
@@ -60,12 +60,15 @@ class StepOutcome:
 
 
 def synthetic_logprobs(seed: int, uids: Sequence[int], step: int, tokens: int) -> np.ndarray:
-    """Seeded scores: sum over ``tokens`` of log-probs ~ N(-2, 1) per token, keyed by (seed, uid, step)."""
-    out = np.empty(len(uids))
-    for i, u in enumerate(uids):
-        z = np.random.default_rng(mix64(seed, u, step)).standard_normal()
-        out[i] = -2.0 * tokens + np.sqrt(tokens) * z
-    return out
+    """Seeded scores: the sum over ``tokens`` of per-token log-probs ~ N(-2, 1), i.e.
+    ``-2 T + sqrt(T) z`` with ``z`` standard normal from a Box-Muller transform of
+    ``mix64(seed, uid, step)`` and ``mix64(seed, uid, ~step)`` (order- and batch-independent)."""
+    u = np.array([int(x) for x in uids], dtype=np.uint64)
+    h1, h2 = mix64_array(seed, u, step), mix64_array(seed, u, ~step & ((1 << 64) - 1))
+    u1 = ((h1 >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53
+    u2 = (h2 >> np.uint64(11)).astype(np.float64) / 2.0**53
+    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+    return -2.0 * tokens + np.sqrt(tokens) * z
 
 
 class CostModel:

@@ -34,6 +34,22 @@ def mix64(*values: int) -> int:
     return h
 
 
+def mix64_array(seed: int, uids: np.ndarray, step: int) -> np.ndarray:
+    """``mix64(seed, uid, step)`` for an array of uids (uint64), vectorised; equal to the scalar form."""
+    def fold(h, v):
+        h = h ^ v
+        h = h + np.uint64(0x9E3779B97F4A7C15)
+        z = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+    u = np.asarray(uids, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = np.full(u.shape, 0x9E3779B97F4A7C15, dtype=np.uint64)
+        h = fold(h, np.uint64(int(seed) & _MASK64))
+        h = fold(h, u)
+        return fold(h, np.uint64(int(step) & _MASK64))
+
+
 @dataclass
 class Segment:
     """KV block: ``length`` consecutive tokens starting at absolute position ``start``."""

@@ -1,0 +1,277 @@
+"""Figures and tables of the LBS paper's evaluation, drawn from a sweep's records.
+
+Each function has the signature ``report(sweep_dir, runs, cfg)`` (see harness/report.py) and is
+named by an experiment file (``conf/experiment/lbs_*.yaml``). Paper values come from
+``results/reference/lbs.csv`` and are drawn beside ours (dashed / hatched, labelled "paper");
+every value from a simulated run is labelled "(sim)".
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.report import load_reference, save_figure, write_markdown
+
+GiB = 2**30
+SYSTEM_ORDER = ["in_gpu", "layerwise", "hf_offload", "lbs_intertoken", "lbs_interbeam", "lbs_prefetch", "lbs"]
+
+
+def _tidy(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per job with short column names."""
+    df = pd.DataFrame({
+        "system": runs["system"], "model": runs["model"], "hardware": runs["hardware"],
+        "status": runs["status"], "simulated": runs["simulated"].astype(bool),
+        "beams": runs["config.workload.beams"].astype(int), "step": runs["config.workload.step"].astype(int),
+    })
+    for k in ("e2e_s", "compute_s", "io_stall_s", "other_s", "io_share", "h2d_bytes", "d2h_bytes",
+              "eq3_layerwise_bytes", "eq5_lbs_bytes", "full_kv_bytes", "groups_per_step",
+              "peak_device_kv_bytes", "kv_budget_bytes"):
+        col = f"summary.{k}"
+        df[k] = pd.to_numeric(runs[col], errors="coerce") if col in runs else np.nan
+    df["tag"] = np.where(df["simulated"], "sim", "measured")
+    return df.sort_values(["model", "step", "beams"]).reset_index(drop=True)
+
+
+def _ref_value(ref: pd.DataFrame, metric: str, **conds):
+    """The paper value for a metric whose config string contains every key=value given."""
+    for _, r in ref[ref["metric"] == metric].iterrows():
+        kv = dict(x.split("=", 1) for x in str(r["config"]).split(";") if "=" in x)
+        if all(str(kv.get(k)) == str(v) for k, v in conds.items() if k in kv) and \
+                all(k in kv for k in conds if k in ("model", "system")):
+            return float(r["value"])
+    return None
+
+
+def _speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """Speedup of every system over layer-wise at the same (hardware, model, beams, step)."""
+    keys = ["hardware", "model", "beams", "step"]
+    base = df[df.system == "layerwise"].set_index(keys)["e2e_s"]
+    out = df.copy()
+    out["layerwise_s"] = [base.get(tuple(r[k] for k in keys), np.nan) for _, r in out.iterrows()]
+    out["speedup"] = np.where(out.status == "ok", out["layerwise_s"] / out["e2e_s"], np.nan)
+    out["offloads"] = [bool(df[(df.system == "layerwise") & (df.model == r.model) & (df.beams == r.beams)
+                               & (df.step == r.step)]["h2d_bytes"].gt(0).any()) for _, r in out.iterrows()]
+    return out
+
+
+def _fmt_speed(r) -> str:
+    if r.status == "oom":
+        return "OOM"
+    if r.status != "ok":
+        return r.status
+    return f"{r.speedup:.2f}x"
+
+
+def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str) -> pd.DataFrame:
+    import matplotlib.pyplot as plt
+    df = _speedups(_tidy(runs))
+    ref = load_reference("lbs", figure)
+    models, steps = sorted(df.model.unique()), sorted(df.step.unique())
+    systems = [s for s in SYSTEM_ORDER if s in set(df.system)]
+    fig, axes = plt.subplots(len(models), len(steps), figsize=(4.2 * len(steps), 3.2 * len(models)),
+                             squeeze=False, sharey=True)
+    for i, m in enumerate(models):
+        for j, st in enumerate(steps):
+            ax = axes[i][j]
+            sub = df[(df.model == m) & (df.step == st)]
+            for s in systems:
+                d = sub[sub.system == s].sort_values("beams")
+                ax.plot(d.beams, d.speedup, marker="o", label=f"{s}{' (sim)' if d.simulated.any() else ''}")
+                for _, r in d[d.status == "oom"].iterrows():
+                    ax.annotate("OOM", (r.beams, 1.0), fontsize=7, color="gray")
+            lo, hi = _ref_value(ref, "speedup_min", model=m), _ref_value(ref, "speedup_max", model=m)
+            if hi is not None:
+                ax.axhspan(lo if lo is not None else hi, hi, color="tab:red", alpha=0.12,
+                           label=f"paper LBS range {lo or ''}-{hi}x")
+                ax.axhline(hi, color="tab:red", ls="--", lw=1)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{m}, step {st}", fontsize=9)
+            ax.set_xlabel("beams")
+            if j == 0:
+                ax.set_ylabel("speedup over layer-wise")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    save_figure(fig, sweep_dir, figure)
+    tab = df.assign(speedup_txt=[_fmt_speed(r) for _, r in df.iterrows()])
+    wide = tab.pivot_table(index=["model", "step", "beams"], columns="system", values="speedup_txt",
+                           aggfunc="first").reset_index()
+    wide = wide[["model", "step", "beams"] + [s for s in systems if s in wide.columns]]
+    rng = []
+    for m in models:
+        d = df[(df.model == m) & (df.system == "lbs") & (df.status == "ok") & df.offloads]
+        rng.append({"model": m, "ours_lbs_speedup_min": d.speedup.min(), "ours_lbs_speedup_max": d.speedup.max(),
+                    "paper_min": _ref_value(ref, "speedup_min", model=m),
+                    "paper_max": _ref_value(ref, "speedup_max", model=m),
+                    "ours_is": "simulated" if df.simulated.all() else "measured"})
+    rng = pd.DataFrame(rng)
+    write_markdown(wide, sweep_dir / f"{figure}.md", title=f"{title} (speedup over layer-wise; "
+                   f"{'SIMULATED' if df.simulated.all() else 'measured'})",
+                   notes="Ranges over configurations where layer-wise offloads:\n\n" + rng.to_markdown(index=False, floatfmt=".2f"))
+    return rng
+
+
+def fig9(sweep_dir, runs, cfg):
+    """Fig.9: end-to-end speedup over layer-wise per model x beams x step (ablations, in-GPU OOM)."""
+    _speedup_report(Path(sweep_dir), runs, "fig9", "LBS Fig.9 - RTX 4090")
+
+
+def rtx3080ti(sweep_dir, runs, cfg):
+    """RTX 3080 Ti speedups (OPT-2.7B, Qwen-4B)."""
+    _speedup_report(Path(sweep_dir), runs, "3080ti", "LBS - RTX 3080 Ti")
+
+
+def fig4(sweep_dir, runs, cfg):
+    """Fig.4: KV share of GPU memory (KV / (KV + weights) at seq 2048) and layer-wise runtime breakdown."""
+    import matplotlib.pyplot as plt
+    from systems.ttc.plan import DTYPE_BYTES
+    from systems.ttc.sim import model_params
+    sweep_dir = Path(sweep_dir)
+    df = _tidy(runs)
+    weights = model_params(cfg.model) * DTYPE_BYTES[cfg.model.dtype]
+    df["kv_share_of_memory"] = df.full_kv_bytes / (df.full_kv_bytes + weights)
+    ref = load_reference("lbs", "fig4")
+    df["paper_kv_share_lower_bound"] = [_ref_value(ref, "kv_share_of_memory", beams=b) for b in df.beams]
+    df["paper_io_share"] = [_ref_value(ref, "io_share", beams=b, system="layerwise") for b in df.beams]
+    lw = df[df.system == "layerwise"].sort_values("beams")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a.plot(lw.beams, lw.kv_share_of_memory, "o-", label="ours (analytic from shapes)")
+    a.plot(lw.beams, lw.paper_kv_share_lower_bound, "rv--", label="paper (lower bound)")
+    a.set_xscale("log", base=2); a.set_xlabel("beams"); a.set_ylabel("KV share of GPU memory"); a.legend(fontsize=8)
+    x = np.arange(len(lw))
+    b.bar(x, lw.compute_s, label="compute (sim)")
+    b.bar(x, lw.io_stall_s, bottom=lw.compute_s, label="I/O stall (sim)")
+    b.bar(x, lw.other_s, bottom=lw.compute_s + lw.io_stall_s, label="prune+expand (sim)")
+    for xi, (_, r) in zip(x, lw.iterrows()):
+        b.annotate(f"{100 * r.io_share:.0f}% I/O", (xi, r.e2e_s), ha="center", fontsize=7)
+    b.set_xticks(x, lw.beams); b.set_xlabel("beams"); b.set_ylabel("seconds (layer-wise)"); b.legend(fontsize=7)
+    fig.suptitle("LBS Fig.4 - OPT-6.7B, seq 2048, RTX 4090 (simulated runtime)")
+    save_figure(fig, sweep_dir, "fig4")
+    write_markdown(lw[["beams", "kv_share_of_memory", "paper_kv_share_lower_bound", "e2e_s", "compute_s",
+                       "io_stall_s", "io_share", "paper_io_share", "tag"]], sweep_dir / "fig4.md",
+                   title="LBS Fig.4 (layer-wise runtime breakdown; KV share = KV/(KV+weights))")
+
+
+def fig5(sweep_dir, runs, cfg):
+    """Fig.5: per-token decode latency vs sequence position (flat, then rising once KV overflows)."""
+    import matplotlib.pyplot as plt
+    sweep_dir = Path(sweep_dir)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    rows = []
+    for _, r in runs.iterrows():
+        if r.status != "ok":
+            continue
+        st = pd.read_parquet(Path(r.run_dir) / "steps.parquet")
+        per_tok = st.latency_s / st.tokens
+        pos = st.start_tokens + st.tokens / 2
+        ax.plot(pos, per_tok * 1e3, label=f"{r.system} {int(r['config.workload.beams'])} beams (sim)")
+        knee = st.start_tokens[st.h2d_bytes > 0].min() if (st.h2d_bytes > 0).any() else None
+        rows.append({"system": r.system, "beams": int(r["config.workload.beams"]),
+                     "first_offload_position": knee, "ms_per_token_first": 1e3 * per_tok.iloc[0],
+                     "ms_per_token_last": 1e3 * per_tok.iloc[-1]})
+    ax.set_xlabel("sequence position (tokens)"); ax.set_ylabel("ms per decode step (all beams)")
+    ax.set_yscale("log"); ax.legend(fontsize=7)
+    ax.set_title("LBS Fig.5 - per-step latency vs position (paper: flat, then sharp rise)", fontsize=9)
+    save_figure(fig, sweep_dir, "fig5")
+    write_markdown(pd.DataFrame(rows), sweep_dir / "fig5.md", title="LBS Fig.5 (simulated)")
+
+
+def fig7(sweep_dir, runs, cfg):
+    """Fig.7: transfer volume, analytic (Eq.1-5) vs what the scheduler moved, vs the paper."""
+    import matplotlib.pyplot as plt
+    sweep_dir = Path(sweep_dir)
+    df = _tidy(runs)
+    ref = load_reference("lbs", "fig7")
+    rows = []
+    for _, r in df.iterrows():
+        eq = r.eq3_layerwise_bytes if r.system == "layerwise" else r.eq5_lbs_bytes
+        rows.append({"system": r.system, "step": r.step, "eq_gib": eq / GiB, "moved_gib": r.h2d_bytes / GiB,
+                     "paper_gib": _ref_value(ref, "h2d_gib", system=r.system, step=r.step)
+                     if r.system != "layerwise" else _ref_value(ref, "h2d_gib", system="layerwise"),
+                     "tag": r.tag})
+    t = pd.DataFrame(rows).drop_duplicates(["system", "step"] if True else None)
+    t = t[~((t.system == "layerwise") & t.duplicated("system"))]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    lab = [f"{s}\nstep {st}" if s != "layerwise" else "layer-wise" for s, st in zip(t.system, t.step)]
+    x = np.arange(len(t))
+    ax.bar(x - 0.27, t.eq_gib, 0.27, label="Eq.1-5 (ours)")
+    ax.bar(x, t.moved_gib, 0.27, label="scheduler moved (sim)")
+    ax.bar(x + 0.27, t.paper_gib.astype(float), 0.27, label="paper Fig.7", hatch="//", alpha=0.6)
+    ax.set_yscale("log"); ax.set_xticks(x, lab, fontsize=7); ax.set_ylabel("host->GPU GiB"); ax.legend(fontsize=7)
+    ax.set_title("LBS Fig.7 - OPT-6.7B, 64 beams, 7 GiB KV", fontsize=9)
+    save_figure(fig, sweep_dir, "fig7")
+    write_markdown(t, sweep_dir / "fig7.md", title="LBS Fig.7 transfer volume (GiB)", floatfmt=",.1f")
+
+
+def fig10(sweep_dir, runs, cfg):
+    """Fig.10: transfer volume normalised to layer-wise; (a) step lengths, (b) with/without prefix reuse."""
+    import matplotlib.pyplot as plt
+    sweep_dir = Path(sweep_dir)
+    df = _tidy(runs)
+    ref = load_reference("lbs", "fig10")
+    base = df[df.system == "layerwise"].groupby(["model", "beams"])["h2d_bytes"].first()
+    df = df[df.system != "layerwise"].copy()
+    df["normalised_volume"] = [r.h2d_bytes / base.get((r.model, r.beams), np.nan) for _, r in df.iterrows()]
+    df["paper"] = [_ref_value(ref, "normalised_volume", system=r.system, step=r.step) for _, r in df.iterrows()]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for s, d in df.groupby("system"):
+        ax.plot(d.step, 100 * d.normalised_volume, "o-", label=f"{s} (sim)")
+    pr = df.dropna(subset=["paper"])
+    ax.plot(pr.step, 100 * pr.paper.astype(float), "rx--", label="paper Fig.10a (inter-token)")
+    ax.set_xscale("log", base=2); ax.set_xlabel("step (tokens)"); ax.set_ylabel("% of layer-wise volume")
+    ax.legend(fontsize=7); ax.set_title("LBS Fig.10 - normalised transfer volume", fontsize=9)
+    save_figure(fig, sweep_dir, "fig10")
+    piv = df.pivot_table(index=["model", "beams", "step"], columns="system", values="normalised_volume").reset_index()
+    if {"lbs_intertoken", "lbs_interbeam"} <= set(piv.columns):
+        piv["prefix_reuse_reduction_x"] = piv.lbs_intertoken / piv.lbs_interbeam
+    write_markdown(piv, sweep_dir / "fig10.md", title="LBS Fig.10 (fraction of layer-wise volume; simulated)",
+                   notes="Paper: 3.7 % / 1.8 % / 0.9 % (steps 32/64/128, inter-token only); prefix reuse a further > 2x; total > 95 % reduction.")
+
+
+def fig11(sweep_dir, runs, cfg):
+    """Fig.11: time breakdown (compute / I/O stall / prune + expand), step 32."""
+    import matplotlib.pyplot as plt
+    sweep_dir = Path(sweep_dir)
+    df = _tidy(runs)
+    df = df[df.status == "ok"]
+    ref = load_reference("lbs", "fig11")
+    df["paper_io_share"] = [_ref_value(ref, "io_share", model=r.model, beams=r.beams, system=r.system)
+                            for _, r in df.iterrows()]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    lab = [f"{m}\n{b}b {s}" for m, b, s in zip(df.model, df.beams, df.system)]
+    x = np.arange(len(df))
+    tot = df.e2e_s.values
+    ax.bar(x, df.compute_s / tot, label="compute (sim)")
+    ax.bar(x, df.io_stall_s / tot, bottom=df.compute_s / tot, label="I/O (sim)")
+    ax.bar(x, df.other_s / tot, bottom=(df.compute_s + df.io_stall_s) / tot, label="prune+expand (sim)")
+    pr = df.paper_io_share.astype(float)
+    ax.plot(x, pr, "r_", ms=14, mew=2, ls="none", label="paper I/O share")
+    ax.set_xticks(x, lab, fontsize=5, rotation=90); ax.set_ylabel("share of latency"); ax.legend(fontsize=7)
+    ax.set_title("LBS Fig.11 - time breakdown, step 32", fontsize=9)
+    save_figure(fig, sweep_dir, "fig11")
+    write_markdown(df[["model", "beams", "system", "e2e_s", "compute_s", "io_stall_s", "other_s", "io_share",
+                       "paper_io_share", "tag"]], sweep_dir / "fig11.md",
+                   title="LBS Fig.11 (paper: layer-wise 70-90 % I/O, LBS < 15 %; OPT-6.7B 64 beams 86 % -> 10 %)")
+
+
+def fig12(sweep_dir, runs, cfg):
+    """Fig.12: I/O time of each ablation normalised to layer-wise, step 32."""
+    import matplotlib.pyplot as plt
+    sweep_dir = Path(sweep_dir)
+    df = _tidy(runs)
+    base = df[df.system == "layerwise"].set_index(["model", "beams"])["io_stall_s"]
+    df = df[(df.system != "layerwise") & (df.status == "ok")].copy()
+    df["io_time_vs_layerwise"] = [r.io_stall_s / base.get((r.model, r.beams), np.nan) for _, r in df.iterrows()]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for s in [x for x in SYSTEM_ORDER if x in set(df.system)]:
+        d = df[df.system == s]
+        ax.plot([f"{m}\n{b}" for m, b in zip(d.model, d.beams)], 100 * d.io_time_vs_layerwise, "o-", label=f"{s} (sim)")
+    ax.axhspan(5, 10, color="tab:red", alpha=0.1, label="paper: inter-token 5-10 %")
+    ax.axhline(2, color="tab:red", ls="--", lw=1, label="paper: full LBS < 2 % (several configs)")
+    ax.set_yscale("log"); ax.set_ylabel("% of layer-wise I/O time"); ax.legend(fontsize=7)
+    ax.tick_params(axis="x", labelsize=6)
+    ax.set_title("LBS Fig.12 - I/O-time ablation, step 32", fontsize=9)
+    save_figure(fig, sweep_dir, "fig12")
+    piv = df.pivot_table(index=["model", "beams"], columns="system", values="io_time_vs_layerwise").reset_index()
+    write_markdown(piv, sweep_dir / "fig12.md", title="LBS Fig.12 (I/O time / layer-wise I/O time; simulated)")
