@@ -79,13 +79,14 @@ def fit_mem_beta(gpu_power_dir: Path, model_cfg, h100_cfg, ctx_tokens: float = 5
     r = t_sm / np.maximum(t_sm, t_mem)
     p = df["avg_power_watts_per_gpu"].to_numpy(float)
     idle, limit = float(h100_cfg.idle_w), float(h100_cfg.power["limit_w"])
+    betas = np.arange(0.0, 1.0001, 0.005)[:, None]
     best = None
     for p_max in np.arange(300.0, 1500.0, 2.0):        # busy power of a compute-bound kernel (uncapped)
-        for beta in np.arange(0.0, 1.0001, 0.005):
-            pred = np.minimum(limit, idle + (p_max - idle) * (beta + (1 - beta) * r))
-            err = float(np.mean(np.abs(pred - p) / p))
-            if best is None or err < best[0]:
-                best = (err, float(p_max), float(beta))
+        pred = np.minimum(limit, idle + (p_max - idle) * (betas + (1 - betas) * r[None, :]))
+        err = np.mean(np.abs(pred - p) / p, axis=1)
+        i = int(np.argmin(err))
+        if best is None or err[i] < best[0]:
+            best = (float(err[i]), float(p_max), float(betas[i, 0]))
     err, p_max, beta = best
     itl = (np.maximum(t_sm, t_mem) + t_other) * 1e3
     return {"mem_beta": round(beta, 3), "p_max_w": round(p_max, 1), "power_mape_pct": round(100 * err, 2),
