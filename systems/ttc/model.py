@@ -9,10 +9,11 @@ analytic model (LBS Eq.1-5) and the plans predict are the bytes the engine moves
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any, Dict
 
 import torch
+
+from systems.ttc.plan import KVGeometry
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64}
@@ -21,30 +22,6 @@ SUPPORTED = ("opt", "llama", "qwen2")
 
 class ModelGeometryError(ValueError):
     """The built transformers model's KV geometry differs from the model config's."""
-
-
-@dataclass(frozen=True)
-class KVGeometry:
-    """KV shape of a decoder-only LM: per layer, per beam, per token ``2 * num_kv_heads * head_dim``
-    elements (``bytes_per_token_layer`` = LBS Table 1's ``KV``)."""
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-
-    @property
-    def elem_bytes(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
-
-    @property
-    def bytes_per_token_layer(self) -> int:
-        """``KV`` of LBS Table 1: bytes per layer, per beam, per token (K and V)."""
-        return 2 * self.num_kv_heads * self.head_dim * self.elem_bytes
-
-    @property
-    def bytes_per_token(self) -> int:
-        """Bytes per beam per token over all layers (``KV_beam(1)``)."""
-        return self.num_layers * self.bytes_per_token_layer
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -87,25 +64,27 @@ def kv_geometry_of(model) -> KVGeometry:
     a = attns[0]
     head_dim = int(getattr(a, "head_dim"))
     kv_heads = a.k_proj.out_features // head_dim
-    return KVGeometry(len(attns), kv_heads, head_dim, next(model.parameters()).dtype)
+    return KVGeometry(len(attns), kv_heads, head_dim, next(model.parameters()).element_size())
 
 
 def check_geometry(model, mcfg, dtype: torch.dtype) -> KVGeometry:
     """Raise ModelGeometryError unless the built model's layers, KV heads and head dim equal ours."""
     g = kv_geometry_of(model)
-    want = KVGeometry(int(mcfg.num_layers), int(mcfg.num_kv_heads), int(mcfg.head_dim), dtype)
+    want = KVGeometry(int(mcfg.num_layers), int(mcfg.num_kv_heads), int(mcfg.head_dim),
+                      torch.empty((), dtype=dtype).element_size())
     if g != want:
         raise ModelGeometryError(
             f"model {mcfg.name}: built {type(model).__name__} has KV geometry (layers={g.num_layers}, "
-            f"kv_heads={g.num_kv_heads}, head_dim={g.head_dim}, dtype={g.dtype}) but conf/model says "
-            f"(layers={want.num_layers}, kv_heads={want.num_kv_heads}, head_dim={want.head_dim}, "
-            f"dtype={want.dtype})")
+            f"kv_heads={g.num_kv_heads}, head_dim={g.head_dim}, bytes/elem={g.dtype_bytes}) but "
+            f"conf/model says (layers={want.num_layers}, kv_heads={want.num_kv_heads}, "
+            f"head_dim={want.head_dim}, bytes/elem={want.dtype_bytes})")
     return g
 
 
 def build_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: str | None = None,
                 attn_implementation: str = "sdpa"):
-    """Build the causal LM of ``mcfg`` in eval mode on ``device``; returns ``(model, KVGeometry)``.
+    """Build the causal LM of ``mcfg`` in eval mode on ``device``; returns ``(model, KVGeometry)``
+    (``systems.ttc.plan.KVGeometry`` read off the built model: ``kv_layer_token`` is LBS's ``KV``).
 
     ``weights: random`` -> ``AutoModelForCausalLM.from_config`` under ``torch.manual_seed(seed)``
     (the CPU RNG is restored afterwards), so the same seed gives the same weights on every device.

@@ -91,9 +91,9 @@ class TorchExecutor:
         self.model, self.geom = model if model is not None else build_model(model_cfg, self.device, seed, dtype)
         g = self.geom
         self.L, self.H, self.D = g.num_layers, g.num_kv_heads, g.head_dim
-        self.dtype = g.dtype
-        self.kv_layer_token = g.bytes_per_token_layer
-        self.kv_token = g.bytes_per_token
+        self.dtype = next(self.model.parameters()).dtype
+        self.kv_layer_token = g.kv_layer_token
+        self.kv_token = g.kv_token
         self.store = TieredKVStore(self.L, self.H, self.D, self.dtype, self.device, budget_bytes, staging_budget=0)
         self.budget = budget_bytes
         self.seed, self.temperature, self.scheduler = seed, float(temperature), scheduler

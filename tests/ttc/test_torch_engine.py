@@ -1,0 +1,222 @@
+"""The real TTC engine (backend=torch, CPU, float64): bytes moved vs the plans and Eq.1-5, identical
+search results under every scheduler, enforced KV budget, sampling noise keyed by beam and position."""
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from harness.run import RunOOM, run
+from systems.ttc.analytic import dm_layerwise, dm_lbs
+from systems.ttc.kvstore import DevicePool, KVBudgetExceeded, PlanMismatch
+from systems.ttc.plan import KVGeometry, Scheduler
+from systems.ttc.torch_engine import TorchExecutor
+from systems.ttc.tree import BeamTree, initial_beams
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread (on a loaded 2-core machine two OpenMP threads make every
+    small op wait for a time slice, ~10 ms each)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+# OPT architecture, 4 layers, 4 KV heads x head_dim 16, float64:
+# KV (one layer, one beam, one token) = 2 * 4 * 16 * 8 B = 1 KiB; all layers 4 KiB.
+KV = 1024
+MODEL = ["model=tiny-opt", "model.num_layers=4", "model.hidden_size=64", "model.num_heads=4",
+         "model.num_kv_heads=4", "model.head_dim=16", "model.intermediate_size=128",
+         "model.vocab_size=1000", "model.dtype=float64", "model.hf_config.word_embed_proj_dim=64"]
+# 8 beams (beam size 4 x width 2), prompt 16, 32 generated tokens in steps of 8.
+# Budget 480 KiB: LBS capacity 5/3/3/2 beams at steps 0-3 (balanced [4,4] with one beam prefetched,
+# then [3,3,2], [3,3,2], [2,2,2,2]); layer-wise keeps L = floor(60 / (s+1)) = 3 -> 2 -> 1 layers
+# (evictions at s = 20 and s = 30).
+WORK = ["beams=8", "prompt_len=16", "gen_len=32", "step=8", "seed=7", "system.record_tree=true"]
+BUDGET = 480 * KV
+SYSTEMS = ["in_gpu", "layerwise", "lbs", "lbs_intertoken", "lbs_interbeam", "lbs_prefetch"]
+
+
+def _run(compose_cfg, tmp_path, system, *extra, budget=BUDGET):
+    over = ["backend=torch", "backend.device=cpu", f"system={system}", *MODEL, *WORK, *extra]
+    if budget is not None:
+        over.append(f"kv_budget={budget}")
+    rec = run(compose_cfg(*over, output_dir=tmp_path / system))
+    assert rec["status"] == "ok", rec.get("message")
+    assert rec["backend"]["simulated"] is False
+    return rec
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """One real run per system (in_gpu with no budget; everything else with 480 KiB)."""
+    from hydra import compose, initialize_config_dir
+    from tests.conftest import ROOT
+    base = tmp_path_factory.mktemp("torch_runs")
+    out = {}
+
+    def compose_cfg(*overrides, output_dir):
+        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+            return compose("config", overrides=[f"output_dir={output_dir}", "tracking=none",
+                                                 "progress=false", *overrides])
+    for s in SYSTEMS:
+        out[s] = _run(compose_cfg, base, s, budget=None if s == "in_gpu" else BUDGET)
+    import json
+
+    import pandas as pd
+    for s in SYSTEMS:
+        out[s]["steps_df"] = pd.read_parquet(base / s / "steps.parquet")
+        out[s]["kept"] = json.loads((base / s / "beam_tree.json").read_text())["steps"]
+    return out
+
+
+def test_offloading_runs_move_exactly_the_planned_bytes(records):
+    for s in SYSTEMS[1:]:
+        df = records[s]["steps_df"]
+        # per step, counted at every copy by the store, equal to the plan's prediction
+        assert df.h2d_bytes.tolist() == df.plan_h2d_bytes.tolist(), s
+        assert df.d2h_bytes.tolist() == df.plan_d2h_bytes.tolist(), s
+        assert df.h2d_bytes.sum() > 0
+        sm = records[s]["summary"]
+        assert sm["d2h_bytes"] == sm["plan_d2h_bytes"] + 16 * 4 * KV     # + the prompt's write-back
+        # layer-wise: + two layers in flight (staging), 8 beams x 48 tokens each
+        assert sm["peak_device_kv_bytes"] <= BUDGET + (2 * 8 * 48 * KV if s == "layerwise" else 0)
+    lw = records["layerwise"]["steps_df"]
+    assert lw.d2h_bytes.sum() > lw.tokens.sum() * 8 * KV      # evictions happened (3 -> 2 -> 1 layers)
+    lbs = records["lbs"]["steps_df"]
+    assert lbs.groups.tolist() == [2, 3, 3, 4]
+    assert records["lbs"]["summary"]["h2d_bytes"] < 0.7 * records["lbs_intertoken"]["summary"]["h2d_bytes"]
+    ing = records["in_gpu"]["summary"]
+    assert ing["h2d_bytes"] == 0 and ing["d2h_bytes"] == 0
+    assert ing["peak_device_kv_bytes"] == 8 * 48 * 4 * KV
+
+
+def test_lbs_intertoken_bytes_equal_eq4_5(records):
+    # Eq.4-5 assumptions: the KV does not fit (every step offloads; 8 x 48 x 4 KiB = 1.5 MiB > 480 KiB),
+    # no prefix sharing (each beam loads its whole prefix once per step), KV_beam at the step's start.
+    eq5 = dm_lbs(num_layers=4, num_beams=8, kv=KV, prompt_len=16, gen_len=32, step=8)
+    sm = records["lbs_intertoken"]["summary"]
+    assert sm["h2d_bytes"] == eq5 == sm["eq5_lbs_bytes"] == 8 * 4 * KV * (16 + 24 + 32 + 40)
+
+
+def test_layerwise_bytes_equal_eq1_3_when_residency_is_constant(compose_cfg, tmp_path):
+    # Eq.1-3 assumptions: Eq.1 at s and the plan's s+1 give the same L for every token. 4 beams,
+    # prompt 64, 16 generated: budget 400 KiB -> L = floor(100 / s) = floor(100 / (s+1)) = 1 for s in 64..79.
+    rec = _run(compose_cfg, tmp_path, "layerwise", "beams=4", "prompt_len=64", "gen_len=16", budget=400 * KV)
+    eq3 = dm_layerwise(num_layers=4, num_beams=4, kv=KV, mem_gpu=400 * KV, prompt_len=64, gen_len=16)
+    sm = rec["summary"]
+    assert sm["h2d_bytes"] == eq3 == sm["eq3_layerwise_bytes"]
+    assert eq3 == 3 * 4 * KV * sum(range(64, 80))
+
+
+def test_same_seed_same_search_under_every_scheduler(records):
+    ref = records["in_gpu"]
+    assert len(ref["kept"]) == 3 and len(ref["best_tokens"]) == 32
+    assert all(len(k["kept"]) == 4 for k in ref["kept"])
+    for s in SYSTEMS[1:]:
+        r = records[s]
+        assert r["kept"] == ref["kept"], s                      # the same beams survive every step
+        assert r["best_tokens"] == ref["best_tokens"], s         # the same tokens
+        assert r["summary"]["best_uid"] == ref["summary"]["best_uid"], s
+        assert r["summary"]["best_cum_logprob"] == pytest.approx(ref["summary"]["best_cum_logprob"], abs=1e-9)
+
+
+def test_timings_are_recorded(records):
+    for s in SYSTEMS:
+        sm = records[s]["summary"]
+        assert sm["compute_s"] > 0 and sm["e2e_s"] >= sm["compute_s"]
+    assert records["layerwise"]["summary"]["io_stall_s"] > 0
+    assert records["in_gpu"]["summary"]["io_stall_s"] == 0
+
+
+# -- unit level ------------------------------------------------------------------------------------
+
+def test_device_pool_enforces_budget():
+    pool = DevicePool(torch.device("cpu"), budget=1000, staging_budget=200)
+    a = pool.alloc((100,), torch.float64)                     # 800 B
+    with pytest.raises(KVBudgetExceeded, match="needs 800 B, 800 B already held, kv budget 1000 B"):
+        pool.alloc((100,), torch.float64, what="second group")
+    s = pool.alloc((25,), torch.float64, kind="staging")      # separate allowance
+    with pytest.raises(KVBudgetExceeded, match="staging"):
+        pool.alloc((1,), torch.float64, kind="staging")
+    with pytest.raises(KVBudgetExceeded):
+        a.charge(1001)
+    a.charge(500)
+    pool.alloc((60,), torch.float64)                          # 480 B now fits
+    assert pool.peak_total == 800 + 200 + 480 - 300 + 0 or pool.peak_total == 1180
+    a.free()
+    s.free()
+    assert pool.used["kv"] == 480 and pool.used["staging"] == 0
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    from systems.ttc.model import build_model
+    cfg = OmegaConf.create(dict(name="t", hf_model_type="opt", num_layers=2, hidden_size=32, num_heads=2,
+                                num_kv_heads=2, head_dim=16, intermediate_size=64, vocab_size=300,
+                                max_position=256, dtype="float64", weights="random",
+                                hf_config={"word_embed_proj_dim": 32}))
+    return cfg, build_model(cfg, seed=0)
+
+
+def _setup(small_model, kind, exec_budget, plan_budget, beams=4, prompt=8, **kw):
+    cfg, built = small_model
+    ex = TorchExecutor(cfg, "cpu", exec_budget, seed=0, scheduler=kind, model=built)
+    geom = KVGeometry.from_model(cfg)
+    sched = Scheduler(kind, geom, plan_budget, prompt_len=prompt, gen_len=8, **kw)
+    tree = BeamTree(prompt)
+    ex.prefill(tree, list(range(prompt)), offload=kind != "in_gpu")
+    return ex, sched, tree, initial_beams(tree, beams, 0)
+
+
+def test_engine_overrunning_budget_fails_loudly(small_model):
+    # KV per token (2 layers) 1 KiB; 4 beams, prompt 8, step 4: 12 KiB per beam, 2 beams per group.
+    # The plan thinks it has 30,000 B, the store enforces 20,000 B: the first group allocation raises
+    ex, sched, tree, beams = _setup(small_model, "lbs", 20_000, 30_000)
+    plan = sched.plan(0, tree, beams, 4)
+    with pytest.raises(KVBudgetExceeded, match="budget exceeded"):
+        ex.execute_step(plan, tree, beams)
+    # in_gpu whose KV does not fit is an OOM of the run
+    ex, sched, tree, beams = _setup(small_model, "in_gpu", 20_000, None)
+    with pytest.raises(RunOOM, match="does not fit"):
+        ex.execute_step(sched.plan(0, tree, beams, 4), tree, beams)
+
+
+def test_engine_follows_load_blocks_literally(small_model):
+    ex, sched, tree, beams = _setup(small_model, "lbs", 30_000, 30_000, inter_beam=True, prefetch=False)
+    plan = sched.plan(0, tree, beams, 4)
+    assert len(plan.groups) == 2 and plan.groups[0].load_blocks == [0]    # prompt loaded once per group
+    plan.groups[0].load_blocks = []                                       # a plan that forgets a block
+    with pytest.raises(PlanMismatch, match="segment 0 is needed"):
+        ex.execute_step(plan, tree, beams)
+    ex, sched, tree, beams = _setup(small_model, "lbs", 30_000, 30_000, inter_beam=True, prefetch=False)
+    plan = sched.plan(0, tree, beams, 4)
+    plan.groups[0].load_blocks = [0, 0, 0]                                # loads more than needed
+    with pytest.raises(PlanMismatch, match="loads blocks no beam needs"):
+        ex.execute_step(plan, tree, beams)
+
+
+def test_interbeam_loads_shared_segment_once_and_fans_out(small_model):
+    cfg, _ = small_model
+    kv_token = KVGeometry.from_model(cfg).kv_token
+    for inter_beam, loads in ((True, 2), (False, 4)):                    # 2 groups of 2 beams
+        ex, sched, tree, beams = _setup(small_model, "lbs", 30_000, 30_000, inter_beam=inter_beam, prefetch=False)
+        plan = sched.plan(0, tree, beams, 4)
+        h0, d0 = ex.store.bytes.h2d, ex.store.d2d_bytes
+        ex.execute_step(plan, tree, beams)
+        assert ex.store.bytes.h2d - h0 == loads * 8 * kv_token
+        assert ex.store.d2d_bytes - d0 == (4 - loads) * 8 * kv_token      # fanned out on the device
+
+
+def test_sampling_noise_is_keyed_by_uid_and_position_not_slot(small_model):
+    cfg, built = small_model
+    ex = TorchExecutor(cfg, "cpu", None, seed=3, model=built)
+    a = ex.noise([11, 22, 33], pos=5, vocab=300)
+    b = ex.noise([33, 11], pos=5, vocab=300)
+    assert torch.equal(a[2], b[0]) and torch.equal(a[0], b[1])
+    assert not torch.equal(a[0], ex.noise([11], pos=6, vocab=300)[0])
+    assert not torch.equal(a[0], TorchExecutor(cfg, "cpu", None, seed=4, model=built).noise([11], 5, 300)[0])
+    # Gumbel(0, 1): mean ~ 0.5772
+    assert abs(ex.noise(list(range(50)), 0, 300).mean().item() - 0.5772) < 0.05
