@@ -9,14 +9,7 @@ from systems.ttc.cache import DenseKV, GroupCache
 from systems.ttc.model import ModelGeometryError, build_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread (on a loaded 2-core machine two OpenMP threads make every
-    small op wait for a time slice, ~10 ms each)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Small shapes of each supported architecture (float64, vocab 500) so the comparison is exact.
 SHAPES = {

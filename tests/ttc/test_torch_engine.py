@@ -15,14 +15,7 @@ from systems.ttc.torch_engine import TorchExecutor
 from systems.ttc.tree import BeamTree, initial_beams
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread (on a loaded 2-core machine two OpenMP threads make every
-    small op wait for a time slice, ~10 ms each)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # OPT architecture, 4 layers, 4 KV heads x head_dim 16, float64:
 # KV (one layer, one beam, one token) = 2 * 4 * 16 * 8 B = 1 KiB; all layers 4 KiB.
@@ -50,7 +43,7 @@ def _run(compose_cfg, tmp_path, system, *extra, budget=BUDGET):
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
+def records(tmp_path_factory, one_thread):
     """One real run per system (in_gpu with no budget; everything else with 480 KiB)."""
     from hydra import compose, initialize_config_dir
     from tests.conftest import ROOT
@@ -161,11 +154,11 @@ def small_model():
     return cfg, build_model(cfg, seed=0)
 
 
-def _setup(small_model, kind, exec_budget, plan_budget, beams=4, prompt=8, **kw):
+def _setup(small_model, kind, exec_budget, plan_budget, beams=4, prompt=8, gen=8, **kw):
     cfg, built = small_model
     ex = TorchExecutor(cfg, "cpu", exec_budget, seed=0, scheduler=kind, model=built)
     geom = KVGeometry.from_model(cfg)
-    sched = Scheduler(kind, geom, plan_budget, prompt_len=prompt, gen_len=8, **kw)
+    sched = Scheduler(kind, geom, plan_budget, prompt_len=prompt, gen_len=gen, **kw)
     tree = BeamTree(prompt)
     ex.prefill(tree, list(range(prompt)), offload=kind != "in_gpu")
     return ex, sched, tree, initial_beams(tree, beams, 0)
@@ -220,3 +213,31 @@ def test_sampling_noise_is_keyed_by_uid_and_position_not_slot(small_model):
     assert not torch.equal(a[0], TorchExecutor(cfg, "cpu", None, seed=4, model=built).noise([11], 5, 300)[0])
     # Gumbel(0, 1): mean ~ 0.5772
     assert abs(ex.noise(list(range(50)), 0, 300).mean().item() - 0.5772) < 0.05
+
+
+@pytest.mark.parametrize("kind,kw", [("lbs", dict(inter_beam=True, prefetch=True)),
+                                     ("lbs", dict(inter_beam=False, prefetch=True)),
+                                     ("layerwise", dict(prefetch=True))])
+def test_each_step_moves_and_holds_what_its_plan_says(small_model, kind, kw):
+    """Step by step (8 beams, prompt 8, 3 steps of 4): h2d, d2h and peak device bytes = the plan's."""
+    budget = 7 * 12 * 1024 + 512           # LBS: capacity 7/5/4 -> balanced groups with prefetch
+    ex, sched, tree, beams = _setup(small_model, kind, budget, budget, beams=8, gen=12, **kw)
+    from systems.ttc.tree import select_and_expand
+    seen_prefetch = 0
+    for i in range(3):
+        plan = sched.plan(i, tree, beams, 4)
+        o = ex.execute_step(plan, tree, beams)
+        assert (o.h2d_bytes, o.d2h_bytes, o.peak_device_bytes) == \
+            (plan.h2d_bytes, plan.d2h_bytes, plan.device_bytes), (kind, i)
+        seen_prefetch += sum(g.prefetch_beams for g in plan.groups)
+        for k, b in enumerate(beams):
+            b.cum_logprob += float(o.logprob_delta[k])
+            tree.segments[b.leaf].length = 4
+        if i < 2:
+            new = select_and_expand(tree, beams, 4, 2)
+            ex.expand(plan, tree, beams, new)
+            beams = new
+    assert set(ex.store.host.segs) == set(tree.segments)          # dead segments freed on the host
+    if kind == "lbs":
+        assert seen_prefetch > 0
+    ex.close()
