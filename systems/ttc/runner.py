@@ -104,8 +104,10 @@ def _executor(cfg, ctx: RunContext, budget):
     if ctx.backend.simulated:
         return SimExecutor(cfg.hardware, cfg.model, cfg.seed)
     from systems.ttc.torch_engine import TorchExecutor
+    w = cfg.workload
     return TorchExecutor(cfg.model, device=ctx.backend.device, budget_bytes=budget, seed=cfg.seed,
-                         scheduler=cfg.system.scheduler, record_tree=cfg.system.get("record_tree", False))
+                         scheduler=cfg.system.scheduler, record_tree=cfg.system.get("record_tree", False),
+                         temperature=w.temperature, max_len=w.prompt_len + w.gen_len)
 
 
 def _live_budget(ctx: RunContext) -> Optional[int]:
