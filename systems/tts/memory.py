@@ -66,7 +66,7 @@ def t_prefill(m: ModelShape, hw: Roofline, batch, seq_len):
     """Roofline time (s) of one prefill pass of ``batch`` sequences of ``seq_len`` new tokens
     (numpy-broadcastable). FLOPs = 2*params*B*S + 2*L*d*B*S^2 (causal attention); Bytes = weights +
     B*S*KV/token."""
-    B, S = np.asarray(batch, dtype=float), np.asarray(seq_len, dtype=float)
+    B, S = batch, seq_len
     flops = 2 * m.num_params * B * S + 2 * m.num_layers * m.hidden_size * B * S * S
     byts = m.weight_bytes + B * S * m.kv_bytes_per_token
     return np.maximum(flops / hw.flops, byts / hw.bw) + m.num_layers * hw.launch_per_layer_s
@@ -75,7 +75,7 @@ def t_prefill(m: ModelShape, hw: Roofline, batch, seq_len):
 def t_decode(m: ModelShape, hw: Roofline, batch, ctx_len):
     """Roofline time (s) of one decode step for ``batch`` sequences with ``ctx_len`` cached tokens
     each. FLOPs = 2*params*B + 4*L*d*B*ctx; Bytes = weights + B*ctx*KV/token."""
-    B, C = np.asarray(batch, dtype=float), np.asarray(ctx_len, dtype=float)
+    B, C = batch, ctx_len
     flops = 2 * m.num_params * B + 4 * m.num_layers * m.hidden_size * B * C
     byts = m.weight_bytes + B * C * m.kv_bytes_per_token
     return np.maximum(flops / hw.flops, byts / hw.bw) + m.num_layers * hw.launch_per_layer_s
@@ -98,11 +98,19 @@ class MemoryTooSmall(ValueError):
 
 
 def _f_pre(ver: ModelShape, hw: Roofline, n: int, b_pre: np.ndarray, s: float) -> np.ndarray:
-    return np.ceil(n / b_pre) * t_prefill(ver, hw, b_pre, s)
+    """ceil(N/B_pre) * T_roof^pre(B_pre, S): :func:`t_prefill` with the scalars folded (fast path)."""
+    a = (2 * ver.num_params * s + 2 * ver.num_layers * ver.hidden_size * s * s) / hw.flops
+    c = s * ver.kv_bytes_per_token / hw.bw
+    t = np.maximum(b_pre * a, b_pre * c + ver.weight_bytes / hw.bw) + ver.num_layers * hw.launch_per_layer_s
+    return np.ceil(n / b_pre) * t
 
 
 def _g_dec(gen: ModelShape, hw: Roofline, n: int, b_dec: np.ndarray, s_dec: float, s_cache: float) -> np.ndarray:
-    return np.ceil(n / b_dec) * s_dec * t_decode(gen, hw, b_dec, s_cache)
+    """ceil(N/B_dec) * S_dec * T_roof^dec(B_dec, S_cache): :func:`t_decode` folded (fast path)."""
+    a = (2 * gen.num_params + 4 * gen.num_layers * gen.hidden_size * s_cache) / hw.flops
+    c = s_cache * gen.kv_bytes_per_token / hw.bw
+    t = np.maximum(b_dec * a, b_dec * c + gen.weight_bytes / hw.bw) + gen.num_layers * hw.launch_per_layer_s
+    return np.ceil(n / b_dec) * (s_dec * t)
 
 
 def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_bytes: float, n: int,
@@ -127,18 +135,18 @@ def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_byt
     s_cache = s_ctx - s_dec / 2.0
     pre_max = int(min(n, (budget_bytes - k_dec) // k_pre))
     dec_max = int(min(n, (budget_bytes - k_pre) // k_dec))
-    b_pre = np.arange(1, pre_max + 1, dtype=float)
-    b_dec = np.arange(1, dec_max + 1, dtype=float)
+    b_pre = np.arange(1.0, pre_max + 1)
+    b_dec = np.arange(1.0, dec_max + 1)
     f = _f_pre(ver, hw, n, b_pre, s_ver)
     g = _g_dec(gen, hw, n, b_dec, s_dec, s_cache)
     G = np.minimum.accumulate(g)                                   # best g over b <= d
     Gb = np.maximum.accumulate(np.where(g <= G, b_dec, 0.0))       # largest b attaining it
-    d = np.minimum(dec_max, np.floor((budget_bytes - b_pre * k_pre) / k_dec)).astype(int)
-    ok = d >= 1
-    tot = np.where(ok, f + G[np.maximum(d, 1) - 1], np.inf)
-    bd = np.where(ok, Gb[np.maximum(d, 1) - 1], 0.0)
-    i = int(np.lexsort((b_pre, -bd, tot))[0])
-    bp, bdd = int(b_pre[i]), int(bd[i])
+    d = np.minimum(dec_max, ((budget_bytes - b_pre * k_pre) // k_dec).astype(np.int64)) - 1
+    tot = f + G[d]                                                 # d >= 0 for every b_pre <= pre_max
+    bd = Gb[d]
+    cand = np.flatnonzero(tot == tot.min())
+    i = int(cand[np.argmax(bd[cand])]) if len(cand) > 1 else int(cand[0])   # larger B_dec, then smaller B_pre
+    bp, bdd = i + 1, int(bd[i])
     best = Allocation(bp, bdd, int(budget_bytes - bp * k_pre), int(bp * k_pre), float(tot[i]))
     if offload:
         bp_o = min(n, int(budget_bytes // k_pre))

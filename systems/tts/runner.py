@@ -76,6 +76,11 @@ def kv_budget(cfg, real_cpu: bool) -> int:
     return int(m)
 
 
+def one_sequence_kv(cfg, shape: ModelShape) -> int:
+    """KV bytes of one ``max_model_len`` sequence plus two blocks (vLLM's start-up check)."""
+    return int(shape.kv_bytes_per_token * (cfg.workload.max_model_len + 2 * cfg.system.block_size))
+
+
 def plan_memory(cfg, real_cpu: bool, n: int, s_ver: float, s_ctx: float, s_dec: float) -> Allocation:
     """KV bytes and batch caps of both engines for the current state.
 
@@ -86,11 +91,20 @@ def plan_memory(cfg, real_cpu: bool, n: int, s_ver: float, s_ctx: float, s_dec: 
     M = kv_budget(cfg, real_cpu)
     if s.memory:
         try:
-            return search_allocation(gen, ver, _roofline(cfg, real_cpu), M, n, s_ver, s_ctx, s_dec,
-                                     offload=bool(s.offload) and not real_cpu,
-                                     offload_bw=float(cfg.hardware.h2d_bw))
+            a = search_allocation(gen, ver, _roofline(cfg, real_cpu), M, n, s_ver, s_ctx, s_dec,
+                                  offload=bool(s.offload) and not real_cpu,
+                                  offload_bw=float(cfg.hardware.h2d_bw))
         except MemoryTooSmall as e:
             raise ConfigError(f"KV memory too small for the chosen batch: {e}") from None
+        # an engine must hold one max_model_len sequence (vLLM refuses to start otherwise): the
+        # engine short of it takes it from the other one's share
+        floor_v = one_sequence_kv(cfg, ver)
+        floor_g = one_sequence_kv(cfg, gen)
+        if not a.offload and a.ver_kv_bytes < floor_v:
+            a = Allocation(a.b_pre, a.b_dec, a.gen_kv_bytes - (floor_v - a.ver_kv_bytes), floor_v, a.t_tot_s)
+        if not a.offload and a.gen_kv_bytes < floor_g:
+            a = Allocation(a.b_pre, a.b_dec, floor_g, a.ver_kv_bytes - (floor_g - a.gen_kv_bytes), a.t_tot_s)
+        return a
     pair = AE_SPLITS.get((cfg.model.name, cfg.verifier.name))
     if pair and s.kv_budget in (None, "None") and not real_cpu:
         mem = float(cfg.hardware.memory_bytes) * (1 - ACTIVATION_RESERVE)
@@ -148,8 +162,10 @@ def validate(cfg) -> None:
     # the data set: unknown file or malformed line -> ConfigError naming the line
     from workloads.math import load_problems
     load_problems(_data_path(w.path), w.num_problems)
-    real_cpu = _real_cpu(cfg)
-    _check_memory(cfg, real_cpu)
+    if cfg.backend.name == "vllm" and v.hf_model_type != "qwen2":
+        raise ConfigError(f"verifier={v.name!r} is not allowed with backend=vllm: the real path runs Qwen2 PRMs "
+                          f"(Qwen2ForProcessRewardModel); use backend=sim for it")
+    _check_memory(cfg, _real_cpu(cfg))
 
 
 def _data_path(p: str) -> Path:
@@ -163,8 +179,7 @@ def _check_memory(cfg, real_cpu: bool) -> Allocation:
     mean, cap = step_model(cfg, real_cpu)
     s_ctx = min(w.max_model_len, 400 + mean * w.num_iterations / 2 + mean)
     alloc = plan_memory(cfg, real_cpu, int(w.n), s_ctx - mean, s_ctx, mean)
-    one_gen = gen.kv_bytes_per_token * w.max_model_len
-    one_ver = ver.kv_bytes_per_token * w.max_model_len
+    one_gen, one_ver = one_sequence_kv(cfg, gen), one_sequence_kv(cfg, ver)
     if alloc.gen_kv_bytes < one_gen or alloc.ver_kv_bytes < one_ver:
         raise ConfigError(f"KV memory too small for the chosen batch: generator {alloc.gen_kv_bytes / 2**20:.1f} MiB "
                           f"(needs >= {one_gen / 2**20:.1f} MiB for one {w.max_model_len}-token sequence), verifier "
@@ -175,9 +190,6 @@ def _check_memory(cfg, real_cpu: bool) -> Allocation:
 
 def validate_backend(cfg, backend) -> None:
     if backend.name == "vllm":
-        if cfg.verifier.hf_model_type != "qwen2":
-            raise ConfigError(f"verifier={cfg.verifier.name!r} is not allowed with backend=vllm: the real path "
-                              f"runs Qwen2 PRMs (Qwen2ForProcessRewardModel); use backend=sim for it")
         _check_memory(cfg, _real_cpu(cfg, backend))
 
 

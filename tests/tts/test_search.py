@@ -1,0 +1,110 @@
+"""Search policies, duplication order, speculative truncation; P and S on the simulated backend."""
+import copy
+
+import pytest
+
+from harness.backend import Backend
+from systems.tts import runner
+from systems.tts.beams import Beam, step_logit_biases
+from systems.tts.search import (Search, duplicate, select_survivors, speculative_potential, truncate_keep)
+
+SIM = Backend("sim", "sim", True, "test")
+
+
+def _beams(scores):
+    return [Beam(str(i), tokens=[i], step_ends=[1], scores=[s]) for i, s in enumerate(scores)]
+
+
+def test_beam_search_keeps_global_top_and_refills_n():
+    sel = select_survivors("beam_search", _beams([0.1, 0.9, 0.5, 0.7, 0.3, 0.8, 0.2, 0.6]), 8, 4, "last")
+    assert [(b.uid, c) for b, c in sel] == [("1", 4), ("5", 4)]
+    sel = select_survivors("beam_search", _beams([0.1, 0.9, 0.5]), 16, 4, "last")   # fewer active than n/4
+    assert [(b.uid, c) for b, c in sel] == [("1", 6), ("2", 5), ("0", 5)]
+
+
+def test_selection_independent_of_candidate_order():
+    bs = _beams([0.5, 0.5, 0.9, 0.1, 0.5, 0.3, 0.7, 0.5])
+    a = select_survivors("beam_search", bs, 8, 4, "last")
+    b = select_survivors("beam_search", bs[::-1], 8, 4, "last")
+    assert [x.uid for x, _ in a] == [x.uid for x, _ in b] == ["2", "6"]
+
+
+def test_dvts_argmax_per_subtree():
+    sel = select_survivors("dvts", _beams([0.1, 0.9, 0.5, 0.7, 0.3, 0.8, 0.95, 0.6]), 8, 4, "last")
+    assert [(b.uid, c) for b, c in sel] == [("1", 4), ("6", 4)]
+
+
+def test_dynamic_branching_largest_remainder():
+    bs = _beams([0.9, 0.6, 0.3, 0.0] + [0.0] * 12)
+    sel = select_survivors("dynamic_branching", bs, 16, 4, "last")
+    counts = {b.uid: c for b, c in sel}
+    assert sum(counts.values()) == 16
+    assert counts["0"] == 8 and counts["1"] == 5 and counts["2"] == 3     # 9:6:3 of 16 -> 8, 5.33, 2.67
+
+
+def test_aggregations():
+    b = Beam("0", tokens=[1, 2], step_ends=[1, 2], scores=[0.5, 0.8])
+    assert select_survivors("beam_search", [b], 4, 4, "min")[0][0] is b
+    from systems.tts.beams import aggregate
+    assert aggregate([0.5, 0.8], "prod") == pytest.approx(0.4)
+    assert aggregate([0.5, 0.8], "mean") == pytest.approx(0.65)
+
+
+def test_duplicate_orders_and_names():
+    a, b = Beam("a", spec=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), Beam("b")
+    base = duplicate([(a, 2), (b, 2)], False, True, 0.85, 0.1, 0, 0, 0)
+    pa = duplicate([(a, 2), (b, 2)], True, True, 0.85, 0.1, 0, 0, 0)
+    assert [x.uid for x in base] == ["a.0", "b.0", "a.1", "b.1"]
+    assert [x.uid for x in pa] == ["a.0", "a.1", "b.0", "b.1"]
+    assert sorted((x.uid, tuple(x.spec)) for x in base) == sorted((x.uid, tuple(x.spec)) for x in pa)
+    d = {x.uid: x for x in pa}
+    assert d["a.0"].spec == a.spec                       # the original keeps all speculative tokens
+    assert 1 <= len(d["a.1"].spec) <= 9 and d["a.1"].spec == a.spec[:len(d["a.1"].spec)]
+    no_s = duplicate([(a, 2)], True, False, 0.85, 0.1, 0, 0, 0)
+    assert no_s[1].spec == []
+
+
+def test_truncation_bounds_and_potential():
+    assert truncate_keep(1, 0.9) == 0
+    assert truncate_keep(10, 1.0) == 9 and truncate_keep(10, 0.0) == 1 and truncate_keep(10, 0.85) == 8
+    assert speculative_potential([0.1, 0.9, 0.5, 0.7], 4) == [1, 4, 2, 3]
+    assert speculative_potential([0.2, 0.8], 4) == [2, 4]
+
+
+def test_step_bias_gives_wanted_probability():
+    import math
+    V, T = 151936, 0.8
+    bd, be = step_logit_biases(V, T, 16, 4)
+    wd, we = math.exp(bd / T), math.exp(be / T)
+    assert wd / (V - 2 + wd + we) == pytest.approx(1 / 16) and we / (V - 2 + wd + we) == pytest.approx(1 / 64)
+
+
+def _sim_search(compose_cfg, system, *extra):
+    cfg = compose_cfg(f"system={system}", "backend=sim", "n=16", "workload.num_problems=2", *extra)
+    runner.validate(cfg)
+    import tempfile
+    from pathlib import Path
+    st, problems, prompts, gen, ver, hook, alloc, _ = runner.build(cfg, SIM, Path(tempfile.mkdtemp()))
+    recs = []
+    s = Search(st, gen, ver, on_iteration=recs.append, before_iteration=hook)
+    results = [s.run_problem(p.index, prompts[p.index]) for p in problems]
+    return recs, results
+
+
+def test_prefix_aware_order_never_changes_decisions_sim(compose_cfg):
+    base, rb = _sim_search(compose_cfg, "vllm_tts")
+    p, rp = _sim_search(compose_cfg, "fasttts_p")
+    assert len(base) == len(p) > 4
+    assert [(r.selected, r.selected_keys) for r in base] == [(r.selected, r.selected_keys) for r in p]
+    assert [sorted((b.uid, tuple(b.tokens)) for b in r.completions) for r in rb] == \
+        [sorted((b.uid, tuple(b.tokens)) for b in r.completions) for r in rp]
+
+
+def test_speculation_changes_later_steps_not_first_step_sim(compose_cfg):
+    base, _ = _sim_search(compose_cfg, "vllm_tts")
+    spec, _ = _sim_search(compose_cfg, "fasttts_s")
+    # iteration 0 has no speculative head start: same survivors; later steps carry speculative
+    # tokens (sampled in the parent's request, truncated for copies), so paths diverge
+    assert base[0].selected == spec[0].selected and base[0].selected_keys == spec[0].selected_keys
+    assert sum(r.spec_generated for r in spec) > 0 and sum(r.gen_skipped for r in spec) > 0
+    assert any(a.selected_keys != b.selected_keys for a, b in zip(base, spec))
