@@ -95,6 +95,8 @@ def load_beam_tree(path, n_steps: int):
 
 def validate_backend(cfg, backend) -> None:
     if backend.name == "torch" and cfg.system.scheduler == "hf_offload":
+        from systems.ttc.hf_offload import validate_hf_offload
+        validate_hf_offload(backend)      # transformers' offloaded cache needs a CUDA GPU
         return
     if backend.simulated and cfg.system.scheduler == "hf_offload":
         raise bad("backend", "sim", "torch for system=hf_offload (it runs transformers' own offloaded cache)")

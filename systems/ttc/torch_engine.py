@@ -64,6 +64,25 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def gumbel_noise(gen: torch.Generator, seed: int, uids: Sequence[int], pos: int, vocab: int,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """Gumbel(0, 1) noise ``[len(uids), vocab]`` on ``gen``'s device. Row i is drawn from ``gen``
+    re-seeded with ``mix64(seed, uids[i], pos)``: it depends on the beam and the absolute position
+    of the token being sampled, never on the batch slot (so grouping cannot change the search)."""
+    out = torch.empty(len(uids), vocab, dtype=dtype, device=gen.device)
+    for i, u in enumerate(uids):
+        gen.manual_seed(mix64(seed, u, pos) & _MASK63)
+        out[i].uniform_(generator=gen)
+    tiny = torch.finfo(dtype).tiny
+    return -torch.log(-torch.log(out.clamp_(min=tiny)))
+
+
+def log_probs(logits: torch.Tensor, temperature: float, dtype: torch.dtype) -> torch.Tensor:
+    """``log_softmax(logits / temperature)`` in ``dtype`` (the sampling distribution; Gumbel-max on
+    it samples a token, and its value at the token is the token's log-probability)."""
+    return torch.log_softmax(logits.to(dtype) / temperature, dim=-1)
+
+
 class TorchExecutor:
     """The real engine. See the module doc for the interface and the execution of each scheduler.
 
@@ -117,15 +136,10 @@ class TorchExecutor:
     # sampling (keyed by seed, beam uid, absolute position)
     def noise(self, uids: Sequence[int], pos: int, vocab: int) -> torch.Tensor:
         """Gumbel noise ``[len(uids), vocab]``; row i depends only on (seed, uids[i], pos)."""
-        out = torch.empty(len(uids), vocab, dtype=self.sample_dtype, device=self.device)
-        for i, u in enumerate(uids):
-            self._gen.manual_seed(mix64(self.seed, u, pos) & _MASK63)
-            out[i].uniform_(generator=self._gen)
-        tiny = torch.finfo(self.sample_dtype).tiny
-        return -torch.log(-torch.log(out.clamp_(min=tiny)))
+        return gumbel_noise(self._gen, self.seed, uids, pos, vocab, self.sample_dtype)
 
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(logits.to(self.sample_dtype) / self.temperature, dim=-1)
+        return log_probs(logits, self.temperature, self.sample_dtype)
 
     def _decode(self, cache: GroupCache, uids: Sequence[int], logp: torch.Tensor, start: int, T: int,
                 on_token=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -241,3 +241,29 @@ def test_each_step_moves_and_holds_what_its_plan_says(small_model, kind, kw):
     if kind == "lbs":
         assert seen_prefetch > 0
     ex.close()
+
+
+def test_hf_offload_search_loop_matches_our_engine(records):
+    """system=hf_offload's beam-search loop (transformers' DynamicCache, reorder_cache) run without
+    offloading on CPU gives the same search as our engine; on a GPU the same loop runs with
+    DynamicCache(offloading=True)."""
+    from systems.ttc.hf_offload import hf_beam_search
+    from systems.ttc.model import build_model
+    ref = records["in_gpu"]
+    model, _ = build_model(OmegaConf.create(ref["config"]["model"]), "cpu", seed=7)
+    prompt = np.random.default_rng(7).integers(0, 1000, size=16).tolist()
+    res = hf_beam_search(model, seed=7, prompt=prompt, beams=8, beam_width=2, gen_len=32, step=8,
+                         offloading=False)
+    best = max(res["beams"], key=lambda b: (b.cum_logprob, -b.uid))
+    assert res["kept"] == ref["kept"]
+    assert best.tokens == ref["best_tokens"] and str(best.uid) == ref["summary"]["best_uid"]
+    assert best.cum_logprob == pytest.approx(ref["summary"]["best_cum_logprob"], abs=1e-9)
+    assert all(r["h2d_bytes"] == 0 == r["d2h_bytes"] for r in res["rows"])   # nothing offloaded
+
+
+def test_hf_offload_needs_cuda(compose_cfg, tmp_path):
+    from harness.config import ConfigError
+    with pytest.raises(ConfigError, match="hf_offload is not allowed with backend.device='cpu'.*CUDA"):
+        run(compose_cfg("system=hf_offload", "backend=torch", "backend.device=cpu", "model=tiny-opt",
+                        output_dir=tmp_path / "hf"))
+    assert not (tmp_path / "hf" / "run.json").exists()
