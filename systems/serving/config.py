@@ -69,6 +69,7 @@ class ServingSystem:
     search_microbatch: bool = True
     tp: int = 2
     pp: int = 4
+    parallel: str = ""                 # "TPxPP" (e.g. 2x4) overrides tp/pp; lets sweeps pair them
     default_chunk: int = 2048
     chunk_candidates: List[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048])
     microbatch_candidates: List[int] = field(default_factory=list)   # empty = 1..2*pp

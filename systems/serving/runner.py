@@ -31,7 +31,14 @@ def requests_for(w):
 
 
 def parallelism(cfg):
-    """(tp, pp) the run uses."""
+    """(tp, pp) the run uses: ``system.parallel`` ("TPxPP") if set, else system.tp / system.pp."""
+    par = cfg.system.get("parallel") or ""
+    if par:
+        try:
+            tp, pp = (int(x) for x in str(par).lower().split("x"))
+        except ValueError:
+            raise bad("system.parallel", par, "TPxPP with two integers, e.g. 2x4") from None
+        return tp, pp
     return int(cfg.system.tp), int(cfg.system.pp)
 
 
