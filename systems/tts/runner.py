@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 from omegaconf import OmegaConf
 
 from harness.config import ConfigError, bad
-from harness.run import RunResult
+from harness.run import RunOOM, RunResult
 from harness.units import parse_size
 from systems.tts.beams import step_logit_biases
 from systems.tts.config import AGGREGATIONS, SCORE_SOURCES, SEARCHES
@@ -70,9 +70,11 @@ def kv_budget(cfg, real_cpu: bool) -> int:
         gen, ver = _shapes(cfg)
         usable = float(cfg.hardware.memory_bytes) * float(s.memory_fraction) * (1 - ACTIVATION_RESERVE)
         m = int(usable - gen.weight_bytes - ver.weight_bytes)
+    if m <= 0 and s.kv_budget in (None, "None") and not real_cpu:     # the models do not fit: recorded oom
+        raise RunOOM(f"memory_fraction={s.memory_fraction} of {cfg.hardware.name} leaves {m / 2**30:.2f} GiB "
+                     f"for KV after the weights of {cfg.model.name} + {cfg.verifier.name}")
     if m <= 0:
-        raise ConfigError(f"KV memory too small: memory_fraction={s.memory_fraction} of "
-                          f"{cfg.hardware.name} leaves {m / 2**30:.2f} GiB for KV after the weights")
+        raise ConfigError(f"KV memory too small: kv_budget={m} bytes")
     return int(m)
 
 
@@ -165,7 +167,10 @@ def validate(cfg) -> None:
     if cfg.backend.name == "vllm" and v.hf_model_type != "qwen2":
         raise ConfigError(f"verifier={v.name!r} is not allowed with backend=vllm: the real path runs Qwen2 PRMs "
                           f"(Qwen2ForProcessRewardModel); use backend=sim for it")
-    _check_memory(cfg, _real_cpu(cfg))
+    try:
+        _check_memory(cfg, _real_cpu(cfg))
+    except RunOOM:
+        pass            # weights alone exceed the simulated device: run() records status oom
 
 
 def _data_path(p: str) -> Path:

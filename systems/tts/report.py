@@ -1,0 +1,229 @@
+"""Sweep reports of the FastTTS family: each ``report_*(sweep_dir, runs, cfg)`` writes a markdown
+table and a figure (PNG + PDF) with our numbers beside the paper's (``results/reference/fasttts.csv``,
+never used to compute ours). Simulated values are labelled "(sim)".
+
+``runs``: one row per job (harness.report.gather_runs): status, system, simulated, summary.*, config.*.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import pandas as pd
+
+from harness.report import load_reference, save_figure, sim_label, write_markdown
+
+PAIRS = {("qwen2.5-math-1.5b", "skywork-prm-1.5b"): "1.5B+1.5B",
+         ("qwen2.5-math-1.5b", "math-shepherd-7b"): "1.5B+7B",
+         ("qwen2.5-math-7b", "skywork-prm-1.5b"): "7B+1.5B"}
+
+
+def tidy(runs: pd.DataFrame) -> pd.DataFrame:
+    """Successful runs with columns pair, dataset, n, system, R, search, hardware, kv_budget,
+    goodput, latency, gen_latency, ver_latency, simulated."""
+    if runs is None or not len(runs):
+        return pd.DataFrame()
+    df = runs[runs["status"] == "ok"].copy()
+    if not len(df):
+        return df
+    g = lambda c, d=None: df[c] if c in df else d
+    out = pd.DataFrame({
+        "pair": [PAIRS.get((m, v), f"{m}+{v}") for m, v in zip(g("config.model.name"), g("config.verifier.name"))],
+        "dataset": g("config.workload.name"), "n": g("config.workload.n").astype(int),
+        "system": df["system"], "R": g("config.system.spec_truncation_ratio"),
+        "search": g("config.system.search"), "hardware": g("config.hardware.name"),
+        "kv_budget": g("config.system.kv_budget", "").astype(str) if "config.system.kv_budget" in df else "",
+        "goodput": g("summary.goodput_tok_s"), "latency": g("summary.latency_s"),
+        "gen_latency": g("summary.gen_latency_s"), "ver_latency": g("summary.ver_latency_s"),
+        "simulated": df["simulated"],
+    })
+    return out.reset_index(drop=True)
+
+
+def _ref(figure: str) -> pd.DataFrame:
+    ref = load_reference("fasttts", figure)
+    parsed = ref["config"].str.split(";").apply(lambda kv: dict(x.split("=", 1) for x in kv if "=" in x))
+    return pd.concat([ref, pd.DataFrame(list(parsed))], axis=1)
+
+
+def _paper(ref: pd.DataFrame, metric: str, **keys) -> Optional[float]:
+    m = ref["metric"] == metric
+    for k, v in keys.items():
+        if k not in ref:
+            return None
+        m &= ref[k].astype(str) == str(v)
+    return float(ref[m]["value"].iloc[0]) if m.any() else None
+
+
+def _gains(df: pd.DataFrame, keys: List[str], variants: List[str], base: str = "vllm_tts", col: str = "goodput"):
+    """One row per ``keys`` group: base value, each variant's value and its ratio to the base."""
+    rows = []
+    for k, grp in df.groupby(keys, dropna=False):
+        k = k if isinstance(k, tuple) else (k,)
+        b = grp[grp["system"] == base][col]
+        if not len(b):
+            continue
+        row = dict(zip(keys, k), **{f"{base}{sim_label(bool(grp['simulated'].iloc[0]))}": float(b.iloc[0])})
+        for v in variants:
+            x = grp[grp["system"] == v][col]
+            if len(x):
+                row[v] = float(x.iloc[0])
+                row[f"{v}/base"] = float(x.iloc[0]) / float(b.iloc[0]) if float(b.iloc[0]) > 0 else np.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _grid_plot(df, keys, xcol, ycol, ref_fn, title, sweep_dir, name, logy=True):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = list(df.groupby(keys, dropna=False))
+    if not groups:
+        return
+    cols = min(3, len(groups))
+    rws = int(np.ceil(len(groups) / cols))
+    fig, axes = plt.subplots(rws, cols, figsize=(4.2 * cols, 3.2 * rws), squeeze=False)
+    for ax, (k, grp) in zip(axes.flat, groups):
+        k = k if isinstance(k, tuple) else (k,)
+        for sysname, s in grp.groupby("system"):
+            s = s.sort_values(xcol)
+            ax.plot(s[xcol], s[ycol], marker="o", label=f"{sysname}{sim_label(bool(s['simulated'].iloc[0]))}")
+            pts = [(x, ref_fn(dict(zip(keys, k)), sysname, x)) for x in sorted(s[xcol].unique())]
+            pts = [(x, y) for x, y in pts if y is not None]
+            if pts:
+                ax.scatter(*zip(*pts), marker="x", s=60, label=f"{sysname} (paper)")
+        ax.set_title(" ".join(str(x) for x in k), fontsize=9)
+        ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xcol)
+        ax.set_ylabel(ycol)
+        ax.legend(fontsize=6)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, sweep_dir, name)
+
+
+def report_goodput(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
+    """Fig. 12: goodput vs n per pair and dataset; headline gain vs the paper's 2.2x (1.2-5.4x)."""
+    df = tidy(runs)
+    ref = _ref("fig12")
+    t = _gains(df, ["pair", "dataset", "n"], ["fasttts"])
+    if len(t):
+        t["paper base"] = [_paper(ref, "goodput_tok_s", pair=r.pair, dataset=r.dataset, n=r.n, system="vllm_tts")
+                           for r in t.itertuples()]
+        t["paper fasttts"] = [_paper(ref, "goodput_tok_s", pair=r.pair, dataset=r.dataset, n=r.n, system="fasttts")
+                              for r in t.itertuples()]
+        t["paper gain"] = t["paper fasttts"] / t["paper base"]
+        g = t["fasttts/base"]
+        notes = (f"Ours: mean gain {g.mean():.2f}x (range {g.min():.2f}-{g.max():.2f}x) over {len(g)} points; "
+                 f"paper: 2.2x (1.2-5.4x). Simulated: {bool(df['simulated'].any())}.")
+    else:
+        notes = "no successful runs"
+    write_markdown(t, Path(sweep_dir) / "fig12_goodput.md", "FastTTS Fig. 12: precise goodput (tok/s)", notes)
+    _grid_plot(df, ["pair", "dataset"], "n", "goodput",
+               lambda k, s, n: _paper(ref, "goodput_tok_s", pair=k["pair"], dataset=k["dataset"], n=n, system=s),
+               "Precise goodput (tok/s); x = paper", sweep_dir, "fig12_goodput")
+    return t
+
+
+def report_latency(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
+    """Fig. 13: completion latency (generator + verifier) and its reduction vs the paper's 38-68 %."""
+    df = tidy(runs)
+    ref = _ref("fig13")
+    parts = []
+    for col in ("latency", "gen_latency", "ver_latency"):
+        t = _gains(df, ["pair", "dataset", "n"], ["fasttts"], col=col)
+        if len(t):
+            parts.append(t.set_index(["pair", "dataset", "n"])["fasttts/base"].rename(f"{col} reduction %")
+                         .map(lambda r: 100 * (1 - r)))
+    t = _gains(df, ["pair", "dataset", "n"], ["fasttts"], col="latency")
+    if parts:
+        t = t.merge(pd.concat(parts, axis=1).reset_index(), on=["pair", "dataset", "n"])
+        red = t["latency reduction %"]
+        notes = (f"Ours: completion-latency reduction {red.min():.0f}..{red.max():.0f} % (mean {red.mean():.0f} %); "
+                 f"paper: 38..68 %; verifier 75..85 %, generator 36..66 %.")
+    else:
+        notes = "no successful runs"
+    write_markdown(t, Path(sweep_dir) / "fig13_latency.md", "FastTTS Fig. 13: completion latency (s)", notes)
+    _grid_plot(df, ["pair", "dataset"], "n", "latency",
+               lambda k, s, n: _paper(ref, "latency_s", pair=k["pair"], dataset=k["dataset"], n=n, system=s),
+               "Completion latency (s/problem); x = paper", sweep_dir, "fig13_latency")
+    return t
+
+
+def report_ablation(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
+    """Fig. 16: cumulative goodput gain (%) of P, P+M, P+M+S over the baseline."""
+    df = tidy(runs)
+    ref = _ref("fig16")
+    variants = ["fasttts_p", "fasttts_pm", "fasttts"]
+    t = _gains(df, ["pair", "n"], variants)
+    for v in variants:
+        if f"{v}/base" in t:
+            t[f"{v} gain %"] = 100 * (t[f"{v}/base"] - 1)
+            t[f"{v} paper %"] = [_paper(ref, "goodput_gain_pct", pair=r.pair, n=r.n, system=v) for r in t.itertuples()]
+    write_markdown(t, Path(sweep_dir) / "fig16_ablation.md", "FastTTS Fig. 16: cumulative goodput gain (%)",
+                   "P = prefix-aware scheduling, M = memory allocation, S = speculative beam extension.")
+    df2 = df.merge(df[df.system == "vllm_tts"][["pair", "n", "goodput"]].rename(columns={"goodput": "base"}),
+                   on=["pair", "n"])
+    df2["gain_pct"] = 100 * (df2["goodput"] / df2["base"] - 1)
+    _grid_plot(df2[df2.system != "vllm_tts"], ["pair"], "n", "gain_pct",
+               lambda k, s, n: _paper(ref, "goodput_gain_pct", pair=k["pair"], n=n, system=s),
+               "Cumulative goodput gain over the baseline (%); x = paper", sweep_dir, "fig16_ablation", logy=False)
+    return t
+
+
+def report_r_sweep(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
+    """Fig. 17-right: goodput of the baseline and FastTTS at R = 0.0 / 0.85."""
+    df = tidy(runs)
+    ref = _ref("fig17")
+    df = df[(df.system == "fasttts") | (df.R.astype(float) == 0.85)].copy()
+    df.loc[df.system == "fasttts", "system"] = "fasttts;R=" + df.loc[df.system == "fasttts", "R"].astype(float).map(
+        lambda r: f"{r:g}" if r != 0 else "0.0")
+    t = _gains(df, ["pair", "dataset", "n"], ["fasttts;R=0.0", "fasttts;R=0.85"])
+    write_markdown(t, Path(sweep_dir) / "fig17_r_sweep.md", "FastTTS Fig. 17-right: goodput vs R (tok/s)")
+    _grid_plot(df, ["pair", "dataset"], "n", "goodput",
+               lambda k, s, n: _paper(ref, "goodput_tok_s", dataset=k["dataset"], n=n, system=s),
+               "Goodput vs truncation ratio R; x = paper", sweep_dir, "fig17_r_sweep")
+    return t
+
+
+def report_memory(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
+    """Fig. 18-right: goodput gain of P and M+P against the KV budget."""
+    df = tidy(runs)
+    ref = _ref("fig18")
+    t = _gains(df, ["pair", "kv_budget", "n"], ["fasttts_p", "fasttts_pm"])
+    for v in ("fasttts_p", "fasttts_pm"):
+        if f"{v}/base" in t:
+            t[f"{v} gain %"] = 100 * (t[f"{v}/base"] - 1)
+            t[f"{v} paper %"] = [_paper(ref, "goodput_gain_pct", kv_budget=r.kv_budget, system=v) for r in t.itertuples()]
+    write_markdown(t, Path(sweep_dir) / "fig18_memory.md", "FastTTS Fig. 18-right: gain vs KV budget (%)")
+    return t
+
+
+def report_methods(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
+    """Fig. 11: goodput gain per search algorithm (paper: 1.2-3.9x)."""
+    df = tidy(runs)
+    t = _gains(df, ["search", "n"], ["fasttts"])
+    notes = (f"Ours: {t['fasttts/base'].min():.2f}-{t['fasttts/base'].max():.2f}x; paper 1.2-3.9x."
+             if len(t) and "fasttts/base" in t else "")
+    write_markdown(t, Path(sweep_dir) / "fig11_methods.md", "FastTTS Fig. 11: goodput per search method", notes)
+    _grid_plot(df, ["search"], "n", "goodput", lambda k, s, n: None, "Goodput per search algorithm",
+               sweep_dir, "fig11_methods")
+    return t
+
+
+def report_gpus(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
+    """Fig. 15: goodput on the RTX 3070 Ti (offload) and RTX 4070 Ti (paper gain 1.4-1.6x)."""
+    df = tidy(runs)
+    ref = _ref("fig15")
+    t = _gains(df, ["hardware", "n"], ["fasttts"])
+    if len(t):
+        t["paper base"] = [_paper(ref, "goodput_tok_s", hardware=r.hardware, n=r.n, system="vllm_tts") for r in t.itertuples()]
+        t["paper fasttts"] = [_paper(ref, "goodput_tok_s", hardware=r.hardware, n=r.n, system="fasttts") for r in t.itertuples()]
+    write_markdown(t, Path(sweep_dir) / "fig15_gpus.md", "FastTTS Fig. 15: other GPUs (tok/s)")
+    _grid_plot(df, ["hardware"], "n", "goodput",
+               lambda k, s, n: _paper(ref, "goodput_tok_s", hardware=k["hardware"], n=n, system=s),
+               "Goodput on other GPUs; x = paper", sweep_dir, "fig15_gpus")
+    return t
