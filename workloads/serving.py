@@ -22,6 +22,7 @@ import csv
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -169,6 +170,19 @@ def load_mooncake(path) -> Requests:
 
 
 # -- ServeGen --------------------------------------------------------------------------------
+_INT_KEY = re.compile(r"([{,]\s*)(-?\d+)\s*:")
+
+
+def _pdf_literal(text: str) -> Dict[int, float]:
+    """A ServeGen PDF string ``{value: probability, ...}`` (a Python dict literal) as a dict.
+    Parsed as JSON after quoting the int keys (fast); falls back to ``ast.literal_eval``."""
+    try:
+        d = json.loads(_INT_KEY.sub(r'\1"\2":', text))
+    except ValueError:
+        d = ast.literal_eval(text)
+    return {int(a): float(b) for a, b in d.items()}
+
+
 @lru_cache(maxsize=4)
 def _servegen_clients(root: str):
     """{client_id: (trace rows [(t, rate, cv, pattern, shape, scale)], dataset dict or None)}."""
@@ -195,8 +209,8 @@ def _servegen_clients(root: str):
         if ds_path.is_file():
             try:
                 raw = json.loads(ds_path.read_text())
-                ds = {int(k): {fld: {int(a): float(b) for a, b in ast.literal_eval(v).items()}
-                               for fld, v in d.items() if fld in ("input_tokens", "output_tokens")}
+                ds = {int(k): {fld: _pdf_literal(v) for fld, v in d.items()
+                               if fld in ("input_tokens", "output_tokens")}
                       for k, d in raw.items()}
             except (ValueError, SyntaxError, AttributeError) as e:
                 raise TraceError(f"{ds_path}: not a ServeGen dataset (keys -> dict-literal PDFs): {e}")
