@@ -217,9 +217,11 @@ class Controller:
     default_chunk: int
     name: str = "vanilla"
     period_s: Optional[float] = None
+    fixed_clock_mhz: Optional[float] = None      # start clock (default: max)
 
     def initial(self) -> Decision:
-        return Decision(self.default_chunk, self.p, float(self.table.clocks[-1]), "init")
+        f = self.fixed_clock_mhz if self.fixed_clock_mhz is not None else float(self.table.clocks[-1])
+        return Decision(self.default_chunk, self.p, float(f), "init")
 
     def on_arrival(self, st: EngineState) -> Optional[Decision]:
         return None
@@ -239,6 +241,9 @@ class WindowDVFS(Controller):
     """Window-DVFS (DynamoLLM's DVFS part, BEAM §2.6): every ``period_s`` pick the lowest clock
     predicted to meet both SLOs at the previous window's load; chunk and m never change.
 
+    With ``load_profile`` (the simulated backend builds one offline, like DynamoLLM's profiles):
+    see :meth:`profiled_choice`. Without one (real engine), the analytic prediction below.
+
     Prediction at each clock f (our reconstruction of "expected to meet the SLOs at that load"):
     the steady round time R of m microbatches when prefill tokens arrive at the window's rate (the
     larger of its mean and its busiest 1-s slice, plus the prompt tokens still queued at its end
@@ -250,6 +255,26 @@ class WindowDVFS(Controller):
     """
     name: str = "window_dvfs"
     period_s: Optional[float] = 5.0
+    load_profile: Optional[dict] = None
+
+    def profiled_choice(self, win: WindowStats, backlog_tokens: float) -> Optional[Decision]:
+        """With an offline load profile (``loads`` prompt tokens/s ascending, ``clocks`` MHz
+        ascending, ``ttft_p90``/``tbt_p90`` [load, clock] in s, as DynamoLLM profiles): the lowest
+        clock whose profiled P90 TTFT and P90 TBT meet the SLOs at the first profiled load >= the
+        window's (prompt tokens + backlog) / window length. None without a profile."""
+        pr = self.load_profile
+        if not pr:
+            return None
+        load = (win.input_tokens + backlog_tokens) / max(win.duration_s, 1e-9)
+        i = int(np.searchsorted(pr["loads"], load, side="left"))
+        if i >= len(pr["loads"]):
+            return Decision(self.default_chunk, self.p, float(self.table.clocks[-1]), "window", False)
+        ok = (pr["ttft_p90"][i] <= self.slo_ttft) & (pr["tbt_p90"][i] <= self.slo_tbt)
+        if not ok.any():
+            return Decision(self.default_chunk, self.p, float(self.table.clocks[-1]), "window", False)
+        j = int(np.argmax(ok))
+        return Decision(self.default_chunk, self.p, float(pr["clocks"][j]), "window", True,
+                        float(pr["ttft_p90"][i][j]), float(pr["tbt_p90"][i][j]))
 
     def predict(self, win: WindowStats, m: int, backlog_tokens: float = 0.0):
         """(TTFT s, TBT s, feasible-load mask) over clocks, and the valley clock index."""
@@ -279,6 +304,8 @@ class WindowDVFS(Controller):
 
     def on_tick(self, st: EngineState, win: WindowStats) -> Optional[Decision]:
         backlog = float(sum(t for _, t in st.waiting))
+        if self.load_profile:
+            return self.profiled_choice(win, backlog)
         ttft, tbt, stable, j_valley = self.predict(win, st.microbatches, backlog)
         ok = stable & (tbt <= self.slo_tbt) & ((ttft <= self.slo_ttft) | (win.arrivals == 0))
         if not ok.any():

@@ -132,15 +132,56 @@ def controller_for(cfg, table):
         ctl.set_clocks(np.array([len(table.clocks) - 1]))
     fc = s.get("fixed_clock_mhz")
     if fc is not None:
-        j = int(np.argmin(np.abs(table.clocks - fc)))
-        base = ctl.initial
-
-        def initial():
-            d = base()
-            d.clock_mhz = float(table.clocks[j])
-            return d
-        ctl.initial = initial
+        ctl.fixed_clock_mhz = float(table.clocks[int(np.argmin(np.abs(table.clocks - fc)))])
     return ctl
+
+
+def window_profile(cfg, stage, table, req, kv_cap: float) -> dict:
+    """Offline load profile for Window-DVFS on the simulator (cached under results/cache/).
+
+    For prompt-token loads from 0.25x to 4x the workload's mean and every 10th clock of the menu,
+    simulate 60 s of Poisson arrivals (lengths resampled from the workload) at a fixed clock with
+    the default chunk and m = pp, and record P90 TTFT and P90 per-request mean TBT (s).
+    """
+    import hashlib
+    import json as _json
+    from pathlib import Path
+
+    from systems.serving.controllers import Controller
+    from systems.serving.simulator import ServingSimulator
+    from workloads.serving import Requests
+    s = cfg.system
+    tp, pp = parallelism(cfg)
+    mean_rate = float(req.input_len.sum()) / max(float(req.arrival_s[-1]), 1.0)
+    loads = mean_rate * np.array([0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0])
+    ci = np.arange(len(table.clocks) - 1, -1, -10)[::-1]
+    key = _json.dumps([cfg.model.name, cfg.hardware.name, tp, pp, int(s.default_chunk), int(s.max_num_seqs),
+                       round(mean_rate, 1), int(req.input_len.sum()), int(req.output_len.sum()),
+                       sorted(dict(cfg.hardware.power).items()), list(map(float, table.clocks[ci]))])
+    path = Path(cfg.get("results_dir", "results")) / "cache" / f"window_profile_{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+    if path.exists():
+        z = np.load(path)
+        return {k: z[k] for k in z.files}
+    rng = np.random.default_rng(0)
+    ttft = np.full((len(loads), len(ci)), np.inf)
+    tbt = np.full_like(ttft, np.inf)
+    for i, load in enumerate(loads):
+        lam = load / float(req.input_len.mean())
+        n = max(int(rng.poisson(lam * 60.0)), 1)
+        idx = rng.integers(0, len(req), n)
+        sub = Requests(np.sort(rng.uniform(0, 60.0, n)), req.input_len[idx], req.output_len[idx])
+        for j, c in enumerate(ci):
+            ctl = Controller(table=table, p=pp, g=tp, slo_ttft=1.0, slo_tbt=1.0, default_chunk=int(s.default_chunk),
+                             fixed_clock_mhz=float(table.clocks[c]))
+            r = ServingSimulator(stage, ctl, sub, pp, tp, max_num_seqs=int(s.max_num_seqs),
+                                 kv_capacity_tokens=kv_cap, drain_s=30.0).run().requests
+            ttft[i, j] = float(np.nanpercentile(r.ttft_s.fillna(np.inf), 90))
+            tb = r.tbt_mean_s.dropna()
+            tbt[i, j] = float(np.percentile(tb, 90)) if len(tb) else 0.0
+    prof = {"loads": loads, "clocks": table.clocks[ci], "ttft_p90": ttft, "tbt_p90": tbt}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **prof)
+    return prof
 
 
 def slo_check(table, p: int, w) -> str:
@@ -216,6 +257,8 @@ def run_sim(cfg, ctx) -> RunResult:
     table, measure = build_table(stage, s, w)
     ctl = controller_for(cfg, table)
     req = requests_for(w)
+    if s.controller == "window_dvfs":
+        ctl.load_profile = window_profile(cfg, stage, table, req, kv_cap)
     note = slo_check(table, pp, w)
     if note:
         print(f"note: {note}")
