@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
+from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,7 +58,7 @@ def measure(device: str = "cpu", quick: bool = False) -> dict:
     launch = _layer_launch_overhead(device, dt, sync)
     return {"peak_flops": flops, "mem_bw": mem_bw, "h2d_bw": h2d, "d2h_bw": d2h,
             "launch_overhead_s": launch, "gemm_n": n, "copy_bytes": size, "device": device,
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
+            "torch": str(torch.__version__), "threads": torch.get_num_threads()}
 
 
 def _layer_launch_overhead(device, dtype, sync) -> float:
@@ -66,6 +67,7 @@ def _layer_launch_overhead(device, dtype, sync) -> float:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
                       num_hidden_layers=1, vocab_size=128)
+    cfg._attn_implementation = "sdpa"
     layer = LlamaDecoderLayer(cfg, 0).to(device=device, dtype=dtype).eval()
     rope = LlamaRotaryEmbedding(cfg).to(device)
     h = torch.randn(1, 1, 64, device=device, dtype=dtype)
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
         options = sorted(p.stem for p in src.parent.glob("*.yaml"))
         print(f"error: hardware={hw!r} is not a profile; options: {', '.join(options)}", file=sys.stderr)
         return 2
-    base = yaml.safe_load(src.read_text())
+    base = OmegaConf.to_container(OmegaConf.load(src))   # OmegaConf's YAML reads 1.0e9 as a float
     device = "cpu" if base.get("kind") == "cpu" else "cuda"
     if device == "cuda":
         import torch

@@ -58,6 +58,7 @@ class HardwareConfig:
     kv_budget: Any = None                 # default KV budget for offloading studies (bytes or "7GiB")
     power: Dict[str, Any] = field(default_factory=dict)     # power-model parameters (serving family)
     measured: Dict[str, Any] = field(default_factory=dict)  # calibrated values, with their date
+    datasheet: Dict[str, Any] = field(default_factory=dict) # vendor values a measured profile replaced
     sources: Dict[str, str] = field(default_factory=dict)   # field -> spec sheet / measurement
 
 

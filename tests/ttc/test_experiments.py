@@ -1,0 +1,81 @@
+"""Paper-figure sweeps: a small sweep draws its figure and table; a resumed sweep skips finished jobs;
+the beam tree recorded by one run replays in another; calibration writes a dated profile."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from harness.config import HardwareConfig
+from harness.run import run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sweep(tmp_path, *args):
+    return subprocess.run([sys.executable, "run.py", "-m", *args, "tracking=none", f"results_dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_two_job_sweep_draws_figure_and_resume_skips(tmp_path):
+    args = ["experiment=lbs_fig4", "hydra.sweeper.params.beams='4,64'", "gen_len=128"]
+    out = _sweep(tmp_path, *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    sweep = tmp_path / "sweeps" / "lbs_fig4"
+    for f in ("fig4.png", "fig4.pdf", "fig4.md", "runs.parquet"):
+        assert (sweep / f).exists(), f
+    table = (sweep / "fig4.md").read_text()
+    assert "paper_kv_share_lower_bound" in table and "sim" in table
+    recs = {p: json.loads(p.read_text()) for p in sweep.glob("*/run.json")}
+    assert len(recs) == 2
+    # interrupt: drop one job's record, then re-run the same sweep
+    victim = sorted(recs)[0]
+    victim.unlink()
+    again = _sweep(tmp_path, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("skipping: valid record exists") == 1
+    for p, rec in recs.items():
+        new = json.loads(p.read_text())
+        if p == victim:
+            assert new["started_at"] != rec["started_at"]
+        else:
+            assert new["started_at"] == rec["started_at"]          # not re-run
+
+
+def test_recorded_beam_tree_replays_in_the_simulator(compose_cfg, tmp_path):
+    common = ["backend=sim", "system=lbs", "beams=16", "gen_len=256", "step=32", "seed=5"]
+    a = run(compose_cfg(*common, "system.record_tree=true", output_dir=tmp_path / "a"))
+    tree = json.loads((tmp_path / "a" / "beam_tree.json").read_text())
+    assert len(tree["steps"]) == 256 // 32 - 1 and all(len(s["kept"]) == 8 for s in tree["steps"])
+    # replay under another seed: the scores differ, but the kept beams follow the recording
+    b = run(compose_cfg(*common[:-1], "seed=5", f"system.replay_tree={tmp_path / 'a'}",
+                        "system.record_tree=true", output_dir=tmp_path / "b"))
+    assert json.loads((tmp_path / "b" / "beam_tree.json").read_text())["steps"] == tree["steps"]
+    assert b["summary"]["h2d_bytes"] == a["summary"]["h2d_bytes"]
+
+
+def test_replay_of_a_mismatched_tree_is_rejected(compose_cfg, tmp_path):
+    from harness.config import ConfigError
+    run(compose_cfg("backend=sim", "beams=8", "gen_len=128", "system.record_tree=true", output_dir=tmp_path / "a"))
+    with pytest.raises(ConfigError, match="has 3 step transitions; this configuration needs 7"):
+        run(compose_cfg("backend=sim", "beams=8", "gen_len=256", f"system.replay_tree={tmp_path / 'a'}",
+                        output_dir=tmp_path / "b"))
+
+
+def test_calibration_writes_a_dated_measured_profile(tmp_path):
+    from harness.calibrate import measure, write_profile
+    m = measure("cpu", quick=True)
+    for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw"):
+        assert m[k] > 1e6, k
+    assert 0 < m["launch_overhead_s"] < 0.1
+    base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/hardware/cpu.yaml"))
+    out = write_profile(base, m, tmp_path / "cpu-calibrated.yaml")
+    prof = OmegaConf.to_container(OmegaConf.load(out))
+    assert prof["name"] == "cpu-calibrated" and prof["measured"]["date"]
+    assert prof["h2d_bw"] == pytest.approx(m["h2d_bw"]) and prof["datasheet"]["h2d_bw"] == base["h2d_bw"]
+    assert "measured by python -m harness.calibrate" in prof["sources"]["peak_flops"]
+    prof.pop("defaults")
+    OmegaConf.merge(OmegaConf.structured(HardwareConfig), prof)     # passes the schema
