@@ -179,8 +179,4 @@ class StageModel:
         return float(clocks[int(np.argmin(e))])
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-int(a) // int(b))
-
-
-__all__ = ["StageModel", "PowerParams", "POWER_KEYS", "p_active", "ceil_div"]
+__all__ = ["StageModel", "PowerParams", "POWER_KEYS", "p_active"]

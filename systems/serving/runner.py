@@ -140,7 +140,7 @@ def window_profile(cfg, stage, table, req, kv_cap: float) -> dict:
     """Offline load profile for Window-DVFS on the simulator (cached under results/cache/).
 
     For prompt-token loads from 0.25x to 4x the workload's mean and every 10th clock of the menu,
-    simulate 60 s of Poisson arrivals (lengths resampled from the workload) at a fixed clock with
+    simulate 40 s of Poisson arrivals (lengths resampled from the workload) at a fixed clock with
     the default chunk and m = pp, and record P90 TTFT and P90 per-request mean TBT (s).
     """
     import hashlib
@@ -153,9 +153,9 @@ def window_profile(cfg, stage, table, req, kv_cap: float) -> dict:
     s = cfg.system
     tp, pp = parallelism(cfg)
     mean_rate = float(req.input_len.sum()) / max(float(req.arrival_s[-1]), 1.0)
-    loads = mean_rate * np.array([0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0])
+    loads = mean_rate * np.array([0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0])
     ci = np.arange(len(table.clocks) - 1, -1, -10)[::-1]
-    key = _json.dumps([cfg.model.name, cfg.hardware.name, tp, pp, int(s.default_chunk), int(s.max_num_seqs),
+    key = _json.dumps(["v2-40s", list(map(float, loads / mean_rate)), cfg.model.name, cfg.hardware.name, tp, pp, int(s.default_chunk), int(s.max_num_seqs),
                        round(mean_rate, 1), int(req.input_len.sum()), int(req.output_len.sum()),
                        sorted(dict(cfg.hardware.power).items()), list(map(float, table.clocks[ci]))])
     path = Path(cfg.get("results_dir", "results")) / "cache" / f"window_profile_{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
@@ -167,9 +167,9 @@ def window_profile(cfg, stage, table, req, kv_cap: float) -> dict:
     tbt = np.full_like(ttft, np.inf)
     for i, load in enumerate(loads):
         lam = load / float(req.input_len.mean())
-        n = max(int(rng.poisson(lam * 60.0)), 1)
+        n = max(int(rng.poisson(lam * 40.0)), 1)
         idx = rng.integers(0, len(req), n)
-        sub = Requests(np.sort(rng.uniform(0, 60.0, n)), req.input_len[idx], req.output_len[idx])
+        sub = Requests(np.sort(rng.uniform(0, 40.0, n)), req.input_len[idx], req.output_len[idx])
         for j, c in enumerate(ci):
             ctl = Controller(table=table, p=pp, g=tp, slo_ttft=1.0, slo_tbt=1.0, default_chunk=int(s.default_chunk),
                              fixed_clock_mhz=float(table.clocks[c]))
