@@ -78,3 +78,22 @@ def test_bad_input_exits_with_message(tmp_path):
     assert out.returncode == 2
     assert "beams=15 is not allowed: a positive multiple of beam_width=2" in out.stderr
     assert not list(tmp_path.rglob("run.json"))
+
+
+@pytest.mark.parametrize("launcher,target", [
+    ("local", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
+    ("slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"),
+    ("ray", "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"),
+])
+def test_launcher_configs_compose(launcher, target):
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        cfg = compose("config", overrides=[f"hydra/launcher={launcher}", "experiment=lbs_fig9"],
+                      return_hydra_config=True)
+    assert cfg.hydra.launcher._target_ == target
+    if launcher == "slurm":
+        assert cfg.hydra.launcher.gpus_per_node == 1
+        import importlib
+        mod, cls = target.rsplit(".", 1)
+        assert hasattr(importlib.import_module(mod), cls)
+    if launcher == "local":
+        assert cfg.hydra.launcher.pre_dispatch == "all"
