@@ -130,7 +130,6 @@ class TorchExecutor:
             from harness.meters import EnergyMeter
             self._energy = EnergyMeter([self.device.index or 0])
         self._energy_j = None
-        torch.set_grad_enabled(False)
 
     # ----------------------------------------------------------------------------------------------
     # sampling (keyed by seed, beam uid, absolute position)
@@ -161,6 +160,7 @@ class TorchExecutor:
         return toks, lps, logp
 
     # ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
     def prefill(self, tree: BeamTree, prompt_tokens: Sequence[int], offload: bool) -> StepOutcome:
         """Prefill the prompt (segment 0). ``offload``: write its KV to the host (d2h counted)."""
         st = self.store
@@ -191,6 +191,7 @@ class TorchExecutor:
                            h2d_bytes=st.bytes.h2d - h2d0, d2h_bytes=st.bytes.d2h - d2h0,
                            peak_device_bytes=peak)
 
+    @torch.no_grad()
     def execute_step(self, plan: StepPlan, tree: BeamTree, beams: Sequence[Beam]) -> StepOutcome:
         """Decode one step of the search for every live beam as ``plan`` says (see module doc)."""
         st = self.store
@@ -424,6 +425,7 @@ class TorchExecutor:
         return toks[inv], lps[inv], last[inv]
 
     # ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
     def expand(self, plan: StepPlan, tree: BeamTree, old: Sequence[Beam], new: Sequence[Beam]) -> float:
         """Prune + expand on the engine's side (see module doc). Returns wall seconds."""
         t0 = time.perf_counter()
