@@ -31,3 +31,21 @@ class SweepReport(Callback):
         if target:
             get_method(target)(sweep_dir, runs, config)
             print(f"report written under {sweep_dir}")
+            self._mirror_to_wandb(config, sweep_dir)
+
+    @staticmethod
+    def _mirror_to_wandb(config: DictConfig, sweep_dir: Path) -> None:
+        """Send the sweep's figures and tables to one W&B run of the sweep's group (offline by default)."""
+        from omegaconf import OmegaConf
+
+        from harness.tracking import make_tracker
+        tracking = config.get("tracking")
+        if tracking is None or tracking.name == "none":
+            return
+        tr = make_tracker({"experiment": config.get("experiment_name"),
+                           "sweep_params": OmegaConf.to_container(config.hydra.sweeper.params)},
+                          tracking, sweep_dir, name=f"{config.get('sweep_name')}-report",
+                          group=config.get("sweep_name"))
+        for png in sorted(sweep_dir.glob("*.png")):
+            tr.log_image(png.stem, png)
+        tr.finish()
