@@ -275,3 +275,42 @@ def fig12(sweep_dir, runs, cfg):
     save_figure(fig, sweep_dir, "fig12")
     piv = df.pivot_table(index=["model", "beams"], columns="system", values="io_time_vs_layerwise").reset_index()
     write_markdown(piv, sweep_dir / "fig12.md", title="LBS Fig.12 (I/O time / layer-wise I/O time; simulated)")
+
+
+def fidelity(sweep_dir, runs, cfg):
+    """Simulator fidelity: the same configurations on the real engine and on the simulated backend
+    (calibrated profile); per-configuration error and MAPE of end-to-end time and of bytes."""
+    import matplotlib.pyplot as plt
+    sweep_dir = Path(sweep_dir)
+    df = _tidy(runs)
+    df = df[df.status == "ok"]
+    keys = ["system", "model", "beams", "step"]
+    real = df[~df.simulated].set_index(keys)
+    sim = df[df.simulated].set_index(keys)
+    both = real.join(sim, lsuffix="_real", rsuffix="_sim", how="inner").reset_index()
+    if both.empty:
+        write_markdown(both, sweep_dir / "fidelity.md", title="LBS fidelity: no pairs of real and simulated runs")
+        return
+    for k in ("e2e_s", "compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):
+        both[f"{k}_err"] = (both[f"{k}_sim"] - both[f"{k}_real"]) / both[f"{k}_real"].where(both[f"{k}_real"] != 0)
+    summary = pd.DataFrame([{
+        "pairs": len(both),
+        "time_mape": float(both.e2e_s_err.abs().mean()),
+        "compute_mape": float(both.compute_s_err.abs().mean()),
+        "h2d_bytes_mape": float(both.h2d_bytes_err.abs().fillna(0).mean()),
+        "d2h_bytes_mape": float(both.d2h_bytes_err.abs().fillna(0).mean()),
+        "bytes_exact": bool((both.h2d_bytes_real == both.h2d_bytes_sim).all() and (both.d2h_bytes_real == both.d2h_bytes_sim).all()),
+    }])
+    cols = keys + ["e2e_s_real", "e2e_s_sim", "e2e_s_err", "compute_s_real", "compute_s_sim", "io_stall_s_real",
+                   "io_stall_s_sim", "h2d_bytes_real", "h2d_bytes_sim", "d2h_bytes_real", "d2h_bytes_sim"]
+    write_markdown(both[cols], sweep_dir / "fidelity.md", title="LBS simulator fidelity (real CPU engine vs simulated, calibrated CPU profile)",
+                   notes="Summary:\n\n" + summary.to_markdown(index=False, floatfmt=".3f"))
+    summary.to_csv(sweep_dir / "fidelity_summary.csv", index=False)
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    ax.loglog(both.e2e_s_real, both.e2e_s_sim, "o")
+    lim = [min(both.e2e_s_real.min(), both.e2e_s_sim.min()) * 0.8, max(both.e2e_s_real.max(), both.e2e_s_sim.max()) * 1.2]
+    ax.plot(lim, lim, "k--", lw=1)
+    ax.set_xlabel("measured end-to-end s (real engine, CPU)"); ax.set_ylabel("simulated s (calibrated profile)")
+    ax.set_title(f"fidelity: time MAPE {100 * summary.time_mape[0]:.1f} %", fontsize=9)
+    save_figure(fig, sweep_dir, "fidelity")
+    print(summary.to_string(index=False))
