@@ -90,6 +90,11 @@ class DvfsActuator:
         self._thread = threading.Thread(target=self._worker, name="dvfs-actuator", daemon=True)
         self._thread.start()
 
+    @property
+    def num_gpus(self) -> int:
+        """GPUs whose clocks this actuator controls."""
+        return len(self._handles)
+
     def request(self, clock_mhz: float, t: float = 0.0) -> None:
         """Record (and, when actuating, queue) a clock request. Never blocks."""
         row = [float(t), float(clock_mhz), False, None]

@@ -104,3 +104,37 @@ def table_error(table: LatencyEnergyTable, measure, n_values: Sequence[int]) -> 
     L, E = table.rows(n)
     return {"latency_mape_pct": float(100 * np.mean(np.abs(L - lat) / lat)),
             "energy_mape_pct": float(100 * np.mean(np.abs(E - en) / en))}
+
+
+def device_measure(run_batch: Callable[[int], None], actuator, meter, clocks: Sequence[float], reps: int = 3,
+                   gpus: int = 1):
+    """A ``measure`` callable that times ``run_batch(n)`` on a real device at each locked clock.
+
+    ``actuator``: a :class:`systems.serving.actuator.DvfsActuator` that is actuating (``available``);
+    ``meter``: a :class:`harness.meters.EnergyMeter`. For each (n, f): lock f, run ``reps`` batches
+    inside one energy window (NVML counters need windows of >~100 ms: batch the reps), and return
+    the mean latency (s) and energy per GPU (J; NaN when energy is unavailable). Clocks are restored
+    by the actuator afterwards. Raises RuntimeError if the actuator cannot lock clocks.
+    """
+    if not getattr(actuator, "available", False):
+        raise RuntimeError(f"device profiling needs clock actuation: {getattr(actuator, 'reason', '')}")
+
+    def measure(n, f):
+        n_s = np.asarray(n).reshape(-1).astype(int)
+        f_s = np.asarray(f).reshape(-1)
+        lat = np.empty((len(n_s), len(f_s)))
+        en = np.empty_like(lat)
+        for j, fj in enumerate(f_s):
+            actuator.request(float(fj))
+            actuator.wait()
+            for i, ni in enumerate(n_s):
+                run_batch(int(ni))                       # warm-up at this clock
+                meter.begin_window("profile")
+                for _ in range(reps):
+                    run_batch(int(ni))
+                m = meter.end_window("profile")
+                lat[i, j] = m.time_s / reps
+                en[i, j] = (m.energy_j / reps / gpus) if m.energy_j is not None else np.nan
+        actuator.restore()
+        return lat, en
+    return measure

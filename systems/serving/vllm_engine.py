@@ -9,7 +9,8 @@ decodes. Every step's scheduled tokens are logged from the scheduler, which show
 really changing.
 
 Clocks: requested through :class:`systems.serving.actuator.DvfsActuator` (records only unless
-``system.dvfs.actuate=true`` on a user's own NVIDIA GPU). On CPU there is no clock: the controller's
+``system.dvfs.actuate=true`` on a user's own NVIDIA GPU, where the table is then measured at every
+10th clock with locked clocks and NVML energy windows). On CPU there is no clock: the controller's
 table holds the latencies measured on this machine (a sparse, tile-quantised profile taken before
 the run) scaled over the hardware profile's clock menu by its latency model, and energies from
 its power model -- so the clock decisions are what BEAM would request on that GPU, and they are
@@ -168,31 +169,48 @@ def run_real(cfg, ctx) -> RunResult:
                         int(cfg.seed or 0))
     init_s = time.perf_counter() - t_init
     try:
-        # profile measured latencies, scale over the hardware profile's clocks with its model
         stage = StageModel(m, hw, 1, 1)
         clocks = stage.clocks(int(s.freq_step_mhz))
         pts = sample_points(int(s.profile_tile), int(s.profile_small_max), chunks, max_chunk)
-        meas = profile_latency(server, pts, m.vocab_size)
-        n_s = np.array(pts)
-        lat_meas = np.array([meas[n] for n in pts])
+        act = DvfsActuator(actuate=bool(s.dvfs.actuate), gpu_indices=s.dvfs.gpu_indices)
+        meter = EnergyMeter()
+        rng = np.random.default_rng(1)
 
-        def measure(n, f):
-            n = np.asarray(n)
-            lat_m, e_m = stage.step(n, f)
-            lat_ref, _ = stage.step(n, stage.f_max)
-            scale = np.interp(n, n_s, lat_meas) / lat_ref          # measured / model at f_max
-            return lat_m * scale, e_m * scale
+        def run_batch(n):
+            server.add(f"prof-{n}-{rng.integers(1 << 30)}", rng.integers(10, m.vocab_size - 1, n).tolist(), 1)
+            while server.busy():
+                server.step()
+        if act.available:
+            # the user's GPU: latency and energy measured at every 10th clock (locked through NVML)
+            from systems.serving.profiler import device_measure
+            clocks = clocks[::-1][::10][::-1]
+            measure = device_measure(run_batch, act, meter, clocks, gpus=act.num_gpus)
+            meas = {}
+        else:
+            # CPU (or no actuation): latency measured at the current clock, scaled over the
+            # hardware profile's clock menu by its model; energy from its power model
+            meas = profile_latency(server, pts, m.vocab_size)
+            n_s = np.array(pts)
+            lat_meas = np.array([meas[n] for n in pts])
+
+            def measure(n, f):
+                n = np.asarray(n)
+                lat_m, e_m = stage.step(n, f)
+                lat_ref, _ = stage.step(n, stage.f_max)
+                scale = np.interp(n, n_s, lat_meas) / lat_ref          # measured / model at f_max
+                return lat_m * scale, e_m * scale
         table = build_table(measure, clocks, stage.idle_power(clocks), max_chunk, int(s.profile_tile),
                             int(s.profile_small_max), chunks)
+        server.step_log.clear()
         ctl = make_controller(s.controller, table, 1, 1, float(w.slo_ttft_s), float(w.slo_tbt_s),
                               int(s.default_chunk), chunks, [1], bool(s.search_chunk), False, float(s.window_s))
         if s.controller == "beam" and not s.search_freq:
             ctl.set_clocks(np.array([len(clocks) - 1]))
-        act = DvfsActuator(actuate=bool(s.dvfs.actuate), gpu_indices=s.dvfs.gpu_indices)
-        meter = EnergyMeter()
         res = _serve(server, ctl, req, cfg, act, meter, ctx, EngineState, WindowStats)
     finally:
         server.close()
+        if "act" in locals():
+            act.close()
     reqdf, gaps, gap_t, dec, steps, energy, wall = res
     summ = summarize(reqdf, gaps, gap_t, dec, energy.energy_j, wall, float(w.slo_ttft_s), float(w.slo_tbt_s))
     budgets = steps["budget"].to_numpy()
@@ -201,8 +219,8 @@ def run_real(cfg, ctx) -> RunResult:
                 mean_clock_mhz=float(dec["clock_mhz"].dropna().mean()) if dec["clock_mhz"].notna().any() else None,
                 mean_microbatches=1.0, energy_unavailable_reason=energy.reason or None,
                 clocks_actuated=bool(act.actuate and act.available), clock_requests=len(act.log),
-                profile_points=len(pts), profile_latency_s={str(k): v for k, v in meas.items()})
-    act.close()
+                profile_points=len(pts), profile_latency_s={str(k): v for k, v in meas.items()},
+                profile_source="device (locked clocks)" if act.actuate and not meas else "measured latency x model")
     msg = ("energy unavailable: " + energy.reason) if energy.energy_j is None else ""
     return RunResult(status="ok", message=msg, summary=summ, display=display_rows(),
                      tables={"requests": reqdf, "decisions": dec, "steps": steps,

@@ -83,3 +83,33 @@ def test_failure_mid_run_keeps_logging_and_restore_all_resets():
     restore_all()                                   # what atexit / signals / the Hydra callback call
     assert all(v is None for v in nv.locked.values())
     a.close()
+
+
+def test_device_profiler_measures_at_each_locked_clock():
+    from harness.meters import EnergyMeter
+    from systems.serving.profiler import device_measure
+
+    class ClockedNVML(FakeNVML):
+        energy_mj = 0
+
+        def nvmlDeviceGetTotalEnergyConsumption(self, h):
+            return self.energy_mj
+
+    nv = ClockedNVML(n=1)
+    seen = []
+
+    def run_batch(n):                           # a fake "GPU": work n tokens, energy grows with clock
+        f = nv.locked[0][0]
+        seen.append((n, f))
+        nv.energy_mj += int(n * f)              # mJ
+
+    with DvfsActuator(actuate=True, nvml=nv) as act:
+        meas = device_measure(run_batch, act, EnergyMeter(nvml=nv), clocks=[600, 1200], reps=2)
+        lat, en = meas([[16], [64]], [[600, 1200]])
+        assert nv.locked[0] is None                 # restored after profiling
+    assert {f for _, f in seen} == {600, 1200}
+    assert en.shape == (2, 2)
+    assert en[0, 0] == pytest.approx(16 * 600 / 1e3) and en[1, 1] == pytest.approx(64 * 1200 / 1e3)
+    assert (lat > 0).all()
+    with pytest.raises(RuntimeError, match="needs clock actuation"):
+        device_measure(run_batch, DvfsActuator(), EnergyMeter(nvml=nv), [600])
