@@ -25,12 +25,13 @@ from systems.tts.memory import ModelShape, Roofline
 
 class BlockCache:
     """Prefix cache of KV blocks: ``capacity`` blocks; pinned blocks (running requests) are never
-    evicted, free cached blocks are evicted least-recently-used first."""
+    evicted, free cached blocks are evicted least-recently-used first. O(1) per block."""
 
     def __init__(self, capacity_blocks: int, block: int):
         self.capacity, self.block = int(capacity_blocks), int(block)
-        self.lru: "OrderedDict[int, int]" = OrderedDict()   # hash -> pin count
-        self.reserved = 0                                   # blocks reserved for tokens not yet hashed
+        self.ref: Dict[int, int] = {}                        # pinned hash -> pin count
+        self.free: "OrderedDict[int, None]" = OrderedDict()  # cached, unpinned, LRU first
+        self.reserved = 0                                    # blocks reserved for tokens not yet hashed
         self.queries = self.hits = 0
 
     def hashes(self, tokens: Sequence[int]) -> List[int]:
@@ -43,32 +44,38 @@ class BlockCache:
     def lookup(self, hs: List[int]) -> int:
         k = 0
         for h in hs:
-            if h in self.lru:
+            if h in self.ref or h in self.free:
                 k += 1
             else:
                 break
         return k
 
     def used(self) -> int:
-        return len(self.lru) + self.reserved
+        return len(self.ref) + len(self.free) + self.reserved
 
-    def pinned(self) -> int:
-        return sum(1 for v in self.lru.values() if v > 0) + self.reserved
+    def _evict(self, k: int) -> int:
+        n = 0
+        while n < k and self.free:
+            self.free.popitem(last=False)
+            n += 1
+        return n
 
     def try_admit(self, hs: List[int], extra_blocks: int) -> bool:
         """Pin ``hs`` (inserting missing ones) and reserve ``extra_blocks``; evicts free blocks as
         needed. False (nothing changed) when pinned blocks leave no room."""
-        new = sum(1 for h in hs if h not in self.lru)
-        if self.pinned() + sum(1 for h in hs if self.lru.get(h, 0) == 0) + extra_blocks > self.capacity:
+        uniq = list(dict.fromkeys(hs))
+        to_pin = [h for h in uniq if h not in self.ref]
+        if len(self.ref) + len(to_pin) + self.reserved + extra_blocks > self.capacity:
             return False
-        need = self.used() + new + extra_blocks - self.capacity
-        if need > 0:
-            victims = [h for h, c in self.lru.items() if c == 0 and h not in set(hs)][:need]
-            for h in victims:
-                del self.lru[h]
+        for h in uniq:
+            if h in self.free:
+                del self.free[h]
+        new = sum(1 for h in to_pin if h not in self.ref)
+        over = len(self.ref) + len(self.free) + self.reserved + len(to_pin) + extra_blocks - self.capacity
+        if over > 0:
+            self._evict(over)
         for h in hs:
-            self.lru[h] = self.lru.get(h, 0) + 1
-            self.lru.move_to_end(h)
+            self.ref[h] = self.ref.get(h, 0) + 1
         self.reserved += extra_blocks
         return True
 
@@ -76,21 +83,23 @@ class BlockCache:
         """Unpin ``pinned``, drop the reservation, and cache the blocks filled while decoding."""
         self.reserved -= reserved
         for h in pinned:
-            if h in self.lru:
-                self.lru[h] = max(0, self.lru[h] - 1)
-        room = self.capacity - self.used()
-        for h in produced:
-            if h in self.lru:
-                self.lru.move_to_end(h)
+            c = self.ref.get(h)
+            if c is None:
                 continue
-            if room <= 0:
-                victims = [k for k, c in self.lru.items() if c == 0][:1]
-                if not victims:
-                    break
-                del self.lru[victims[0]]
-                room += 1
-            self.lru[h] = 0
-            room -= 1
+            if c <= 1:
+                del self.ref[h]
+                self.free[h] = None
+            else:
+                self.ref[h] = c - 1
+        for h in produced:
+            if h in self.ref:
+                continue
+            if h in self.free:
+                self.free.move_to_end(h)
+                continue
+            if self.used() >= self.capacity and not self._evict(1):
+                break
+            self.free[h] = None
 
 
 @dataclass
