@@ -248,8 +248,9 @@ def build(cfg, backend, workdir: Path):
             def hook(it, active, prompt_len):
                 ctx = prompt_len + sum(len(b.tokens) for b in active) / max(1, len(active))
                 a = plan_memory(cfg, False, len(active), ctx, min(w.max_model_len, ctx + mean), mean)
-                gen.configure(a.gen_kv_bytes, a.b_dec)
-                ver.configure(a.ver_kv_bytes, a.b_pre)
+                bw = float(cfg.hardware.h2d_bw) if a.offload else None
+                gen.configure(a.gen_kv_bytes, a.b_dec, bw)
+                ver.configure(a.ver_kv_bytes, a.b_pre, bw)
                 hook.last = a
         closer = lambda: None
     else:

@@ -142,11 +142,20 @@ class SimGenerator:
         self.block = block
         self.configure(kv_bytes, max_num_seqs)
 
-    def configure(self, kv_bytes: int, max_num_seqs: int) -> None:
+    def configure(self, kv_bytes: int, max_num_seqs: int, offload_bw: Optional[float] = None) -> None:
+        """Set the KV size and batch cap; ``offload_bw`` (B/s): the §4.3.2 offload extension is on,
+        this engine's resident KV is swapped in before and out after every call."""
         cap = int(kv_bytes // (self.m.kv_bytes_per_token * self.block))
         if getattr(self, "cache", None) is None or self.cache.capacity != cap:
             self.cache = BlockCache(cap, self.block)
         self.max_num_seqs = int(max_num_seqs)
+        self.offload_bw = offload_bw
+
+    def swap_time(self) -> float:
+        """Seconds to move this engine's cached KV out and back in (0 without offload)."""
+        if not getattr(self, "offload_bw", None):
+            return 0.0
+        return 2.0 * self.cache.used() * self.block * self.m.kv_bytes_per_token / self.offload_bw
 
     def extend(self, requests: List[GenRequest], speculative: bool = False, spec_max_beams: int = 256) -> GenResult:
         from harness.run import RunOOM
@@ -218,7 +227,7 @@ class SimGenerator:
                         self._finish(u, s, outputs)
                         del running[u]
         spec_total = sum(len(o.tokens) - o.step_len for o in outputs.values())
-        return GenResult(outputs, t, steps, spec_total)
+        return GenResult(outputs, t + self.swap_time(), steps, spec_total)
 
     def _finish(self, uid: str, s: dict, outputs: Dict[str, GenOutput]) -> None:
         r = s["req"]
@@ -248,11 +257,8 @@ class SimVerifier:
         self.prompts = prompts or {}
         self.configure(kv_bytes, max_num_seqs)
 
-    def configure(self, kv_bytes: int, max_num_seqs: int) -> None:
-        cap = int(kv_bytes // (self.m.kv_bytes_per_token * self.block))
-        if getattr(self, "cache", None) is None or self.cache.capacity != cap:
-            self.cache = BlockCache(cap, self.block)
-        self.max_num_seqs = int(max_num_seqs)
+    configure = SimGenerator.configure
+    swap_time = SimGenerator.swap_time
 
     def verify(self, pidx: int, items: List[Tuple[List[int], List[int]]]):
         from harness.run import RunOOM
@@ -288,7 +294,7 @@ class SimVerifier:
         self.cache.queries += total
         self.cache.hits += cached
         vals = [[0.5] * len(ends) for _, ends in items]
-        return vals, t, cached, total
+        return vals, t + self.swap_time(), cached, total
 
     def _charge(self, new_tokens: int, attn_flops: float) -> float:
         if new_tokens == 0:
