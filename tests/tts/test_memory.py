@@ -1,7 +1,6 @@
 """M: the roofline allocation search equals a brute force on small grids and decides in <= 0.1 ms."""
 import itertools
 import time
-import timeit
 
 import pytest
 from omegaconf import OmegaConf
@@ -75,11 +74,17 @@ def test_offload_chosen_only_when_faster():
 
 
 def test_decision_time_under_0_1_ms():
-    """Best of 7 rounds of 100 decisions (n = 512 beams, 3 GB): the machine is shared, so the best
-    round is the cost of the code; 2x slack for a loaded 2-core CI box."""
+    """CPU time per decision (n = 512 beams, 3 GB), best of 7 rounds of 100: thread CPU time, so
+    other processes on a shared CI box do not count."""
     args = (Q15, Q15, HW, 3e9, 512, 1152, 1664, 512)
-    per = min(timeit.repeat(lambda: search_allocation(*args), number=100, repeat=7)) / 100
-    assert per <= 2e-4, f"{per * 1e3:.3f} ms per decision"
+    search_allocation(*args)
+    best = float("inf")
+    for _ in range(7):
+        t0 = time.thread_time()
+        for _ in range(100):
+            search_allocation(*args)
+        best = min(best, (time.thread_time() - t0) / 100)
+    assert best <= 1e-4, f"{best * 1e3:.3f} ms CPU per decision"
 
 
 def test_benchmark_decision(benchmark):
