@@ -147,6 +147,11 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
     tracker = make_tracker(cfg_dict, cfg.get("tracking"), outdir,
                            name=f"{cfg.system.name}-{outdir.name}", group=cfg.get("sweep_name"))
     ctx = RunContext(cfg, backend, outdir, tracker, show_progress=bool(cfg.get("progress", True)))
+    meter = None
+    if not backend.simulated:                 # measured GPU energy for the run window (NVML counter)
+        from harness.meters import EnergyMeter
+        meter = EnergyMeter()
+        meter.begin_window("run")
     t0 = time.perf_counter()
     try:
         res = runner.run(cfg, ctx)
@@ -160,6 +165,12 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         else:
             log.error("run failed: %s", traceback.format_exc())
             res = RunResult(status="error", message=f"{type(e).__name__}: {e}")
+    if meter is not None:
+        m = meter.end_window("run")
+        res.summary.setdefault("gpu_energy_j", m.energy_j)        # None = unavailable, never 0
+        res.summary.setdefault("gpu_avg_power_w", m.avg_power_w)
+        if m.energy_j is None:
+            res.summary.setdefault("gpu_energy_note", m.reason)
     rec.update(status=res.status, message=res.message, wall_s=time.perf_counter() - t0,
                finished_at=datetime.now(timezone.utc).isoformat(),
                summary=res.summary, tables=sorted(res.tables), **res.extra)
