@@ -154,6 +154,16 @@ def small_model():
     return cfg, build_model(cfg, seed=0)
 
 
+@pytest.fixture(scope="module")
+def gqa_model():
+    """LLaMA with grouped-query attention (4 heads, 2 KV heads); same KV bytes per token as small_model."""
+    from systems.ttc.model import build_model
+    cfg = OmegaConf.create(dict(name="t-gqa", hf_model_type="llama", num_layers=2, hidden_size=64, num_heads=4,
+                                num_kv_heads=2, head_dim=16, intermediate_size=64, vocab_size=300,
+                                max_position=256, dtype="float64", weights="random", hf_config={}))
+    return cfg, build_model(cfg, seed=0)
+
+
 def _setup(small_model, kind, exec_budget, plan_budget, beams=4, prompt=8, gen=8, **kw):
     cfg, built = small_model
     ex = TorchExecutor(cfg, "cpu", exec_budget, seed=0, scheduler=kind, model=built)
@@ -215,13 +225,18 @@ def test_sampling_noise_is_keyed_by_uid_and_position_not_slot(small_model):
     assert abs(ex.noise(list(range(50)), 0, 300).mean().item() - 0.5772) < 0.05
 
 
-@pytest.mark.parametrize("kind,kw", [("lbs", dict(inter_beam=True, prefetch=True)),
-                                     ("lbs", dict(inter_beam=False, prefetch=True)),
-                                     ("layerwise", dict(prefetch=True))])
-def test_each_step_moves_and_holds_what_its_plan_says(small_model, kind, kw):
-    """Step by step (8 beams, prompt 8, 3 steps of 4): h2d, d2h and peak device bytes = the plan's."""
+@pytest.mark.parametrize("arch,kind,kw", [("small_model", "lbs", dict(inter_beam=True, prefetch=True)),
+                                          ("small_model", "lbs", dict(inter_beam=False, prefetch=True)),
+                                          ("small_model", "layerwise", dict(prefetch=True)),
+                                          ("gqa_model", "lbs", dict(inter_beam=True, prefetch=True)),
+                                          ("gqa_model", "layerwise", dict(prefetch=True))])
+def test_each_step_moves_and_holds_what_its_plan_says(request, arch, kind, kw):
+    """Step by step (8 beams, prompt 8, 3 steps of 4; KV 1 KiB per token): h2d, d2h and peak device
+    bytes = the plan's, for OPT and for LLaMA with GQA."""
+    model = request.getfixturevalue(arch)
+    assert KVGeometry.from_model(model[0]).kv_token == 1024
     budget = 7 * 12 * 1024 + 512           # LBS: capacity 7/5/4 -> balanced groups with prefetch
-    ex, sched, tree, beams = _setup(small_model, kind, budget, budget, beams=8, gen=12, **kw)
+    ex, sched, tree, beams = _setup(model, kind, budget, budget, beams=8, gen=12, **kw)
     from systems.ttc.tree import select_and_expand
     seen_prefetch = 0
     for i in range(3):
