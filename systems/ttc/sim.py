@@ -147,7 +147,7 @@ class SimExecutor:
             t_off = np.where(off > 0, np.maximum(t_res, load) - t_res + (off - 1) * np.maximum(comp, load) + comp, 0.0)
             total = t_res + t_off + c.head(n)
             out.compute_s = float(np.sum(L * comp) + T * c.head(n))
-            out.io_stall_s = float(np.sum(total)) - out.compute_s
+            out.io_stall_s = max(0.0, float(np.sum(total)) - out.compute_s)
         else:  # lbs groups
             t, comp_total = 0.0, 0.0
             carried = 0.0          # bytes of this group already prefetched by the previous one
@@ -164,7 +164,7 @@ class SimExecutor:
                 t += g_time
                 comp_total += comp
                 carried = gp.prefetch_bytes
-            out.compute_s, out.io_stall_s = comp_total, t - comp_total
+            out.compute_s, out.io_stall_s = comp_total, max(0.0, t - comp_total)
         out.h2d_bytes, out.d2h_bytes = plan.h2d_bytes, plan.d2h_bytes
         out.peak_device_bytes = plan.device_bytes
         return out
