@@ -221,7 +221,7 @@ def run_real(cfg, ctx) -> RunResult:
                 clocks_actuated=bool(act.actuate and act.available), clock_requests=len(act.log),
                 profile_points=len(pts), profile_latency_s={str(k): v for k, v in meas.items()},
                 profile_source="device (locked clocks)" if act.actuate and not meas else "measured latency x model")
-    msg = ("energy unavailable: " + energy.reason) if energy.energy_j is None else ""
+    msg = energy.reason if energy.energy_j is None else ""
     return RunResult(status="ok", message=msg, summary=summ, display=display_rows(),
                      tables={"requests": reqdf, "decisions": dec, "steps": steps,
                              "clock_requests": pd.DataFrame(act.log, columns=["time_s", "clock_mhz", "applied", "error"])})
