@@ -3,8 +3,9 @@
     python -m harness.calibrate hardware=cpu            # -> conf/hardware/cpu-calibrated.yaml
     python -m harness.calibrate hardware=h200 out=PATH  # on a CUDA machine: pinned copies, fp16 GEMM
 
-Measures (median of repeats): GEMM throughput (FLOP/s; fp32 on CPU, fp16 on CUDA), streaming
-memory bandwidth (B/s), copy bandwidth between the two KV pools in each direction (CPU: between
+Measures (median of repeats): GEMM throughput (FLOP/s; fp32 on CPU, fp16 on CUDA), memory
+bandwidth as a decode step sees it (a 4-row matmul against a weight matrix larger than the caches;
+the plain streaming-read bandwidth is recorded beside it as ``stream_bw``), copy bandwidth between the two KV pools in each direction (CPU: between
 two host buffers; CUDA: pinned host <-> device), and the fixed cost of one decoder-layer launch
 (a transformers LLaMA layer at batch 1, one token, hidden 64: time that does not scale with work).
 The profile keeps the base profile's datasheet values under ``datasheet`` and says, per field,
@@ -50,13 +51,19 @@ def measure(device: str = "cpu", quick: bool = False) -> dict:
     flops = 2 * n ** 3 / t
     size = (1 << 30 if cuda else 256 << 20) >> (2 if quick else 0)
     x = torch.empty(size // 4, dtype=torch.float32, device=device).fill_(1.0)
-    mem_bw = size / _timeit(lambda: x.sum(), sync)
+    stream_bw = size / _timeit(lambda: x.sum(), sync)
+    # decode-shaped matmul (4 rows x a weight matrix far larger than the caches): the bandwidth a
+    # decode step actually gets when it reads weights and KV. This is the roofline's memory ceiling.
+    k = (8192 if cuda else 4096) // (2 if quick else 1)
+    w = torch.randn(k, k, device=device, dtype=dt)
+    v = torch.randn(4, k, device=device, dtype=dt)
+    mem_bw = w.numel() * w.element_size() / _timeit(lambda: v @ w, sync)
     host = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
     dev = torch.empty(size, dtype=torch.uint8, device=device)
     h2d = size / _timeit(lambda: dev.copy_(host, non_blocking=cuda), sync)
     d2h = size / _timeit(lambda: host.copy_(dev, non_blocking=cuda), sync)
     launch = _layer_launch_overhead(device, dt, sync)
-    return {"peak_flops": flops, "mem_bw": mem_bw, "h2d_bw": h2d, "d2h_bw": d2h,
+    return {"peak_flops": flops, "mem_bw": mem_bw, "stream_bw": stream_bw, "h2d_bw": h2d, "d2h_bw": d2h,
             "launch_overhead_s": launch, "gemm_n": n, "copy_bytes": size, "device": device,
             "torch": str(torch.__version__), "threads": torch.get_num_threads()}
 

@@ -281,7 +281,25 @@ def fidelity(sweep_dir, runs, cfg):
     """Simulator fidelity: the same configurations on the real engine and on the simulated backend
     (calibrated profile); per-configuration error and MAPE of end-to-end time and of bytes."""
     import matplotlib.pyplot as plt
+    import json
+
+    from omegaconf import OmegaConf
+
+    from harness.report import gather_runs
+    from harness.run import run as run_job
     sweep_dir = Path(sweep_dir)
+    # the simulated side replays each real run's recorded beam tree, so both execute the same plans
+    for _, r in runs[(~runs.simulated.astype(bool)) & (runs.status == "ok")].iterrows():
+        real_dir = Path(r.run_dir)
+        rec = json.loads((real_dir / "run.json").read_text())
+        c = rec["config"]
+        c["backend"] = {"name": "sim", "device": "auto"}
+        c["system"]["replay_tree"] = str(real_dir)
+        c["system"]["record_tree"] = False
+        c["tracking"] = {"name": "none", "mode": "disabled", "project": "", "entity": None}
+        c["output_dir"] = str(sweep_dir / "sim_replay" / real_dir.name)
+        run_job(OmegaConf.create(c))
+    runs = pd.concat([runs[~runs.simulated.astype(bool)], gather_runs(sweep_dir / "sim_replay")], ignore_index=True)
     df = _tidy(runs)
     df = df[df.status == "ok"]
     keys = ["system", "model", "beams", "step"]

@@ -79,3 +79,15 @@ def test_calibration_writes_a_dated_measured_profile(tmp_path):
     assert "measured by python -m harness.calibrate" in prof["sources"]["peak_flops"]
     prof.pop("defaults")
     OmegaConf.merge(OmegaConf.structured(HardwareConfig), prof)     # passes the schema
+
+
+def test_fidelity_sweep_bytes_match_exactly(tmp_path):
+    """lbs_fidelity: a real CPU run, its beam tree replayed on the simulated backend; same bytes."""
+    out = _sweep(tmp_path, "experiment=lbs_fidelity", "hydra.sweeper.params.system='lbs,layerwise'",
+                 "hydra.sweeper.params.beams=4", "gen_len=32")
+    assert out.returncode == 0, out.stderr[-3000:]
+    import pandas as pd
+    sweep = tmp_path / "sweeps" / "lbs_fidelity"
+    summary = pd.read_csv(sweep / "fidelity_summary.csv")
+    assert int(summary.pairs[0]) == 2 and bool(summary.bytes_exact[0])
+    assert (sweep / "fidelity.png").exists() and (sweep / "fidelity.md").exists()
