@@ -124,10 +124,11 @@ def main() -> int:
             continue
         buf = io.StringIO()
         with redirect_stdout(buf):
-            real = run(compose(common + budget + [f"backend=torch", f"backend.device={device}",
+            real = run(compose(common + budget + [f"backend=torch", f"backend.device={device}", "system.record_tree=true",
                                                   f"hardware={hw}", "hardware.kv_budget=null",
                                                   f"output_dir={out / 'runs' / ('real-' + name)}"]))
-            sim = run(compose(common + budget + ["backend=sim", f"hardware={hw}", "hardware.kv_budget=null",
+            replay = [f"system.replay_tree={out / 'runs' / ('real-' + name)}"] if real["status"] == "ok" else []
+            sim = run(compose(common + budget + replay + ["backend=sim", f"hardware={hw}", "hardware.kv_budget=null",
                                                  *measured_hw, f"output_dir={out / 'runs' / ('sim-' + name)}"]))
         rs, ss = real.get("summary", {}), sim.get("summary", {})
         row.update(status=real["status"], sim_status=sim["status"], real_s=rs.get("e2e_s"), sim_s=ss.get("e2e_s"),
@@ -151,10 +152,11 @@ def main() -> int:
     gb = []
     for p in sorted((out / "runs").glob("real-lbs*/groups.parquet")):
         g = pd.read_parquet(p)
-        if {"load_bytes", "load_s"} <= set(g.columns) and g.load_s.sum() > 0:
-            gb.append({"run": p.parent.name, "bytes": int(g.load_bytes.sum()), "seconds": float(g.load_s.sum()),
-                       "achieved_Bps": float(g.load_bytes.sum() / g.load_s.sum()),
-                       "fraction_of_pinned_peak": float(g.load_bytes.sum() / g.load_s.sum() / ceil["h2d_bw"])})
+        if {"load_span_bytes", "load_s"} <= set(g.columns) and g.load_s.sum() > 0:
+            nb, sec = float(g.load_span_bytes.sum()), float(g.load_s.sum())
+            gb.append({"run": p.parent.name, "bytes": int(nb), "seconds": sec, "achieved_Bps": nb / sec,
+                       "fraction_of_pinned_peak": nb / sec / ceil["h2d_bw"],
+                       "median_group_bytes": float(g.load_span_bytes.median())})
     pd.DataFrame(gb).to_csv(out / "groups_bw.csv", index=False)
     with tarfile.open(out / "runs.tar.gz", "w:gz") as tf:
         tf.add(out / "runs", arcname="runs")

@@ -14,11 +14,11 @@ fi
 PY=${PY:-python3}
 [ -x .venv/bin/python ] && PY=.venv/bin/python        # the dev machine's venv; the H200 image's python3 otherwise
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,persistence_mode --format=csv 2>/dev/null | tee "$OUT/gpu_state_before.csv"
+{ echo "# GPU state before (read only)"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,persistence_mode --format=csv 2>/dev/null; } > "$OUT/gpu_state.txt"
 ARGS=(--out "$OUT")
 [ "${TINY:-0}" = 1 ] && ARGS+=(--tiny)
 $PY scripts/gpu_validate.py "${ARGS[@]}" 2>&1 | tee "$OUT/log.txt"
 rc=${PIPESTATUS[0]}
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,persistence_mode --format=csv 2>/dev/null > "$OUT/gpu_state_after.csv"
+{ echo "# GPU state after (read only)"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,persistence_mode --format=csv 2>/dev/null; } >> "$OUT/gpu_state.txt"
 rm -rf "$OUT/runs"      # its contents travel back in runs.tar.gz
 exit $rc

@@ -232,6 +232,32 @@ class TieredKVStore:
             yield
             self.times["io_stall"] += time.perf_counter() - t0
 
+    @contextlib.contextmanager
+    def copy_span(self, direction: str = "h2d"):
+        """Time the copies issued inside (use within ``io(direction)``): yields a list that holds,
+        after ``take_times``-style synchronisation, the copy engine's busy seconds (CUDA events on
+        the copy stream) or the wall seconds (CPU). For achieved-bandwidth checks."""
+        out: list = []
+        if self.cuda:
+            s = self.h2d_stream if direction == "h2d" else self.d2h_stream
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(s)
+            yield out
+            b.record(s)
+            out.append((a, b))
+        else:
+            t0 = time.perf_counter()
+            yield out
+            out.append(time.perf_counter() - t0)
+
+    @staticmethod
+    def span_seconds(span: list) -> Optional[float]:
+        """Seconds of a finished ``copy_span`` (CUDA: after the stream synchronised)."""
+        if not span:
+            return None
+        v = span[0]
+        return v[0].elapsed_time(v[1]) / 1e3 if isinstance(v, tuple) else float(v)
+
     def wait_loads(self, *buffers: torch.Tensor) -> None:
         """Make compute wait for the h2d copies issued so far; the wait is the I/O stall (CUDA)."""
         if not self.cuda:

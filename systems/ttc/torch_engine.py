@@ -208,6 +208,8 @@ class TorchExecutor:
             raise PlanMismatch(f"scheduler={plan.scheduler!r}: the torch executor runs in_gpu, layerwise, lbs")
         toks, lps, last = res                     # per beam (beams order), on device
         t = st.take_times()
+        for r in rows:                            # copy-engine time of each group's load (synchronised above)
+            r["load_s"] = st.span_seconds(r.pop("load_span"))
         for b, lp in zip(beams, last):
             self.next_logp[b.uid] = lp
         lps_cpu = lps.double().cpu().numpy()
@@ -310,7 +312,7 @@ class TorchExecutor:
                 sources = {sid: (buf.tensor, slot, pos) for sid, (_, slot, pos) in sources.items()}
             else:
                 k, credits, sources = 0, Counter(gp.load_blocks), {}
-            with st.io("h2d"):
+            with st.io("h2d"), st.copy_span("h2d") as span:
                 st.load_paths(buf.tensor, slice(None), range(k, G), [paths[i] for i in gp.beams[k:]],
                               credits, sources)
             if any(v != 0 for v in credits.values()):
@@ -318,6 +320,7 @@ class TorchExecutor:
                                    f"{ {s: c for s, c in credits.items() if c} }")
             st.wait_loads(buf.tensor)
             loaded = st.bytes.h2d - h0
+            span_bytes = loaded
             # prefetch the next group's first beams into the free slots (before this group computes)
             pre = None
             if gp.prefetch_beams and gi + 1 < len(plan.groups):
@@ -353,7 +356,8 @@ class TorchExecutor:
             rows.append({"step": plan.step, "group": gi, "beams": G, "load_bytes": loaded,
                          "plan_load_bytes": gp.load_bytes, "prefetch_bytes": prefetched,
                          "plan_prefetch_bytes": gp.prefetch_bytes,
-                         "compute_wall_s": comp_wall if not st.cuda else None})
+                         "compute_wall_s": comp_wall if not st.cuda else None,
+                         "load_span": span, "load_span_bytes": span_bytes})
         if pre is not None:
             raise PlanMismatch(f"step {plan.step}: the last group prefetches beyond the step")
         return toks, lps, torch.stack(last)
