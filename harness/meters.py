@@ -95,6 +95,20 @@ class Measurement:
         return self.energy_j / self.time_s
 
 
+def nvml_handles(nvml=None, gpu_indices: Optional[List[int]] = None):
+    """Initialise NVML and return ``(nvml_module, {index: handle})`` for the given (or all visible)
+    GPUs. Raises whatever NVML raises (``NVMLError_LibraryNotFound`` on CPU machines), or
+    RuntimeError when no GPU is visible. ``nvml``: an NVML-like module (tests pass a fake)."""
+    if nvml is None:
+        import pynvml as nvml
+    nvml.nvmlInit()
+    idx = gpu_indices if gpu_indices is not None else range(nvml.nvmlDeviceGetCount())
+    handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in idx}
+    if not handles:
+        raise RuntimeError("no GPU visible to NVML")
+    return nvml, handles
+
+
 class EnergyMeter:
     """GPU energy over named windows from NVML's total-energy counter.
 
@@ -109,16 +123,9 @@ class EnergyMeter:
         self._handles = {}
         self._open: Dict[str, tuple] = {}
         try:
-            if nvml is None:
-                import pynvml as nvml
-            self.nvml = nvml
-            nvml.nvmlInit()
-            idx = gpu_indices if gpu_indices is not None else range(nvml.nvmlDeviceGetCount())
-            self._handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in idx}
-            if not self._handles:
-                raise RuntimeError("no GPU visible to NVML")
+            self.nvml, self._handles = nvml_handles(nvml, gpu_indices)
             for h in self._handles.values():
-                nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+                self.nvml.nvmlDeviceGetTotalEnergyConsumption(h)
             self.available = True
         except Exception as e:  # NVMLError_LibraryNotFound on CPU machines, NotSupported pre-Volta
             self.reason = f"energy unavailable: {type(e).__name__}: {e}"

@@ -73,14 +73,8 @@ class DvfsActuator:
         if not self.actuate:
             return
         try:
-            if nvml is None:
-                import pynvml as nvml
-            self.nvml = nvml
-            nvml.nvmlInit()
-            idx = gpu_indices if gpu_indices is not None else range(nvml.nvmlDeviceGetCount())
-            self._handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in idx}
-            if not self._handles:
-                raise RuntimeError("no GPU visible to NVML")
+            from harness.meters import nvml_handles
+            self.nvml, self._handles = nvml_handles(nvml, gpu_indices)
             self.available, self.reason = True, ""
         except Exception as e:
             self.reason = f"actuation unavailable: {type(e).__name__}: {e}"
