@@ -219,7 +219,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
         extra["beam_tree_file"] = str(ctx.outdir / "beam_tree.json")
     if replay is not None:
         extra["replayed_tree"] = str(sysc.replay_tree)
-    if hasattr(ex, "final_tokens"):
+    if not ex.simulated:                      # the real engine's best path (token ids) for inspection
         extra["best_tokens"] = best.tokens
     return RunResult(status="ok", summary=summary, display=DISPLAY, tables=tables, extra=extra)
 

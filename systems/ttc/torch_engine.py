@@ -99,7 +99,6 @@ class TorchExecutor:
     """
 
     simulated = False
-    final_tokens = True     # the runner stores the best beam's tokens
 
     def __init__(self, model_cfg, device: str = "cpu", budget_bytes: Optional[int] = None, seed: int = 0,
                  scheduler: str = "lbs", record_tree: bool = False, *, dtype: Optional[str] = None,
