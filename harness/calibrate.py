@@ -126,8 +126,12 @@ def main(argv=None) -> int:
     m = measure(device, quick=args.get("quick", "false") == "true")
     out = Path(args.get("out", ROOT / "conf" / "hardware" / f"{hw}-calibrated.yaml"))
     write_profile(base, m, out)
+    labels = {"peak_flops": "GEMM FLOP/s", "mem_bw": "decode-GEMV B/s", "h2d_bw": "pool copy B/s",
+              "d2h_bw": "pool copy B/s"}
     for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw"):
-        print(f"{k:18s} {m[k] / 1e9:10.2f} G/s   (datasheet {base.get(k, 0) / 1e9:.2f})")
+        print(f"{k:11s} {m[k] / 1e9:10.2f} G   {labels[k]:16s} (datasheet {base.get(k, 0) / 1e9:.2f})")
+    print(f"{'stream_bw':11s} {m['stream_bw'] / 1e9:10.2f} G   streaming read B/s (recorded, not used: decode "
+          f"matmuls see mem_bw)")
     print(f"{'launch_overhead_s':18s} {m['launch_overhead_s'] * 1e6:10.1f} us per decoder layer")
     print(f"wrote {out}")
     return 0

@@ -33,7 +33,8 @@ def parse_size(value, field: str = "size") -> int:
     if not m or unit not in _UNITS:
         raise ValueError(
             f"{field}={value!r} is not a size; use bytes (e.g. 7516192768) or a number with one of the "
-            f"units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (e.g. 7GiB, 512MiB)")
+            f"units B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal), case-insensitive "
+            f"(e.g. 7GiB, 512MiB)")
     return int(float(m.group(1)) * _UNITS[unit])
 
 

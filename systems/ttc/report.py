@@ -297,7 +297,7 @@ def fidelity(sweep_dir, runs, cfg):
         c["system"]["replay_tree"] = str(real_dir)
         c["system"]["record_tree"] = False
         c["tracking"] = {"name": "none", "mode": "disabled", "project": "", "entity": None}
-        c["output_dir"] = str(sweep_dir / "sim_replay" / real_dir.name)
+        c["output_dir"] = str(sweep_dir / "sim_replay" / f"sim-replay-of-{real_dir.name}")
         run_job(OmegaConf.create(c))
     runs = pd.concat([runs[~runs.simulated.astype(bool)], gather_runs(sweep_dir / "sim_replay")], ignore_index=True)
     df = _tidy(runs)

@@ -18,7 +18,7 @@ from systems.ttc.plan import DTYPE_BYTES, KVGeometry, Scheduler
 from systems.ttc.sim import SimExecutor, model_params
 from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
 
-_gib = lambda v: f"{v / GiB:,.2f} GiB"
+_gib = lambda v: f"{v / GiB:,.2f} GiB" if v >= GiB / 100 or v == 0 else f"{v / 2**20:,.2f} MiB"
 _s = lambda v: f"{v:,.3f} s"
 _pct = lambda v: f"{100 * v:.1f} %"
 
@@ -234,9 +234,9 @@ DISPLAY = [
     ("GPU->host", "d2h_bytes", _gib),
     ("Eq.1-5 prediction (host->GPU)", "eq_prediction_bytes", _gib),
     ("  Eq.1-3 layer-wise", "eq3_layerwise_bytes", _gib),
-    ("  Eq.4-5 LBS", "eq5_lbs_bytes", _gib),
+    ("  Eq.4-5 LBS, inter-token only", "eq5_lbs_bytes", _gib),
     ("groups per step (mean)", "groups_per_step", lambda v: f"{v:.2f}"),
-    ("peak device KV", "peak_device_kv_bytes", _gib),
+    ("peak device KV (+ layer-wise staging)", "peak_device_kv_bytes", _gib),
     ("KV budget", "kv_budget_bytes", _gib),
     ("energy", "energy_j", lambda v: f"{v:,.0f} J"),
 ]
