@@ -63,8 +63,8 @@ def resolve_backend(cfg, family: str) -> Backend:
                           f"(family {family}): use auto, sim or {real}")
     has_cuda = cuda_available() if device in ("auto", "cuda") else False
     if device == "cuda" and not has_cuda:
-        raise ConfigError(f"backend.device='cuda' is not allowed here: no CUDA GPU is available "
-                          f"(use backend.device=cpu or backend=sim)")
+        raise ConfigError("backend.device='cuda' is not allowed here: no CUDA GPU is available "
+                          "(use backend.device=cpu or backend=sim)")
     if device == "auto":
         device = "cuda" if has_cuda else "cpu"
     return Backend(name, device, False, f"backend={name} -> real {name} engine on {device.upper()} "

@@ -235,7 +235,6 @@ def should_isolate(cfg: DictConfig) -> bool:
         multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     except Exception:
         return False
-    if not multirun:
+    if not multirun or cfg.backend.name == "sim":
         return False
-    _, backend = validate(cfg)
-    return not backend.simulated
+    return not resolve_backend(cfg, family_of(cfg)).simulated    # full validation follows in run()

@@ -38,12 +38,5 @@ def parse_size(value, field: str = "size") -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
-def fmt_bytes(n: float | None, unit: str = "GiB") -> str:
-    """Format bytes in a binary unit, e.g. ``fmt_bytes(3<<30) == '3.00 GiB'``."""
-    if n is None:
-        return "n/a"
-    return f"{n / _UNITS[unit.lower()]:.2f} {unit}"
-
-
 GiB = 1 << 30
 MiB = 1 << 20

@@ -83,16 +83,15 @@ def main() -> int:
     sizes = [16, 64, 256, 1024] if not a.tiny else [16, 64]
     bw = copy_sweep(device, sizes)
     pd.DataFrame(bw).to_csv(out / "copy_bw.csv", index=False)
-    big = [r for r in bw if r["bytes"] == sizes[-1] * MiB]
     ceil["h2d_bw"] = max(r["bw_Bps"] for r in bw if r["direction"] == "h2d")
     ceil["d2h_bw"] = max(r["bw_Bps"] for r in bw if r["direction"] == "d2h")
     ceil["date"] = time.strftime("%Y-%m-%d")
     (out / "ceilings.json").write_text(json.dumps(ceil, indent=2, default=str))
     base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "hardware" / f"{hw}.yaml"))
-    prof_path = write_profile(base, ceil, out / f"{hw}-measured.yaml")
+    write_profile(base, ceil, out / f"{hw}-measured.yaml")
     print(f"ceilings: {json.dumps({k: ceil[k] for k in ('peak_flops', 'mem_bw', 'h2d_bw', 'd2h_bw', 'launch_overhead_s')})}", flush=True)
     measured_hw = [f"hardware.{k}={ceil[k]}" for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s")]
-    measured_hw += [f"hardware.flops_efficiency=1.0", f"hardware.mem_efficiency=1.0"]
+    measured_hw += ["hardware.flops_efficiency=1.0", "hardware.mem_efficiency=1.0"]
 
     # 2 + 3. the LBS family, real then simulated
     if a.tiny:
@@ -124,7 +123,7 @@ def main() -> int:
             continue
         buf = io.StringIO()
         with redirect_stdout(buf):
-            real = run(compose(common + budget + [f"backend=torch", f"backend.device={device}", "system.record_tree=true",
+            real = run(compose(common + budget + ["backend=torch", f"backend.device={device}", "system.record_tree=true",
                                                   f"hardware={hw}", "hardware.kv_budget=null",
                                                   f"output_dir={out / 'runs' / ('real-' + name)}"]))
             replay = [f"system.replay_tree={out / 'runs' / ('real-' + name)}"] if real["status"] == "ok" else []

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, FrozenSet, List, Mapping, Sequence
+from typing import FrozenSet, List, Mapping, Sequence
 
 import numpy as np
 
@@ -90,8 +90,3 @@ def chunk_groups(num_beams: int, sizes: Sequence[int]) -> List[List[int]]:
         out.append(list(range(i, i + s)))
         i += s
     return out
-
-
-def unique_blocks(paths: np.ndarray, group: Sequence[int]) -> np.ndarray:
-    """Distinct block ids among the prefixes of the beams in ``group``."""
-    return np.unique(paths[list(group)])

@@ -16,7 +16,7 @@ model's causal path. Works with OPT, LLaMA (GQA) and Qwen2 in transformers 5.19.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Protocol, Tuple
+from typing import Protocol, Tuple
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin

@@ -190,8 +190,8 @@ def fig7(sweep_dir, runs, cfg):
                      "paper_gib": _ref_value(ref, "h2d_gib", system=r.system, step=r.step)
                      if r.system != "layerwise" else _ref_value(ref, "h2d_gib", system="layerwise"),
                      "tag": r.tag})
-    t = pd.DataFrame(rows).drop_duplicates(["system", "step"] if True else None)
-    t = t[~((t.system == "layerwise") & t.duplicated("system"))]
+    t = pd.DataFrame(rows).drop_duplicates(["system", "step"])
+    t = t[~((t.system == "layerwise") & t.duplicated("system"))]   # layer-wise does not depend on step
     fig, ax = plt.subplots(figsize=(6, 3.5))
     lab = [f"{s}\nstep {st}" if s != "layerwise" else "layer-wise" for s, st in zip(t.system, t.step)]
     x = np.arange(len(t))

@@ -39,7 +39,6 @@ next-token distribution (the prompt's for step 0).
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter
 from typing import Dict, List, Optional, Sequence, Tuple

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 

@@ -18,7 +18,6 @@ the smaller prefill batch.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 

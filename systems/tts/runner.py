@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional
 
 from omegaconf import OmegaConf
 
@@ -216,7 +215,6 @@ def settings(cfg, real_cpu: bool, score_source: str):
 def build(cfg, backend, workdir: Path):
     """(search settings, generator, verifier, prompts, before_iteration hook, allocation, closer)."""
     from systems.tts.engines import PrmScorer, TokenMap
-    from systems.tts.search import Search
     from workloads.math import load_problems, prompt_tokens, stand_in_tokens
     w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
     real_cpu = _real_cpu(cfg, backend)

@@ -13,7 +13,7 @@ them back to ``n`` paths. The last iteration decodes without the step delimiter.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np

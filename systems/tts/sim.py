@@ -70,7 +70,6 @@ class BlockCache:
         for h in uniq:
             if h in self.free:
                 del self.free[h]
-        new = sum(1 for h in to_pin if h not in self.ref)
         over = len(self.ref) + len(self.free) + self.reserved + len(to_pin) + extra_blocks - self.capacity
         if over > 0:
             self._evict(over)
@@ -235,7 +234,6 @@ class SimGenerator:
         if self.steps.eos_id in spec:
             spec = spec[:spec.index(self.steps.eos_id) + 1]
         toks = s["toks"] + spec
-        last = toks[-1] if toks else None
         finish = "eos" if s["toks"][-1] == self.steps.eos_id else (
             "delimiter" if s["toks"][-1] == self.steps.delimiter_id and len(s["toks"]) <= r.max_tokens else "length")
         if len(s["toks"]) >= r.max_tokens and s["toks"][-1] not in (self.steps.eos_id, self.steps.delimiter_id):
