@@ -93,9 +93,16 @@ def stand_in_tokens(text: str, vocab_size: int, reserved: int = 1000) -> List[in
 
 
 def prompt_tokens(problem: Problem, vocab_size: int, tokenizer=None) -> List[int]:
-    """The generator prompt (system prompt + question) as token ids; a real tokenizer's chat
-    template when one is given, else :func:`stand_in_tokens`."""
+    """The generator prompt (system prompt + question) as token ids.
+
+    With a real tokenizer: its chat template (system + user message, generation prompt added) when
+    it has one, else the plain text ``SYSTEM_PROMPT + "\\n\\n" + question + "\\n\\n"``; without a
+    tokenizer (random weights), :func:`stand_in_tokens` of the text."""
     if tokenizer is not None:
-        msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem.text}]
-        return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+        if getattr(tokenizer, "chat_template", None):
+            msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem.text}]
+            out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            ids = out["input_ids"] if hasattr(out, "keys") else out      # BatchEncoding in transformers 5
+            return [int(t) for t in ids]
+        return list(tokenizer.encode(SYSTEM_PROMPT + "\n\n" + problem.text + "\n\n", add_special_tokens=False))
     return stand_in_tokens(SYSTEM_PROMPT + "\n" + problem.text, vocab_size)

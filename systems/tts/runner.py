@@ -7,6 +7,8 @@ hardware memory x ``memory_fraction`` minus both models' weights and a 5 % activ
 real on CPU, ``system.cpu_kv_budget``. The baseline splits M as the FastTTS artifact's fixed
 ``gpu_memory_utilization`` pairs where the model pair is one of the paper's, else by
 ``gen_memory_share``; with M (``system.memory``) the roofline search of ``memory.py`` decides.
+Local checkpoints (``weights=/dir``, checked by ``checkpoint.py``) bring real tokenizers; with
+real generator weights on vLLM every run is graded for Top-1 / Pass@N (``accuracy.py``).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from harness.config import ConfigError, bad
 from harness.run import RunOOM, RunResult
 from harness.units import parse_size
 from systems.tts.beams import step_logit_biases
+from systems.tts.checkpoint import is_local
 from systems.tts.config import AGGREGATIONS, SCORE_SOURCES, SEARCHES
 from systems.tts.memory import (Allocation, MemoryTooSmall, ModelShape, Roofline, search_allocation)
 
@@ -38,9 +41,10 @@ def _real_cpu(cfg, backend=None) -> bool:
 
 
 def step_model(cfg, real_cpu: bool):
-    """(step_tokens_mean, max_step_tokens) in force: the CPU values on a real CPU engine."""
+    """(step_tokens_mean, max_step_tokens) in force: the CPU values on a real CPU engine with random
+    generator weights (real weights decide their own step lengths, capped at ``max_step_tokens``)."""
     w = cfg.workload
-    if real_cpu:
+    if real_cpu and not is_local(cfg.model.weights):
         return float(w.cpu_step_tokens_mean), int(w.cpu_max_step_tokens)
     return float(w.step_tokens_mean), int(w.max_step_tokens)
 
@@ -118,7 +122,10 @@ def plan_memory(cfg, real_cpu: bool, n: int, s_ver: float, s_ctx: float, s_dec: 
 
 
 def tokenizer_family(m) -> str:
-    """Which tokenizer a model's ids belong to (``hf_config.tokenizer``, else its model type)."""
+    """Which tokenizer a model's ids belong to: a local checkpoint's own, else ``hf_config.tokenizer``,
+    else its model type."""
+    if is_local(m.weights):
+        return f"local:{m.weights}"
     return str((m.hf_config or {}).get("tokenizer", m.hf_model_type))
 
 
@@ -143,23 +150,28 @@ def validate(cfg) -> None:
         raise bad("system.spec_truncation_ratio", s.spec_truncation_ratio, "in [0, 1]")
     if v.name == "none" or not v.vocab_size:
         raise bad("verifier", v.name, "a process reward model (skywork-prm-1.5b, math-shepherd-7b, tiny-prm)")
-    # token spaces and the step tag (FastTTS §1.3)
-    if not 0 <= w.step_delimiter_id < m.vocab_size or not 0 <= w.eos_token_id < m.vocab_size:
+    # local checkpoints: directory, config.json, weights, tokenizer, architecture, step tag
+    from systems.tts import checkpoint
+    if is_local(m.weights):
+        checkpoint.inspect("model", m, "generator")
+    if is_local(v.weights):
+        checkpoint.inspect("verifier", v, "verifier", real_engine=cfg.backend.name != "sim")
+    checkpoint.check_tokenizers(cfg)
+    # token spaces and the step tag (FastTTS §1.3); a local tokenizer defines its own ids
+    if not is_local(m.weights) and (not 0 <= w.step_delimiter_id < m.vocab_size or not 0 <= w.eos_token_id < m.vocab_size):
         raise ConfigError(f"workload.step_delimiter_id={w.step_delimiter_id} / eos_token_id={w.eos_token_id} "
                           f"are not allowed: both must be ids of the generator's vocabulary [0, {m.vocab_size})")
-    if v.step_tag_id is None or not 0 <= v.step_tag_id < v.vocab_size:
+    if not is_local(v.weights) and (v.step_tag_id is None or not 0 <= v.step_tag_id < v.vocab_size):
         raise ConfigError(f"verifier.step_tag_id={v.step_tag_id} is not allowed: the verifier {v.name} needs a "
                           f"step tag inside its vocabulary [0, {v.vocab_size})")
-    if tokenizer_family(m) != tokenizer_family(v) and v.step_tag_id == w.step_delimiter_id:
+    both_random = not is_local(m.weights) and not is_local(v.weights)
+    if both_random and tokenizer_family(m) != tokenizer_family(v) and v.step_tag_id == w.step_delimiter_id:
         raise ConfigError(f"verifier.step_tag_id={v.step_tag_id} is not allowed: generator {m.name} (tokenizer "
                           f"{tokenizer_family(m)}) and verifier {v.name} (tokenizer {tokenizer_family(v)}) have "
                           f"different token spaces, so the generator's step delimiter {w.step_delimiter_id} cannot serve as the "
                           f"verifier's step tag; give the verifier its own tag (inserted at each step)")
-    if tokenizer_family(m) == tokenizer_family(v) and v.step_tag_id == w.eos_token_id:
+    if both_random and tokenizer_family(m) == tokenizer_family(v) and v.step_tag_id == w.eos_token_id:
         raise ConfigError(f"verifier.step_tag_id={v.step_tag_id} is not allowed: it is the generator's end token")
-    if m.weights != "random" or v.weights != "random":
-        raise ConfigError(f"model.weights={m.weights!r} / verifier.weights={v.weights!r}: local checkpoints are "
-                          f"not supported by the tts family yet (no tokenizer path); use weights=random")
     # the data set: unknown file or malformed line -> ConfigError naming the line
     from workloads.math import load_problems
     load_problems(_data_path(w.path), w.num_problems)
@@ -197,10 +209,14 @@ def validate_backend(cfg, backend) -> None:
         _check_memory(cfg, _real_cpu(cfg, backend))
 
 
-def settings(cfg, real_cpu: bool, score_source: str):
+def settings(cfg, real_cpu: bool, score_source: str, space=None):
+    """Search settings; ``space`` (a local generator's :class:`TokenSpace`) supplies the step
+    delimiter and end ids instead of ``workload.step_delimiter_id`` / ``eos_token_id``."""
     from systems.tts.search import SearchSettings
     w, s = cfg.workload, cfg.system
     _, cap = step_model(cfg, real_cpu)
+    delims = space.delimiters if space else (int(w.step_delimiter_id),)
+    ends = space.ends if space else (int(w.eos_token_id),)
     return SearchSettings(search=s.search, n=int(w.n), beam_width=int(w.beam_width),
                           num_iterations=int(w.num_iterations), max_step_tokens=cap,
                           max_model_len=int(w.max_model_len), agg=w.agg_strategy, seed=int(cfg.seed),
@@ -208,27 +224,42 @@ def settings(cfg, real_cpu: bool, score_source: str):
                           r_mean=float(s.spec_truncation_ratio), r_std=float(s.spec_truncation_std),
                           spec_max_beams=int(s.spec_max_beams), lookahead=bool(s.lookahead_verification),
                           vg_short_iterations=int(s.vg_short_iterations), vg_short_tokens=int(s.vg_short_tokens),
-                          score_source=score_source, delimiter_id=int(w.step_delimiter_id),
-                          eos_id=int(w.eos_token_id))
+                          score_source=score_source, delimiter_id=delims[0], eos_id=ends[0],
+                          delimiter_ids=tuple(delims), eos_ids=tuple(ends))
 
 
 def build(cfg, backend, workdir: Path):
-    """(search settings, generator, verifier, prompts, before_iteration hook, allocation, closer)."""
+    """(search settings, problems, prompts, generator, verifier, before_iteration hook, allocation, closer).
+
+    Local checkpoints: prompts come from the generator's tokenizer (chat template), steps end at its
+    "\n\n" tokens (on vLLM: no logit bias, real weights), and, with a local verifier too, the PRM
+    reads the decoded steps re-encoded by its own tokenizer with its "\n\n" step tag
+    (``VerifierText``). Otherwise ids are folded between token spaces (``TokenMap``). Simulated
+    runs use the tokenizers for prompt lengths and ids only."""
+    from systems.tts import checkpoint
     from systems.tts.engines import PrmScorer, TokenMap
     from workloads.math import load_problems, prompt_tokens, stand_in_tokens
     w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
     real_cpu = _real_cpu(cfg, backend)
     problems = load_problems(_data_path(w.path), w.num_problems)
-    prompts = {p.index: prompt_tokens(p, m.vocab_size) for p in problems}
-    vprompts = {p.index: stand_in_tokens(p.text + "\n", v.vocab_size) for p in problems}
+    space = checkpoint.token_space(str(m.weights)) if is_local(m.weights) else None
+    vtok = checkpoint.load_tokenizer(str(v.weights)) if is_local(v.weights) else None
+    prompts = {p.index: prompt_tokens(p, m.vocab_size, space.tok if space else None) for p in problems}
+    if space and vtok is not None:
+        tmap = checkpoint.VerifierText(space, str(v.weights))
+        vprompts = {p.index: tmap.prompt(p.text) for p in problems}
+    else:
+        tag = checkpoint.step_tag_id(vtok) if vtok is not None else v.step_tag_id
+        tmap = TokenMap(tokenizer_family(m), tokenizer_family(v), v.vocab_size, w.step_delimiter_id, tag)
+        vprompts = {p.index: (checkpoint.verifier_prompt(vtok, p.text) if vtok is not None
+                              else stand_in_tokens(p.text + "\n", v.vocab_size)) for p in problems}
     mean, cap = step_model(cfg, real_cpu)
     bias_d, bias_e = step_logit_biases(m.vocab_size, float(w.temperature), mean, float(w.steps_per_answer_mean))
     src = s.score_source
     if src == "auto":
-        src = "prm" if (v.weights != "random" and not backend.simulated) else "synthetic"
-    st = settings(cfg, real_cpu, src)
+        src = "prm" if (is_local(v.weights) and not backend.simulated) else "synthetic"
+    st = settings(cfg, real_cpu, src, None if backend.simulated else space)   # sim: its own step ids
     gen_shape, ver_shape = _shapes(cfg)
-    tmap = TokenMap(tokenizer_family(m), tokenizer_family(v), v.vocab_size, w.step_delimiter_id, v.step_tag_id)
     avg_prompt = sum(len(x) for x in prompts.values()) / len(prompts)
     s_ctx0 = min(w.max_model_len, avg_prompt + mean * (w.num_iterations / 2 + 1))
     alloc = plan_memory(cfg, real_cpu, st.n, s_ctx0 - mean, s_ctx0, mean)
@@ -255,7 +286,8 @@ def build(cfg, backend, workdir: Path):
         from systems.tts.engines import VllmGenerator, VllmVerifier
         gen = VllmGenerator(m, workdir, max_model_len=int(w.max_model_len), kv_bytes=alloc.gen_kv_bytes,
                             max_num_seqs=alloc.b_dec, block_size=int(s.block_size), seed=int(cfg.seed),
-                            delimiter_id=st.delimiter_id, eos_id=st.eos_id, bias_delimiter=bias_d, bias_eos=bias_e,
+                            delimiter_ids=st.delimiter_ids, eos_ids=st.eos_ids,
+                            logit_bias=None if space else {st.delimiter_id: bias_d, st.eos_id: bias_e},
                             temperature=float(w.temperature), top_p=float(w.top_p))
         vv = VllmVerifier(v, workdir, max_model_len=int(w.max_model_len), kv_bytes=alloc.ver_kv_bytes,
                           max_num_seqs=alloc.b_pre, block_size=int(s.block_size), seed=int(cfg.seed))
@@ -265,6 +297,34 @@ def build(cfg, backend, workdir: Path):
             gen.shutdown()
             vv.shutdown()
     return st, problems, prompts, gen, ver, hook, alloc, closer
+
+
+def grade(cfg, backend, problems, results, n: int):
+    """Top-1 / Pass@N (``systems.tts.accuracy``) of every problem's completed paths.
+
+    Returns (summary fields, per-problem table or None). Graded only with local generator weights on
+    a real engine; otherwise the accuracy fields are None and ``accuracy_note`` says why."""
+    import pandas as pd
+    from systems.tts import accuracy, checkpoint
+    none = dict(top1_acc=None, top1_naive_acc=None, pass_at_n=None)
+    if backend.simulated:
+        return dict(none, accuracy_note="not graded: simulated backend (no text is generated)"), None
+    if not is_local(cfg.model.weights):
+        return dict(none, accuracy_note="not graded: random generator weights (model.weights=random), "
+                                        "so the paths have no text to grade"), None
+    space = checkpoint.token_space(str(cfg.model.weights))
+    by_index = {p.index: p for p in problems}
+    rows = []
+    for r in results:
+        prob = by_index[r.problem]
+        g = accuracy.grade_problem([space.decode(b.tokens) for b in r.completions],
+                                   [b.scores for b in r.completions], prob.answer, n)
+        rows.append({"problem": r.problem, "reference": prob.answer, "top1_answer": g.top1_answer,
+                     "top1_correct": g.top1_correct, "top1_naive_correct": g.top1_naive_correct,
+                     "pass_at_n": g.pass_at_n, "paths": g.paths, "answered": g.answered, "correct": g.correct})
+    mean = lambda k: accuracy.mean_or_none([row[k] for row in rows])
+    return dict(top1_acc=mean("top1_correct"), top1_naive_acc=mean("top1_naive_correct"),
+                pass_at_n=mean("pass_at_n"), accuracy_note=None), pd.DataFrame(rows)
 
 
 def run(cfg, ctx) -> RunResult:
@@ -285,6 +345,8 @@ def run(cfg, ctx) -> RunResult:
     finally:
         closer()
     summ = metrics.summarize(results)
+    acc, acc_table = grade(cfg, ctx.backend, problems, results, st.n)
+    summ.update(acc)
     real_cpu = _real_cpu(cfg, ctx.backend)
     mean, cap = step_model(cfg, real_cpu)
     summ.update(n=st.n, step_tokens_mean_model=mean, max_step_tokens=cap, score_source=st.score_source,
@@ -303,5 +365,9 @@ def run(cfg, ctx) -> RunResult:
                ("  kept", "spec_tokens_kept", str),
                ("steps from speculation (no generator call)", "gen_skipped", str),
                ("decode batch B_dec / prefill batch B_pre", "b_dec", str), ("  B_pre", "b_pre", str),
+               ("Top-1 accuracy (PRM-weighted vote)", "top1_acc", pct), (f"Pass@N (N={st.n})", "pass_at_n", pct),
                ("problems", "problems", str)]
-    return RunResult(status="ok", summary=summ, display=display, tables=metrics.tables(results))
+    tables = metrics.tables(results)
+    if acc_table is not None:
+        tables["accuracy"] = acc_table
+    return RunResult(status="ok", summary=summ, display=display, tables=tables)

@@ -14,7 +14,7 @@ them back to ``n`` paths. The last iteration decodes without the step delimiter.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -24,7 +24,9 @@ from systems.tts.engines import GenRequest
 
 @dataclass
 class SearchSettings:
-    """Search knobs (FastTTS §1.4). Token counts in tokens."""
+    """Search knobs (FastTTS §1.4). Token counts in tokens. ``delimiter_ids`` / ``eos_ids``: every
+    token id ending a step / a path (a real tokenizer has several "\n\n" tokens); empty = the single
+    ``delimiter_id`` / ``eos_id``."""
     search: str = "beam_search"
     n: int = 64
     beam_width: int = 4
@@ -44,6 +46,12 @@ class SearchSettings:
     score_source: str = "synthetic"      # prm | synthetic
     delimiter_id: int = 271
     eos_id: int = 151643
+    delimiter_ids: Tuple[int, ...] = ()
+    eos_ids: Tuple[int, ...] = ()
+
+    def __post_init__(self):
+        self.delimiter_ids = tuple(self.delimiter_ids) or (self.delimiter_id,)
+        self.eos_ids = tuple(self.eos_ids) or (self.eos_id,)
 
 
 @dataclass
@@ -170,9 +178,10 @@ def speculative_potential(scores: Sequence[float], bins: int) -> List[int]:
     return pot
 
 
-def _first_boundary(tokens: Sequence[int], delim: int, eos: int) -> Optional[int]:
+def _first_boundary(tokens: Sequence[int], ends: Collection[int]) -> Optional[int]:
+    """Length of the first step in ``tokens`` (through its first delimiter or end token), or None."""
     for i, t in enumerate(tokens):
-        if t == delim or t == eos:
+        if t in ends:
             return i + 1
     return None
 
@@ -207,6 +216,7 @@ class Search:
 
     def run_problem(self, pidx: int, prompt: List[int]) -> ProblemResult:
         st = self.st
+        ends, eos = frozenset(st.delimiter_ids) | frozenset(st.eos_ids), frozenset(st.eos_ids)
         root = stable_hash("problem", pidx, tuple(prompt))
         beams = [Beam(str(i)) for i in range(st.n)]
         keys: Dict[str, List[int]] = {b.uid: [root] for b in beams}   # chain hash per committed step
@@ -226,12 +236,12 @@ class Search:
                 self.before_iteration(it, active, len(prompt))
             reqs, skipped, new_tokens = [], 0, 0
             for b in active:
-                cut = None if last else _first_boundary(b.spec, st.delimiter_id, st.eos_id)
+                cut = None if last else _first_boundary(b.spec, ends)
                 if cut is not None:                     # a whole step was produced speculatively
                     step, b.spec = b.spec[:cut], b.spec[cut:]
                     self._commit(b, step, keys)
                     new_tokens += len(step)
-                    b.finish = "eos" if step[-1] == st.eos_id else "delimiter"
+                    b.finish = "eos" if step[-1] in eos else "delimiter"
                     skipped += 1
                     continue
                 room = st.max_model_len - len(prompt) - len(b.tokens) - len(b.spec)
@@ -257,7 +267,7 @@ class Search:
             for b in active:
                 toks, ends, ks = b.tokens, list(b.step_ends), list(keys[b.uid][1:])
                 if st.speculative and st.lookahead and not last:
-                    cut = _first_boundary(b.spec, st.delimiter_id, st.eos_id)
+                    cut = _first_boundary(b.spec, ends)
                     if cut is not None:
                         toks = b.tokens + b.spec[:cut]
                         ends.append(len(toks))

@@ -114,7 +114,10 @@ class StepModel:
         """Tokens up to and including the first boundary (or ``max_tokens`` tokens)."""
         p = self.p_delim + self.p_eos if stop_at_delimiter else self.p_eos
         L = int(rng.geometric(p))
-        body = rng.integers(1000, self.vocab_size - 1000, size=min(L, max_tokens)).tolist()
+        lo = min(1000, self.vocab_size // 4)              # avoid low ids and the special tokens at the top
+        body = rng.integers(lo, self.vocab_size - lo, size=min(L, max_tokens)).tolist()
+        if self.vocab_size - 2 * lo < 2000:               # small vocabularies: keep boundaries out of the body
+            body = [lo - 1 if t in (self.delimiter_id, self.eos_id) else t for t in body]
         if L <= max_tokens:
             eos = (not stop_at_delimiter) or rng.random() < self.p_eos / (self.p_delim + self.p_eos)
             body[-1] = self.eos_id if eos else self.delimiter_id

@@ -106,6 +106,8 @@ def test_two_iteration_real_run(system, tmp_path):
     assert s["goodput_tok_s"] > 0 and s["latency_s"] > 0 and s["ver_latency_s"] > 0
     assert s["completions_per_problem"] >= 8
     assert 0 < s["gen_prefix_hit_rate"] <= 1
+    # random weights: no text, so no accuracy (None, not 0) and the reason
+    assert s["top1_acc"] is None and s["pass_at_n"] is None and "random generator weights" in s["accuracy_note"]
     import pandas as pd
     it = pd.read_parquet(tmp_path / system / "iterations.parquet")
     assert len(it) == 4 and (it["gen_time_s"] > 0).all()
