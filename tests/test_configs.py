@@ -97,3 +97,46 @@ def test_launcher_configs_compose(launcher, target):
         assert hasattr(importlib.import_module(mod), cls)
     if launcher == "local":
         assert cfg.hydra.launcher.pre_dispatch == "all"
+
+
+@pytest.mark.parametrize("first,second", [
+    (["model=opt-6.7b", "beams=4", "step=32", "system=lbs"],
+     ["model=opt-6.7b", "beams=64", "step=128", "system=lbs"]),
+    (["system=beam", "model=llama-3.3-70b", "hardware=a100-80gb", "tp=2", "pp=4", "workload=servegen"],
+     ["system=beam", "model=llama-3.3-70b", "hardware=a100-80gb", "tp=4", "pp=2", "workload=servegen"]),
+    (["model=qwen-7b", "workload.beam_width=4", "gen_len=256"],
+     ["model=qwen-7b", "workload.beam_width=2", "gen_len=512"]),
+])
+def test_memoised_sweep_composition_equals_hydras(first, second):
+    """harness.compose.MemoConfigLoader: a job served from the composition cache (same config groups,
+    other values) gets exactly the config Hydra composes for it, hydra node included."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.compose import MemoConfigLoader
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        hydra_loader = GlobalHydra.instance().config_loader()
+        master = compose("config", overrides=["tracking=none"], return_hydra_config=True)
+        memo = MemoConfigLoader.wrap(hydra_loader)
+        hits = MemoConfigLoader.hits
+        memo.load_sweep_config(master, ["tracking=none"] + first)          # composes and caches
+        got = memo.load_sweep_config(master, ["tracking=none"] + second)   # from the cache
+        assert MemoConfigLoader.hits == hits + 1
+        want = hydra_loader.load_sweep_config(master, ["tracking=none"] + second)
+    assert OmegaConf.to_container(got, resolve=False) == OmegaConf.to_container(want, resolve=False)
+    assert OmegaConf.to_container(got.hydra.overrides.task) == ["tracking=none"] + second
+    assert got.hydra.job.override_dirname == want.hydra.job.override_dirname
+
+
+def test_memoised_composition_falls_back_for_additions():
+    """'+key=value' cannot be re-applied to a cached config: such jobs go through Hydra every time."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.compose import MemoConfigLoader
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        master = compose("config", overrides=["tracking=none"], return_hydra_config=True)
+        memo = MemoConfigLoader.wrap(GlobalHydra.instance().config_loader())
+        hits = MemoConfigLoader.hits
+        for seed in (1, 2):
+            cfg = memo.load_sweep_config(master, ["tracking=none", f"+extra_tag={seed}"])
+            assert cfg.extra_tag == seed
+        assert MemoConfigLoader.hits == hits
