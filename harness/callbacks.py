@@ -22,30 +22,38 @@ class SweepReport(Callback):
         from harness.report import gather_runs
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = gather_runs(sweep_dir)
+        flat = runs.astype({c: str for c in runs.columns if runs[c].dtype == object})   # mixed-type columns
         if len(runs):
-            atomic_write_parquet(sweep_dir / "runs.parquet", runs.astype({c: str for c in runs.columns
-                                                                          if runs[c].dtype == object}))
+            atomic_write_parquet(sweep_dir / "runs.parquet", flat)
         n_ok = int((runs["status"] == "ok").sum()) if len(runs) else 0
         print(f"sweep {sweep_dir}: {len(runs)} records ({n_ok} ok)")
         target = config.get("report")
         if target:
             get_method(target)(sweep_dir, runs, config)
             print(f"report written under {sweep_dir}")
-            self._mirror_to_wandb(config, sweep_dir)
+        self._mirror_to_wandb(config, sweep_dir, flat)
 
     @staticmethod
-    def _mirror_to_wandb(config: DictConfig, sweep_dir: Path) -> None:
-        """Send the sweep's figures and tables to one W&B run of the sweep's group (offline by default)."""
+    def _mirror_to_wandb(config: DictConfig, sweep_dir: Path, runs) -> None:
+        """One W&B run for the sweep (group = sweep name, offline by default): the ``runs`` table
+        (one row per job: status, config.*, summary.*; how jobs without a W&B run of their own reach
+        W&B, see ``tracking.sweep_jobs``) and the sweep's figures."""
         from omegaconf import OmegaConf
 
         from harness.tracking import make_tracker
         tracking = config.get("tracking")
-        if tracking is None or tracking.name == "none":
+        if tracking is None or tracking.name == "none" or tracking.mode == "disabled" or not len(runs):
             return
+        params = config.hydra.sweeper.get("params")
         tr = make_tracker({"experiment": config.get("experiment_name"),
-                           "sweep_params": OmegaConf.to_container(config.hydra.sweeper.params)},
-                          tracking, sweep_dir, name=f"{config.get('sweep_name')}-report",
+                           "sweep_params": OmegaConf.to_container(params) if params is not None else None,
+                           "overrides": OmegaConf.to_container(config.hydra.overrides.task),
+                           "jobs": len(runs)},
+                          tracking, sweep_dir, name=f"{config.get('sweep_name')}-sweep",
                           group=config.get("sweep_name"))
-        for png in sorted(sweep_dir.glob("*.png")):
-            tr.log_image(png.stem, png)
-        tr.finish()
+        try:
+            tr.log_table("runs", runs)
+            for png in sorted(sweep_dir.glob("*.png")):
+                tr.log_image(png.stem, png)
+        finally:
+            tr.finish()

@@ -117,6 +117,10 @@ class TrackingConfig:
     mode: str = "offline"                 # offline | online | disabled
     project: str = "ttc-sched-bench"
     entity: Optional[str] = None
+    # How jobs of a multirun reach W&B. runs: each job its own W&B run. table: each job one row
+    # (config + summary) of the sweep's W&B run, next to the sweep's figures. auto: table for
+    # simulated jobs (W&B start-up costs more CPU than a simulated job), runs for real-engine jobs.
+    sweep_jobs: str = "auto"              # auto | runs | table
 
 
 class AttrDict(dict):
@@ -189,6 +193,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("parallel_jobs", _parallel_jobs)
 
 
+SWEEP_JOBS = ("auto", "runs", "table")
+
+
 def validate_common(cfg) -> None:
     """Checks shared by every family. Raises ConfigError."""
     if cfg.backend.name not in BACKENDS:
@@ -199,3 +206,6 @@ def validate_common(cfg) -> None:
         raise bad("model.dtype", cfg.model.dtype, f"one of {', '.join(DTYPES)}")
     if cfg.hardware.kind not in ("gpu", "cpu"):
         raise bad("hardware.kind", cfg.hardware.kind, "gpu or cpu")
+    tracking = cfg.get("tracking")
+    if tracking is not None and tracking.get("sweep_jobs", "auto") not in SWEEP_JOBS:
+        raise bad("tracking.sweep_jobs", tracking.sweep_jobs, f"one of {', '.join(SWEEP_JOBS)}")

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import records
 from harness.backend import Backend, resolve_backend
 from harness.config import ConfigError, validate_common
-from harness.tracking import make_tracker
+from harness.tracking import NullTracker, job_gets_own_run, make_tracker
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,12 @@ def family_of(cfg) -> str:
 
 def load_runner(family: str):
     return importlib.import_module(f"systems.{family}.runner")
+
+
+def in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    return HydraConfig.initialized() and HydraConfig.get().get("mode") == RunMode.MULTIRUN
 
 
 def output_dir(cfg) -> Path:
@@ -144,8 +150,12 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         "inventory": dict(records.hardware_inventory()),
         "started_at": datetime.now(timezone.utc).isoformat(),
     }
-    tracker = make_tracker(cfg_dict, cfg.get("tracking"), outdir,
-                           name=f"{cfg.system.name}-{outdir.name}", group=cfg.get("sweep_name"))
+    if job_gets_own_run(cfg.get("tracking"), backend.simulated, in_multirun()):
+        tracker = make_tracker(cfg_dict, cfg.get("tracking"), outdir,
+                               name=f"{cfg.system.name}-{outdir.name}", group=cfg.get("sweep_name"),
+                               system_metrics=not backend.simulated)
+    else:
+        tracker = NullTracker()        # a row of the sweep's W&B run instead (harness.callbacks)
     ctx = RunContext(cfg, backend, outdir, tracker, show_progress=bool(cfg.get("progress", True)))
     meter = None
     if not backend.simulated:                 # measured GPU energy for the run window (NVML counter)

@@ -9,9 +9,14 @@ serially, in the parent before launching. For the 225-job Fig.9 sweep that was m
    recorded as such.
 2. The launcher gets ``harness.compose.MemoConfigLoader``, which composes once per set of config
    groups in each worker and applies plain value overrides to a copy (see that module).
+3. With the joblib launcher and ``batch_size: auto``, jobs go to the workers in chunks of about
+   1/8 of a worker's share (joblib ``batch_size``): Hydra ships the sweep's context and restores
+   its global state once per chunk instead of once per job (~80 ms of a ~0.5 s simulated job).
+   joblib's own ``auto`` never batches jobs this long.
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -26,6 +31,19 @@ class FastBasicSweeper(BasicSweeper):
         hydra_context = HydraContext(config_loader=MemoConfigLoader.wrap(hydra_context.config_loader),
                                      callbacks=hydra_context.callbacks)
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        joblib_cfg = getattr(self.launcher, "joblib", None)
+        if isinstance(joblib_cfg, dict) and joblib_cfg.get("batch_size", "auto") == "auto":
+            launch = self.launcher.launch
+
+            def launch_in_chunks(job_overrides, initial_job_idx):
+                n_jobs = int(joblib_cfg.get("n_jobs") or 1)
+                workers = max(1, os.cpu_count() + 1 + n_jobs if n_jobs < 0 else n_jobs)
+                joblib_cfg["batch_size"] = max(1, len(job_overrides) // (4 * workers))
+                try:
+                    return launch(job_overrides, initial_job_idx)
+                finally:
+                    joblib_cfg["batch_size"] = "auto"
+            self.launcher.launch = launch_in_chunks
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         super().validate_batch_is_legal(batch[:1])

@@ -1,0 +1,70 @@
+"""W&B mirror (offline): which runs are opened, and that a sweep's jobs reach W&B as table rows."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.tracking import job_gets_own_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("sweep_jobs,simulated,in_multirun,own_run", [
+    ("auto", True, False, True),      # a single run always gets its W&B run
+    ("auto", False, False, True),
+    ("auto", True, True, False),      # simulated sweep job -> a row of the sweep's run
+    ("auto", False, True, True),      # real-engine sweep job -> its own run
+    ("runs", True, True, True),
+    ("table", False, True, False),
+])
+def test_job_gets_own_run(sweep_jobs, simulated, in_multirun, own_run):
+    tracking = OmegaConf.create({"name": "wandb", "mode": "offline", "sweep_jobs": sweep_jobs})
+    assert job_gets_own_run(tracking, simulated, in_multirun) is own_run
+
+
+def test_no_run_when_tracking_is_off():
+    for t in ({"name": "none", "mode": "disabled", "sweep_jobs": "runs"},
+              {"name": "wandb", "mode": "disabled", "sweep_jobs": "runs"}):
+        assert not job_gets_own_run(OmegaConf.create(t), simulated=False, in_multirun=False)
+
+
+def _sweep(tmp_path, *extra):
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
+    out = subprocess.run([sys.executable, "run.py", "-m", "system=lbs,layerwise", "beams=4", "gen_len=64",
+                          "progress=false", f"results_dir={tmp_path}", "sweep_name=t", *extra],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return tmp_path / "sweeps" / "t"
+
+
+@pytest.mark.slow
+def test_simulated_sweep_jobs_reach_wandb_as_rows_of_the_sweep_run(tmp_path):
+    sweep = _sweep(tmp_path)
+    assert not list(sweep.glob("*/wandb")), "simulated jobs must not open W&B runs of their own"
+    runs = list(sweep.glob("wandb/offline-run-*"))
+    assert len(runs) == 1
+    tables = list(runs[0].glob("files/media/table/runs_*.table.json"))
+    assert len(tables) == 1
+    table = json.loads(tables[0].read_text())
+    assert len(table["data"]) == 2
+    col = table["columns"].index("system")
+    assert sorted(row[col] for row in table["data"]) == ["layerwise", "lbs"]
+    assert "summary.e2e_s" in table["columns"] and "config.workload.beams" in table["columns"]
+
+
+@pytest.mark.slow
+def test_sweep_jobs_runs_gives_every_job_its_own_wandb_run(tmp_path):
+    sweep = _sweep(tmp_path, "tracking.sweep_jobs=runs")
+    assert len(list(sweep.glob("*/wandb/offline-run-*"))) == 2
+
+
+def test_bad_sweep_jobs_is_rejected_before_work(tmp_path):
+    out = subprocess.run([sys.executable, "run.py", "tracking.sweep_jobs=some", "tracking=wandb",
+                          f"results_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "tracking.sweep_jobs='some' is not allowed: one of auto, runs, table" in out.stderr
+    assert not list(tmp_path.rglob("run.json"))
