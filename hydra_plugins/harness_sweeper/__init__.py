@@ -10,7 +10,7 @@ serially, in the parent before launching. For the 225-job Fig.9 sweep that was m
 2. The launcher gets ``harness.compose.MemoConfigLoader``, which composes once per set of config
    groups in each worker and applies plain value overrides to a copy (see that module).
 3. With the joblib launcher and ``batch_size: auto``, jobs go to the workers in chunks of about
-   1/8 of a worker's share (joblib ``batch_size``): Hydra ships the sweep's context and restores
+   1/4 of a worker's share (joblib ``batch_size``): Hydra ships the sweep's context and restores
    its global state once per chunk instead of once per job (~80 ms of a ~0.5 s simulated job).
    joblib's own ``auto`` never batches jobs this long.
 """
