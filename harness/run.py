@@ -117,10 +117,11 @@ def print_table(cfg, backend: Backend, res: RunResult, outdir: Path) -> None:
     con.print(f"record: {outdir / 'run.json'}")
 
 
-def run(cfg: DictConfig) -> Dict[str, Any]:
+def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
     """Run one job from a composed config and return its record (also written to run.json).
 
-    Raises ConfigError (before any work and before any file is written) for bad input.
+    ``multirun``: whether the job belongs to a Hydra multirun (decides its W&B run, see
+    ``tracking.sweep_jobs``); None = ask Hydra. Raises ConfigError (before any work and before any file is written) for bad input.
     """
     runner, backend = validate(cfg)
     print(backend.reason, flush=True)
@@ -150,7 +151,7 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
         "inventory": dict(records.hardware_inventory()),
         "started_at": datetime.now(timezone.utc).isoformat(),
     }
-    if job_gets_own_run(cfg.get("tracking"), backend.simulated, in_multirun()):
+    if job_gets_own_run(cfg.get("tracking"), backend.simulated, in_multirun() if multirun is None else multirun):
         tracker = make_tracker(cfg_dict, cfg.get("tracking"), outdir,
                                name=f"{cfg.system.name}-{outdir.name}", group=cfg.get("sweep_name"),
                                system_metrics=not backend.simulated)
@@ -202,11 +203,11 @@ def run(cfg: DictConfig) -> Dict[str, Any]:
 
 # --- process isolation for real-engine jobs in a sweep ------------------------------------------
 
-def _child(cfg_yaml: str) -> None:
+def _child(cfg_yaml: str, multirun: bool) -> None:
     from harness.config import register_configs, register_resolvers
     register_resolvers()
     register_configs()
-    run(OmegaConf.create(cfg_yaml))
+    run(OmegaConf.create(cfg_yaml), multirun=multirun)
 
 
 def run_isolated(cfg: DictConfig) -> Optional[Dict[str, Any]]:
@@ -218,7 +219,7 @@ def run_isolated(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     records.check_writable(outdir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["output_dir"] = str(outdir)
-    p = mp.get_context("spawn").Process(target=_child, args=(OmegaConf.to_yaml(resolved),))
+    p = mp.get_context("spawn").Process(target=_child, args=(OmegaConf.to_yaml(resolved), in_multirun()))
     p.start()
     p.join()
     rec_path = outdir / "run.json"

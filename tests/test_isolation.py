@@ -1,0 +1,35 @@
+"""Real-engine jobs of a sweep run in spawned child processes; a child that dies is recorded."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Loaded by every Python process started with this PYTHONPATH; kills spawned multiprocessing
+# children at start-up (a stand-in for a segfault or an OOM kill of the job process).
+DIE_IN_SPAWNED_CHILD = """
+import os, sys
+if os.environ.get("DIE_IN_SPAWNED_CHILD") and "--multiprocessing-fork" in sys.argv:
+    os._exit(3)
+"""
+
+
+def test_dead_job_process_is_recorded_and_the_sweep_goes_on(tmp_path):
+    sc = tmp_path / "site"
+    sc.mkdir()
+    (sc / "sitecustomize.py").write_text(DIE_IN_SPAWNED_CHILD)
+    env = dict(os.environ, PYTHONPATH=str(sc), DIE_IN_SPAWNED_CHILD="1", WANDB_MODE="disabled")
+    out = subprocess.run([sys.executable, "run.py", "-m", "system=lbs,layerwise", "backend=torch",
+                          "model=tiny-opt", "beams=4", "step=16", "gen_len=32", "prompt_len=16",
+                          "kv_budget=1MiB", "progress=false", f"results_dir={tmp_path}", "sweep_name=t"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("sweeps/t/*/run.json"))]
+    assert [r["system"] for r in recs] == ["layerwise", "lbs"]
+    for r in recs:
+        assert r["status"] == "error"
+        assert r["message"] == "job process died (exit code 3) before writing its record"
+    assert (tmp_path / "sweeps/t/runs.parquet").exists()
+
