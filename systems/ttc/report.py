@@ -71,16 +71,18 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
     models, steps = sorted(df.model.unique()), sorted(df.step.unique())
     systems = [s for s in SYSTEM_ORDER if s in set(df.system)]
     fig, axes = plt.subplots(len(models), len(steps), figsize=(4.2 * len(steps), 3.2 * len(models)),
-                             squeeze=False, sharey=True)
+                             squeeze=False, sharey=True, layout="constrained")
     for i, m in enumerate(models):
         for j, st in enumerate(steps):
             ax = axes[i][j]
             sub = df[(df.model == m) & (df.step == st)]
-            for s in systems:
+            for k, s in enumerate(systems):
                 d = sub[sub.system == s].sort_values("beams")
-                ax.plot(d.beams, d.speedup, marker="o", label=f"{s}{' (sim)' if d.simulated.any() else ''}")
-                for _, r in d[d.status == "oom"].iterrows():
-                    ax.annotate("OOM", (r.beams, 1.0), fontsize=7, color="gray")
+                line, = ax.plot(d.beams, d.speedup, marker="o", label=f"{s}{' (sim)' if d.simulated.any() else ''}")
+                oom = d[d.status == "oom"]
+                if len(oom):      # OOM: no speedup; an x on the floor of the plot, in the system's colour
+                    ax.plot(oom.beams, [0.25 * (k + 1)] * len(oom), "x", color=line.get_color(), ms=7,
+                            label=f"{s}: OOM")
             lo, hi = _ref_value(ref, "speedup_min", model=m), _ref_value(ref, "speedup_max", model=m)
             if hi is not None:
                 ax.axhspan(lo if lo is not None else hi, hi, color="tab:red", alpha=0.12,
@@ -92,7 +94,7 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
             if j == 0:
                 ax.set_ylabel("speedup over layer-wise")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(title)
+    fig.suptitle(title + (" (simulated)" if df.simulated.all() else ""))
     save_figure(fig, sweep_dir, figure)
     tab = df.assign(speedup_txt=[_fmt_speed(r) for _, r in df.iterrows()])
     wide = tab.pivot_table(index=["model", "step", "beams"], columns="system", values="speedup_txt",
