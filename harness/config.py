@@ -101,6 +101,16 @@ class VerifierConfig(ModelConfig):
     intermediate_size: int = 0
     vocab_size: int = 0
     step_tag_id: Optional[int] = None     # token id of the PRM step tag
+    # How a step's score is read (tts family, systems/tts/checkpoint.py):
+    #   head: a PRM with a 2-label head (Qwen2ForProcessRewardModel, Skywork-style): P(label 1) at
+    #         the "\n\n" step tag.
+    #   lm:   a causal LM (*ForCausalLM, Math-Shepherd-style): P(good) of the 2-way softmax over its
+    #         logits for [good_token_id, bad_token_id] at each ``step_tag`` token (" ки" = 12902,
+    #         "+" = 648, "-" = 387 for math-shepherd-mistral-7b-prm).
+    prm_kind: str = "head"                # head | lm
+    step_tag: str = "\n\n"                # text of the step tag (lm: inserted after every step)
+    good_token_id: Optional[int] = None   # lm: the "+" token
+    bad_token_id: Optional[int] = None    # lm: the "-" token
 
 
 @dataclass

@@ -12,6 +12,7 @@ from omegaconf import MISSING
 SEARCHES = ("beam_search", "dvts", "best_of_n", "dynamic_branching", "vg_search")
 AGGREGATIONS = ("last", "min", "prod", "mean")
 SCORE_SOURCES = ("auto", "prm", "synthetic")
+PRM_KINDS = ("head", "lm")               # verifier.prm_kind (harness.config.VerifierConfig)
 
 
 @dataclass

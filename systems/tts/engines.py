@@ -1,7 +1,8 @@
 """Generator and verifier as two in-process vLLM engines (V1 ``LLMEngine``, stepped by us).
 
 Both run with automatic prefix caching and their own KV size (``kv_cache_memory_bytes``). The
-verifier is a process reward model on vLLM's pooling path with ALL-token pooling
+verifier is a process reward model (a Qwen2 PRM head, or a Math-Shepherd-style causal LM read at
+its "+"/"-" logits: see :class:`VllmVerifier`) on vLLM's pooling path with ALL-token pooling
 (``token_classify``, ``skip_reading_prefix_cache=False``): each request returns one row per
 *uncached* position, so the prefix cache stays on (shared/reference/vllm_cpu.md §5 "prm_all").
 Random weights: ``load_format="dummy"`` from a written config.json, no tokenizer. A local
@@ -228,21 +229,43 @@ class VllmGenerator:
 
 
 class VllmVerifier:
-    """The PRM engine: ``Qwen2ForProcessRewardModel`` with ALL-token pooling (prefix cache on).
-    ``score`` returns P(correct) (column 1 of the 2-way softmax) at the requested positions that
-    this call computed; positions served from the prefix cache were computed by an earlier request
-    for the same prefix (the caller keeps those scores)."""
+    """The PRM engine with ALL-token pooling (prefix cache on). ``score`` returns P(correct) at the
+    requested positions that this call computed; positions served from the prefix cache were
+    computed by an earlier request for the same prefix (the caller keeps those scores).
+
+    ``prm_kind=head``: ``Qwen2ForProcessRewardModel``, P(correct) = column 1 of its 2-way softmax.
+    ``prm_kind=lm`` (Math-Shepherd, a local ``*ForCausalLM``): vLLM's pooling runner converts the
+    causal LM (``runner="pooling", convert="classify"``) with a score head made of the lm_head rows
+    of the good/bad tokens (``hf_overrides`` ``classifier_from_token`` + ``method=
+    "no_post_processing"``), so each position yields softmax(logits[[good, bad]]); P(correct) =
+    column 0 = P("+"). vLLM's STEP pooling (``step_tag_id`` / ``returned_token_ids``) is not used:
+    ``token_classify`` with STEP skips reading the prefix cache (its tag mask spans the whole prompt
+    while rows cover only uncached positions), and in vLLM 0.32 ``returned_token_ids`` index the
+    pooled hidden states before the head, not the vocabulary logits."""
 
     def __init__(self, verifier_cfg, workdir: Path, *, max_model_len: int, kv_bytes: int, max_num_seqs: int,
                  block_size: int, seed: int):
         from vllm.config import PoolerConfig
-        if verifier_cfg.hf_model_type != "qwen2":
-            raise ValueError(f"real vLLM verifier supports qwen2 PRMs (Qwen2ForProcessRewardModel); got "
-                             f"{verifier_cfg.hf_model_type!r}: use backend=sim")
-        mdir = _model_dir(verifier_cfg, workdir, "Qwen2ForProcessRewardModel", {"num_labels": 2})
+        kw = {}
+        if verifier_cfg.prm_kind == "lm":
+            if verifier_cfg.weights == "random":
+                raise ValueError(f"verifier {verifier_cfg.name} (prm_kind=lm) needs verifier.weights=/dir on vLLM")
+            from systems.tts.checkpoint import load_tokenizer
+            mdir = _model_dir(verifier_cfg, workdir, "")
+            good_bad = load_tokenizer(mdir).convert_ids_to_tokens([int(verifier_cfg.good_token_id),
+                                                                   int(verifier_cfg.bad_token_id)])
+            kw = dict(runner="pooling", convert="classify",
+                      hf_overrides={"classifier_from_token": good_bad, "method": "no_post_processing"})
+            self.col = 0
+        elif verifier_cfg.hf_model_type == "qwen2":
+            mdir = _model_dir(verifier_cfg, workdir, "Qwen2ForProcessRewardModel", {"num_labels": 2})
+            self.col = 1
+        else:
+            raise ValueError(f"real vLLM verifier supports qwen2 PRMs (Qwen2ForProcessRewardModel) and prm_kind=lm "
+                             f"causal LMs; got {verifier_cfg.hf_model_type!r}: use backend=sim")
         self.eng = _engine(mdir, verifier_cfg.weights == "random", verifier_cfg.dtype, max_model_len, kv_bytes,
                            max_num_seqs, block_size, seed, pooler_config=PoolerConfig(tok_pooling_type="ALL"),
-                           enable_chunked_prefill=True, max_num_batched_tokens=max(max_model_len, 4096))
+                           enable_chunked_prefill=True, max_num_batched_tokens=max(max_model_len, 4096), **kw)
         self._n = 0
 
     def score(self, items: List[List[int]], positions: List[List[int]]) -> VerifyResult:
@@ -270,7 +293,7 @@ class VllmVerifier:
                 raise RuntimeError(f"PRM rows {data.shape[0]} != uncached positions {len(toks) - nc}")
             cached_total += nc
             prompt_total += len(toks)
-            rows.append({p: float(data[p - nc, 1]) for p in pos if p >= nc})
+            rows.append({p: float(data[p - nc, self.col]) for p in pos if p >= nc})
         return VerifyResult(rows, time.perf_counter() - t0, cached_total, prompt_total)
 
     def shutdown(self):

@@ -22,8 +22,8 @@ from harness.config import ConfigError, bad
 from harness.run import RunOOM, RunResult
 from harness.units import parse_size
 from systems.tts.beams import step_logit_biases
-from systems.tts.checkpoint import is_local
-from systems.tts.config import AGGREGATIONS, SCORE_SOURCES, SEARCHES
+from systems.tts.checkpoint import DELIMITER, is_local
+from systems.tts.config import AGGREGATIONS, PRM_KINDS, SCORE_SOURCES, SEARCHES
 from systems.tts.memory import (Allocation, MemoryTooSmall, ModelShape, Roofline, search_allocation)
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -150,6 +150,11 @@ def validate(cfg) -> None:
         raise bad("system.spec_truncation_ratio", s.spec_truncation_ratio, "in [0, 1]")
     if v.name == "none" or not v.vocab_size:
         raise bad("verifier", v.name, "a process reward model (skywork-prm-1.5b, math-shepherd-7b, tiny-prm)")
+    if v.prm_kind not in PRM_KINDS:
+        raise bad("verifier.prm_kind", v.prm_kind, f"one of {', '.join(PRM_KINDS)}")
+    if v.prm_kind == "head" and v.step_tag != DELIMITER:
+        raise bad("verifier.step_tag", v.step_tag, 'the "\\n\\n" step delimiter for prm_kind=head (Skywork-style '
+                  'PRMs score each step at its "\\n\\n"); another tag needs prm_kind=lm')
     # local checkpoints: directory, config.json, weights, tokenizer, architecture, step tag
     from systems.tts import checkpoint
     if is_local(m.weights):
@@ -175,9 +180,13 @@ def validate(cfg) -> None:
     # the data set: unknown file or malformed line -> ConfigError naming the line
     from workloads.math import load_problems
     load_problems(_data_path(w.path), w.num_problems)
-    if cfg.backend.name == "vllm" and v.hf_model_type != "qwen2":
+    if cfg.backend.name == "vllm" and v.prm_kind == "lm" and not is_local(v.weights):
+        raise ConfigError(f"verifier.weights=random is not allowed for verifier={v.name!r} with backend=vllm: a "
+                          f"prm_kind=lm verifier reads its tokenizer's good/bad tokens; allowed: verifier.weights=/dir "
+                          f"(a local *ForCausalLM checkpoint with its tokenizer), or backend=sim")
+    if cfg.backend.name == "vllm" and v.prm_kind == "head" and v.hf_model_type != "qwen2":
         raise ConfigError(f"verifier={v.name!r} is not allowed with backend=vllm: the real path runs Qwen2 PRMs "
-                          f"(Qwen2ForProcessRewardModel); use backend=sim for it")
+                          f"(Qwen2ForProcessRewardModel) and prm_kind=lm causal LMs; use backend=sim for it")
     try:
         _check_memory(cfg, _real_cpu(cfg))
     except RunOOM:
@@ -234,7 +243,8 @@ def build(cfg, backend, workdir: Path):
     Local checkpoints: prompts come from the generator's tokenizer (chat template), steps end at its
     "\n\n" tokens (on vLLM: no logit bias, real weights), and, with a local verifier too, the PRM
     reads the decoded steps re-encoded by its own tokenizer with its "\n\n" step tag
-    (``VerifierText``). Otherwise ids are folded between token spaces (``TokenMap``). Simulated
+    (``VerifierText``; Math-Shepherd, ``prm_kind=lm``: its " ки" tag after every step,
+    ``ShepherdText``). Otherwise ids are folded between token spaces (``TokenMap``). Simulated
     runs use the tokenizers for prompt lengths and ids only."""
     from systems.tts import checkpoint
     from systems.tts.engines import PrmScorer, TokenMap
@@ -246,10 +256,11 @@ def build(cfg, backend, workdir: Path):
     vtok = checkpoint.load_tokenizer(str(v.weights)) if is_local(v.weights) else None
     prompts = {p.index: prompt_tokens(p, m.vocab_size, space.tok if space else None) for p in problems}
     if space and vtok is not None:
-        tmap = checkpoint.VerifierText(space, str(v.weights))
+        tmap = (checkpoint.ShepherdText(space, str(v.weights), v.step_tag, v.step_tag_id) if v.prm_kind == "lm"
+                else checkpoint.VerifierText(space, str(v.weights)))
         vprompts = {p.index: tmap.prompt(p.text) for p in problems}
     else:
-        tag = checkpoint.step_tag_id(vtok) if vtok is not None else v.step_tag_id
+        tag = checkpoint.step_tag_id(vtok) if vtok is not None and v.prm_kind == "head" else v.step_tag_id
         tmap = TokenMap(tokenizer_family(m), tokenizer_family(v), v.vocab_size, w.step_delimiter_id, tag)
         vprompts = {p.index: (checkpoint.verifier_prompt(vtok, p.text) if vtok is not None
                               else stand_in_tokens(p.text + "\n", v.vocab_size)) for p in problems}

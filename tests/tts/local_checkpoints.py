@@ -2,7 +2,9 @@
 (``tokenizers``) on the shared math problem texts with Qwen2's pre-tokenizer pattern (so "\\n\\n" and
 ".\\n\\n"-style tokens exist), wrapped as ``PreTrainedTokenizerFast`` with a ChatML template; a
 tiny-qwen2-shaped ``Qwen2ForCausalLM`` (random init) and a ``Qwen2ForProcessRewardModel`` PRM
-(transformers ``Qwen2Model`` + vLLM's 2-layer score head), saved as safetensors."""
+(transformers ``Qwen2Model`` + vLLM's 2-layer score head), saved as safetensors; and a Math-Shepherd-
+style verifier: a tiny ``MistralForCausalLM`` with its own tokenizer (trained the same way plus
+Math-Shepherd-formatted text, so " ки" is one token; BOS "<s>" added as Llama's tokenizer does)."""
 from __future__ import annotations
 
 import json
@@ -21,24 +23,35 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 OVERRIDES = [f"model.vocab_size={VOCAB}", f"verifier.vocab_size={VOCAB}"]
 
 
-def build_tokenizer(out: Path, data: Path):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from workloads.math import SYSTEM_PROMPT
-    corpus = [SYSTEM_PROMPT] * 50 + ["Therefore, the final answer is: $\\boxed{\\frac{1}{2}}$.\n\n"] * 20
+def _math_corpus(data: Path):
+    corpus = []
     for f in sorted(data.glob("math/*/test.jsonl")):
         for line in f.read_text().splitlines():
             o = json.loads(line)
             corpus += [o["problem"], str(o.get("solution", "")), f"$\\boxed{{{o['answer']}}}$"]
+    return corpus
+
+
+def _train_bpe(corpus, special_tokens):
+    """Byte-level BPE of ``VOCAB`` tokens with Qwen2's pre-tokenizer pattern."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+        vocab_size=VOCAB, special_tokens=special_tokens, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    return tok
+
+
+def build_tokenizer(out: Path, data: Path):
+    from transformers import PreTrainedTokenizerFast
+
+    from workloads.math import SYSTEM_PROMPT
+    corpus = [SYSTEM_PROMPT] * 50 + ["Therefore, the final answer is: $\\boxed{\\frac{1}{2}}$.\n\n"] * 20
+    tok = _train_bpe(corpus + _math_corpus(data), ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.chat_template = CHATML
     fast.save_pretrained(out)
@@ -100,3 +113,36 @@ def build_all(root: Path, data: Path):
     build_generator(root / "gen", tok)
     build_prm(root / "prm", tok)
     return root / "gen", root / "prm"
+
+
+SHEPHERD_SAMPLE = ("Step 1: We have x + 2 = 4, so x = 4 - 2. ки\n\nStep 2: The answer is $\\boxed{2}$. ки\n\n"
+                   "Step 3: Check: 2 + 2 = 4. ки")
+
+
+def build_shepherd(out: Path, data: Path, good_bad_scale: float = 10.0):
+    """Random tiny ``MistralForCausalLM`` (tiny-qwen2 shapes) + its tokenizer, a Math-Shepherd-style
+    verifier. The lm_head rows of "+" and "-" are scaled by ``good_bad_scale`` so P("+") spreads
+    over (0, 1) instead of sitting near 0.5. Returns the overrides that make ``verifier=math-shepherd-7b``
+    describe it (shapes, dtype, step tag and good/bad ids)."""
+    import torch
+    from tokenizers import processors
+    from transformers import MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast
+    tok = _train_bpe([SHEPHERD_SAMPLE] * 200 + _math_corpus(data), ["<s>", "</s>"])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    tag, = fast.encode(" ки", add_special_tokens=False)
+    good, bad = fast.convert_tokens_to_ids(["+", "-"])
+    torch.manual_seed(2)
+    cfg = MistralConfig(vocab_size=VOCAB, sliding_window=None, architectures=["MistralForCausalLM"],
+                        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, tie_word_embeddings=False,
+                        torch_dtype="float32", **{k: v for k, v in SHAPES.items() if k != "rope_theta"})
+    model = MistralForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight[[good, bad]] *= good_bad_scale
+    model.save_pretrained(out, safe_serialization=True)
+    fast.save_pretrained(out)
+    return [f"verifier.{k}={v}" for k, v in dict(
+        num_layers=SHAPES["num_hidden_layers"], hidden_size=SHAPES["hidden_size"], num_heads=SHAPES["num_attention_heads"],
+        num_kv_heads=SHAPES["num_key_value_heads"], head_dim=SHAPES["head_dim"],
+        intermediate_size=SHAPES["intermediate_size"], vocab_size=VOCAB, max_position=4096, dtype="float32",
+        step_tag_id=tag, good_token_id=good, bad_token_id=bad).items()]
