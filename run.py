@@ -1,11 +1,12 @@
 """Entry point: ``python run.py system=lbs model=opt-6.7b beams=64`` (one job) or
 ``python run.py -m experiment=lbs_fig9`` (a paper figure's sweep). See README.md."""
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from harness.config import ConfigError, register_configs, register_resolvers
+from harness.config import ConfigError, check_group_options, register_configs, register_resolvers
 
 register_resolvers()
 register_configs()
@@ -40,4 +41,9 @@ def _record_invalid_sweep_job(cfg: DictConfig, err: Exception) -> bool:
 
 
 if __name__ == "__main__":
+    try:
+        check_group_options(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     main()

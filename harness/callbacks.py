@@ -25,8 +25,9 @@ class SweepReport(Callback):
         flat = runs.astype({c: str for c in runs.columns if runs[c].dtype == object})   # mixed-type columns
         if len(runs):
             atomic_write_parquet(sweep_dir / "runs.parquet", flat)
-        n_ok = int((runs["status"] == "ok").sum()) if len(runs) else 0
-        print(f"sweep {sweep_dir}: {len(runs)} records ({n_ok} ok)")
+        counts = runs["status"].value_counts() if len(runs) else {}
+        by_status = ", ".join(f"{int(n)} {st}" for st, n in sorted(dict(counts).items(), key=lambda kv: kv[0] != "ok"))
+        print(f"sweep {sweep_dir}: {len(runs)} records ({by_status or 'none'})")
         target = config.get("report")
         if target:
             get_method(target)(sweep_dir, runs, config)

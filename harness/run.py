@@ -99,6 +99,32 @@ def validate(cfg) -> Tuple[Any, Backend]:
     return runner, backend
 
 
+def validate_config(cfg) -> Tuple[Any, Backend]:
+    """:func:`validate`, with OmegaConf's type and interpolation errors (``beams=abc``) raised as
+    ConfigError naming the field."""
+    from omegaconf.errors import OmegaConfBaseException
+    try:
+        return validate(cfg)
+    except OmegaConfBaseException as e:
+        msg = (getattr(e, "msg", None) or str(e)).strip().splitlines()[0]
+        key = getattr(e, "full_key", None)
+        raise ConfigError(f"{key}: {msg}" if key else msg) from None
+
+
+def print_line(cfg, backend: Backend, res: RunResult, outdir: Path) -> None:
+    """One line per job of a sweep (the full table is in the record): system, model, status, the
+    first displayed metric, the record's path."""
+    tag = " [SIMULATED]" if backend.simulated else ""
+    head = ""
+    if res.display:
+        label, key, fmt = res.display[0]
+        v = res.summary.get(key)
+        head = f" | {label} {'n/a' if v is None else fmt(v)}"
+    msg = f" ({res.message.splitlines()[0][:120]})" if res.message and res.status != "ok" else ""
+    print(f"{cfg.system.name} | {cfg.model.name} | status={res.status}{tag}{msg}{head} | {outdir / 'run.json'}",
+          flush=True)
+
+
 def print_table(cfg, backend: Backend, res: RunResult, outdir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -123,8 +149,10 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
     ``multirun``: whether the job belongs to a Hydra multirun (decides its W&B run, see
     ``tracking.sweep_jobs``); None = ask Hydra. Raises ConfigError (before any work and before any file is written) for bad input.
     """
-    runner, backend = validate(cfg)
-    print(backend.reason, flush=True)
+    runner, backend = validate_config(cfg)
+    multirun = in_multirun() if multirun is None else multirun
+    if not multirun:                  # sweep jobs say [SIMULATED] on their one line instead
+        print(backend.reason, flush=True)
     outdir = output_dir(cfg)
     records.check_writable(outdir)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
@@ -151,7 +179,7 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
         "inventory": dict(records.hardware_inventory()),
         "started_at": datetime.now(timezone.utc).isoformat(),
     }
-    if job_gets_own_run(cfg.get("tracking"), backend.simulated, in_multirun() if multirun is None else multirun):
+    if job_gets_own_run(cfg.get("tracking"), backend.simulated, multirun):
         tracker = make_tracker(cfg_dict, cfg.get("tracking"), outdir,
                                name=f"{cfg.system.name}-{outdir.name}", group=cfg.get("sweep_name"),
                                system_metrics=not backend.simulated)
@@ -197,7 +225,7 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
             tracker.log_table(name, df)
     finally:
         tracker.finish(res.status)
-    print_table(cfg, backend, res, outdir)
+    (print_line if multirun else print_table)(cfg, backend, res, outdir)
     return rec
 
 
@@ -214,7 +242,7 @@ def run_isolated(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     """Run the job in a fresh child process (spawned), so no GPU/vLLM state leaks into the next
     job of the sweep; a child that dies (segfault, OOM kill) is recorded as ``error``."""
     import multiprocessing as mp
-    validate(cfg)                                   # bad input fails here, before any work
+    validate_config(cfg)                            # bad input fails here, before any work
     outdir = output_dir(cfg)
     records.check_writable(outdir)
     resolved = OmegaConf.to_container(cfg, resolve=True)

@@ -140,3 +140,34 @@ def test_memoised_composition_falls_back_for_additions():
             cfg = memo.load_sweep_config(master, ["tracking=none", f"+extra_tag={seed}"])
             assert cfg.extra_tag == seed
         assert MemoConfigLoader.hits == hits
+
+
+@pytest.mark.parametrize("args,message", [
+    (["system=lbss"], "system='lbss' is not allowed: one of beam, "),
+    (["-m", "model=opt-6.7b,opt-67b"], "model='opt-67b' is not allowed: one of llama-2-7b, "),
+    (["beams=abc"], "workload.beams: While dereferencing interpolation '${first:${beams},16}': Value 'abc'"),
+    (["-m", "system=lbs", "beams=7,16"], "beams=7 is not allowed: a positive multiple of beam_width=2"),
+    (["-m", "system=lbs,layerwise", "beams=4", "tracking.sweep_jobs=bogus"],
+     "tracking.sweep_jobs='bogus' is not allowed: one of auto, runs, table"),
+])
+def test_bad_input_stops_single_runs_and_sweeps_before_work(tmp_path, args, message):
+    """A typo in an option, a value of the wrong type or a bad value of a swept parameter: exit 2
+    with our message, before any job runs (sweeps check every swept value up front)."""
+    out = subprocess.run([sys.executable, "run.py", *args, "tracking=none", f"results_dir={tmp_path}",
+                          "sweep_name=t"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-1500:]
+    assert message in out.stderr
+    assert "_schema" not in out.stderr
+    assert not list(tmp_path.rglob("run.json"))
+
+
+def test_covering_jobs_contain_every_swept_value():
+    import itertools
+
+    from hydra_plugins.harness_sweeper import covering_jobs
+    params = [["model=a", "model=b", "model=c"], ["beams=4", "beams=8", "beams=16", "beams=32", "beams=64"],
+              ["step=32", "step=64"]]
+    batch = [list(job) for job in itertools.product(*params)]
+    jobs = covering_jobs(batch)
+    assert len(jobs) == 5 and all(job in batch for job in jobs)
+    assert {o for job in jobs for o in job} == {o for p in params for o in p}
