@@ -232,7 +232,7 @@ DISPLAY = [
     ("I/O share of latency", "io_share", _pct),
     ("host->GPU", "h2d_bytes", _gib),
     ("GPU->host", "d2h_bytes", _gib),
-    ("Eq.1-5 prediction (host->GPU)", "eq_prediction_bytes", _gib),
+    ("paper Eq. prediction, this scheduler (host->GPU)", "eq_prediction_bytes", _gib),
     ("  Eq.1-3 layer-wise", "eq3_layerwise_bytes", _gib),
     ("  Eq.4-5 LBS, inter-token only", "eq5_lbs_bytes", _gib),
     ("groups per step (mean)", "groups_per_step", lambda v: f"{v:.2f}"),
