@@ -219,7 +219,7 @@ def display_rows():
         ("TBT P99", "tbt_p99_s", ms),
         ("SLO attainment TTFT", "slo_ttft_attainment", pct),
         ("SLO attainment TBT (per request)", "slo_tbt_attainment", pct),
-        ("mean SM clock", "mean_clock_mhz", lambda v: f"{v:,.0f} MHz"),
+        ("mean SM clock chosen (set on a GPU only with actuate=true)", "mean_clock_mhz", lambda v: f"{v:,.0f} MHz"),
         ("mean chunk size", "mean_chunk", num),
         ("mean microbatches", "mean_microbatches", num),
         ("decisions", "decisions", lambda v: f"{v:,}"),
