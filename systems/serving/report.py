@@ -55,6 +55,16 @@ def _stage_from_run(run_dir: str):
     return StageModel(c.model, c.hardware, int(s.get("tp", 2)), int(s.get("pp", 4))), c
 
 
+def _sim_title(title: str, df: pd.DataFrame) -> str:
+    """A figure title, marked "(simulated)" when every run behind it is simulated."""
+    return title + (" (simulated)" if len(df) and bool(df["simulated"].astype(bool).all()) else "")
+
+
+def _blank_nan(tab: pd.DataFrame) -> pd.DataFrame:
+    """The table for markdown: missing values (no paper number there) as empty cells, not 'nan'."""
+    return tab.astype(object).where(tab.notna(), None)
+
+
 def _pct(v):
     return None if v is None or (isinstance(v, float) and np.isnan(v)) else round(100 * float(v), 1)
 
@@ -79,13 +89,14 @@ def fig1(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
                    title=f"BEAM Fig. 1: batching gain ({c.model.name}, {c.hardware.name}, simulated)",
                    notes=tab.to_markdown(index=False, floatfmt=".4g"))
     plt = _plt()
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
     ax[0].loglog(n, 1e3 * lat / n, "o-", label="ours (sim)")
     ax[0].set(xlabel="batch tokens", ylabel="latency per token (ms)")
     ax[1].loglog(n, e * st.tp * st.pp / n, "o-", label="ours (sim)")
     ax[1].set(xlabel="batch tokens", ylabel="energy per token (J)")
     ax[1].set_title(f"paper: ~{_ref('fig1', 'per_token_energy_reduction'):.0f}x; ours {red_e:.0f}x", fontsize=9)
     ax[0].set_title(f"paper: ~{_ref('fig1', 'per_token_latency_reduction'):.0f}x; ours {red_l:.0f}x", fontsize=9)
+    fig.suptitle(_sim_title(f"BEAM Fig. 1: batching gain ({c.model.name}, {c.hardware.name})", df), fontsize=10)
     save_figure(fig, sweep_dir, "beam_fig1")
     return summary
 
@@ -106,7 +117,8 @@ def fig2(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
         rows.append({"batch_tokens": n, "valley_clock_mhz (sim)": float(cl[j]),
                      "energy_at_max_clock_vs_valley (sim)": round(float(e[-1] / e.min()), 3),
                      "energy_at_min_clock_vs_valley (sim)": round(float(e[0] / e.min()), 3)})
-    ax.set(xlabel="SM clock (MHz)", ylabel="energy / minimum", title="energy valley (paper: shifts with batch)")
+    ax.set(xlabel="SM clock (MHz)", ylabel="energy / minimum")
+    ax.set_title(_sim_title(f"BEAM Fig. 2: energy valley ({c.model.name})", df) + "\npaper: shifts with batch", fontsize=9)
     ax.legend()
     save_figure(fig, sweep_dir, "beam_fig2")
     tab = pd.DataFrame(rows)
@@ -140,19 +152,23 @@ def fig7(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
                 "mean_clock_mhz": round(r["summary.mean_clock_mhz"]),
             })
     tab = pd.DataFrame(rows)
-    write_markdown(tab, Path(sweep_dir) / "beam_fig7.md", title="BEAM Fig. 7: ServeGen segment (simulated A100s)",
-                   notes="Paper setups: llama-3.3-70b 2x4 and qwen2.5-32b 2x2; paper columns empty elsewhere.")
+    write_markdown(_blank_nan(tab), Path(sweep_dir) / "beam_fig7.md",
+                   title="BEAM Fig. 7: ServeGen segment (simulated A100s)",
+                   notes="Paper setups: llama-3.3-70b 2x4 and qwen2.5-32b 2x2; paper columns empty elsewhere "
+                         "(and where the paper gives no number).")
     plt = _plt()
     groups = list(tab.groupby(["model", "parallel"]))
-    fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(3.4 * max(len(groups), 1), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(3.4 * max(len(groups), 1), 3.6), squeeze=False,
+                             sharey=True, layout="constrained")
     for ax, ((model, par), g) in zip(axes[0], groups):
         x = np.arange(len(g))
         ax.bar(x, g["energy_vs_vanilla"], label="ours (sim)")
         ax.scatter(x, g["paper_vs_vanilla"].astype(float), color="k", marker="x", zorder=3, label="paper")
         ax.set_xticks(x, [s.replace(" (sim)", "") for s in g["system"]], rotation=30, fontsize=8)
         ax.set_title(f"{model} {par}", fontsize=9)
-        ax.set_ylabel("energy / vanilla")
+    axes[0][0].set_ylabel("energy / vanilla")
     axes[0][0].legend(fontsize=8)
+    fig.suptitle(_sim_title("BEAM Fig. 7: energy vs vanilla, ServeGen segment (A100)", df), fontsize=10)
     save_figure(fig, sweep_dir, "beam_fig7")
     return tab
 
@@ -167,7 +183,7 @@ def fig8(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     """Burst timeline: clock, power and TTFT over time for Window-DVFS and BEAM."""
     df = _ok(runs)
     plt = _plt()
-    fig, ax = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    fig, ax = plt.subplots(3, 1, figsize=(7, 7), sharex=True, layout="constrained")
     rows = []
     for _, r in df.iterrows():
         tl, rq = _tables(r.run_dir)
@@ -190,6 +206,7 @@ def fig8(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     ax[2].set(ylabel="TTFT (s)", xlabel="time (s)")
     ax[2].axhline(df["summary.slo_ttft_s"].iloc[0], color="r", lw=0.8)
     ax[0].legend(fontsize=8)
+    fig.suptitle(_sim_title("BEAM Fig. 8: burst 4 -> 20 req/s", df), fontsize=10)
     save_figure(fig, sweep_dir, "beam_fig8")
     tab = pd.DataFrame(rows)
     write_markdown(tab, Path(sweep_dir) / "beam_fig8.md", title="BEAM Fig. 8: burst 4 -> 20 req/s (simulated)",
@@ -202,7 +219,7 @@ def fig9(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     df = _ok(runs)
     rows = []
     plt = _plt()
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     for _, r in df.iterrows():
         tl, rq = _tables(r.run_dir)
         dur = r["config.workload.duration_s"]
@@ -225,6 +242,7 @@ def fig9(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     ax[0].set(xlabel="offered tokens/s", ylabel="TTFT attainment (%)", title="paper: all miss at ~6,400 tok/s")
     ax[1].set(xlabel="offered tokens/s", ylabel="power (kW)")
     ax[0].legend(fontsize=8)
+    fig.suptitle(_sim_title("BEAM Fig. 9: ramp 2 -> 6.4 req/s", df), fontsize=10)
     save_figure(fig, sweep_dir, "beam_fig9")
     tab = pd.DataFrame(rows)
     write_markdown(tab, Path(sweep_dir) / "beam_fig9.md", title="BEAM Fig. 9: ramp 2 -> 6.4 req/s (simulated)")
@@ -252,7 +270,7 @@ def fig10(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
         if s != "beam_s2":
             prev = frac
     tab = pd.DataFrame(rows)
-    write_markdown(tab, Path(sweep_dir) / "beam_fig10.md", title="BEAM Fig. 10: ablation (simulated)",
+    write_markdown(_blank_nan(tab), Path(sweep_dir) / "beam_fig10.md", title="BEAM Fig. 10: ablation (simulated)",
                    notes="beam_s2 = DVFS + S2 without S1 (extra point; the paper's cumulative +S2 is beam).")
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.4))
@@ -262,6 +280,7 @@ def fig10(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     ax.set_xticks(x, [s.replace(" (sim)", "") for s in tab.system], rotation=20, fontsize=8)
     ax.set_ylabel("energy / vanilla")
     ax.legend(fontsize=8)
+    ax.set_title(_sim_title("BEAM Fig. 10: ablation", df), fontsize=10)
     save_figure(fig, sweep_dir, "beam_fig10")
     return tab
 
@@ -281,7 +300,8 @@ def fig11(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
                          "energy_mj": round(r["summary.energy_j"] / 1e6, 3),
                          "ttft_att_%": _pct(r["summary.slo_ttft_attainment"]),
                          "tbt_att_%": _pct(r["summary.slo_tbt_attainment"])})
-    ax.set(xlabel="TBT SLO (ms)", ylabel="energy (MJ)", title="TTFT SLO 1 s")
+    ax.set(xlabel="TBT SLO (ms)", ylabel="energy (MJ)")
+    ax.set_title(_sim_title("BEAM Fig. 11: energy vs TBT SLO, TTFT SLO 1 s", df), fontsize=10)
     ax.legend(fontsize=7)
     save_figure(fig, sweep_dir, "beam_fig11")
     tab = pd.DataFrame(rows)
