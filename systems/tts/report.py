@@ -41,6 +41,22 @@ def tidy(runs: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _blank_nan(t: pd.DataFrame) -> pd.DataFrame:
+    """The table for markdown: missing values (no paper number there) as empty cells, not 'nan'."""
+    return t.astype(object).where(t.notna(), None)
+
+
+def _problems(runs: pd.DataFrame) -> str:
+    """' (first K problems per point)' when the sweep ran ``workload.num_problems=K``, else ''."""
+    col = "config.workload.num_problems"
+    if runs is None or col not in runs:
+        return ""
+    k = pd.to_numeric(runs[col], errors="coerce").dropna().unique()
+    if not len(k):
+        return ""
+    return f" (workload.num_problems={', '.join(str(int(x)) for x in sorted(k))}: first problem(s) only)"
+
+
 def _ref(figure: str) -> pd.DataFrame:
     ref = load_reference("fasttts", figure)
     parsed = ref["config"].str.split(";").apply(lambda kv: dict(x.split("=", 1) for x in kv if "=" in x))
@@ -64,11 +80,12 @@ def _gains(df: pd.DataFrame, keys: List[str], variants: List[str], base: str = "
         b = grp[grp["system"] == base][col]
         if not len(b):
             continue
-        row = dict(zip(keys, k), **{f"{base}{sim_label(bool(grp['simulated'].iloc[0]))}": float(b.iloc[0])})
+        sim = sim_label(bool(grp['simulated'].iloc[0]))
+        row = dict(zip(keys, k), **{f"{base}{sim}": float(b.iloc[0])})
         for v in variants:
             x = grp[grp["system"] == v][col]
             if len(x):
-                row[v] = float(x.iloc[0])
+                row[f"{v}{sim}"] = float(x.iloc[0])
                 row[f"{v}/base"] = float(x.iloc[0]) / float(b.iloc[0]) if float(b.iloc[0]) > 0 else np.nan
         rows.append(row)
     return pd.DataFrame(rows)
@@ -83,7 +100,8 @@ def _grid_plot(df, keys, xcol, ycol, ref_fn, title, sweep_dir, name, logy=True):
         return
     cols = min(3, len(groups))
     rws = int(np.ceil(len(groups) / cols))
-    fig, axes = plt.subplots(rws, cols, figsize=(4.2 * cols, 3.2 * rws), squeeze=False)
+    fig, axes = plt.subplots(rws, cols, figsize=(4.2 * cols, 3.2 * rws), squeeze=False, layout="constrained")
+    any_paper = False
     for ax, (k, grp) in zip(axes.flat, groups):
         k = k if isinstance(k, tuple) else (k,)
         for sysname, s in grp.groupby("system"):
@@ -92,6 +110,7 @@ def _grid_plot(df, keys, xcol, ycol, ref_fn, title, sweep_dir, name, logy=True):
             pts = [(x, ref_fn(dict(zip(keys, k)), sysname, x)) for x in sorted(s[xcol].unique())]
             pts = [(x, y) for x, y in pts if y is not None]
             if pts:
+                any_paper = True
                 ax.scatter(*zip(*pts), marker="x", s=60, label=f"{sysname} (paper)")
         ax.set_title(" ".join(str(x) for x in k), fontsize=9)
         ax.set_xscale("log", base=2)
@@ -100,8 +119,10 @@ def _grid_plot(df, keys, xcol, ycol, ref_fn, title, sweep_dir, name, logy=True):
         ax.set_xlabel(xcol)
         ax.set_ylabel(ycol)
         ax.legend(fontsize=6)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    simulated = len(df) and bool(df["simulated"].astype(bool).all())
+    fig.suptitle(title + (" (simulated)" if simulated else "") + ("; x = paper" if any_paper else ""), fontsize=10)
     save_figure(fig, sweep_dir, name)
 
 
@@ -121,10 +142,11 @@ def report_goodput(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
                  f"paper: 2.2x (1.2-5.4x). Simulated: {bool(df['simulated'].any())}.")
     else:
         notes = "no successful runs"
-    write_markdown(t, Path(sweep_dir) / "fig12_goodput.md", "FastTTS Fig. 12: precise goodput (tok/s)", notes)
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig12_goodput.md",
+                   "FastTTS Fig. 12: precise goodput (tok/s)" + _problems(runs), notes)
     _grid_plot(df, ["pair", "dataset"], "n", "goodput",
                lambda k, s, n: _paper(ref, "goodput_tok_s", pair=k["pair"], dataset=k["dataset"], n=n, system=s),
-               "Precise goodput (tok/s); x = paper", sweep_dir, "fig12_goodput")
+               "Precise goodput (tok/s)" + _problems(runs), sweep_dir, "fig12_goodput")
     return t
 
 
@@ -146,10 +168,10 @@ def report_latency(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
                  f"paper: 38..68 %; verifier 75..85 %, generator 36..66 %.")
     else:
         notes = "no successful runs"
-    write_markdown(t, Path(sweep_dir) / "fig13_latency.md", "FastTTS Fig. 13: completion latency (s)", notes)
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig13_latency.md", "FastTTS Fig. 13: completion latency (s)" + _problems(runs), notes)
     _grid_plot(df, ["pair", "dataset"], "n", "latency",
                lambda k, s, n: _paper(ref, "latency_s", pair=k["pair"], dataset=k["dataset"], n=n, system=s),
-               "Completion latency (s/problem); x = paper", sweep_dir, "fig13_latency")
+               "Completion latency (s/problem)" + _problems(runs), sweep_dir, "fig13_latency")
     return t
 
 
@@ -163,14 +185,14 @@ def report_ablation(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFra
         if f"{v}/base" in t:
             t[f"{v} gain %"] = 100 * (t[f"{v}/base"] - 1)
             t[f"{v} paper %"] = [_paper(ref, "goodput_gain_pct", pair=r.pair, n=r.n, system=v) for r in t.itertuples()]
-    write_markdown(t, Path(sweep_dir) / "fig16_ablation.md", "FastTTS Fig. 16: cumulative goodput gain (%)",
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig16_ablation.md", "FastTTS Fig. 16: cumulative goodput gain (%)" + _problems(runs),
                    "P = prefix-aware scheduling, M = memory allocation, S = speculative beam extension.")
     df2 = df.merge(df[df.system == "vllm_tts"][["pair", "n", "goodput"]].rename(columns={"goodput": "base"}),
                    on=["pair", "n"])
     df2["gain_pct"] = 100 * (df2["goodput"] / df2["base"] - 1)
     _grid_plot(df2[df2.system != "vllm_tts"], ["pair"], "n", "gain_pct",
                lambda k, s, n: _paper(ref, "goodput_gain_pct", pair=k["pair"], n=n, system=s),
-               "Cumulative goodput gain over the baseline (%); x = paper", sweep_dir, "fig16_ablation", logy=False)
+               "Cumulative goodput gain over the baseline (%)" + _problems(runs), sweep_dir, "fig16_ablation", logy=False)
     return t
 
 
@@ -182,10 +204,10 @@ def report_r_sweep(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     df.loc[df.system == "fasttts", "system"] = "fasttts;R=" + df.loc[df.system == "fasttts", "R"].astype(float).map(
         lambda r: f"{r:g}" if r != 0 else "0.0")
     t = _gains(df, ["pair", "dataset", "n"], ["fasttts;R=0.0", "fasttts;R=0.85"])
-    write_markdown(t, Path(sweep_dir) / "fig17_r_sweep.md", "FastTTS Fig. 17-right: goodput vs R (tok/s)")
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig17_r_sweep.md", "FastTTS Fig. 17-right: goodput vs R (tok/s)" + _problems(runs))
     _grid_plot(df, ["pair", "dataset"], "n", "goodput",
                lambda k, s, n: _paper(ref, "goodput_tok_s", dataset=k["dataset"], n=n, system=s),
-               "Goodput vs truncation ratio R; x = paper", sweep_dir, "fig17_r_sweep")
+               "Goodput vs truncation ratio R" + _problems(runs), sweep_dir, "fig17_r_sweep")
     return t
 
 
@@ -198,7 +220,7 @@ def report_memory(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame
         if f"{v}/base" in t:
             t[f"{v} gain %"] = 100 * (t[f"{v}/base"] - 1)
             t[f"{v} paper %"] = [_paper(ref, "goodput_gain_pct", kv_budget=r.kv_budget, system=v) for r in t.itertuples()]
-    write_markdown(t, Path(sweep_dir) / "fig18_memory.md", "FastTTS Fig. 18-right: gain vs KV budget (%)")
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig18_memory.md", "FastTTS Fig. 18-right: gain vs KV budget (%)" + _problems(runs))
     return t
 
 
@@ -208,8 +230,8 @@ def report_methods(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     t = _gains(df, ["search", "n"], ["fasttts"])
     notes = (f"Ours: {t['fasttts/base'].min():.2f}-{t['fasttts/base'].max():.2f}x; paper 1.2-3.9x."
              if len(t) and "fasttts/base" in t else "")
-    write_markdown(t, Path(sweep_dir) / "fig11_methods.md", "FastTTS Fig. 11: goodput per search method", notes)
-    _grid_plot(df, ["search"], "n", "goodput", lambda k, s, n: None, "Goodput per search algorithm",
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig11_methods.md", "FastTTS Fig. 11: goodput per search method" + _problems(runs), notes)
+    _grid_plot(df, ["search"], "n", "goodput", lambda k, s, n: None, "Goodput per search algorithm" + _problems(runs),
                sweep_dir, "fig11_methods")
     return t
 
@@ -222,8 +244,8 @@ def report_gpus(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
     if len(t):
         t["paper base"] = [_paper(ref, "goodput_tok_s", hardware=r.hardware, n=r.n, system="vllm_tts") for r in t.itertuples()]
         t["paper fasttts"] = [_paper(ref, "goodput_tok_s", hardware=r.hardware, n=r.n, system="fasttts") for r in t.itertuples()]
-    write_markdown(t, Path(sweep_dir) / "fig15_gpus.md", "FastTTS Fig. 15: other GPUs (tok/s)")
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig15_gpus.md", "FastTTS Fig. 15: other GPUs (tok/s)" + _problems(runs))
     _grid_plot(df, ["hardware"], "n", "goodput",
                lambda k, s, n: _paper(ref, "goodput_tok_s", hardware=k["hardware"], n=n, system=s),
-               "Goodput on other GPUs; x = paper", sweep_dir, "fig15_gpus")
+               "Goodput on other GPUs" + _problems(runs), sweep_dir, "fig15_gpus")
     return t
