@@ -147,7 +147,8 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
     """Run one job from a composed config and return its record (also written to run.json).
 
     ``multirun``: whether the job belongs to a Hydra multirun (decides its W&B run, see
-    ``tracking.sweep_jobs``); None = ask Hydra. Raises ConfigError (before any work and before any file is written) for bad input.
+    ``tracking.sweep_jobs``, and one printed line instead of the table); None = ask Hydra.
+    Raises ConfigError (before any work and before any file is written) for bad input.
     """
     runner, backend = validate_config(cfg)
     multirun = in_multirun() if multirun is None else multirun
