@@ -8,7 +8,9 @@ serially, in the parent before launching. For the 225-job Fig.9 sweep that was m
    the batch's jobs up front instead of every job: every value of every swept parameter appears in
    at least one checked job (5 jobs of Fig.9's 225). A bad value stops the sweep before any work,
    with the job's overrides and exit code 2. Values that are invalid only in combination are
-   found by the job itself in its worker and recorded as an invalid job (status error).
+   found by the job itself in its worker and recorded as an invalid job (status error). With
+   launchers that run jobs on other machines (SLURM, Ray) only Hydra's composition is checked up
+   front: the submitting host may lack the devices a job's validation looks for.
 2. The launcher gets ``harness.compose.MemoConfigLoader``, which composes once per set of config
    groups in each worker and applies plain value overrides to a copy (see that module).
 3. With the joblib launcher and ``batch_size: auto``, jobs go to the workers in chunks of about
@@ -27,6 +29,9 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from harness.compose import MemoConfigLoader
+
+
+LOCAL_LAUNCHERS = ("JoblibLauncher", "BasicLauncher")
 
 
 class FastBasicSweeper(BasicSweeper):
@@ -53,6 +58,8 @@ class FastBasicSweeper(BasicSweeper):
         from harness.run import validate_config
         jobs = covering_jobs(batch)
         super().validate_batch_is_legal(jobs)           # Hydra's own check (composition)
+        if type(self.launcher).__name__ not in LOCAL_LAUNCHERS:
+            return      # SLURM/Ray: jobs run elsewhere (a login node may lack the GPU they check for)
         for job in jobs:
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
             try:
