@@ -28,6 +28,8 @@ def parse_size(value, field: str = "size") -> int:
         if value < 0:
             raise ValueError(f"{field}={value!r} must be >= 0 bytes")
         return int(value)
+    if str(value).strip().startswith("-"):
+        raise ValueError(f"{field}={value!r} must be >= 0 bytes")
     m = _SIZE_RE.match(str(value))
     unit = m.group(2).lower() if m else None
     if not m or unit not in _UNITS:

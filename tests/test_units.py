@@ -15,3 +15,9 @@ def test_parse_size(text, expected):
 def test_parse_size_rejects(bad):
     with pytest.raises(ValueError, match="kv_budget"):
         parse_size(bad, "kv_budget")
+
+
+@pytest.mark.parametrize("negative", [-1, "-1GiB", " -512MiB", "-0.5e9"])
+def test_parse_size_says_negative_sizes_are_not_allowed(negative):
+    with pytest.raises(ValueError, match=r"kv_budget=.* must be >= 0 bytes"):
+        parse_size(negative, "kv_budget")
