@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -14,6 +15,11 @@ log = logging.getLogger(__name__)
 class SweepReport(Callback):
     """On multirun end: write ``runs.parquet`` (one row per job) in the sweep dir and, when the
     config names ``report: module.function``, call ``report(sweep_dir, runs, cfg)``."""
+
+    started_at: Optional[float] = None          # time.time() at multirun start
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.started_at = time.time()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.utils import get_method
@@ -32,7 +38,16 @@ class SweepReport(Callback):
         if target:
             get_method(target)(sweep_dir, runs, config)
             print(f"report written under {sweep_dir}")
-        self._mirror_to_wandb(config, sweep_dir, flat)
+        if self._any_written_since_start(runs):
+            self._mirror_to_wandb(config, sweep_dir, flat)
+        elif len(runs):
+            print("every job was already recorded: the sweep's W&B run is not logged again")
+
+    def _any_written_since_start(self, runs) -> bool:
+        """Whether this invocation wrote any record (False when every job was skipped as done)."""
+        if self.started_at is None:
+            return bool(len(runs))
+        return any((Path(d) / "run.json").stat().st_mtime >= self.started_at - 1 for d in runs.get("run_dir", []))
 
     @staticmethod
     def _mirror_to_wandb(config: DictConfig, sweep_dir: Path, runs) -> None:

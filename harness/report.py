@@ -29,14 +29,15 @@ def _flatten(prefix: str, obj: Any, out: Dict[str, Any]) -> None:
 
 
 def record_row(rec: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
-    """One flat row for a run.json: status, system, model, simulated, run_dir, summary.*, config.*."""
+    """One flat row for a run.json: status, system, model, simulated, run_dir, wall_s, finished_at
+    (ISO time, UTC), summary.*, config.*."""
     row: Dict[str, Any] = {
         "status": rec.get("status"), "message": rec.get("message", ""),
         "system": rec.get("system"), "model": rec.get("model"),
         "hardware": rec.get("hardware_profile"),
         "simulated": bool(rec.get("backend", {}).get("simulated")),
         "backend": rec.get("backend", {}).get("name"),
-        "run_dir": str(run_dir), "wall_s": rec.get("wall_s"),
+        "run_dir": str(run_dir), "wall_s": rec.get("wall_s"), "finished_at": rec.get("finished_at"),
     }
     _flatten("summary", rec.get("summary", {}), row)
     _flatten("config", rec.get("config", {}), row)

@@ -68,3 +68,10 @@ def test_bad_sweep_jobs_is_rejected_before_work(tmp_path):
     assert out.returncode == 2
     assert "tracking.sweep_jobs='some' is not allowed: one of auto, runs, table" in out.stderr
     assert not list(tmp_path.rglob("run.json"))
+
+
+@pytest.mark.slow
+def test_rerun_of_a_finished_sweep_does_not_log_it_again(tmp_path):
+    sweep = _sweep(tmp_path)
+    _sweep(tmp_path)                     # every job skipped: its valid record exists
+    assert len(list(sweep.glob("wandb/offline-run-*"))) == 1
