@@ -56,9 +56,9 @@ class SweepReport(Callback):
         W&B, see ``tracking.sweep_jobs``) and the sweep's figures."""
         from omegaconf import OmegaConf
 
-        from harness.tracking import make_tracker
+        from harness.tracking import make_tracker, tracking_on
         tracking = config.get("tracking")
-        if tracking is None or tracking.name == "none" or tracking.mode == "disabled" or not len(runs):
+        if not tracking_on(tracking) or not len(runs):
             return
         params = config.hydra.sweeper.get("params")
         tr = make_tracker({"experiment": config.get("experiment_name"),

@@ -53,12 +53,17 @@ class WandbTracker(NullTracker):
         self.run.finish(exit_code=0 if status in ("ok", "oom", "skipped") else 1)
 
 
+def tracking_on(tracking) -> bool:
+    """Whether ``tracking`` (the config group) mirrors anything to W&B."""
+    return tracking is not None and tracking.name != "none" and tracking.mode != "disabled"
+
+
 def job_gets_own_run(tracking, simulated: bool, in_multirun: bool) -> bool:
     """Whether a job opens its own W&B run (``tracking.sweep_jobs``, see harness.config.TrackingConfig).
 
     Outside a multirun always; in a multirun unless ``sweep_jobs`` is ``table``, or ``auto`` and the
     job is simulated (then harness.callbacks.SweepReport logs it as a row of the sweep's run)."""
-    if tracking is None or tracking.name == "none" or tracking.mode == "disabled":
+    if not tracking_on(tracking):
         return False
     mode = tracking.get("sweep_jobs", "auto")
     return not in_multirun or mode == "runs" or (mode == "auto" and not simulated)
@@ -70,7 +75,7 @@ def make_tracker(cfg_dict: dict, tracking, outdir: Path, name: str, group: str |
 
     ``system_metrics``: let W&B sample host/GPU utilisation and collect host metadata (real runs);
     otherwise the run is lean (simulated jobs, sweep reports)."""
-    if tracking is None or tracking.name == "none" or tracking.mode == "disabled":
+    if not tracking_on(tracking):
         return NullTracker()
     try:
         return WandbTracker(cfg_dict, tracking, outdir, name, group, system_metrics)

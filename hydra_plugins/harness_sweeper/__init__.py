@@ -56,12 +56,12 @@ class FastBasicSweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from harness.config import ConfigError
         from harness.run import validate_config
-        jobs = covering_jobs(batch)
-        super().validate_batch_is_legal(jobs)           # Hydra's own check (composition)
-        if type(self.launcher).__name__ not in LOCAL_LAUNCHERS:
-            return      # SLURM/Ray: jobs run elsewhere (a login node may lack the GPU they check for)
-        for job in jobs:
+        local = type(self.launcher).__name__ in LOCAL_LAUNCHERS
+        for job in covering_jobs(batch):
+            # Hydra's own check (what BasicSweeper does for every job): the job's config composes
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
+            if not local:
+                continue    # SLURM/Ray: jobs run elsewhere (a login node may lack the GPU they check for)
             try:
                 validate_config(cfg)
             except ConfigError as e:
