@@ -6,7 +6,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from harness.config import ConfigError, check_group_options, register_configs, register_resolvers
+from harness.config import check_group_options, register_configs, register_resolvers
+from harness.errors import ConfigError
 
 register_resolvers()
 register_configs()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 
 # Real engine of each family (DESIGN.md): the TTC engine runs on torch, the others on vLLM.
 REAL_ENGINE = {"ttc": "torch", "tts": "vllm", "serving": "vllm"}

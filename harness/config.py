@@ -18,16 +18,9 @@ from typing import Any, Dict, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from harness.errors import ConfigError, bad  # noqa: F401  (re-exported for older imports)
+
 FAMILY_MODULES = ["systems.ttc.config", "systems.tts.config", "systems.serving.config"]
-
-
-class ConfigError(ValueError):
-    """A configuration value is not allowed. The message names the field, the value and what is allowed."""
-
-
-def bad(field_name: str, value: Any, allowed: str) -> ConfigError:
-    """Build a ConfigError naming the field, the value and what is allowed."""
-    return ConfigError(f"{field_name}={value!r} is not allowed: {allowed}")
 
 
 @dataclass

@@ -70,7 +70,7 @@ def atomic_write_parquet(path: Path, df) -> None:
 
 def check_writable(directory: Path) -> None:
     """Raise ConfigError if ``directory`` cannot be created or written."""
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
     d = Path(directory)
     try:
         d.mkdir(parents=True, exist_ok=True)

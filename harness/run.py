@@ -21,14 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import records
 from harness.backend import Backend, resolve_backend
-from harness.config import ConfigError, validate_common
+from harness.config import validate_common
+from harness.errors import ConfigError, RunOOM
 from harness.tracking import NullTracker, job_gets_own_run, make_tracker
 
 log = logging.getLogger(__name__)
-
-
-class RunOOM(RuntimeError):
-    """Raised by an engine when the configuration does not fit in (real or simulated) memory."""
 
 
 @dataclass

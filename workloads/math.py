@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 
 # search-and-learn system prompt (FastTTS §1.3)
 SYSTEM_PROMPT = ("Solve the following math problem efficiently and clearly:\n\n"

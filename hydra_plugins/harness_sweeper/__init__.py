@@ -54,7 +54,7 @@ class FastBasicSweeper(BasicSweeper):
             self.launcher.launch = launch_in_chunks
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        from harness.config import ConfigError
+        from harness.errors import ConfigError
         from harness.run import validate_config
         local = type(self.launcher).__name__ in LOCAL_LAUNCHERS
         for job in covering_jobs(batch):

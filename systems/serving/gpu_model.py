@@ -31,8 +31,6 @@ from typing import Any, Dict
 
 import numpy as np
 
-BYTES_PER_DTYPE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-
 # Parameters a hardware profile's ``power:`` dict must carry (see conf/hardware/a100-80gb.yaml).
 POWER_KEYS = ("act_a_w", "act_b_w", "act_alpha", "mem_beta", "blocking_w", "mem_knee_frac",
               "limit_w", "tile_tokens")
@@ -81,16 +79,17 @@ class StageModel:
         self.f_min = float(hw.clock_min_mhz)
         self.power = PowerParams.from_dict(dict(hw.power))
         self.idle_w = float(hw.idle_w)
-        bpp = BYTES_PER_DTYPE[model.dtype]
+        from harness import model_facts as mf
+        bpp = mf.dtype_bytes(model.dtype)
         h, hd = model.hidden_size, model.head_dim
-        q, kv = model.num_heads * hd, model.num_kv_heads * hd
-        mlp = (2 if model.hf_model_type == "opt" else 3) * h * model.intermediate_size
-        params_layer = h * q + 2 * h * kv + q * h + mlp
+        q = model.num_heads * hd
         self.layers = model.num_layers / self.pp
-        lm_head = model.vocab_size * h / self.pp           # spread over stages (one stage holds it)
-        self.weight_params_gpu = (self.layers * params_layer + lm_head) / self.tp
-        self.weight_bytes_gpu = self.weight_params_gpu * bpp
-        self.kv_bytes_token_gpu = 2 * self.layers * kv * bpp / self.tp    # K and V, this stage
+        # harness.model_facts, spread evenly over the stages and the TP group: all weights occupy
+        # memory; the matmul weights (not the embedding lookups) are streamed and multiplied
+        self.weight_bytes_gpu = mf.weight_bytes(model) / self.pp / self.tp
+        self.weight_params_gpu = mf.forward_params(model) / self.pp / self.tp
+        self.read_bytes_gpu = self.weight_params_gpu * bpp
+        self.kv_bytes_token_gpu = mf.kv_bytes_per_token(model) / self.pp / self.tp   # K and V, this stage
         self.attn_flops_pair_gpu = 4 * self.layers * q / self.tp          # QK^T + AV per (token, ctx)
         self.flops_rate = float(hw.peak_flops) * float(hw.flops_efficiency)
         self.bw = float(hw.mem_bw) * float(hw.mem_efficiency)
@@ -117,7 +116,7 @@ class StageModel:
         n_tile = np.ceil(n / tile) * tile
         flops = 2.0 * self.weight_params_gpu * n_tile + self.attn_flops_pair_gpu * np.asarray(attn_pairs, float)
         t_sm = flops / self.flops_rate * (self.f_max / f)
-        t_mem = ((self.weight_bytes_gpu + self.kv_bytes_token_gpu * np.asarray(ctx_tokens, float)) / self.bw
+        t_mem = ((self.read_bytes_gpu + self.kv_bytes_token_gpu * np.asarray(ctx_tokens, float)) / self.bw
                  * np.maximum(1.0, self.f_knee / f))
         t_other = self.t_launch + self._ar_lat + (self._ar_s_per_token + self._pp_s_per_token) * n
         return t_sm, t_mem, t_other
@@ -153,7 +152,7 @@ class StageModel:
         tile = self.power.tile_tokens
         t_sm = ((2.0 * self.weight_params_gpu * (-(-n // tile) * tile) + self.attn_flops_pair_gpu * attn_pairs)
                 / self.flops_rate * (self.f_max / f))
-        t_mem = ((self.weight_bytes_gpu + self.kv_bytes_token_gpu * ctx_tokens) / self.bw
+        t_mem = ((self.read_bytes_gpu + self.kv_bytes_token_gpu * ctx_tokens) / self.bw
                  * max(1.0, self.f_knee / f))
         t_other = self.t_launch + self._ar_lat + (self._ar_s_per_token + self._pp_s_per_token) * n
         t_k = max(t_sm, t_mem)

@@ -11,8 +11,9 @@ from typing import Any, Dict
 
 import numpy as np
 
-from harness.config import ConfigError, bad
-from harness.run import RunOOM, RunResult
+from harness.errors import ConfigError, bad
+from harness.errors import RunOOM
+from harness.run import RunResult
 from systems.serving.config import CONTROLLERS, TRACE_FORMATS, WORKLOAD_KINDS
 
 _REQ_CACHE: Dict[str, Any] = {}

@@ -28,17 +28,16 @@ from typing import Dict, List
 import numpy as np
 import pandas as pd
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
+from harness.model_facts import CAUSAL_LM as ARCH   # architecture class per model type
 from harness.run import RunResult
 
-ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "opt": "OPTForCausalLM",
-        "mistral": "MistralForCausalLM"}
 CPU_MAX_WEIGHT_BYTES = 2 << 30
 
 
 def validate_real(cfg, backend) -> None:
     """Checks for the real vLLM path (before any work)."""
-    from systems.serving.gpu_model import BYTES_PER_DTYPE
+    from harness.model_facts import weight_bytes
     m = cfg.model
     if m.hf_model_type not in ARCH:
         raise ConfigError(f"model.hf_model_type={m.hf_model_type!r} is not allowed for backend=vllm: one of "
@@ -46,9 +45,7 @@ def validate_real(cfg, backend) -> None:
     if m.weights != "random" and not Path(m.weights).exists():
         raise ConfigError(f"model.weights={m.weights!r} is not allowed: 'random' or an existing checkpoint dir")
     if backend.device == "cpu":
-        h, L = m.hidden_size, m.num_layers
-        params = L * (4 * h * h + 3 * h * m.intermediate_size) + 2 * m.vocab_size * h
-        need = params * BYTES_PER_DTYPE.get(m.dtype, 4)
+        need = weight_bytes(m)
         if need > CPU_MAX_WEIGHT_BYTES:
             raise ConfigError(f"model={m.name!r} ({need / 2**30:.1f} GiB of weights) is not allowed for backend=vllm "
                               f"on CPU: use a tiny-* model (<= {CPU_MAX_WEIGHT_BYTES >> 30} GiB)")
@@ -62,17 +59,9 @@ def validate_real(cfg, backend) -> None:
 
 def write_model_dir(model, path: Path) -> Path:
     """A HF config.json for ``model`` (random weights: vLLM ``load_format='dummy'``)."""
+    from harness.model_facts import hf_config_dict
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {"architectures": [ARCH[model.hf_model_type]], "model_type": model.hf_model_type,
-           "hidden_size": model.hidden_size, "intermediate_size": model.intermediate_size,
-           "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
-           "num_key_value_heads": model.num_kv_heads, "head_dim": model.head_dim,
-           "vocab_size": model.vocab_size, "max_position_embeddings": model.max_position,
-           "torch_dtype": model.dtype, "hidden_act": "silu", **dict(model.hf_config)}
-    if model.hf_model_type == "opt":
-        cfg.update(ffn_dim=model.intermediate_size, word_embed_proj_dim=model.hidden_size,
-                   do_layer_norm_before=True, activation_function="relu")
-    (path / "config.json").write_text(json.dumps(cfg, indent=1))
+    (path / "config.json").write_text(json.dumps(hf_config_dict(model), indent=1))
     return path
 
 

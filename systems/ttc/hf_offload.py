@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from transformers import DynamicCache
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from harness.run import RunContext, RunResult
 from systems.ttc import analytic
 from systems.ttc.model import build_model

@@ -34,26 +34,16 @@ def hf_config_kwargs(mcfg) -> Dict[str, Any]:
     """transformers config constructor fields for ``mcfg`` (a ModelConfig or DictConfig).
 
     Raises ValueError for a model type we do not map (allowed: opt, llama, qwen2)."""
+    from harness.model_facts import hf_config_dict
     t = mcfg.hf_model_type
-    extra = dict(mcfg.hf_config or {})
-    common = dict(num_hidden_layers=int(mcfg.num_layers), hidden_size=int(mcfg.hidden_size),
-                  num_attention_heads=int(mcfg.num_heads), vocab_size=int(mcfg.vocab_size),
-                  max_position_embeddings=int(mcfg.max_position))
-    if t == "opt":
-        if mcfg.num_kv_heads != mcfg.num_heads or mcfg.head_dim * mcfg.num_heads != mcfg.hidden_size:
-            raise ModelGeometryError(
-                f"model {mcfg.name}: OPT has num_kv_heads == num_heads and head_dim == hidden/heads; "
-                f"got num_heads={mcfg.num_heads}, num_kv_heads={mcfg.num_kv_heads}, head_dim={mcfg.head_dim}")
-        kw = dict(common, ffn_dim=int(mcfg.intermediate_size))
-        kw.setdefault("word_embed_proj_dim", int(mcfg.hidden_size))
-    elif t in ("llama", "qwen2"):
-        kw = dict(common, num_key_value_heads=int(mcfg.num_kv_heads), head_dim=int(mcfg.head_dim),
-                  intermediate_size=int(mcfg.intermediate_size))
-    else:
+    if t not in SUPPORTED:
         raise ValueError(f"model.hf_model_type={t!r} is not allowed for the torch engine: one of "
                          f"{', '.join(SUPPORTED)}")
-    kw.update(extra)
-    return kw
+    try:
+        d = hf_config_dict(mcfg)
+    except ValueError as e:
+        raise ModelGeometryError(str(e)) from None
+    return {k: v for k, v in d.items() if k not in ("architectures", "model_type", "torch_dtype")}
 
 
 def kv_geometry_of(model) -> KVGeometry:

@@ -27,10 +27,10 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from harness.model_facts import dtype_bytes
 from systems.ttc.beamset import beamset_groups, chunk_groups, group_capacity, group_sizes
 from systems.ttc.tree import Beam, BeamTree, path_matrix
 
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class KVGeometry:
     @classmethod
     def from_model(cls, model_cfg) -> "KVGeometry":
         return cls(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim,
-                   DTYPE_BYTES[model_cfg.dtype])
+                   dtype_bytes(model_cfg.dtype))
 
     @property
     def kv_layer_token(self) -> int:
@@ -149,7 +149,7 @@ class Scheduler:
         per_beam = (start + tokens) * g.kv_token
         cap = group_capacity(n, self.budget, per_beam)
         if cap < 1:
-            from harness.run import RunOOM
+            from harness.errors import RunOOM
             raise RunOOM(f"step {p.step}: one beam's KV ({per_beam} B at {start + tokens} tokens) "
                          f"exceeds the KV budget ({self.budget} B)")
         sizes = group_sizes(n, cap, balanced=self.prefetch)

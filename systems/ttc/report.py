@@ -143,11 +143,10 @@ def rtx3080ti(sweep_dir, runs, cfg):
 def fig4(sweep_dir, runs, cfg):
     """Fig.4: KV share of GPU memory (KV / (KV + weights) at seq 2048) and layer-wise runtime breakdown."""
     import matplotlib.pyplot as plt
-    from systems.ttc.plan import DTYPE_BYTES
-    from systems.ttc.sim import model_params
+    from harness.model_facts import weight_bytes
     sweep_dir = Path(sweep_dir)
     df = _tidy(runs)
-    weights = model_params(cfg.model) * DTYPE_BYTES[cfg.model.dtype]
+    weights = weight_bytes(cfg.model)
     df["kv_share_of_memory"] = df.full_kv_bytes / (df.full_kv_bytes + weights)
     ref = load_reference("lbs", "fig4")
     df["paper_kv_share_lower_bound"] = [_ref_value(ref, "kv_share_of_memory", beams=b) for b in df.beams]

@@ -9,13 +9,15 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from harness.config import ConfigError, bad, plain
+from harness.config import plain
+from harness.errors import ConfigError, bad
 from harness.run import RunContext, RunResult
 from harness.units import GiB, parse_size
 from systems.ttc import analytic
 from systems.ttc.config import SCHEDULERS
-from systems.ttc.plan import DTYPE_BYTES, KVGeometry, Scheduler
-from systems.ttc.sim import SimExecutor, model_params
+from harness.model_facts import weight_bytes
+from systems.ttc.plan import KVGeometry, Scheduler
+from systems.ttc.sim import SimExecutor
 from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
 
 _gib = lambda v: f"{v / GiB:,.2f} GiB" if v >= GiB / 100 or v == 0 else f"{v / 2**20:,.2f} MiB"
@@ -35,8 +37,7 @@ def kv_budget_bytes(cfg, *, live: Optional[int] = None) -> Optional[int]:
                 raise ConfigError(str(e)) from None
     if live is not None:
         return live
-    weights = model_params(cfg.model) * DTYPE_BYTES[cfg.model.dtype]
-    return max(0, int(cfg.hardware.memory_bytes * 0.9) - weights)
+    return max(0, int(cfg.hardware.memory_bytes * 0.9) - weight_bytes(cfg.model))
 
 
 def validate(cfg) -> None:

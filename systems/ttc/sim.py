@@ -25,24 +25,9 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from systems.ttc.plan import DTYPE_BYTES, KVGeometry, StepPlan
+from harness.model_facts import dtype_bytes, layer_params
+from systems.ttc.plan import KVGeometry, StepPlan
 from systems.ttc.tree import Beam, BeamTree, mix64_array
-
-
-def layer_params(m) -> int:
-    """Parameters of one decoder layer (attention + MLP; norms/biases ignored)."""
-    q = m.hidden_size * m.num_heads * m.head_dim
-    kv = 2 * m.hidden_size * m.num_kv_heads * m.head_dim
-    o = m.num_heads * m.head_dim * m.hidden_size
-    mlp = (2 if m.hf_model_type == "opt" else 3) * m.hidden_size * m.intermediate_size
-    return q + kv + o + mlp
-
-
-def model_params(m) -> int:
-    """Total parameters: layers + embedding + (untied) LM head."""
-    tied = bool(m.hf_config.get("tie_word_embeddings", m.hf_model_type == "opt"))
-    emb = m.vocab_size * m.hidden_size * (1 if tied else 2)
-    return m.num_params or m.num_layers * layer_params(m) + emb
 
 
 @dataclass
@@ -76,7 +61,7 @@ class CostModel:
 
     def __init__(self, hw, m):
         self.hw, self.m = hw, m
-        self.db = DTYPE_BYTES[m.dtype]
+        self.db = dtype_bytes(m.dtype)
         self.P = layer_params(m)
         self.geom = KVGeometry.from_model(m)
         self.peak = hw.peak_flops * hw.flops_efficiency

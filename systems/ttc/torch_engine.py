@@ -244,7 +244,7 @@ class TorchExecutor:
         self.slot_of = {b.uid: i for i, b in enumerate(beams)}
 
     def _step_resident(self, plan: StepPlan, beams: Sequence[Beam]):
-        from harness.run import RunOOM
+        from harness.errors import RunOOM
         st, N = self.store, len(beams)
         start, T = plan.start, plan.tokens
         need = start + T

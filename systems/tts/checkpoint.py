@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 
 DELIMITER = "\n\n"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")

@@ -73,18 +73,10 @@ class VerifyResult:
 
 def write_hf_config(model_cfg, path: Path, architecture: str, extra: Optional[dict] = None) -> Path:
     """Write a transformers ``config.json`` with the model's exact shapes (random weights)."""
+    from harness.model_facts import hf_config_dict
     path.mkdir(parents=True, exist_ok=True)
-    mt = model_cfg.hf_model_type
-    cfg = {
-        "architectures": [architecture], "model_type": mt,
-        "hidden_size": int(model_cfg.hidden_size), "intermediate_size": int(model_cfg.intermediate_size),
-        "num_hidden_layers": int(model_cfg.num_layers), "num_attention_heads": int(model_cfg.num_heads),
-        "num_key_value_heads": int(model_cfg.num_kv_heads), "head_dim": int(model_cfg.head_dim),
-        "vocab_size": int(model_cfg.vocab_size), "max_position_embeddings": int(model_cfg.max_position),
-        "torch_dtype": TORCH_DTYPES[model_cfg.dtype], "hidden_act": "silu",
-    }
-    cfg.update({k: v for k, v in dict(model_cfg.hf_config or {}).items() if k != "tokenizer"})
-    cfg.update(extra or {})
+    cfg = hf_config_dict(model_cfg, extra)
+    cfg["architectures"] = [architecture]
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
     return path
 

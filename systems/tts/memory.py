@@ -23,13 +23,11 @@ from typing import Optional
 
 import numpy as np
 
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-
 
 @dataclass(frozen=True)
 class ModelShape:
     """What the cost model needs of a model (see module docstring for units)."""
-    num_params: float
+    num_params: float             # parameters multiplied per token (harness.model_facts.forward_params)
     num_layers: int
     hidden_size: int
     kv_bytes_per_token: float     # 2 * L * H_kv * d_head * bytes
@@ -38,13 +36,10 @@ class ModelShape:
 
     @staticmethod
     def of(m) -> "ModelShape":
-        L, h, hq, hkv, d, i, V = (int(m.num_layers), int(m.hidden_size), int(m.num_heads), int(m.num_kv_heads),
-                                  int(m.head_dim), int(m.intermediate_size), int(m.vocab_size))
-        b = DTYPE_BYTES[m.dtype]
-        tied = bool((m.hf_config or {}).get("tie_word_embeddings", False))
-        per_layer = h * hq * d + 2 * h * hkv * d + hq * d * h + 3 * h * i + (hq + 2 * hkv) * d
-        params = m.num_params if m.get("num_params") else L * per_layer + V * h * (1 if tied else 2)
-        return ModelShape(float(params), L, h, 2.0 * L * hkv * d * b, float(params) * b, V)
+        from harness import model_facts as mf
+        # FLOPs count the matmul weights (embedding lookups are free); memory holds every weight
+        return ModelShape(float(mf.forward_params(m)), int(m.num_layers), int(m.hidden_size), float(mf.kv_bytes_per_token(m)),
+                          float(mf.weight_bytes(m)), int(m.vocab_size))
 
 
 @dataclass(frozen=True)

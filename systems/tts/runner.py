@@ -18,8 +18,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness.config import ConfigError, bad
-from harness.run import RunOOM, RunResult
+from harness.errors import ConfigError, bad
+from harness.errors import RunOOM
+from harness.run import RunResult
 from harness.units import parse_size
 from systems.tts.beams import step_logit_biases
 from systems.tts.checkpoint import DELIMITER, is_local

@@ -160,7 +160,7 @@ class SimGenerator:
         return 2.0 * self.cache.used() * self.block * self.m.kv_bytes_per_token / self.offload_bw
 
     def extend(self, requests: List[GenRequest], speculative: bool = False, spec_max_beams: int = 256) -> GenResult:
-        from harness.run import RunOOM
+        from harness.errors import RunOOM
         B = self.block
         queue = list(requests)
         running: Dict[str, dict] = {}
@@ -262,7 +262,7 @@ class SimVerifier:
     swap_time = SimGenerator.swap_time
 
     def verify(self, pidx: int, items: List[Tuple[List[int], List[int]]]):
-        from harness.run import RunOOM
+        from harness.errors import RunOOM
         prompt = self.prompts.get(pidx, [])
         t, cached, total = 0.0, 0, 0
         B = self.block

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from harness.run import run
 from systems.serving.controllers import Beam, EngineState
 from systems.serving.gpu_model import StageModel

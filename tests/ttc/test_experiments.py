@@ -58,7 +58,7 @@ def test_recorded_beam_tree_replays_in_the_simulator(compose_cfg, tmp_path):
 
 
 def test_replay_of_a_mismatched_tree_is_rejected(compose_cfg, tmp_path):
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
     run(compose_cfg("backend=sim", "beams=8", "gen_len=128", "system.record_tree=true", output_dir=tmp_path / "a"))
     with pytest.raises(ConfigError, match="has 3 step transitions; this configuration needs 7"):
         run(compose_cfg("backend=sim", "beams=8", "gen_len=256", f"system.replay_tree={tmp_path / 'a'}",

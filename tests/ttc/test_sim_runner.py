@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from harness.run import run
 from systems.ttc.analytic import dm_layerwise, dm_lbs
 

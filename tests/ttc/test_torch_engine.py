@@ -7,7 +7,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from harness.run import RunOOM, run
+from harness.errors import RunOOM
+from harness.run import run
 from systems.ttc.analytic import dm_layerwise, dm_lbs
 from systems.ttc.kvstore import DevicePool, KVBudgetExceeded, PlanMismatch
 from systems.ttc.plan import KVGeometry, Scheduler
@@ -277,7 +278,7 @@ def test_hf_offload_search_loop_matches_our_engine(records):
 
 
 def test_hf_offload_needs_cuda(compose_cfg, tmp_path):
-    from harness.config import ConfigError
+    from harness.errors import ConfigError
     with pytest.raises(ConfigError, match="hf_offload is not allowed with backend.device='cpu'.*CUDA"):
         run(compose_cfg("system=hf_offload", "backend=torch", "backend.device=cpu", "model=tiny-opt",
                         output_dir=tmp_path / "hf"))

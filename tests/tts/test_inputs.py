@@ -1,7 +1,7 @@
 """Bad inputs give a clear ConfigError before any work; the math workloads read the shared data."""
 import pytest
 
-from harness.config import ConfigError
+from harness.errors import ConfigError
 from harness.run import validate
 from workloads.math import load_problems, stand_in_tokens
 

@@ -8,8 +8,8 @@ from systems.tts.memory import (MemoryTooSmall, ModelShape, Roofline, brute_forc
                                 t_decode, t_prefill)
 
 
-def _model(layers, hidden, heads, kv, hd, inter, vocab, dtype="bfloat16", tied=False):
-    return ModelShape.of(OmegaConf.create(dict(num_layers=layers, hidden_size=hidden, num_heads=heads,
+def _model(layers, hidden, heads, kv, hd, inter, vocab, dtype="bfloat16", tied=False, kind="qwen2"):
+    return ModelShape.of(OmegaConf.create(dict(hf_model_type=kind, max_position=4096, num_layers=layers, hidden_size=hidden, num_heads=heads,
                                                num_kv_heads=kv, head_dim=hd, intermediate_size=inter,
                                                vocab_size=vocab, dtype=dtype, num_params=None,
                                                hf_config={"tie_word_embeddings": tied})))
@@ -17,7 +17,7 @@ def _model(layers, hidden, heads, kv, hd, inter, vocab, dtype="bfloat16", tied=F
 
 Q15 = _model(28, 1536, 12, 2, 128, 8960, 151936, tied=True)
 Q7 = _model(28, 3584, 28, 4, 128, 18944, 152064)
-MS7 = _model(32, 4096, 32, 8, 128, 14336, 32000)
+MS7 = _model(32, 4096, 32, 8, 128, 14336, 32000, kind="mistral")
 HW = Roofline(165.2e12 * 0.6, 1008e9 * 0.8, 60e-6)
 SMALL_HW = Roofline(20e12, 200e9, 0.0)
 

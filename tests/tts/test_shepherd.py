@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from harness.config import ConfigError  # noqa: E402
+from harness.errors import ConfigError  # noqa: E402
 from harness.run import validate  # noqa: E402
 from systems.tts.checkpoint import ShepherdText, load_tokenizer, token_space  # noqa: E402
 from tests.tts.local_checkpoints import OVERRIDES, build_generator, build_prm, build_shepherd, build_tokenizer  # noqa: E402

@@ -1,0 +1,25 @@
+"""Errors shared by every family (a leaf module: imports nothing of ours).
+
+- :class:`ConfigError`: bad input, raised before any work (exit code 2).
+- :class:`RunOOM`: a configuration does not fit in (real or simulated) memory: a recorded result
+  (status ``oom``), never a crash.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is not allowed. The message names the field, the value and what is allowed."""
+
+
+class RunOOM(RuntimeError):
+    """Raised by an engine or a memory plan when the configuration does not fit in (real or simulated) memory."""
+
+
+def bad(field_name: str, value: Any, allowed: str) -> ConfigError:
+    """Build a ConfigError naming the field, the value and what is allowed."""
+    return ConfigError(f"{field_name}={value!r} is not allowed: {allowed}")
+
+
+__all__ = ["ConfigError", "RunOOM", "bad"]

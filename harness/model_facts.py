@@ -1,0 +1,194 @@
+"""One home for model facts: parameter counts, weight and KV bytes, dtype bytes, the HF config.
+
+Every family and both backends ask this module (never their own arithmetic). A model is any
+object with the fields of :class:`harness.config.ModelConfig` (a DictConfig, an AttrDict or the
+dataclass): ``hf_model_type``, ``num_layers``, ``hidden_size``, ``num_heads``, ``num_kv_heads``,
+``head_dim``, ``intermediate_size``, ``vocab_size``, ``max_position``, ``dtype``, ``hf_config``;
+a verifier additionally has ``prm_kind`` (``head``: a process reward model with a 2-label head
+instead of the LM head, vLLM's ``Qwen2ForProcessRewardModel``; ``lm``: a causal LM).
+
+Parameter counts are exact: they equal transformers' ``sum(p.numel() for p in model.parameters())``
+of the model built from :func:`hf_config_dict` (tests/test_model_facts.py builds every
+``conf/model/*.yaml`` on the meta device and compares). They count biases, norms, OPT's learned
+positions and tied embeddings once. No torch import here (simulated runs stay torch-free).
+
+Units: parameters (count), bytes.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+DTYPE_BYTES: Dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+SUPPORTED_TYPES = ("opt", "llama", "qwen2", "mistral")
+CAUSAL_LM = {"opt": "OPTForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+             "mistral": "MistralForCausalLM"}
+PRM_HEAD_ARCH = "Qwen2ForProcessRewardModel"
+PRM_LABELS = 2
+OPT_POSITION_OFFSET = 2            # transformers' OPTLearnedPositionalEmbedding adds 2 rows
+
+
+def _get(m, key, default=None):
+    try:
+        v = m.get(key, default) if hasattr(m, "get") else getattr(m, key, default)
+    except Exception:
+        v = getattr(m, key, default)
+    return default if v is None else v
+
+
+def _extra(m) -> Dict[str, Any]:
+    return dict(_get(m, "hf_config", {}) or {})
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (float16, bfloat16, float32, float64). Raises ValueError."""
+    try:
+        return DTYPE_BYTES[str(dtype)]
+    except KeyError:
+        raise ValueError(f"model.dtype={dtype!r} is not allowed: one of {', '.join(DTYPE_BYTES)}") from None
+
+
+def _check_type(m) -> str:
+    t = str(_get(m, "hf_model_type", ""))
+    if t not in SUPPORTED_TYPES:
+        raise ValueError(f"model.hf_model_type={t!r} is not allowed: one of {', '.join(SUPPORTED_TYPES)}")
+    return t
+
+
+def is_prm_head(m) -> bool:
+    """True for a verifier read through a 2-label PRM head (``prm_kind: head``)."""
+    return _get(m, "prm_kind", None) == "head" and bool(_get(m, "num_layers", 0))
+
+
+def tied_embeddings(m) -> bool:
+    """Whether the LM head shares the input embedding (transformers' default per model type:
+    OPT ties, LLaMA/Qwen2/Mistral do not; ``hf_config.tie_word_embeddings`` overrides)."""
+    t = _check_type(m)
+    return bool(_extra(m).get("tie_word_embeddings", t == "opt"))
+
+
+def layer_params(m) -> int:
+    """Parameters of one decoder layer: attention (with its biases), MLP, norms."""
+    t = _check_type(m)
+    h, hq, hkv, d, i = (int(_get(m, k)) for k in ("hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                                                   "intermediate_size"))
+    x = _extra(m)
+    q, kv = hq * d, hkv * d
+    if t == "opt":
+        bias = bool(x.get("enable_bias", True))
+        affine = bool(x.get("layer_norm_elementwise_affine", True))
+        attn = h * q + 2 * h * kv + q * h + (q + 2 * kv + h if bias else 0)
+        mlp = 2 * h * i + (i + h if bias else 0)
+        norms = 2 * (2 * h if affine else 0)
+        return attn + mlp + norms
+    attn = h * q + 2 * h * kv + q * h
+    if t == "qwen2":
+        attn += q + 2 * kv                           # q/k/v biases, o_proj without
+    elif bool(x.get("attention_bias", False)):
+        attn += q + 2 * kv + h
+    mlp = 3 * h * i + (2 * i + h if bool(x.get("mlp_bias", False)) else 0)
+    return attn + mlp + 2 * h                        # input + post-attention RMSNorm
+
+
+def embedding_params(m) -> int:
+    """Everything outside the decoder layers: token (and OPT position) embeddings, projections,
+    the final norm, and the output head (the LM head unless tied, or a PRM's 2-label head)."""
+    t = _check_type(m)
+    h, V = int(_get(m, "hidden_size")), int(_get(m, "vocab_size"))
+    x = _extra(m)
+    if t == "opt":
+        e = int(x.get("word_embed_proj_dim", h))
+        n = V * e + (int(_get(m, "max_position")) + OPT_POSITION_OFFSET) * h
+        if e != h:
+            n += 2 * h * e                           # project_in / project_out (no bias)
+        if x.get("do_layer_norm_before", True) and not x.get("_remove_final_layer_norm", False):
+            n += 2 * h if x.get("layer_norm_elementwise_affine", True) else 0
+        head_in = e
+    else:
+        n = V * h + h                                # embed_tokens + final RMSNorm
+        head_in = h
+    if is_prm_head(m):
+        n += h * h + h + h * PRM_LABELS + PRM_LABELS  # Linear(h, h) -> ReLU -> Linear(h, 2)
+    elif not tied_embeddings(m):
+        n += V * head_in
+    return n
+
+
+def num_params(m) -> int:
+    """Total parameter count (exact; see the module docstring). ``model.num_params``, when set,
+    overrides the count derived from the shapes."""
+    override = _get(m, "num_params", None)
+    if override:
+        return int(override)
+    return int(_get(m, "num_layers")) * layer_params(m) + embedding_params(m)
+
+
+def forward_params(m) -> int:
+    """Parameters a forward pass multiplies with, per token: all but the input embedding tables,
+    which are row lookups (the token embedding when the LM head is a separate matrix, OPT's learned
+    positions). FLOPs per token ~ 2 x this; the bytes a decode step streams ~ this x dtype bytes."""
+    t = _check_type(m)
+    h, V = int(_get(m, "hidden_size")), int(_get(m, "vocab_size"))
+    x = _extra(m)
+    lookups = 0 if (tied_embeddings(m) and not is_prm_head(m)) else V * int(x.get("word_embed_proj_dim", h) if t == "opt" else h)
+    if t == "opt":
+        lookups += (int(_get(m, "max_position")) + OPT_POSITION_OFFSET) * h
+    return num_params(m) - lookups
+
+
+def weight_bytes(m) -> int:
+    """Bytes of all weights in the model's dtype."""
+    return num_params(m) * dtype_bytes(_get(m, "dtype"))
+
+
+def kv_bytes_per_token_layer(m) -> int:
+    """KV bytes of one token in one layer: 2 (K and V) x KV heads x head dim x dtype bytes
+    (the LBS paper's ``KV``; OPT-6.7B fp16: 16 KiB)."""
+    return 2 * int(_get(m, "num_kv_heads")) * int(_get(m, "head_dim")) * dtype_bytes(_get(m, "dtype"))
+
+
+def kv_bytes_per_token(m) -> int:
+    """KV bytes of one token over all layers (OPT-6.7B fp16: 512 KiB)."""
+    return int(_get(m, "num_layers")) * kv_bytes_per_token_layer(m)
+
+
+def architecture(m) -> str:
+    """The transformers/vLLM architecture class name of the model in its role."""
+    return PRM_HEAD_ARCH if is_prm_head(m) else CAUSAL_LM[_check_type(m)]
+
+
+def hf_config_dict(m, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """A transformers ``config.json`` dict with the model's exact shapes (what vLLM reads for
+    random weights, and what transformers' ``AutoConfig.for_model(**d)`` builds). ``hf_config``
+    fields of the model config are added, except ``tokenizer`` (ours, not transformers');
+    ``extra`` last. Raises ValueError for a model type outside SUPPORTED_TYPES, or an OPT whose
+    heads do not tile the hidden size."""
+    t = _check_type(m)
+    dt = str(_get(m, "dtype"))
+    d: Dict[str, Any] = {
+        "architectures": [architecture(m)], "model_type": t,
+        "hidden_size": int(_get(m, "hidden_size")), "num_hidden_layers": int(_get(m, "num_layers")),
+        "num_attention_heads": int(_get(m, "num_heads")), "vocab_size": int(_get(m, "vocab_size")),
+        "max_position_embeddings": int(_get(m, "max_position")),
+        "torch_dtype": "float32" if dt == "float64" else dt,   # vLLM has no float64 kernels
+    }
+    if t == "opt":
+        if int(_get(m, "num_kv_heads")) != int(_get(m, "num_heads")) or \
+                int(_get(m, "head_dim")) * int(_get(m, "num_heads")) != int(_get(m, "hidden_size")):
+            raise ValueError(f"model {_get(m, 'name', '?')}: OPT has num_kv_heads == num_heads and head_dim == "
+                             f"hidden/heads; got num_heads={_get(m, 'num_heads')}, num_kv_heads="
+                             f"{_get(m, 'num_kv_heads')}, head_dim={_get(m, 'head_dim')}")
+        d.update(ffn_dim=int(_get(m, "intermediate_size")), word_embed_proj_dim=int(_get(m, "hidden_size")),
+                 do_layer_norm_before=True, activation_function="relu")
+    else:
+        d.update(num_key_value_heads=int(_get(m, "num_kv_heads")), head_dim=int(_get(m, "head_dim")),
+                 intermediate_size=int(_get(m, "intermediate_size")), hidden_act="silu")
+    if is_prm_head(m):
+        d["num_labels"] = PRM_LABELS
+    d.update({k: v for k, v in _extra(m).items() if k != "tokenizer"})
+    d.update(extra or {})
+    return d
+
+
+__all__ = ["DTYPE_BYTES", "dtype_bytes", "num_params", "layer_params", "embedding_params", "weight_bytes",
+           "kv_bytes_per_token", "kv_bytes_per_token_layer", "forward_params", "tied_embeddings", "hf_config_dict",
+           "architecture", "is_prm_head", "SUPPORTED_TYPES"]
