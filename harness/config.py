@@ -48,7 +48,7 @@ class HardwareConfig:
     clock_max_mhz: int = 0
     clock_default_mhz: int = 0
     clock_step_mhz: int = 15
-    kv_budget: Any = None                 # default KV budget for offloading studies (bytes or "7GiB")
+    kv_reserve_bytes: Optional[int] = None  # device memory for neither weights nor KV; null = 10 % (model_facts)
     power: Dict[str, Any] = field(default_factory=dict)     # power-model parameters (serving family)
     measured: Dict[str, Any] = field(default_factory=dict)  # calibrated values, with their date
     datasheet: Dict[str, Any] = field(default_factory=dict) # vendor values a measured profile replaced

@@ -151,6 +151,32 @@ def kv_bytes_per_token(m) -> int:
     return int(_get(m, "num_layers")) * kv_bytes_per_token_layer(m)
 
 
+# --- the KV budget --------------------------------------------------------------------------------
+# One meaning everywhere: ``kv_budget`` = bytes of KV cache per device (per GPU). Overridable with
+# the top-level ``kv_budget=7GiB`` (bytes or a size with a unit); otherwise derived from the model and
+# the hardware as  memory - weights on the device - a reserve  (:func:`default_kv_budget`), with
+# each family stating its reserve:
+#   LBS family, serving family: the hardware profile's ``kv_reserve_bytes`` (CUDA context,
+#       activations, allocator slack); null = 10 % of the device memory (vLLM's default
+#       gpu_memory_utilization of 0.9). rtx4090.yaml states the reserve the LBS paper implies.
+#   FastTTS family: the engines may use ``system.memory_fraction`` of the memory (the paper's
+#       setting), 5 % of that share reserved for activations (systems/tts/runner.py).
+DEFAULT_RESERVE_FRACTION = 0.10
+
+
+def kv_reserve_bytes(hw) -> int:
+    """The hardware profile's reserve per device (bytes): ``kv_reserve_bytes``, or 10 % of
+    ``memory_bytes`` when null."""
+    r = _get(hw, "kv_reserve_bytes", None)
+    return int(r) if r is not None else int(DEFAULT_RESERVE_FRACTION * float(_get(hw, "memory_bytes")))
+
+
+def default_kv_budget(memory_bytes: float, weight_bytes_per_device: float, reserve_bytes: float) -> int:
+    """KV bytes per device = memory - weights held on the device - reserve (may be <= 0: the
+    weights do not fit, which callers record as ``oom``)."""
+    return int(float(memory_bytes) - float(weight_bytes_per_device) - float(reserve_bytes))
+
+
 def architecture(m) -> str:
     """The transformers/vLLM architecture class name of the model in its role."""
     return PRM_HEAD_ARCH if is_prm_head(m) else CAUSAL_LM[_check_type(m)]
@@ -191,4 +217,4 @@ def hf_config_dict(m, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
 
 __all__ = ["DTYPE_BYTES", "dtype_bytes", "num_params", "layer_params", "embedding_params", "weight_bytes",
            "kv_bytes_per_token", "kv_bytes_per_token_layer", "forward_params", "tied_embeddings", "hf_config_dict",
-           "architecture", "is_prm_head", "SUPPORTED_TYPES"]
+           "architecture", "is_prm_head", "SUPPORTED_TYPES", "default_kv_budget", "kv_reserve_bytes"]

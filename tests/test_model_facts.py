@@ -84,3 +84,25 @@ def test_forward_params_leave_out_lookups():
     assert mf.forward_params(q15) == mf.num_params(q15)
     opt = load("model", "opt-6.7b")                   # tied, learned positions
     assert mf.forward_params(opt) == mf.num_params(opt) - (2048 + 2) * 4096
+
+
+def test_default_kv_budget_per_device():
+    """kv_budget = memory - weights - reserve. The RTX 4090's stated reserve leaves the LBS paper's
+    7 GiB for OPT-6.7B fp16; a profile without one reserves 10 % of its memory.
+    Mutations caught: reserve added instead of subtracted; weights left out."""
+    hw = OmegaConf.load(ROOT / "conf" / "hardware" / "rtx4090.yaml")
+    opt = load("model", "opt-6.7b")
+    assert mf.default_kv_budget(hw.memory_bytes, mf.weight_bytes(opt), mf.kv_reserve_bytes(hw)) == 7 * 2**30
+    a100 = OmegaConf.load(ROOT / "conf" / "hardware" / "a100-80gb.yaml")
+    assert mf.kv_reserve_bytes(a100) == int(0.1 * a100.memory_bytes)
+    assert mf.default_kv_budget(1000, 300, 100) == 600
+
+
+def test_lbs_runs_use_the_derived_budget(compose_cfg):
+    """The LBS family's budget with no override is the derived one; weights that leave less than one
+    beam's KV are a recorded oom (exit 0), not a crash."""
+    from harness.run import run
+    rec = run(compose_cfg("system=lbs", "model=opt-6.7b", "beams=4", "gen_len=64", "backend=sim"), multirun=True)
+    assert rec["status"] == "ok" and rec["summary"]["kv_budget_bytes"] == 7 * 2**30
+    rec = run(compose_cfg("system=lbs", "model=qwen2.5-32b", "beams=4", "gen_len=64", "backend=sim"), multirun=True)
+    assert rec["status"] == "oom" and "less than one beam" in rec["message"]

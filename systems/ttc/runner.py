@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 
 from harness.config import plain
-from harness.errors import ConfigError, bad
+from harness.errors import ConfigError, RunOOM, bad
+from harness.model_facts import default_kv_budget, kv_reserve_bytes, weight_bytes
 from harness.run import RunContext, RunResult
 from harness.units import GiB, parse_size
 from systems.ttc import analytic
 from systems.ttc.config import SCHEDULERS
-from harness.model_facts import weight_bytes
 from systems.ttc.plan import KVGeometry, Scheduler
 from systems.ttc.sim import SimExecutor
 from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
@@ -25,19 +25,21 @@ _s = lambda v: f"{v:,.3f} s"
 _pct = lambda v: f"{100 * v:.1f} %"
 
 
-def kv_budget_bytes(cfg, *, live: Optional[int] = None) -> Optional[int]:
-    """The device KV budget (bytes): system.kv_budget, else the hardware profile's, else derived
-    from device memory minus weights (10 % runtime reserve). ``live`` (free device memory from
-    ``torch.cuda.mem_get_info``) applies on real GPUs when nothing is configured."""
-    for field, val in (("kv_budget", cfg.system.get("kv_budget")), ("hardware.kv_budget", cfg.hardware.get("kv_budget"))):
-        if val is not None:
-            try:
-                return parse_size(val, field)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+def kv_budget_bytes(cfg, *, live: Optional[int] = None) -> int:
+    """KV bytes per device (the one meaning of ``kv_budget``, harness/model_facts.py): the
+    configured ``kv_budget``; else ``live`` (free device memory from ``torch.cuda.mem_get_info``,
+    Algorithm 1's get_budget) on a real GPU; else memory - weights - the hardware's reserve
+    (<= 0 when the weights do not fit). Raises ConfigError for a value that is not a size."""
+    val = cfg.system.get("kv_budget")
+    if val is not None:
+        try:
+            return parse_size(val, "kv_budget")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if live is not None:
         return live
-    return max(0, int(cfg.hardware.memory_bytes * 0.9) - weight_bytes(cfg.model))
+    hw = cfg.hardware
+    return default_kv_budget(hw.memory_bytes, weight_bytes(cfg.model), kv_reserve_bytes(hw))
 
 
 def validate(cfg) -> None:
@@ -64,11 +66,11 @@ def validate(cfg) -> None:
         raise bad("workload.scorer", w.scorer, "logprob")
     if s.get("replay_tree"):
         load_beam_tree(s.replay_tree, n_steps=math.ceil(w.gen_len / w.step))
-    budget = kv_budget_bytes(cfg) if (s.get("kv_budget") is not None or cfg.hardware.get("kv_budget") is not None) else None
-    if budget is not None and s.scheduler != "in_gpu":
+    budget = kv_budget_bytes(cfg)
+    if s.get("kv_budget") is not None and s.scheduler != "in_gpu":   # a derived budget too small = oom
         one_beam = (w.prompt_len + w.gen_len) * KVGeometry.from_model(cfg.model).kv_token
         if budget < one_beam:
-            raise bad("kv_budget", s.get("kv_budget") or cfg.hardware.get("kv_budget"),
+            raise bad("kv_budget", s.get("kv_budget"),
                       f"at least one beam's KV at full length: {one_beam} B ({one_beam / 2**20:.2f} MiB) "
                       f"for {cfg.model.name} at {w.prompt_len + w.gen_len} tokens; got {budget} B "
                       f"({budget / 2**20:.2f} MiB)")
@@ -129,7 +131,12 @@ def run(cfg, ctx: RunContext) -> RunResult:
         return run_hf_offload(cfg, ctx)
     geom = KVGeometry.from_model(cfg.model)
     budget = kv_budget_bytes(cfg, live=None if ctx.backend.simulated else _live_budget(ctx))
-    sched_budget = None if (sysc.scheduler == "in_gpu" and budget is None) else budget
+    one_beam = (w.prompt_len + w.gen_len) * geom.kv_token
+    if sysc.scheduler != "in_gpu" and budget < one_beam:       # derived from memory - weights - reserve
+        raise RunOOM(f"{cfg.model.name} on {cfg.hardware.name}: the KV budget (memory - weights - reserve = "
+                     f"{budget / GiB:.2f} GiB) holds less than one beam's KV at full length "
+                     f"({one_beam / GiB:.2f} GiB)")
+    sched_budget = budget
     scheduler = Scheduler(sysc.scheduler, geom, sched_budget, inter_beam=sysc.inter_beam,
                           prefetch=sysc.prefetch, prompt_len=w.prompt_len, gen_len=w.gen_len)
     n_beams, beam_size = w.beams, w.beams // w.beam_width
