@@ -1,0 +1,71 @@
+"""workloads.fetch: pinned data files, checksums, a local mirror, and ServeGen's day-1 cut.
+
+Mutations caught: checksum not compared (corrupt file accepted); cut keeping timestamp == 86400;
+a failed file written anyway."""
+import json
+from pathlib import Path
+
+import pytest
+
+from workloads import fetch as F
+from workloads.data import data_dir, resolve
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+def test_mirror_copy_and_check(tmp_path):
+    c = F.fetch(tmp_path, mirror=SHARED, only="math/", log=lambda *_: None)
+    assert c == {"present": 0, "fetched": 3, "failed": 0}
+    assert F.fetch(tmp_path, only="math/", check_only=True, log=lambda *_: None)["present"] == 3
+
+
+def test_every_experiment_file_is_pinned():
+    paths = {e["path"] for e in F.load_manifest()}
+    for rel in ("math/aime24/test.jsonl", "math/amc23/test.jsonl", "math/math500/test.jsonl",
+                "traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv",
+                "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
+                "traces/mooncake/conversation_trace.jsonl",
+                "traces/servegen/language/m-large/chunk-0-trace.csv"):
+        assert rel in paths
+    e = next(e for e in F.load_manifest() if e["path"] == "math/aime24/test.jsonl")
+    assert e["sha256"] == "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac"   # shared/data README
+    assert e["url"].startswith("https://raw.githubusercontent.com/QwenLM/Qwen2.5-Math/a45202bd")
+
+
+def test_corrupt_mirror_file_is_refused_and_not_written(tmp_path):
+    mirror = tmp_path / "mirror" / "math" / "aime24"
+    mirror.mkdir(parents=True)
+    (mirror / "test.jsonl").write_bytes((SHARED / "math/aime24/test.jsonl").read_bytes() + b"\n")
+    dest = tmp_path / "dest"
+    with pytest.raises(F.FetchError, match=r"math/aime24/test.jsonl: sha256 .* != pinned"):
+        F.fetch(dest, mirror=tmp_path / "mirror", only="math/aime24/", log=lambda *_: None)
+    assert not (dest / "math/aime24/test.jsonl").exists()
+
+
+def test_download_applies_the_day1_cut(tmp_path, monkeypatch):
+    """Upstream m-large spans 14 days; the download is cut to day 1 and then matches the pin."""
+    rel_t = "traces/servegen/language/m-large/chunk-0-trace.csv"
+    rel_d = "traces/servegen/language/m-large/chunk-0-dataset.json"
+    day1_t, day1_d = (SHARED / rel_t).read_bytes(), (SHARED / rel_d).read_bytes()
+    upstream_t = day1_t + b"86400,1.0,2.0,Gamma,0.5,0.5\r\n90000,0,0,,0,0\r\n"
+    d = json.loads(day1_d)
+    d["86400"] = d["0"]
+    upstream = {rel_t: upstream_t, rel_d: json.dumps(d).encode()}
+    monkeypatch.setattr(F, "_download", lambda url: upstream[next(r for r in upstream if url.endswith(r.split("servegen/")[1]))])
+    c = F.fetch(tmp_path, only="traces/servegen/language/m-large/chunk-0-", log=lambda *_: None)
+    assert c["fetched"] == 2
+    assert (tmp_path / rel_t).read_bytes() == day1_t and (tmp_path / rel_d).read_bytes() == day1_d
+
+
+def test_data_dir_order(monkeypatch, tmp_path):
+    monkeypatch.setenv("TTC_DATA_DIR", str(tmp_path))
+    assert data_dir() == tmp_path and resolve("math/x.jsonl") == tmp_path / "math/x.jsonl"
+    assert resolve("/abs/file") == Path("/abs/file")
+    monkeypatch.delenv("TTC_DATA_DIR")
+    assert data_dir() == SHARED.resolve() or data_dir() == SHARED
+    assert data_dir(for_writing=True).name == "data" and ".cache" in str(data_dir(for_writing=True))
+
+
+def test_cli_bad_mirror_exits_2(tmp_path, capsys):
+    assert F.main(["--from", str(tmp_path / "nope"), "--dest", str(tmp_path)]) == 2
+    assert "not a directory" in capsys.readouterr().err
