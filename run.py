@@ -6,7 +6,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from harness.config import check_group_options, register_configs, register_resolvers
+from harness.config import register_configs, register_resolvers
 from harness.errors import ConfigError
 
 register_resolvers()
@@ -42,8 +42,13 @@ def _record_invalid_sweep_job(cfg: DictConfig, err: Exception) -> bool:
 
 
 if __name__ == "__main__":
+    from harness.cli import preflight, usage
+    CONF = Path(__file__).resolve().parent / "conf"
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(usage(CONF))
+        sys.exit(0)
     try:
-        check_group_options(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+        preflight(sys.argv[1:], CONF)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -212,30 +212,3 @@ def validate_common(cfg) -> None:
     tracking = cfg.get("tracking")
     if tracking is not None and tracking.get("sweep_jobs", "auto") not in SWEEP_JOBS:
         raise bad("tracking.sweep_jobs", tracking.sweep_jobs, f"one of {', '.join(SWEEP_JOBS)}")
-
-
-CONFIG_GROUPS = ("hardware", "model", "verifier", "workload", "system", "backend", "tracking", "experiment")
-_OWN_SEARCH_PATH = ("--config-dir", "-cd", "--config-path", "-cp", "hydra.searchpath")
-
-
-def check_group_options(args, conf_dir) -> None:
-    """Raise ConfigError for a command-line ``group=option`` (or ``group=a,b`` sweep) naming no
-    ``conf/<group>/<option>.yaml`` of the groups in CONFIG_GROUPS, listing the options that exist.
-
-    A pre-flight for ``run.py`` so a typo exits 2 with our message instead of Hydra's (which lists
-    internal ``_*_schema`` entries). Arguments with sweep functions, interpolations or a changed
-    config search path are left to Hydra."""
-    from pathlib import Path
-    if any(a.split("=", 1)[0] in _OWN_SEARCH_PATH for a in args):
-        return
-    for a in args:
-        if "=" not in a or a[0] in "+~-":
-            continue
-        key, value = a.split("=", 1)
-        if key not in CONFIG_GROUPS or any(c in value for c in "()[]{}*$"):
-            continue
-        group_dir = Path(conf_dir) / key
-        for v in (x.strip() for x in value.split(",")):
-            if v and not (group_dir / f"{v}.yaml").exists():
-                options = sorted(p.stem for p in group_dir.glob("*.yaml"))
-                raise bad(key, v, f"one of {', '.join(options)} (conf/{key}/*.yaml)")

@@ -149,6 +149,9 @@ def test_memoised_composition_falls_back_for_additions():
     (["-m", "system=lbs", "beams=7,16"], "beams=7 is not allowed: a positive multiple of beam_width=2"),
     (["-m", "system=lbs,layerwise", "beams=4", "tracking.sweep_jobs=bogus"],
      "tracking.sweep_jobs='bogus' is not allowed: one of auto, runs, table"),
+    (["sytem=lbs"], "'sytem' is not a config key; did you mean 'system'?"),
+    (["system=beam", "system.dvfs.actuat=true"], "system.dvfs has no field 'actuat'; did you mean 'actuate'?"),
+    (["-m", "workload.num_problem=3,4"], "workload has no field 'num_problem'; did you mean 'num_problems'?"),
 ])
 def test_bad_input_stops_single_runs_and_sweeps_before_work(tmp_path, args, message):
     """A typo in an option, a value of the wrong type or a bad value of a swept parameter: exit 2
@@ -171,3 +174,17 @@ def test_covering_jobs_contain_every_swept_value():
     jobs = covering_jobs(batch)
     assert len(jobs) == 5 and all(job in batch for job in jobs)
     assert {o for job in jobs for o in job} == {o for p in params for o in p}
+
+
+def test_help_shows_groups_examples_and_no_schemas():
+    out = subprocess.run([sys.executable, "run.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    assert "config groups" in out.stdout and "  system     beam, beam_dvfs_only" in out.stdout
+    assert out.stdout.count("python run.py ") >= 5 and "_schema" not in out.stdout
+
+
+def test_nested_known_keys_pass_the_preflight():
+    """Keys that exist only in some options or schemas of a group are accepted; open mappings too."""
+    from harness.cli import preflight
+    preflight(["system=beam", "system.dvfs.actuate=false", "workload.num_problems=3", "hardware.power.act_a_w=1",
+               "+new.key=1", "hydra.launcher.n_jobs=2", "beams=4"], CONF)

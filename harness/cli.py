@@ -1,0 +1,156 @@
+"""Command-line pre-flight for ``run.py``: our ``--help``, and bad overrides stopped with our message.
+
+Hydra's own messages for a typo list internal ``_*_schema`` entries (``system=lbss``) or say
+"Key 'sytem' is not in struct" and exit 1. Before Hydra starts, :func:`preflight` checks every
+``key=value`` argument: a config group's option must exist (``conf/<group>/<option>.yaml``), and a
+key must exist in ``conf/config.yaml`` or in some option or schema of its group; otherwise a
+ConfigError names the key and the nearest valid one (exit 2). ``+key=`` (add), ``~key`` (delete),
+``hydra.*`` and arguments with sweep functions or interpolations are left to Hydra.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional
+
+from harness.errors import ConfigError, bad
+
+CONFIG_GROUPS = ("hardware", "model", "verifier", "workload", "system", "backend", "tracking", "experiment")
+_OWN_SEARCH_PATH = ("--config-dir", "-cd", "--config-path", "-cp", "hydra.searchpath")
+_HYDRA_FLAGS = ("-m", "--multirun", "--cfg", "-c", "--resolve", "--info", "-i", "--package", "-p",
+                "--run", "-r", "--hydra-help", "--version", "--shell-completion", "-sc", "--experimental-rerun")
+
+EXAMPLES = """\
+  python run.py system=lbs model=opt-6.7b beams=64                      # LBS, simulated RTX 4090 without a GPU
+  python run.py system=layerwise backend=torch model=tiny-opt beams=16 step=32 gen_len=256 kv_budget=16MiB
+  python run.py system=beam model=llama-3.3-70b hardware=a100-80gb tp=2 pp=4 workload=servegen
+  python run.py system=fasttts model=qwen2.5-math-1.5b verifier=skywork-prm-1.5b workload=aime24 n=64
+  python run.py -m experiment=lbs_fig9                                  # a paper figure: sweep + figure + table"""
+
+
+def _options(conf_dir: Path, group: str) -> List[str]:
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def usage(conf_dir) -> str:
+    """Our ``--help``: what run.py does, the config groups and their options, the top-level
+    shortcuts, and example commands."""
+    from omegaconf import OmegaConf
+    conf_dir = Path(conf_dir)
+    root = OmegaConf.load(conf_dir / "config.yaml")
+    lines = ["usage: python run.py [-m] [group=option ...] [key=value ...]", "",
+             "Runs one job (or, with -m, a sweep) composed from one option of each config group, and",
+             "records it under results/ (run.json + parquet tables). Without a CUDA GPU, backend=auto",
+             "simulates the hardware profile's GPU and labels every number simulated.", "",
+             "config groups (group=option):"]
+    for g in CONFIG_GROUPS:
+        lines.append(f"  {g:<10} {', '.join(_options(conf_dir, g))}")
+    lines += ["", "shortcuts (key=value; null = the group's own default):"]
+    raw = OmegaConf.to_container(root, resolve=False)
+    shortcuts = [k for k, v in raw.items() if k not in ("defaults", "hydra") and not isinstance(v, dict)]
+    lines.append("  " + ", ".join(shortcuts))
+    lines += ["", "any field: group.field=value (e.g. system.prefetch=false, workload.num_problems=5)",
+              "", "examples:", EXAMPLES, "",
+              "python run.py --hydra-help shows Hydra's own flags (--cfg job prints the composed config)."]
+    return "\n".join(lines)
+
+
+def _keys_of(node) -> Optional[Dict]:
+    """Nested key tree of a config node; None for an open mapping (a Dict[str, Any] field)."""
+    from omegaconf import DictConfig, OmegaConf
+    if not isinstance(node, DictConfig):
+        return {}
+    if len(node) == 0:
+        return None
+    out: Dict = {}
+    for k in node.keys():
+        v = node._get_node(k)
+        out[str(k)] = _keys_of(v) if OmegaConf.is_dict(v) else {}
+    return out
+
+
+def _merge(a: Optional[Dict], b: Optional[Dict]) -> Optional[Dict]:
+    if a is None or b is None:
+        return None
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if k in out else v
+    return out
+
+
+def _group_tree(conf_dir: Path, group: str) -> Dict:
+    """Union of the key trees of every option and schema of ``group``."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+    tree: Dict = {}
+    for p in sorted((conf_dir / group).glob("*.yaml")):
+        y = OmegaConf.load(p)
+        if "defaults" in y:
+            y.pop("defaults")
+        tree = _merge(tree, _keys_of(y)) or {}
+    for node in (ConfigStore.instance().repo.get(group) or {}).values():
+        if hasattr(node, "node"):
+            tree = _merge(tree, _keys_of(node.node)) or {}
+    return tree
+
+
+def _nearest(key: str, candidates: Iterable[str]) -> str:
+    m = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.5)
+    return f"; did you mean {m[0]!r}?" if m else ""
+
+
+def check_key(key: str, conf_dir, _cache: Optional[dict] = None) -> None:
+    """Raise ConfigError unless the dotted ``key`` exists in config.yaml or some option/schema of
+    its group (open mappings such as ``hardware.sources`` accept any sub-key)."""
+    from omegaconf import OmegaConf
+    conf_dir = Path(conf_dir)
+    cache = _cache if _cache is not None else {}
+    if "root" not in cache:
+        root = OmegaConf.load(conf_dir / "config.yaml")
+        cache["root"] = {str(k) for k in root if k != "defaults"} | set(CONFIG_GROUPS)
+    parts = key.split(".")
+    top = parts[0]
+    if top not in cache["root"]:
+        raise ConfigError(f"{key!r} is not a config key{_nearest(top, cache['root'])} "
+                          f"(python run.py --help lists the groups and shortcuts)")
+    if len(parts) == 1 or top not in CONFIG_GROUPS:
+        return
+    tree = cache.get(top) or cache.setdefault(top, _group_tree(conf_dir, top))
+    for i, p in enumerate(parts[1:], start=1):
+        if tree is None:                 # open mapping: any sub-key
+            return
+        if p not in tree:
+            prefix = ".".join(parts[:i])
+            raise ConfigError(f"{key!r} is not a config key: {prefix} has no field {p!r}"
+                              f"{_nearest(p, tree)} (fields: {', '.join(sorted(tree))})")
+        tree = tree[p]
+
+
+def check_group_options(args, conf_dir) -> None:
+    """Raise ConfigError for a command-line ``group=option`` (or ``group=a,b`` sweep) naming no
+    ``conf/<group>/<option>.yaml``, listing the options that exist."""
+    conf_dir = Path(conf_dir)
+    for a in args:
+        if "=" not in a or a[0] in "+~-":
+            continue
+        key, value = a.split("=", 1)
+        if key not in CONFIG_GROUPS or any(c in value for c in "()[]{}*$"):
+            continue
+        for v in (x.strip() for x in value.split(",")):
+            if v and not (conf_dir / key / f"{v}.yaml").exists():
+                raise bad(key, v, f"one of {', '.join(_options(conf_dir, key))} (conf/{key}/*.yaml)")
+
+
+def preflight(args: List[str], conf_dir) -> None:
+    """All command-line checks before Hydra starts. Raises ConfigError."""
+    if any(a.split("=", 1)[0] in _OWN_SEARCH_PATH for a in args):
+        return                           # another config search path: Hydra decides
+    check_group_options(args, conf_dir)
+    cache: dict = {}
+    for a in args:
+        if "=" not in a or a[0] in "+~-" or a.split("=", 1)[0] in _HYDRA_FLAGS:
+            continue
+        key = a.split("=", 1)[0]
+        if key.startswith("hydra.") or key == "hydra" or not key.replace(".", "").replace("_", "").replace("-", "").isalnum():
+            continue
+        check_key(key, conf_dir, cache)
