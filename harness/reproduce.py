@@ -1,0 +1,177 @@
+"""Reproduce every paper experiment with one command, then one page of verdicts and one of figures.
+
+    python -m harness.reproduce                 # every simulated paper experiment (conf/experiment/*)
+    python -m harness.reproduce --real          # + the real-engine fidelity studies that fit this machine
+    python -m harness.reproduce --only lbs_fig9,beam_fig7
+    python -m harness.reproduce --collect-only  # rebuild the two pages from the sweeps already recorded
+
+Each experiment runs as ``python run.py -m experiment=<name>`` (resumable: recorded jobs are
+skipped) with its log in ``<results_dir>/reproduce/<name>.log``. Then:
+
+- ``<results_dir>/REPRODUCTION.md``: one row per paper number -- ours, the paper's, the verdict of
+  :mod:`harness.verdict` (one rule), whether ours is simulated, and a link to the figure -- read from
+  every sweep's ``verdicts.csv``; the verdict counts on top.
+- ``<results_dir>/index.html``: every sweep's figures and tables on one static page.
+
+An experiment that fails is listed with its exit code and log; the others still run.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+# real-engine studies (CPU here): module -> sweep folder it writes
+REAL = {"systems.ttc.fidelity": "lbs_fidelity", "systems.serving.fidelity": "serving_fidelity",
+        "systems.tts.fidelity": "tts_fidelity"}
+NOT_PAPER = {"lbs_fidelity"}            # experiment files that are not paper figures
+
+
+def paper_experiments() -> List[str]:
+    return sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")
+                  if not p.stem.startswith("_") and p.stem not in NOT_PAPER)
+
+
+def _run(cmd: List[str], log: Path, timeout_s: float) -> Dict:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    return {"rc": rc, "wall_s": time.perf_counter() - t0, "log": str(log)}
+
+
+def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[str], timeout_s: float) -> pd.DataFrame:
+    """Run the experiments (and real-engine studies); returns one row per command with its status."""
+    rows = []
+    py = sys.executable
+    for name in names:
+        print(f"[reproduce] experiment={name} ...", flush=True)
+        r = _run([py, "run.py", "-m", f"experiment={name}", f"results_dir={results_dir}", "progress=false", *extra],
+                 results_dir / "reproduce" / f"{name}.log", timeout_s)
+        print(f"[reproduce] experiment={name}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
+        rows.append({"command": f"run.py -m experiment={name}", **r})
+    for mod in real:
+        print(f"[reproduce] python -m {mod} ...", flush=True)
+        r = _run([py, "-m", mod, f"results_dir={results_dir}"], results_dir / "reproduce" / f"{mod}.log", timeout_s)
+        print(f"[reproduce] {mod}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
+        rows.append({"command": f"python -m {mod}", **r})
+    return pd.DataFrame(rows)
+
+
+def collect(results_dir: Path) -> pd.DataFrame:
+    """Every ``verdicts.csv`` under ``<results_dir>/sweeps`` as one table (column ``sweep`` added)."""
+    frames = []
+    for p in sorted((results_dir / "sweeps").glob("*/verdicts.csv")):
+        df = pd.read_csv(p)
+        df.insert(0, "sweep", p.parent.name)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["sweep", "paper", "figure", "quantity", "paper_value", "kind", "paper_hi", "ours", "ours_hi",
+                 "unit", "simulated", "source", "note", "verdict"])
+
+
+def _value(lo, hi, kind: str = "=", unit: str = "") -> str:
+    from harness.verdict import fmt_range
+    s = fmt_range(lo, hi)
+    if not s:
+        return ""
+    return f"{'> ' if kind == '>=' else '< ' if kind == '<=' else ''}{s} {unit}".strip()
+
+
+def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None) -> Path:
+    """``REPRODUCTION.md``: counts per verdict, then one row per paper number."""
+    counts = v["verdict"].value_counts() if len(v) else pd.Series(dtype=int)
+    lines = ["# Reproduction status", "",
+             "Every paper number next to ours and the verdict of `harness/verdict.py` (within 15 % of a point,",
+             "inside a stated range or bound). `sim` = ours is simulated (the simulator on the named GPU profile),",
+             "`measured` = a real engine measured it on this machine. Built by `python -m harness.reproduce`.", "",
+             "**" + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("reproduced", "partly", "not reproduced", "no result"))
+             + f"** of {len(v)} paper numbers.", ""]
+    if runs is not None and len(runs):
+        bad = runs[runs["rc"].astype(str) != "0"]
+        if len(bad):
+            lines += ["Commands that failed (see their logs):", ""]
+            lines += [f"- `{r.command}`: exit {r.rc} ({r.log})" for r in bad.itertuples()] + [""]
+    lines += ["| paper | figure | quantity | ours | paper | verdict | ours is | figure of ours |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in v.itertuples():
+        link = f"[{r.source}](sweeps/{r.sweep}/{r.source})" if isinstance(r.source, str) and r.source else ""
+        lines.append(f"| {r.paper} | {r.figure} | {r.quantity} | {_value(r.ours, r.ours_hi, '=', r.unit)} | "
+                     f"{_value(r.paper_value, r.paper_hi, r.kind, r.unit)} | {r.verdict} | "
+                     f"{'sim' if bool(r.simulated) else 'measured'} | {link} |")
+    p = results_dir / "REPRODUCTION.md"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def write_index(results_dir: Path) -> Path:
+    """``index.html``: every sweep's figures (PNG) and markdown tables on one static page."""
+    import markdown
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>ttc-sched-bench results</title>",
+             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto} img{max-width:100%;"
+             "border:1px solid #ccc} table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #bbb;"
+             "padding:2px 6px} h2{border-top:2px solid #444;padding-top:8px}</style></head><body>",
+             "<h1>ttc-sched-bench: figures and tables</h1>"]
+    rep = results_dir / "REPRODUCTION.md"
+    if rep.exists():
+        parts.append(markdown.markdown(rep.read_text(), extensions=["tables"]))
+    sweeps = sorted(d for d in (results_dir / "sweeps").glob("*") if d.is_dir())
+    parts.append("<p>Sweeps: " + " ".join(f"<a href='#{html.escape(d.name)}'>{html.escape(d.name)}</a>"
+                                           for d in sweeps) + "</p>")
+    for d in sweeps:
+        pngs, mds = sorted(d.glob("*.png")), sorted(d.glob("*.md"))
+        if not pngs and not mds:
+            continue
+        parts.append(f"<h2 id='{html.escape(d.name)}'>{html.escape(d.name)}</h2>")
+        for p in pngs:
+            parts.append(f"<p><img src='sweeps/{html.escape(d.name)}/{html.escape(p.name)}' alt='{html.escape(p.stem)}'></p>")
+        for p in mds:
+            parts.append(f"<h3>{html.escape(p.name)}</h3>" + markdown.markdown(p.read_text(), extensions=["tables"]))
+    parts.append("</body></html>")
+    out = results_dir / "index.html"
+    out.write_text("\n".join(parts))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.reproduce", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--real", action="store_true", help="also the real-engine fidelity studies (CPU)")
+    ap.add_argument("--only", default="", help="comma-separated experiment names")
+    ap.add_argument("--collect-only", action="store_true", help="only rebuild REPRODUCTION.md and index.html")
+    ap.add_argument("--results-dir", type=Path, default=ROOT / "results")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
+    ap.add_argument("overrides", nargs="*", help="extra overrides for every experiment (e.g. tracking=none)")
+    a = ap.parse_args(argv)
+    names = paper_experiments()
+    if a.only:
+        wanted = [x.strip() for x in a.only.split(",") if x.strip()]
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            print(f"error: --only {','.join(unknown)}: not a paper experiment; one of {', '.join(names)}",
+                  file=sys.stderr)
+            return 2
+        names = wanted
+    runs = None
+    if not a.collect_only:
+        real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
+        runs = run_all(names, a.results_dir, real, a.overrides, a.timeout)
+    v = collect(a.results_dir)
+    rep = write_reproduction(a.results_dir, v, runs)
+    idx = write_index(a.results_dir)
+    print(f"wrote {rep} ({len(v)} paper numbers) and {idx}")
+    failed = runs is not None and (runs["rc"].astype(str) != "0").any()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

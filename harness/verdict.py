@@ -1,0 +1,104 @@
+"""Does ours reproduce the paper's number? One rule, used by every report and by REPRODUCTION.md.
+
+A paper number is a point (``=``), a bound (``>=``, ``<=``) or a range (``lo..hi``); ours is a point
+or a range (a sweep's min..max). The verdict:
+
+- ``reproduced``: a point within +-15 % of the paper's point (relative to the paper's value); inside
+  a paper bound (with the same 15 % slack); a point inside the paper's range; a range whose both
+  ends are within 15 % of the paper's ends.
+- ``partly``: a range of ours that overlaps the paper's (or its 15 % slack) but does not satisfy the
+  rule above, or a point within 2 x the tolerance.
+- ``not reproduced``: otherwise; ``no result`` when ours is missing (a failed or absent run).
+
+Every verdict row says whether ours is simulated; a simulated "reproduced" means the simulator
+with the stated hardware profile agrees, not that a GPU measured it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+TOLERANCE = 0.15
+VERDICTS = ("reproduced", "partly", "not reproduced", "no result")
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _close(a: float, b: float, tol: float) -> bool:
+    return abs(a - b) <= tol * abs(b) if b != 0 else abs(a) <= tol
+
+
+def verdict(ours: Optional[float], paper: float, kind: str = "=", ours_hi: Optional[float] = None,
+            paper_hi: Optional[float] = None, tol: float = TOLERANCE) -> str:
+    """The verdict (module docstring). ``kind``: ``=`` point, ``>=``/``<=`` bound, ``range``
+    (``paper``..``paper_hi``). ``ours_hi``: the upper end when ours is a range. Raises ValueError
+    for an unknown kind or a range without its upper end."""
+    if kind not in ("=", ">=", "<=", "range"):
+        raise ValueError(f"kind={kind!r} is not allowed: one of =, >=, <=, range")
+    if kind == "range" and _nan(paper_hi):
+        raise ValueError("a paper range needs paper_hi")
+    if _nan(ours):
+        return "no result"
+    lo_o, hi_o = float(ours), float(ours if _nan(ours_hi) else ours_hi)
+    if kind == ">=":
+        return "reproduced" if lo_o >= paper * (1 - tol) else "partly" if hi_o >= paper * (1 - tol) else "not reproduced"
+    if kind == "<=":
+        return "reproduced" if hi_o <= paper * (1 + tol) else "partly" if lo_o <= paper * (1 + tol) else "not reproduced"
+    p_lo, p_hi = (paper, paper) if kind == "=" else (paper, float(paper_hi))
+    if lo_o == hi_o:                                   # a point of ours
+        if kind == "range" and p_lo * (1 - tol) <= lo_o <= p_hi * (1 + tol):
+            return "reproduced"
+        if kind == "=" and _close(lo_o, p_lo, tol):
+            return "reproduced"
+        near = min(abs(lo_o - p_lo) / max(abs(p_lo), 1e-300), abs(lo_o - p_hi) / max(abs(p_hi), 1e-300))
+        return "partly" if near <= 2 * tol else "not reproduced"
+    if _close(lo_o, p_lo, tol) and _close(hi_o, p_hi, tol):
+        return "reproduced"
+    overlap = lo_o <= p_hi * (1 + tol) and hi_o >= p_lo * (1 - tol)
+    return "partly" if overlap else "not reproduced"
+
+
+@dataclass
+class Row:
+    """One paper number beside ours, as written to a sweep's ``verdicts.csv``."""
+    paper: str                      # lbs | fasttts | beam
+    figure: str                     # the paper's figure/table, e.g. fig9
+    quantity: str                   # what is compared, in words
+    paper_value: float
+    kind: str = "="                 # = | >= | <= | range
+    paper_hi: Optional[float] = None
+    ours: Optional[float] = None
+    ours_hi: Optional[float] = None
+    unit: str = ""
+    simulated: bool = True
+    source: str = ""                # the figure/table file of ours, relative to the sweep dir
+    note: str = ""
+    verdict: str = field(default="")
+
+    def __post_init__(self):
+        self.verdict = verdict(self.ours, self.paper_value, self.kind, self.ours_hi, self.paper_hi)
+
+
+def write(sweep_dir, rows: List[Row]) -> Path:
+    """Write ``<sweep_dir>/verdicts.csv`` (one row per paper number)."""
+    import pandas as pd
+    p = Path(sweep_dir) / "verdicts.csv"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([asdict(r) for r in rows]).to_csv(p, index=False)
+    return p
+
+
+def fmt_range(lo, hi=None, unit: str = "", digits: int = 3) -> str:
+    """``5.26-14.6 x`` or ``97.2 %`` for tables; empty for a missing value."""
+    if _nan(lo):
+        return ""
+    f = (lambda v: f"{v:.{digits}g}")
+    s = f(lo) if _nan(hi) or hi == lo else f"{f(lo)}-{f(hi)}"
+    return f"{s} {unit}".strip()
+
+
+__all__ = ["verdict", "Row", "write", "fmt_range", "TOLERANCE", "VERDICTS"]
