@@ -13,15 +13,21 @@ register_resolvers()
 register_configs()
 
 
+EXIT = {"code": 0}      # a single run's exit status, set by main() (Hydra discards its return value)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from harness.run import run, run_isolated, should_isolate
+    from harness.run import exit_code, in_multirun, run, run_isolated, should_isolate
     try:
-        run_isolated(cfg) if should_isolate(cfg) else run(cfg)
+        rec = run_isolated(cfg) if should_isolate(cfg) else run(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         if not _record_invalid_sweep_job(cfg, e):
             sys.exit(2)
+        return
+    if not in_multirun():                  # status error -> exit 1 (oom is a recorded result: 0)
+        EXIT["code"] = exit_code(rec)
 
 
 def _record_invalid_sweep_job(cfg: DictConfig, err: Exception) -> bool:
@@ -53,3 +59,4 @@ if __name__ == "__main__":
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     main()
+    sys.exit(EXIT["code"])

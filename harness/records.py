@@ -68,8 +68,11 @@ def atomic_write_parquet(path: Path, df) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+FIX_OUTPUT = "pass a writable results_dir=PATH (or hydra.run.dir=PATH / hydra.sweep.dir=PATH)"
+
+
 def check_writable(directory: Path) -> None:
-    """Raise ConfigError if ``directory`` cannot be created or written."""
+    """Raise ConfigError if ``directory`` cannot be created or written (creates it)."""
     from harness.errors import ConfigError
     d = Path(directory)
     try:
@@ -78,8 +81,25 @@ def check_writable(directory: Path) -> None:
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
-        raise ConfigError(f"results directory {str(d)!r} is not writable ({e.strerror or e}); "
-                          f"pass a writable results_dir=PATH") from None
+        raise ConfigError(f"output directory {str(d)!r} is not writable ({e.strerror or e}); {FIX_OUTPUT}") from None
+
+
+def check_creatable(directory: Path, key: str = "results_dir") -> None:
+    """Raise ConfigError unless ``directory`` is, or can be created as, a writable directory:
+    its nearest existing ancestor must be a directory this process may write into. Creates
+    nothing (a pre-flight before Hydra makes the folder). ``key``: the setting that named it."""
+    from harness.errors import ConfigError
+    d = Path(directory).absolute()
+    p = d
+    try:
+        while not p.exists():
+            p = p.parent
+        why = (f"{str(p)!r} is not a directory" if not p.is_dir() else
+               f"{str(p)!r} is not writable" if not os.access(p, os.W_OK | os.X_OK) else "")
+    except OSError as e:
+        why = f"{str(p)!r}: {e.strerror or e}"
+    if why:
+        raise ConfigError(f"output directory {str(d)!r} ({key}) cannot be written: {why}; {FIX_OUTPUT}")
 
 
 @functools.lru_cache(maxsize=None)          # once per process: a sweep's worker reuses it

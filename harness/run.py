@@ -9,7 +9,9 @@ never a lost one.
 from __future__ import annotations
 
 import importlib
+import json
 import logging
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from harness import records
@@ -72,6 +75,39 @@ def in_multirun() -> bool:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     return HydraConfig.initialized() and HydraConfig.get().get("mode") == RunMode.MULTIRUN
+
+
+def exit_code(record: Dict[str, Any]) -> int:
+    """Exit status of a finished job: 1 when its record's status is ``error``, else 0 (``ok``, and
+    ``oom``, which is a recorded result). Bad input exits 2 before any record (run.py)."""
+    return 1 if record.get("status") == "error" else 0
+
+
+class OutputDirCheck(Callback):
+    """Hydra callback (``hydra.callbacks``): before Hydra creates the run or sweep directory, check
+    it can be written; if not, print our message (the path, the fix) and exit 2. Without it Hydra's
+    own ``mkdir`` fails with a traceback and exit 1."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, "hydra.sweep.dir")
+
+    @staticmethod
+    def _check(config: DictConfig, key: str) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf.errors import OmegaConfBaseException
+        try:
+            HydraConfig.instance().set_config(config)     # for ${hydra:...} in the path
+            path = OmegaConf.select(config, key)
+        except OmegaConfBaseException:
+            return                                        # Hydra reports a bad interpolation itself
+        try:
+            records.check_creatable(path, key)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
 
 
 def output_dir(cfg) -> Path:
@@ -236,9 +272,10 @@ def _child(cfg_yaml: str, multirun: bool) -> None:
     run(OmegaConf.create(cfg_yaml), multirun=multirun)
 
 
-def run_isolated(cfg: DictConfig) -> Optional[Dict[str, Any]]:
+def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
     """Run the job in a fresh child process (spawned), so no GPU/vLLM state leaks into the next
-    job of the sweep; a child that dies (segfault, OOM kill) is recorded as ``error``."""
+    job of the sweep; a child that dies (segfault, OOM kill) is recorded as ``error``. Returns the
+    job's record."""
     import multiprocessing as mp
     validate_config(cfg)                            # bad input fails here, before any work
     outdir = output_dir(cfg)
@@ -258,7 +295,7 @@ def run_isolated(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         records.atomic_write_json(rec_path, rec)
         print(f"job died ({how}); recorded as error in {rec_path}")
         return rec
-    return None
+    return json.loads(rec_path.read_text())
 
 
 def should_isolate(cfg: DictConfig) -> bool:

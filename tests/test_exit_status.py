@@ -1,0 +1,91 @@
+"""What a user's script sees from ``run.py``: exit 0 for a recorded result (ok, oom), exit 1 for a run
+whose status is error (its record kept), exit 2 with our message before any work for bad input --
+here an output location that cannot be written."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import records
+from harness.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Loaded by every Python process started with this PYTHONPATH: the LBS runner fails mid-run (a
+# stand-in for any engine bug), after validation passed and the record was started.
+FAIL_MID_RUN = """
+import os
+if os.environ.get("FAIL_MID_RUN"):
+    import systems.ttc.runner as r
+    def run(cfg, ctx):
+        raise RuntimeError("injected failure mid-run")
+    r.run = run
+"""
+
+
+def run_py(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "run.py", *args, "tracking=none", "progress=false"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, WANDB_MODE="disabled", **(env or {})))
+
+
+@pytest.mark.parametrize("isolate", ["false", "true"])
+def test_a_run_with_status_error_exits_1_and_keeps_its_record(tmp_path, isolate):
+    """Mutation caught: run.py ignoring the record (EXIT left at 0) -> exit 0 here; run_isolated
+    returning None for a child that wrote its record -> the isolate=true case fails."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FAIL_MID_RUN)
+    out = run_py("system=lbs", "beams=4", f"isolate={isolate}", f"results_dir={tmp_path / 'r'}",
+                 env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "FAIL_MID_RUN": "1"})
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Error executing job" not in out.stderr          # exit 1 by decision, not by a crash
+    (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
+    rec = json.loads(rec_path.read_text())
+    assert rec["status"] == "error"
+    assert rec["message"] == "RuntimeError: injected failure mid-run"
+
+
+def test_an_oom_run_is_a_recorded_result_and_exits_0(tmp_path):
+    """Mutation caught: exit_code() returning 1 for oom (status != 'ok') -> exit 1 here."""
+    out = run_py("system=in_gpu", "beams=256", f"results_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    (rec_path,) = tmp_path.glob("runs/*/run.json")
+    assert json.loads(rec_path.read_text())["status"] == "oom"
+
+
+@pytest.mark.parametrize("args,path,key", [
+    (["hydra.run.dir=/dev/null/x"], "'/dev/null/x' (hydra.run.dir)", "hydra.run.dir"),
+    (["results_dir=/dev/null/r"], "'/dev/null/r/runs/", "hydra.run.dir"),
+    (["-m", "system=in_gpu,lbs", "results_dir=/dev/null/r", "sweep_name=t"], "'/dev/null/r/sweeps/t' (hydra.sweep.dir)",
+     "hydra.sweep.dir"),
+])
+def test_unwritable_output_location_exits_2_naming_path_and_fix(args, path, key):
+    """A path under a file (/dev/null) cannot be created, even by root. Mutations caught: the
+    OutputDirCheck callback left out of conf/config.yaml (Hydra's mkdir traceback, exit 1);
+    on_multirun_start not checking (the sweep case)."""
+    out = run_py(*args)
+    assert out.returncode == 2, out.stderr[-2000:]
+    err = out.stderr.strip()
+    assert err.startswith("error: output directory " + path) and f"({key})" in err
+    assert "'/dev/null' is not a directory; pass a writable results_dir=PATH" in err
+    assert "Traceback" not in err
+
+
+def test_check_creatable_refuses_a_read_only_directory_and_creates_nothing(tmp_path, monkeypatch):
+    """Tests run as root, which may write into a chmod-read-only directory, so the read-only file
+    system is simulated through os.access (what check_creatable asks). Mutation caught: checking
+    the target itself instead of its nearest existing ancestor (it does not exist yet)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
+    with pytest.raises(ConfigError, match=r"output directory '.*/ro/a/b' \(results_dir\) cannot be written: "
+                                          r"'.*/ro' is not writable; pass a writable results_dir=PATH"):
+        records.check_creatable(ro / "a" / "b")
+    assert not (ro / "a").exists()
+    records.check_creatable(tmp_path / "fresh" / "x")          # writable ancestor: fine, nothing made
+    assert not (tmp_path / "fresh").exists()
