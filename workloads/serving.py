@@ -13,7 +13,9 @@ A stream is a :class:`Requests` (arrays sorted by arrival): ``arrival_s`` (s fro
 
 Files are read from paths given by the user (relative paths from ``$TTC_DATA_DIR``, default
 ``../shared/data`` beside the repository); nothing is copied into the repository. Malformed input
-raises :class:`TraceError` naming the file and line.
+or a value out of range (a token count < 1, a negative or non-finite time or rate) raises
+:class:`TraceError` naming the file, the line and the field. Naive trace timestamps are UTC, so
+arrivals do not depend on the host's time zone.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Dict, Tuple
@@ -110,11 +112,34 @@ def _fail(path: Path, line: int, what: str):
     raise TraceError(f"{path}:{line}: {what}")
 
 
+def _token_count(path: Path, line: int, name: str, value) -> int:
+    """``value`` as a token count >= 1 (an int, or an integral float / numeric string); else
+    TraceError naming file, line and field."""
+    try:
+        x = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        x = float("nan")
+    if not (math.isfinite(x) and x.is_integer()):
+        _fail(path, line, f"{name}={value!r} is not a whole number of tokens")
+    if x < 1:
+        _fail(path, line, f"{name}={value!r} is out of range: a token count >= 1")
+    return int(x)
+
+
+def _utc_seconds(text: str) -> float:
+    """POSIX seconds of an ISO-8601 timestamp; a naive one (no offset) is UTC, whatever the host's
+    TZ (the Azure traces' timestamps carry no zone). Raises ValueError if not ISO-8601."""
+    t = datetime.fromisoformat(text.strip())
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
 def load_azure(path) -> Requests:
     """Azure LLM inference trace 2023 CSV (header ``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
-    Arrivals are seconds from the first row. Raises TraceError (file:line) for a missing file, a
-    wrong header, a bad timestamp or token count, or rows out of time order.
+    Arrivals are seconds from the first row; naive timestamps are read as UTC (identical arrivals
+    under any ``TZ``, also across a daylight-saving change). Raises TraceError (file:line: field)
+    for a missing file, a wrong header, a bad timestamp, a token count that is not an integer >= 1,
+    or rows out of time order.
     """
     path = Path(path)
     if not path.is_file():
@@ -129,15 +154,13 @@ def load_azure(path) -> Requests:
             if len(row) < 3:
                 _fail(path, i, f"{len(row)} fields, expected 3")
             try:
-                t = datetime.strptime(row[0][:26], "%Y-%m-%d %H:%M:%S.%f").timestamp()
+                t = _utc_seconds(row[0])
             except ValueError:
-                _fail(path, i, f"timestamp {row[0]!r} is not YYYY-MM-DD HH:MM:SS.ffffff")
-            try:
-                a, b = int(row[1]), int(row[2])
-            except ValueError:
-                _fail(path, i, f"token counts {row[1]!r}, {row[2]!r} are not integers")
+                _fail(path, i, f"TIMESTAMP={row[0]!r} is not YYYY-MM-DD HH:MM:SS[.fffffff]")
+            a = _token_count(path, i, "ContextTokens", row[1].strip())
+            b = _token_count(path, i, "GeneratedTokens", row[2].strip())
             if ts and t < ts[-1]:
-                _fail(path, i, "timestamp earlier than the previous row (rows must be sorted)")
+                _fail(path, i, "TIMESTAMP earlier than the previous row (rows must be sorted)")
             ts.append(t), ins.append(a), outs.append(b)
     if not ts:
         raise TraceError(f"{path}: no rows")
@@ -146,7 +169,9 @@ def load_azure(path) -> Requests:
 
 
 def load_mooncake(path) -> Requests:
-    """Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length`` per line)."""
+    """Mooncake JSONL (``timestamp`` ms from the trace start, ``input_length``, ``output_length`` per
+    line). Raises TraceError (file:line: field) for a line that is not such an object, a timestamp
+    that is negative or not finite, a length that is not an integer >= 1, or lines out of order."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: trace file not found")
@@ -157,9 +182,14 @@ def load_mooncake(path) -> Requests:
                 continue
             try:
                 o = json.loads(line)
-                t, a, b = float(o["timestamp"]) / 1e3, int(o["input_length"]), int(o["output_length"])
+                raw_t, raw_a, raw_b = o["timestamp"], o["input_length"], o["output_length"]
+                t = float(raw_t) / 1e3
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 _fail(path, i, f"not a request object with timestamp/input_length/output_length ({e})")
+            if not (math.isfinite(t) and t >= 0):
+                _fail(path, i, f"timestamp={raw_t!r} is out of range: milliseconds >= 0")
+            a = _token_count(path, i, "input_length", raw_a)
+            b = _token_count(path, i, "output_length", raw_b)
             if ts and t < ts[-1]:
                 _fail(path, i, "timestamp earlier than the previous line (lines must be sorted)")
             ts.append(t), ins.append(a), outs.append(b)
@@ -183,6 +213,78 @@ def _pdf_literal(text: str) -> Dict[int, float]:
     return {int(a): float(b) for a, b in d.items()}
 
 
+SERVEGEN_FIELDS = ("timestamp", "rate", "cv", "pattern", "shape", "scale")
+SERVEGEN_PATTERNS = ("Gamma", "Weibull", "")       # empty: the client is inactive in the window
+MIN_TOKENS = {"input_tokens": 1, "output_tokens": 0}   # 0 output tokens occur in the data (served as 1)
+
+
+def _servegen_row(path: Path, line: int, text: str) -> tuple:
+    """One window of a ``chunk-*-trace.csv``: (t, rate, cv, pattern, shape, scale). Numbers must be
+    finite and >= 0, the pattern Gamma, Weibull or empty, and an active window's shape > 0."""
+    parts = text.strip().split(",")
+    if len(parts) != 6:
+        _fail(path, line, f"{len(parts)} fields, expected {','.join(SERVEGEN_FIELDS)}")
+    row = []
+    for name, raw in zip(SERVEGEN_FIELDS, parts):
+        if name == "pattern":
+            if raw not in SERVEGEN_PATTERNS:
+                _fail(path, line, f"pattern={raw!r} is not allowed: Gamma, Weibull or empty")
+            row.append(raw)
+            continue
+        try:
+            x = float(raw or 0)
+        except ValueError:
+            _fail(path, line, f"{name}={raw!r} is not a number")
+        if not (math.isfinite(x) and x >= 0):
+            _fail(path, line, f"{name}={raw!r} is out of range: a finite number >= 0")
+        row.append(x)
+    if row[1] > 0 and row[3] and not row[4] > 0:
+        _fail(path, line, f"shape={parts[4]!r} is out of range: > 0 in an active {row[3]} window")
+    return tuple(row)
+
+
+def _line_of(text: str, *keys: str) -> int:
+    """Line (1-based) of the JSON key path ``keys`` in ``text`` (each key searched after the last)."""
+    pos = 0
+    for k in keys:
+        pos = max(text.find(f'"{k}"', pos), pos)
+    return text.count("\n", 0, pos) + 1
+
+
+def _servegen_dataset(path: Path) -> Dict[int, Dict[str, Dict[int, float]]]:
+    """A ``chunk-*-dataset.json``: {window start s: {input_tokens|output_tokens: PDF}}. A PDF's token
+    counts must be integers >= 1 (output: >= 0) and its probabilities finite, >= 0, not all 0."""
+    text = path.read_text()
+    try:
+        raw = json.loads(text)
+        ok = isinstance(raw, dict) and all(isinstance(d, dict) for d in raw.values())
+        keys = {k: int(k) for k in raw} if ok else None
+    except ValueError as e:
+        ok, keys = False, str(e)
+    if not ok:
+        raise TraceError(f"{path}: not a ServeGen dataset (window start -> field -> dict-literal PDF)"
+                         + (f": {keys}" if keys else ""))
+    out = {}
+    for k, d in raw.items():
+        out[keys[k]] = {}
+        for fld in (f for f in MIN_TOKENS if f in d):
+            def fail(what):
+                raise TraceError(f"{path}:{_line_of(text, k, fld)}: window {k} {fld}: {what}")
+            try:
+                pdf = _pdf_literal(d[fld])
+            except (ValueError, SyntaxError, AttributeError, TypeError) as e:
+                fail(f"not a dict-literal PDF ({e})")
+            bad_n = [n for n in pdf if n < MIN_TOKENS[fld]]
+            if bad_n:
+                fail(f"token count {bad_n[0]} is out of range: >= {MIN_TOKENS[fld]}")
+            bad_p = [(n, q) for n, q in pdf.items() if not (math.isfinite(q) and q >= 0)]
+            if bad_p or (pdf and not sum(pdf.values()) > 0):
+                n, q = bad_p[0] if bad_p else next(iter(pdf.items()))
+                fail(f"probability {q!r} of {n} tokens is out of range: finite, >= 0, not all 0")
+            out[keys[k]][fld] = pdf
+    return out
+
+
 @lru_cache(maxsize=4)
 def _servegen_clients(root: str):
     """{client_id: (trace rows [(t, rate, cv, pattern, shape, scale)], dataset dict or None)}."""
@@ -193,28 +295,10 @@ def _servegen_clients(root: str):
     out = {}
     for tp in traces:
         cid = tp.name[len("chunk-"):-len("-trace.csv")]
-        rows = []
         with open(tp) as f:
-            for i, line in enumerate(f, start=1):
-                parts = line.strip().split(",")
-                if len(parts) != 6:
-                    _fail(tp, i, f"{len(parts)} fields, expected timestamp,rate,cv,pattern,shape,scale")
-                try:
-                    rows.append((float(parts[0]), float(parts[1]), float(parts[2] or 0), parts[3],
-                                 float(parts[4] or 0), float(parts[5] or 0)))
-                except ValueError:
-                    _fail(tp, i, "non-numeric timestamp/rate/cv/shape/scale")
+            rows = [_servegen_row(tp, i, line) for i, line in enumerate(f, start=1)]
         ds_path = root_p / f"chunk-{cid}-dataset.json"
-        ds = None
-        if ds_path.is_file():
-            try:
-                raw = json.loads(ds_path.read_text())
-                ds = {int(k): {fld: _pdf_literal(v) for fld, v in d.items()
-                               if fld in ("input_tokens", "output_tokens")}
-                      for k, d in raw.items()}
-            except (ValueError, SyntaxError, AttributeError) as e:
-                raise TraceError(f"{ds_path}: not a ServeGen dataset (keys -> dict-literal PDFs): {e}")
-        out[cid] = (rows, ds)
+        out[cid] = (rows, _servegen_dataset(ds_path) if ds_path.is_file() else None)
     return out
 
 
@@ -304,10 +388,12 @@ def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: 
         outs.append(rng.choice(vo, len(t), p=po))
     a = np.concatenate(arr)
     order = np.argsort(a, kind="stable")
+    out_len = np.concatenate(outs)[order]
+    zero_out = int((out_len == 0).sum())
     note = (f"servegen {Path(path).name} [{t0:.0f},{t1:.0f}) s, {len(active)} client windows, "
-            f"rates x{scale_rate:.4g} for {target_tokens_per_s:g} tok/s")
-    return Requests(a[order], np.maximum(1, np.concatenate(ins)[order]),
-                    np.maximum(1, np.concatenate(outs)[order]), note=note)
+            f"rates x{scale_rate:.4g} for {target_tokens_per_s:g} tok/s"
+            + (f"; {zero_out} requests drawn with 0 output tokens served as 1" if zero_out else ""))
+    return Requests(a[order], np.concatenate(ins)[order], np.maximum(1, out_len), note=note)
 
 
 # -- one entry point ----------------------------------------------------------------------------

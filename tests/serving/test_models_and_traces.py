@@ -98,15 +98,163 @@ def test_servegen_segment_scaled_to_target_tokens(shared_data):
     assert np.all(np.diff(r.arrival_s) >= 0)
 
 
-def test_malformed_and_missing_traces_name_the_line(tmp_path):
-    bad = tmp_path / "t.csv"
-    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9800000,10,2\n"
-                   "2023-11-16 18:17:04.0000000,ten,2\n")
-    with pytest.raises(TraceError, match=r"t\.csv:3: token counts"):
-        load_azure(bad)
-    j = tmp_path / "m.jsonl"
-    j.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 5}\n')
-    with pytest.raises(TraceError, match=r"m\.jsonl:2:"):
-        load_mooncake(j)
-    with pytest.raises(TraceError, match="not found"):
+def test_missing_traces_name_the_file(tmp_path):
+    with pytest.raises(TraceError, match="absent.csv: trace file not found"):
         load_azure(tmp_path / "absent.csv")
+    with pytest.raises(TraceError, match="absent.jsonl: trace file not found"):
+        load_mooncake(tmp_path / "absent.jsonl")
+    with pytest.raises(TraceError, match="no chunk-.*-trace.csv files"):
+        load_servegen(tmp_path, 0, 600, 0.0, np.random.default_rng(0))
+
+
+AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9800000,10,2\n"
+MOON_HEAD = '{"timestamp": 0, "input_length": 5, "output_length": 1}\n'
+SG_OK_ROW = "0,0.5,1.0,Gamma,0.8,2.0\n"
+SG_DATASET = '{\n  "0": {\n    "input_tokens": "{5: 0.5, 9: 0.5}",\n    "output_tokens": "%s"\n  }\n}\n'
+
+BAD_TRACES = [   # (loader, file name, content, message: file:line: field ...)
+    ("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:17:04.0000000,10,-3\n",
+     r"t\.csv:3: GeneratedTokens='-3' is out of range: a token count >= 1"),
+    ("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:17:04.0000000,0,5\n",
+     r"t\.csv:3: ContextTokens='0' is out of range: a token count >= 1"),
+    ("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:17:04.0000000,ten,2\n",
+     r"t\.csv:3: ContextTokens='ten' is not a whole number of tokens"),
+    ("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:17:04.0000000,12.5,2\n",
+     r"t\.csv:3: ContextTokens='12\.5' is not a whole number of tokens"),
+    ("azure", "t.csv", AZURE_HEAD + "16/11/2023 18:17,10,2\n", r"t\.csv:3: TIMESTAMP='16/11/2023 18:17' is not"),
+    ("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:17:03.0000000,10,2\n", r"t\.csv:3: TIMESTAMP earlier than"),
+    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": 5, "input_length": 0, "output_length": 3}\n',
+     r"m\.jsonl:2: input_length=0 is out of range: a token count >= 1"),
+    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": 5, "input_length": 7, "output_length": -1}\n',
+     r"m\.jsonl:2: output_length=-1 is out of range"),
+    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": 5, "input_length": 7.5, "output_length": 3}\n',
+     r"m\.jsonl:2: input_length=7\.5 is not a whole number of tokens"),
+    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": 5, "input_length": true, "output_length": 3}\n',
+     r"m\.jsonl:2: input_length=True is not a whole number of tokens"),
+    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": NaN, "input_length": 7, "output_length": 3}\n',
+     r"m\.jsonl:2: timestamp=nan is out of range: milliseconds >= 0"),
+    ("mooncake", "m.jsonl", '{"timestamp": -5, "input_length": 7, "output_length": 3}\n',
+     r"m\.jsonl:1: timestamp=-5 is out of range"),
+    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": 5}\n', r"m\.jsonl:2: not a request object"),
+    ("servegen", "chunk-7-trace.csv", SG_OK_ROW + "600,-0.2,1.0,Gamma,0.8,2.0\n",
+     r"chunk-7-trace\.csv:2: rate='-0\.2' is out of range: a finite number >= 0"),
+    ("servegen", "chunk-7-trace.csv", SG_OK_ROW + "600,0.2,nan,Gamma,0.8,2.0\n",
+     r"chunk-7-trace\.csv:2: cv='nan' is out of range"),
+    ("servegen", "chunk-7-trace.csv", SG_OK_ROW + "600,0.2,1.0,Poisson,0.8,2.0\n",
+     r"chunk-7-trace\.csv:2: pattern='Poisson' is not allowed: Gamma, Weibull or empty"),
+    ("servegen", "chunk-7-trace.csv", SG_OK_ROW + "600,0.2,1.0,Weibull,0,2.0\n",
+     r"chunk-7-trace\.csv:2: shape='0' is out of range: > 0 in an active Weibull window"),
+    ("servegen", "chunk-7-trace.csv", "0,abc,1.0,Gamma,0.8,2.0\n", r"chunk-7-trace\.csv:1: rate='abc' is not a number"),
+    ("servegen", "chunk-7-dataset.json", SG_DATASET.replace('{5: 0.5', '{0: 0.5') % "{3: 1.0}",
+     r"chunk-7-dataset\.json:3: window 0 input_tokens: token count 0 is out of range: >= 1"),
+    ("servegen", "chunk-7-dataset.json", SG_DATASET % "{-2: 0.5, 3: 0.5}",
+     r"chunk-7-dataset\.json:4: window 0 output_tokens: token count -2 is out of range: >= 0"),
+    ("servegen", "chunk-7-dataset.json", SG_DATASET % "{2: -0.5, 3: 1.5}",
+     r"chunk-7-dataset\.json:4: window 0 output_tokens: probability -0\.5 of 2 tokens is out of range"),
+    ("servegen", "chunk-7-dataset.json", SG_DATASET % "{2: 0.0, 3: 0.0}",
+     r"chunk-7-dataset\.json:4: window 0 output_tokens: probability 0\.0 of 2 tokens is out of range"),
+    ("servegen", "chunk-7-dataset.json", SG_DATASET % "{2: 0.5, 3: oops}",
+     r"chunk-7-dataset\.json:4: window 0 output_tokens: not a dict-literal PDF"),
+    ("servegen", "chunk-7-dataset.json", '["not", "a", "dataset"]', r"chunk-7-dataset\.json: not a ServeGen dataset"),
+]
+
+
+def write_bad_trace(tmp_path, loader, name, content):
+    """The bad file, plus valid companions for ServeGen (a client folder needs both files)."""
+    (tmp_path / name).write_text(content)
+    if loader == "servegen":
+        (tmp_path / "chunk-7-trace.csv").exists() or (tmp_path / "chunk-7-trace.csv").write_text(SG_OK_ROW)
+        (tmp_path / "chunk-7-dataset.json").exists() or (tmp_path / "chunk-7-dataset.json").write_text(
+            SG_DATASET % "{3: 1.0}")
+    return tmp_path / name if loader != "servegen" else tmp_path
+
+
+def load(loader, path):
+    if loader == "servegen":
+        return load_servegen(path, 0, 600, 0.0, np.random.default_rng(0))
+    return (load_azure if loader == "azure" else load_mooncake)(path)
+
+
+@pytest.mark.parametrize("loader,name,content,match", BAD_TRACES, ids=[f"{b[0]}-{b[3][:40]}" for b in BAD_TRACES])
+def test_out_of_range_trace_values_name_file_line_and_field(tmp_path, loader, name, content, match):
+    """Every loader refuses a value out of range, naming file:line and the field. Mutations caught:
+    dropping the >= 1 check (GeneratedTokens=-3 and ContextTokens=0 are read), int() truncating 7.5,
+    the ServeGen PDF check reading keys as probabilities (wrong field named)."""
+    with pytest.raises(TraceError, match=match):
+        load(loader, write_bad_trace(tmp_path, loader, name, content))
+
+
+def test_valid_small_traces_load(tmp_path):
+    """The companions of the bad files above are themselves valid (so each bad case fails on its line)."""
+    a = tmp_path / "a.csv"
+    a.write_text(AZURE_HEAD + "2023-11-16 18:17:05.4800000,1,1\n")
+    assert load_azure(a).arrival_s.tolist() == pytest.approx([0.0, 1.5])
+    m = tmp_path / "m.jsonl"
+    m.write_text(MOON_HEAD + '{"timestamp": 2500, "input_length": 7.0, "output_length": 3}\n')
+    assert load_mooncake(m).input_len.tolist() == [5, 7]
+    write_bad_trace(tmp_path, "servegen", "chunk-7-dataset.json", SG_DATASET % "{0: 0.5, 3: 0.5}")
+    r = load(loader="servegen", path=tmp_path)
+    assert len(r) > 100 and set(r.input_len) == {5, 9} and set(r.output_len) <= {1, 3}
+    assert f"{int((r.output_len == 1).sum())} requests drawn with 0 output tokens served as 1" in r.note
+
+
+@pytest.mark.parametrize("workload,name,content", [
+    ("azure_code", "t.csv", BAD_TRACES[0][2]),
+    ("mooncake", "m.jsonl", BAD_TRACES[6][2]),
+    ("servegen", "chunk-7-trace.csv", BAD_TRACES[13][2]),
+])
+def test_bad_trace_value_stops_the_run_before_work(compose_cfg, tmp_path, workload, name, content):
+    """The TraceError reaches the user as ConfigError (exit 2 in run.py) before any record is written."""
+    from harness.errors import ConfigError
+    from harness.run import run
+    path = write_bad_trace(tmp_path, workload.split("_")[0], name, content)
+    cfg = compose_cfg("system=beam", f"workload={workload}", f"workload.path={path}", "workload.start_s=0",
+                      output_dir=tmp_path / "out")
+    with pytest.raises(ConfigError, match=f"workload '{workload}': .*{name}:\\d+: "):
+        run(cfg)
+    assert not (tmp_path / "out").exists()
+
+
+# Local wall-clock rows across both daylight-saving changes the test's zones see in autumn 2023:
+# Sydney starts DST on 2023-10-01 (02:00 -> 03:00), Chicago ends it on 2023-11-05 (01:00-02:00 twice).
+DST_TRACE = """TIMESTAMP,ContextTokens,GeneratedTokens
+2023-10-01 01:30:00.0000000,10,2
+2023-10-01 02:30:00.0000000,10,2
+2023-10-01 03:30:00.0000000,10,2
+2023-11-05 01:30:00.0000000,10,2
+2023-11-05 01:59:59.5000000,10,2
+2023-11-05 02:00:00.0000000,10,2
+2023-11-05 02:30:00.0000000,10,2
+"""
+DAY = 86400.0
+DST_ARRIVALS_UTC = [0.0, 3600.0, 7200.0, 35 * DAY, 35 * DAY + 1799.5, 35 * DAY + 1800.0, 35 * DAY + 3600.0]
+REPLAY = """
+import json, sys, types
+from workloads.serving import build_requests
+w = types.SimpleNamespace(kind="trace", format="azure", path=sys.argv[1], time_scale=1.0, start_s=0.0,
+                          duration_s=1e9, max_requests=None, max_input_len=8192, seed=0)
+print(json.dumps(build_requests(w).arrival_s.tolist()))
+"""
+
+
+def test_azure_arrivals_do_not_depend_on_the_host_time_zone(tmp_path):
+    """Naive Azure timestamps are UTC: the replayed arrivals are the same under TZ=UTC,
+    America/Chicago and Australia/Sydney, and equal the UTC differences. Mutation caught: reading
+    them as local time (``datetime.strptime(...).timestamp()``, the old code): Chicago puts an hour
+    between 01:59:59.5 and 02:00, Sydney none between 02:30 (which does not exist there) and 03:30."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    path = tmp_path / "dst.csv"
+    path.write_text(DST_TRACE)
+    root = Path(__file__).resolve().parents[2]
+    got = {}
+    for tz in ("UTC", "America/Chicago", "Australia/Sydney"):
+        out = subprocess.run([sys.executable, "-c", REPLAY, str(path)], cwd=root, capture_output=True, text=True,
+                             timeout=60, env=dict(os.environ, TZ=tz, PYTHONPATH=str(root)))
+        assert out.returncode == 0, out.stderr
+        got[tz] = json.loads(out.stdout)
+    for tz, arrivals in got.items():
+        assert arrivals == pytest.approx(DST_ARRIVALS_UTC, abs=1e-6), tz
