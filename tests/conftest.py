@@ -1,5 +1,6 @@
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_MODE", "disabled")
+# DVFS lock records (harness.clock_locks) go to a temporary folder, never the user's home
+os.environ.setdefault("TTC_CLOCK_LOCK_DIR", tempfile.mkdtemp(prefix="ttc-clock-locks-"))
+FAKE_NVML_DIR = ROOT / "tests" / "nvml_fake"
 
 from harness.config import register_configs, register_resolvers  # noqa: E402
 
@@ -33,3 +37,21 @@ def shared_data():
     if not d.exists():
         pytest.fail(f"shared data not found at {d}")
     return d
+
+
+@pytest.fixture
+def fake_nvml(tmp_path, monkeypatch):
+    """fake_nvml(gpus, **kw) -> a private copy of the fake NVML (tests/nvml_fake/pynvml.py) whose
+    GPUs' state lives in tmp_path. ``gpus``: in NVML index order, each the arguments of the fake's
+    ``gpu(uuid, pci_bus_id, name=..., energy_step_mj=...)``; ``kw``: its ``configure`` options.
+    The test also gets its own clock lock-record folder."""
+    import importlib.util
+    monkeypatch.setenv("TTC_CLOCK_LOCK_DIR", str(tmp_path / "clock-locks"))
+
+    def make(gpus, **kw):
+        spec = importlib.util.spec_from_file_location("fake_pynvml", FAKE_NVML_DIR / "pynvml.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod.configure(tmp_path / "nvml-state.json", [mod.gpu(*g) for g in gpus], **kw)
+        return mod
+    return make

@@ -6,20 +6,12 @@ import pytest
 from harness.meters import ByteCounter, EnergyMeter, WallTimer
 
 
-def fake_nvml(counters_mj):
-    """An NVML-like module whose energy counters advance by the given mJ at every read."""
-    state = {i: 0 for i in range(len(counters_mj))}
-
-    def read(h):
-        state[h] += counters_mj[h]
-        return state[h]
-    return types.SimpleNamespace(
-        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: len(counters_mj),
-        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetTotalEnergyConsumption=read)
-
-
-def test_energy_window_sums_gpus_in_joules():
-    m = EnergyMeter(nvml=fake_nvml([1000, 3000]))      # +1 J and +3 J per read
+def test_energy_window_sums_gpus_in_joules(fake_nvml, monkeypatch):
+    """Two GPUs whose counters advance by 1 J and 3 J per read; per-GPU energy keyed by CUDA index
+    (PCI bus order: the 1 J GPU is cuda:0 though NVML lists it second)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    m = EnergyMeter(nvml=fake_nvml([("GPU-b", "00000000:3B:00.0", "H100", 3000),
+                                    ("GPU-a", "00000000:1A:00.0", "H100", 1000)]))
     assert m.available
     m.begin_window("run")
     r = m.end_window("run")
