@@ -73,8 +73,9 @@ def atomic_write_parquet(path: Path, df) -> None:
 FIX_OUTPUT = "pass a writable results_dir=PATH (or hydra.run.dir=PATH / hydra.sweep.dir=PATH)"
 
 
-def check_writable(directory: Path) -> None:
-    """Raise ConfigError if ``directory`` cannot be created or written (creates it)."""
+def check_writable(directory: Path, key: str = "results_dir") -> None:
+    """Raise ConfigError if ``directory`` cannot be created or written (creates it). ``key``: the
+    setting that named it (``output_dir`` is fixed by itself, the rest through results_dir)."""
     from harness.errors import ConfigError
     d = Path(directory)
     try:
@@ -83,7 +84,8 @@ def check_writable(directory: Path) -> None:
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
-        raise ConfigError(f"output directory {str(d)!r} is not writable ({e.strerror or e}); {FIX_OUTPUT}") from None
+        fix = "pass a writable output_dir=PATH" if key == "output_dir" else FIX_OUTPUT
+        raise ConfigError(f"output directory {str(d)!r} ({key}) is not writable ({e.strerror or e}); {fix}") from None
 
 
 def check_creatable(directory: Path, key: str = "results_dir") -> None:

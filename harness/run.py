@@ -117,6 +117,14 @@ def output_dir(cfg) -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
+def writable_output_dir(cfg) -> Path:
+    """The job's output directory, created; ConfigError naming the setting when it cannot be written."""
+    outdir = output_dir(cfg)
+    key = "output_dir" if cfg.get("output_dir") else "hydra.sweep.dir" if in_multirun() else "hydra.run.dir"
+    records.check_writable(outdir, key)
+    return outdir
+
+
 def validate(cfg) -> Tuple[Any, Backend]:
     """All checks that must pass before work starts. Returns (runner module, backend)."""
     validate_common(cfg)
@@ -190,8 +198,7 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
     warnings = clock_locks.stale_warnings()      # GPUs a killed run left with locked clocks
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr, flush=True)
-    outdir = output_dir(cfg)
-    records.check_writable(outdir)
+    outdir = writable_output_dir(cfg)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     chash = records.config_hash(cfg_dict)
     if cfg.get("resume", True):
@@ -285,8 +292,7 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
     job's record."""
     import multiprocessing as mp
     validate_config(cfg)                            # bad input fails here, before any work
-    outdir = output_dir(cfg)
-    records.check_writable(outdir)
+    outdir = writable_output_dir(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["output_dir"] = str(outdir)
     p = mp.get_context("spawn").Process(target=_child, args=(OmegaConf.to_yaml(resolved), in_multirun()))

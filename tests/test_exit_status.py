@@ -89,3 +89,11 @@ def test_check_creatable_refuses_a_read_only_directory_and_creates_nothing(tmp_p
     assert not (ro / "a").exists()
     records.check_creatable(tmp_path / "fresh" / "x")          # writable ancestor: fine, nothing made
     assert not (tmp_path / "fresh").exists()
+
+
+def test_unwritable_output_dir_override_is_a_config_error_before_work(compose_cfg):
+    """``output_dir=`` (tests, isolated sweep jobs) is checked by run() itself and names its own fix."""
+    from harness.run import run
+    with pytest.raises(ConfigError, match=r"output directory '/dev/null/x' \(output_dir\) is not writable "
+                                          r"\(Not a directory\); pass a writable output_dir=PATH"):
+        run(compose_cfg("system=lbs", "beams=4", output_dir="/dev/null/x"))
