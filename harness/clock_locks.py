@@ -86,8 +86,11 @@ def owner_state(rec: Dict[str, Any]) -> str:
 def read_all() -> List[Dict[str, Any]]:
     """Every lock record (with ``path``), oldest first; unreadable files are skipped."""
     out = []
-    d = lock_dir()
-    for p in sorted(d.glob("*.json")) if d.is_dir() else []:
+    try:
+        paths = sorted(lock_dir().glob("*.json"))
+    except (OSError, RuntimeError):          # no readable folder, or no home directory to find it in
+        paths = []
+    for p in paths:
         try:
             rec = json.loads(p.read_text())
         except (OSError, ValueError):
