@@ -23,7 +23,6 @@ import ast
 import csv
 import json
 import math
-import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -33,7 +32,7 @@ from typing import Callable, Dict, Tuple
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+from workloads.data import missing_hint, resolve
 
 
 class TraceError(ValueError):
@@ -62,14 +61,6 @@ class Requests:
         return len(self) / self.span_s if self.span_s > 0 else float("nan")
 
 
-def data_dir() -> Path:
-    """``$TTC_DATA_DIR`` or ``<repo>/../shared/data``."""
-    return Path(os.environ.get("TTC_DATA_DIR", REPO.parent / "shared" / "data"))
-
-
-def resolve(path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else data_dir() / p
 
 
 # -- synthetic arrivals ------------------------------------------------------------------------
@@ -143,7 +134,7 @@ def load_azure(path) -> Requests:
     """
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"{path}: trace file not found")
+        raise TraceError(f"{path}: trace file not found; {missing_hint()}")
     ts, ins, outs = [], [], []
     with open(path, newline="") as f:
         rd = csv.reader(f)
@@ -174,7 +165,7 @@ def load_mooncake(path) -> Requests:
     that is negative or not finite, a length that is not an integer >= 1, or lines out of order."""
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"{path}: trace file not found")
+        raise TraceError(f"{path}: trace file not found; {missing_hint()}")
     ts, ins, outs = [], [], []
     with open(path) as f:
         for i, line in enumerate(f, start=1):
@@ -291,7 +282,8 @@ def _servegen_clients(root: str):
     root_p = Path(root)
     traces = sorted(root_p.glob("chunk-*-trace.csv"))
     if not traces:
-        raise TraceError(f"{root_p}: no chunk-*-trace.csv files (a ServeGen <category>/<model> folder)")
+        raise TraceError(f"{root_p}: no chunk-*-trace.csv files (a ServeGen <category>/<model> folder); "
+                         f"{missing_hint()}")
     out = {}
     for tp in traces:
         cid = tp.name[len("chunk-"):-len("-trace.csv")]
