@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
 import subprocess
 import sys
 import time
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--real", action="store_true", help="also the real-engine fidelity studies (CPU)")
     ap.add_argument("--only", default="", help="comma-separated experiment names")
     ap.add_argument("--collect-only", action="store_true", help="only rebuild REPRODUCTION.md and index.html")
-    ap.add_argument("--results-dir", type=Path, default=ROOT / "results")
+    ap.add_argument("--results-dir", type=Path, default=Path(os.environ.get("TTC_RESULTS_DIR", ROOT / "results")))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
     ap.add_argument("overrides", nargs="*", help="extra overrides for every experiment (e.g. tracking=none)")
     a = ap.parse_args(argv)

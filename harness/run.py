@@ -57,10 +57,13 @@ class RunContext:
     show_progress: bool = True
 
     def progress(self, total: int, desc: str):
-        """A tqdm bar (stderr) for steps done / total inside the job."""
+        """A tqdm bar (stderr) for steps done / total inside the job; none when stderr is not a
+        terminal (a log file would keep the bar's carriage returns glued to the next output)."""
+        import sys
+
         from tqdm import tqdm
-        return tqdm(total=total, desc=desc, disable=not self.show_progress, leave=False,
-                    dynamic_ncols=True)
+        return tqdm(total=total, desc=desc, disable=not (self.show_progress and sys.stderr.isatty()),
+                    leave=False, dynamic_ncols=True)
 
 
 def family_of(cfg) -> str:

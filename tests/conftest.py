@@ -9,6 +9,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Tests write only to temporary folders: run records (results_dir defaults to $TTC_RESULTS_DIR) and
+# everything W&B keeps outside a run (logs, cache, artifact staging, settings).
+_TMP = Path(tempfile.mkdtemp(prefix="ttc-tests-"))
+os.environ["TTC_RESULTS_DIR"] = str(_TMP / "results")
+for _var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+    os.environ[_var] = str(_TMP / "wandb" / _var.lower())
 # DVFS lock records (harness.clock_locks) go to a temporary folder, never the user's home
 os.environ.setdefault("TTC_CLOCK_LOCK_DIR", tempfile.mkdtemp(prefix="ttc-clock-locks-"))
 FAKE_NVML_DIR = ROOT / "tests" / "nvml_fake"
