@@ -111,6 +111,7 @@ class BackendConfig:
     """Which engine executes the system: ``auto`` = the real engine on a CUDA GPU, else ``sim``."""
     name: str = "auto"                    # auto | torch | vllm | sim
     device: str = "auto"                  # auto | cpu | cuda
+    threads: int = 1                      # torch threads of a real-engine run; 0 = torch's default (harness/machine.py)
 
 
 @dataclass
@@ -209,6 +210,12 @@ def validate_common(cfg) -> None:
         raise bad("model.dtype", cfg.model.dtype, f"one of {', '.join(DTYPES)}")
     if cfg.hardware.kind not in ("gpu", "cpu"):
         raise bad("hardware.kind", cfg.hardware.kind, "gpu or cpu")
+    repeats = cfg.get("repeats", 1)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise bad("repeats", repeats, "an integer >= 1 (repeats of the job, seeds seed..seed+repeats-1)")
+    threads = cfg.backend.get("threads", 1)
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+        raise bad("backend.threads", threads, "an integer >= 0 (0 = torch's default thread count)")
     tracking = cfg.get("tracking")
     if tracking is not None and tracking.get("sweep_jobs", "auto") not in SWEEP_JOBS:
         raise bad("tracking.sweep_jobs", tracking.sweep_jobs, f"one of {', '.join(SWEEP_JOBS)}")

@@ -8,6 +8,7 @@ never a lost one.
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import logging
@@ -20,22 +21,28 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from harness import clock_locks, records
+from harness import clock_locks, machine, records
 from harness.backend import Backend, resolve_backend
 from harness.config import validate_common
 from harness.errors import ConfigError, RunOOM
+from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, make_tracker
 
 log = logging.getLogger(__name__)
+
+# A runner that warms its engine up before measuring puts the warm-up's wall time (s) in its summary
+# under this key; the warm-up is excluded from every other timing, and the record says so per repeat.
+WARMUP_KEY = "warmup_s"
 
 
 @dataclass
 class RunResult:
     """What a family runner returns.
 
-    summary: scalar metrics (SI units: seconds, bytes, joules) stored in run.json.
+    summary: scalar metrics (SI units: seconds, bytes, joules) stored in run.json (``WARMUP_KEY``:
+        a warm-up's wall time, excluded from the other timings).
     display: rows (label, key, formatter) for the printed table; values come from ``summary``,
         so the printed table and the record cannot disagree.
     tables: name -> pandas DataFrame, each written as ``<name>.parquet``.
@@ -155,31 +162,48 @@ def validate_config(cfg) -> Tuple[Any, Backend]:
         raise ConfigError(f"{key}: {msg}" if key else msg) from None
 
 
-def print_line(cfg, backend: Backend, res: RunResult, outdir: Path) -> None:
+def _interval_text(ci: Optional[Dict[str, Any]], key: str, fmt: Callable[[Any], str]) -> str:
+    """``[lo, hi]`` of a metric's 95 % interval over repeats, in the metric's format; '' without one."""
+    iv = (ci or {}).get(key)
+    if not iv or iv.get("half_width") is None or iv["half_width"] != iv["half_width"]:
+        return ""
+    if iv["half_width"] == 0:
+        return f"(all {iv['n']} equal)"
+    return f"[{fmt(iv['lo'])}, {fmt(iv['hi'])}] (n={iv['n']})"
+
+
+def print_line(cfg, backend: Backend, res: RunResult, outdir: Path, ci: Optional[Dict[str, Any]] = None) -> None:
     """One line per job of a sweep (the full table is in the record): system, model, status, the
-    first displayed metric, the record's path."""
+    first displayed metric (mean and 95 % interval with repeats), the record's path."""
     tag = " [SIMULATED]" if backend.simulated else ""
     head = ""
     if res.display:
         label, key, fmt = res.display[0]
         v = res.summary.get(key)
-        head = f" | {label} {'n/a' if v is None else fmt(v)}"
+        interval = _interval_text(ci, key, fmt) if v is not None else ""
+        head = f" | {label} {'n/a' if v is None else fmt(v)}" + (f" {interval}" if interval else "")
     msg = f" ({res.message.splitlines()[0][:120]})" if res.message and res.status != "ok" else ""
     print(f"{cfg.system.name} | {cfg.model.name} | status={res.status}{tag}{msg}{head} | {outdir / 'run.json'}",
           flush=True)
 
 
-def print_table(cfg, backend: Backend, res: RunResult, outdir: Path) -> None:
+def print_table(cfg, backend: Backend, res: RunResult, outdir: Path, ci: Optional[Dict[str, Any]] = None) -> None:
+    """The job's metrics as a table; with repeats (``ci``: the record's ``summary_ci95``) the value is
+    the mean and a column gives the 95 % interval."""
     from rich.console import Console
     from rich.table import Table
     tag = " [SIMULATED]" if backend.simulated else ""
     t = Table(title=f"{cfg.system.name} | {cfg.model.name} | {cfg.hardware.name if backend.simulated else backend.device}"
                     f" | status={res.status}{tag}", show_header=True)
     t.add_column("metric")
-    t.add_column("value" + (" (simulated)" if backend.simulated else " (measured)"), justify="right")
+    t.add_column(("mean" if ci else "value") + (" (simulated)" if backend.simulated else " (measured)"),
+                 justify="right")
+    if ci:
+        n = max((iv.get("n", 0) for iv in ci.values()), default=0)
+        t.add_column(f"95 % interval, {n} repeats", justify="right")
     for label, key, fmt in res.display:
         v = res.summary.get(key)
-        t.add_row(label, "n/a" if v is None else fmt(v))
+        t.add_row(label, "n/a" if v is None else fmt(v), *([_interval_text(ci, key, fmt)] if ci else []))
     con = Console(width=110)
     con.print(t)
     if res.message:
@@ -234,15 +258,78 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
                                system_metrics=not backend.simulated)
     else:
         tracker = NullTracker()        # a row of the sweep's W&B run instead (harness.callbacks)
+    seeds = repeat_seeds(cfg.get("seed") or 0, cfg.get("repeats", 1))
+    if not backend.simulated:              # stable timing: torch's thread count fixed and recorded
+        rec["threads"] = machine.set_threads(cfg.backend.get("threads", 1))
+    t0 = time.perf_counter()
+    repeats = [_run_repeat(runner, cfg, backend, outdir, tracker, i, seed, len(seeds))
+               for i, seed in enumerate(seeds)]
+    res = _combine_repeats(repeats, rec)
+    rec.update(status=res.status, message=res.message, wall_s=time.perf_counter() - t0,
+               finished_at=datetime.now(timezone.utc).isoformat(),
+               summary=res.summary, tables=sorted(res.tables), **res.extra)
+    for rep in repeats:                  # each repeat's tables in its own folder (repeat 0: the job's)
+        for name, df in rep.result.tables.items():
+            try:
+                records.atomic_write_parquet(rep.outdir / f"{name}.parquet", df)
+            except Exception as e:   # a table that cannot be written must not lose the record
+                rec.setdefault("table_errors", {})[f"{rep.dir_name}/{name}"] = str(e)
+    records.atomic_write_json(outdir / "run.json", rec)
+    try:
+        tracker.log_summary({"status": res.status, "simulated": backend.simulated, **res.summary})
+        for name, df in res.tables.items():
+            tracker.log_table(name, df)
+    finally:
+        tracker.finish(res.status)
+    (print_line if multirun else print_table)(cfg, backend, res, outdir, rec.get("summary_ci95"))
+    return rec
+
+
+# --- repeats (repeats=N): each with its own seed and folder, then mean and 95 % interval -----------
+
+@dataclass
+class Repeat:
+    """One repeat of a job: its index, seed, folder (repeat 0: the job's own), wall time, result and,
+    on a real engine, the machine's load average before and after it."""
+    index: int
+    seed: int
+    outdir: Path
+    wall_s: float
+    result: RunResult
+    load_avg_before: Optional[list] = None
+    load_avg_after: Optional[list] = None
+
+    @property
+    def dir_name(self) -> str:
+        return "." if self.index == 0 else self.outdir.name
+
+
+def _run_repeat(runner, cfg, backend: Backend, outdir: Path, tracker, index: int, seed: int,
+                repeats: int) -> Repeat:
+    """Run repeat ``index`` with ``seed`` (the job's config itself when repeats == 1)."""
+    if repeats > 1:
+        cfg = copy.deepcopy(cfg)
+        with open_dict(cfg):
+            cfg.seed = seed
+        outdir = outdir if index == 0 else outdir / f"repeat-{index}"
     ctx = RunContext(cfg, backend, outdir, tracker, show_progress=bool(cfg.get("progress", True)))
+    before = None if backend.simulated else machine.load_avg()
+    t0 = time.perf_counter()
+    res = _run_once(runner, cfg, ctx)
+    wall = time.perf_counter() - t0
+    return Repeat(index, seed, outdir, wall, res, before, None if backend.simulated else machine.load_avg())
+
+
+def _run_once(runner, cfg, ctx: RunContext) -> RunResult:
+    """``runner.run(cfg, ctx)`` with failures as results (oom / error) and, on a real engine, the
+    GPU energy of the window (NVML; None = unavailable)."""
     meter = None
-    if not backend.simulated:                 # measured GPU energy for the run window (NVML counter)
+    if not ctx.backend.simulated:             # measured GPU energy for the run window (NVML counter)
         from harness.meters import EnergyMeter
         meter = EnergyMeter()                 # the job's GPUs (CUDA_VISIBLE_DEVICES), by UUID
         meter.begin_window("run")
-        rec["energy_gpus"] = [{"cuda_index": g.ordinal, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
-                              for g in meter.gpus]
-    t0 = time.perf_counter()
+    gpus = [{"cuda_index": g.ordinal, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id}
+            for g in meter.gpus] if meter is not None else None
     try:
         res = runner.run(cfg, ctx)
     except RunOOM as e:
@@ -261,23 +348,52 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
         res.summary.setdefault("gpu_avg_power_w", m.avg_power_w)
         if m.energy_j is None:
             res.summary.setdefault("gpu_energy_note", m.reason)
-    rec.update(status=res.status, message=res.message, wall_s=time.perf_counter() - t0,
-               finished_at=datetime.now(timezone.utc).isoformat(),
-               summary=res.summary, tables=sorted(res.tables), **res.extra)
-    for name, df in res.tables.items():
-        try:
-            records.atomic_write_parquet(outdir / f"{name}.parquet", df)
-        except Exception as e:   # a table that cannot be written must not lose the record
-            rec.setdefault("table_errors", {})[name] = str(e)
-    records.atomic_write_json(outdir / "run.json", rec)
-    try:
-        tracker.log_summary({"status": res.status, "simulated": backend.simulated, **res.summary})
-        for name, df in res.tables.items():
-            tracker.log_table(name, df)
-    finally:
-        tracker.finish(res.status)
-    (print_line if multirun else print_table)(cfg, backend, res, outdir)
-    return rec
+        res.extra.setdefault("energy_gpus", gpus)          # stored in the record (repeat 0's at top level)
+    return res
+
+
+def _combine_repeats(repeats: List[Repeat], rec: Dict[str, Any]) -> RunResult:
+    """The job's result from its repeats, and the repeat fields of its record.
+
+    status: error if any repeat errored, else oom if any ran out of memory, else ok. summary: over
+    the repeats that finished ok (all of them when none did), each value the mean of the repeats or
+    the value they all share (:func:`harness.stats.aggregate`); ``summary_ci95`` (repeats >= 2): per
+    numeric metric its mean and 95 % Student-t interval. ``repeat_runs``: every repeat's seed, folder,
+    status, wall time, summary and whether a warm-up was excluded (``WARMUP_KEY`` in its summary).
+    display, tables' names and ``extra`` are repeat 0's (its tables are the job folder's own)."""
+    first = repeats[0].result
+    if len(repeats) == 1:
+        res = first
+    else:
+        bad_runs = [r for r in repeats if r.result.status != "ok"]
+        status = next((s for s in ("error", "oom") if any(r.result.status == s for r in repeats)), "ok")
+        ok = [r.result.summary for r in repeats if r.result.status == "ok"]
+        summary, intervals = aggregate(ok or [r.result.summary for r in repeats])
+        rec["summary_ci95"] = intervals
+        message = "; ".join(f"repeat {r.index} (seed {r.seed}): {r.result.status}: {r.result.message}"
+                            for r in bad_runs)
+        res = RunResult(status=status, message=message, summary=summary, display=first.display,
+                        tables=first.tables, extra=first.extra)
+    rec["repeats"] = len(repeats)
+    rec["seeds"] = [r.seed for r in repeats]
+    rec["repeat_runs"] = [_repeat_entry(r, len(repeats)) for r in repeats]
+    if repeats[0].load_avg_before is not None:
+        rec["load_avg_before"], rec["load_avg_after"] = repeats[0].load_avg_before, repeats[-1].load_avg_after
+        rec["load_warning"] = next((w for w in (machine.load_warning(r.load_avg_before, r.load_avg_after)
+                                                for r in repeats) if w), None)
+        machine.note_load(rec["load_warning"])
+    return res
+
+
+def _repeat_entry(r: Repeat, repeats: int) -> Dict[str, Any]:
+    entry = {"repeat": r.index, "seed": r.seed, "dir": r.dir_name, "status": r.result.status,
+             "message": r.result.message, "wall_s": r.wall_s, "warmup_excluded": WARMUP_KEY in r.result.summary,
+             "summary": r.result.summary}
+    if r.load_avg_before is not None:
+        entry.update(load_avg_before=r.load_avg_before, load_avg_after=r.load_avg_after)
+    if repeats > 1 and r.result.extra:
+        entry["extra"] = r.result.extra
+    return entry
 
 
 # --- process isolation for real-engine jobs in a sweep ------------------------------------------
