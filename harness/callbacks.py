@@ -25,7 +25,7 @@ class SweepReport(Callback):
         from hydra.utils import get_method
 
         from harness.records import atomic_write_parquet
-        from harness.report import gather_runs
+        from harness.report import gather_runs, run_report
         sweep_dir = Path(config.hydra.sweep.dir)
         runs = gather_runs(sweep_dir)
         flat = runs.astype({c: str for c in runs.columns if runs[c].dtype == object})   # mixed-type columns
@@ -36,7 +36,7 @@ class SweepReport(Callback):
         print(f"sweep {sweep_dir}: {len(runs)} records ({by_status or 'none'})")
         target = config.get("report")
         if target:
-            get_method(target)(sweep_dir, runs, config)
+            run_report(get_method(target), sweep_dir, runs, config)     # with repeats: intervals
             print(f"report written under {sweep_dir}")
         if self._any_written_since_start(runs):
             self._mirror_to_wandb(config, sweep_dir, flat)

@@ -1,17 +1,30 @@
 """Sweep reports: gather a sweep's records, read the papers' reference numbers, save figures/tables.
 
 An experiment file names ``report: <module.function>``; at multirun end
-:class:`harness.callbacks.SweepReport` calls ``report(sweep_dir, runs, cfg)`` where ``runs`` comes
-from :func:`gather_runs`. Paper numbers are read from ``results/reference/<paper>.csv`` (columns
+:class:`harness.callbacks.SweepReport` calls it through :func:`run_report` with ``runs`` from
+:func:`gather_runs`. Paper numbers are read from ``results/reference/<paper>.csv`` (columns
 figure, config, metric, value, unit, note) and only ever drawn beside ours.
+
+Repeats (``repeats=N``, harness/stats.py): a report is written for one set of runs, one row per job.
+When jobs have N >= 2 repeats, :func:`run_report` calls it once per repeat i (``runs`` holding
+repeat i's summaries and ``tables_dir`` its tables; :func:`repeat_views`), collecting what it
+passes to :func:`write_markdown` and :func:`save_figure`, then once more with the jobs' mean
+summaries, and writes each table cell as the mean over repeats and its 95 % interval (``m ± h``)
+and draws each line, bar and scatter point of a figure at the mean over repeats with 95 % error
+bars. Every number derived from several jobs (a speedup, a ratio) is thus computed per repeat,
+paired by seed, before it is averaged.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+import numpy as np
 import pandas as pd
+
+from harness.stats import is_number, mean_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_DIR = ROOT / "results" / "reference"
@@ -69,8 +82,17 @@ def load_reference(paper: str, figure: Optional[str] = None) -> pd.DataFrame:
 
 
 def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
-    """Save a matplotlib figure as ``<sweep_dir>/<name>.png`` and ``.pdf``; returns both paths."""
+    """Save a matplotlib figure as ``<sweep_dir>/<name>.png`` and ``.pdf``; returns both paths.
+
+    Inside :func:`run_report` with repeats: collected per repeat, then saved with its lines, bars
+    and scatter points at the mean over repeats and 95 % error bars (:func:`_draw_intervals`)."""
     import matplotlib.pyplot as plt
+    if _PASS is not None:
+        if _PASS.collecting:
+            _PASS.figures.setdefault(name, []).append(_figure_data(fig))
+            plt.close(fig)
+            return {}
+        _draw_intervals(fig, _PASS.figures.get(name, []))
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -84,8 +106,17 @@ def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
 
 def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "",
                    floatfmt: str = ",.4g") -> Path:
-    """Write a DataFrame as a markdown table (with an optional title and notes) to ``path``."""
+    """Write a DataFrame as a markdown table (with an optional title and notes) to ``path``.
+
+    Inside :func:`run_report` with repeats: collected per repeat, then written with every cell
+    as mean ± 95 % half width over the repeats (:func:`combine_tables`)."""
     path = Path(path)
+    if _PASS is not None:
+        if _PASS.collecting:
+            _PASS.tables.setdefault(str(path), []).append(df.copy())
+            return path
+        df, note = combine_tables(_PASS.tables.get(str(path), []), df, floatfmt)
+        notes = f"{notes}\n\n{note}" if notes else note
     path.parent.mkdir(parents=True, exist_ok=True)
     body = df.to_markdown(index=False, floatfmt=floatfmt) if len(df) else "(no rows)"
     text = (f"# {title}\n\n" if title else "") + body + "\n" + (f"\n{notes}\n" if notes else "")
@@ -96,3 +127,231 @@ def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "
 def sim_label(simulated: bool) -> str:
     """Suffix used in tables and legends for simulated values."""
     return " (sim)" if simulated else ""
+
+
+# --- repeats: one report pass per repeat, then tables and figures with 95 % intervals -----------
+
+class _RepeatPasses:
+    """What :func:`run_report` collects while a report runs once per repeat."""
+
+    def __init__(self, repeats: int):
+        self.repeats = repeats
+        self.collecting = True
+        self.tables: Dict[str, List[pd.DataFrame]] = {}
+        self.figures: Dict[str, List[list]] = {}
+
+
+_PASS: Optional[_RepeatPasses] = None
+
+
+def run_report(report: Callable, sweep_dir: Path, runs: pd.DataFrame, cfg) -> Any:
+    """Call ``report(sweep_dir, runs, cfg)``; with repeats, once per repeat and once to write
+    tables and figures with intervals (module docstring). Returns the last call's return value."""
+    global _PASS
+    views = repeat_views(runs)
+    if not views:
+        return report(sweep_dir, runs, cfg)
+    _PASS = _RepeatPasses(len(views))
+    try:
+        for view in views:
+            report(sweep_dir, view, cfg)
+        _PASS.collecting = False
+        return report(sweep_dir, runs, cfg)
+    finally:
+        _PASS = None
+
+
+def repeat_views(runs: pd.DataFrame) -> List[pd.DataFrame]:
+    """``runs`` once per repeat index i, when some job has >= 2 repeats (else []): each job's
+    ``summary.*`` are its repeat i's (NaN where the job has no repeat i, or repeat i ended with
+    another status than the job), ``tables_dir`` that repeat's folder and ``repeat`` = i."""
+    if runs is None or not len(runs) or "config.repeats" not in runs:
+        return []
+    n = int(pd.to_numeric(runs["config.repeats"], errors="coerce").fillna(1).max())
+    if n < 2:
+        return []
+    summary_cols = [c for c in runs.columns if c.startswith("summary.")]
+    jobs = [_repeat_runs(Path(d)) for d in runs["run_dir"]]
+    views = []
+    for i in range(n):
+        rows, dirs = [], []
+        for (_, job), reps in zip(runs.iterrows(), jobs):
+            rep = reps[i] if i < len(reps) else None
+            row: Dict[str, Any] = {}
+            if rep is not None and rep.get("status") == job["status"]:
+                _flatten("summary", rep.get("summary", {}), row)
+            rows.append(row)
+            dirs.append(str(Path(job["run_dir"]) / rep.get("dir", ".")) if rep else job["run_dir"])
+        per = pd.DataFrame(rows, index=runs.index)
+        view = runs.drop(columns=summary_cols).copy()
+        view = pd.concat([view, per.reindex(columns=list(dict.fromkeys(summary_cols + list(per.columns))))], axis=1)
+        view["tables_dir"], view["repeat"] = dirs, i
+        views.append(view)
+    return views
+
+
+def _repeat_runs(run_dir: Path) -> List[Dict[str, Any]]:
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("repeat_runs", [])
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+def read_table(row, name: str) -> pd.DataFrame:
+    """A job's parquet table ``name`` for a row of ``runs``: the repeat's own (``tables_dir``) in a
+    :func:`repeat_views` row, else the job folder's (repeat 0)."""
+    d = row.get("tables_dir") if hasattr(row, "get") else None
+    return pd.read_parquet(Path(d if isinstance(d, str) else row["run_dir"]) / f"{name}.parquet")
+
+
+_NUMBER_WITH_UNIT = re.compile(r"^\s*([-+]?(?:\d[\d,]*)?\.?\d+(?:[eE][-+]?\d+)?)\s*(\S.*)?$")
+
+
+def combine_tables(reps: List[pd.DataFrame], fallback: pd.DataFrame, floatfmt: str = ",.4g"):
+    """One table from the same table computed per repeat: each cell the mean over repeats ``± h``
+    (h = half width of the 95 % Student-t interval; ``(n=k)`` when only k repeats have a value); a
+    cell equal in every repeat shown once. Text cells "2.31x" / "12 %" are numbers with a unit; other
+    text that differs lists each repeat's value. Returns (table, note). Tables whose shape differs
+    between repeats cannot be paired: ``fallback`` (the mean-summary table) without intervals."""
+    n = len(reps)
+    if n == 0:
+        return fallback, ""
+    if n < 2 or any(r.shape != reps[0].shape or list(r.columns) != list(reps[0].columns) for r in reps):
+        return fallback, (f"Values from the mean over {n} repeats of each job; no intervals (the table's rows "
+                          f"differ between repeats).")
+    out = reps[0].copy().astype(object)
+    for j in range(out.shape[1]):
+        for i in range(out.shape[0]):
+            out.iat[i, j] = _combine_cell([r.iat[i, j] for r in reps], floatfmt)
+    return out, (f"Mean over {n} repeats (seeds seed..seed+{n - 1}) ± half width of the 95 % Student-t interval; "
+                 f"a value without ± was the same in every repeat; (n=k): only k repeats had a value.")
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA
+
+
+def _combine_cell(vals: list, floatfmt: str):
+    present = [v for v in vals if not _missing(v)]
+    if not present:
+        return None
+    if len(present) == len(vals) and all(v == present[0] for v in present):
+        v = present[0]
+        return format(float(v), floatfmt) if isinstance(v, (float, np.floating)) else v
+    if all(is_number(v) for v in present):
+        return _interval_cell([float(v) for v in present], len(vals), floatfmt, "")
+    parsed = [_NUMBER_WITH_UNIT.match(str(v)) for v in present]
+    if all(parsed) and len({(m.group(2) or "") for m in parsed}) == 1:
+        nums = [float(m.group(1).replace(",", "")) for m in parsed]
+        return _interval_cell(nums, len(vals), floatfmt, parsed[0].group(2) or "")
+    return " / ".join(str(v) for v in vals)
+
+
+def _interval_cell(nums: List[float], total: int, floatfmt: str, unit: str) -> str:
+    iv = mean_ci(nums)
+    sep = "" if unit in ("x", "%") or not unit else " "
+    text = format(iv.mean, floatfmt)
+    if iv.n >= 2 and iv.half_width > 0:
+        text += f" ± {iv.half_width:.2g}"
+    text += f"{sep}{unit}" if unit else ""
+    return text + (f" (n={iv.n})" if iv.n < total else "")
+
+
+def _figure_data(fig) -> list:
+    """Per axes of ``fig``: its lines (label, x, y), bar containers (x centre, bottom, height per
+    bar) and scatter offsets, as drawn for one repeat."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import BarContainer
+    data = []
+    for ax in fig.axes:
+        data.append({
+            "lines": [(ln.get_label(), _floats(ln.get_xdata()), _floats(ln.get_ydata())) for ln in ax.lines],
+            "bars": [np.array([[p.get_x() + p.get_width() / 2, p.get_y(), p.get_height()] for p in c.patches])
+                     for c in ax.containers if isinstance(c, BarContainer)],
+            "scatters": [np.asarray(c.get_offsets(), dtype=float) for c in ax.collections
+                         if isinstance(c, PathCollection)],
+        })
+    return data
+
+
+def _floats(a) -> Optional[np.ndarray]:
+    try:
+        return np.asarray(a, dtype=float)
+    except (TypeError, ValueError):
+        return None          # categorical data: not averaged
+
+
+def _stack(arrays: list) -> Optional[np.ndarray]:
+    """Arrays of equal shape stacked on a new first axis; None when they cannot be paired."""
+    if not arrays or any(a is None or a.shape != arrays[0].shape for a in arrays):
+        return None
+    return np.stack(arrays)
+
+
+def _mean_half(stacked: np.ndarray):
+    """Mean and 95 % half width over axis 0 for every element (NaN half width where n < 2)."""
+    flat = stacked.reshape(stacked.shape[0], -1)
+    ivs = [mean_ci(flat[:, k]) for k in range(flat.shape[1])]
+    shape = stacked.shape[1:]
+    return (np.array([iv.mean for iv in ivs]).reshape(shape),
+            np.nan_to_num(np.array([iv.half_width for iv in ivs]).reshape(shape)))
+
+
+def _draw_intervals(fig, reps: list) -> None:
+    """Move each line / bar / scatter point of ``fig`` (drawn from the mean summaries) to the mean
+    over the repeats' figures and add 95 % error bars; elements that differ in structure between
+    repeats (another number of points, categorical data) are left as drawn. Says so in the title."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import BarContainer
+    if not reps:
+        return
+    drawn = False
+    for a, ax in enumerate(fig.axes):
+        per_ax = [r[a] for r in reps if a < len(r)]
+        if len(per_ax) < 2:
+            continue
+        for k, ln in enumerate(list(ax.lines)):
+            got = [p["lines"][k] for p in per_ax if k < len(p["lines"]) and p["lines"][k][0] == ln.get_label()]
+            xs, ys = (_stack([g[1] for g in got]), _stack([g[2] for g in got])) if len(got) == len(per_ax) else (None, None)
+            if xs is None or ys is None or not ys.size:
+                continue
+            (xm, xh), (ym, yh) = _mean_half(xs), _mean_half(ys)
+            ln.set_data(xm, ym)
+            if (yh > 0).any() or (xh > 0).any():
+                ax.errorbar(xm, ym, yerr=yh if (yh > 0).any() else None, xerr=xh if (xh > 0).any() else None,
+                            fmt="none", ecolor=ln.get_color(), elinewidth=0.9, capsize=2)
+                drawn = True
+        bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+        for k, c in enumerate(bars):
+            st = _stack([p["bars"][k] if k < len(p["bars"]) else None for p in per_ax])
+            if st is None or len(st[0]) != len(c.patches):
+                continue
+            mean, half = _mean_half(st)
+            for p, (_, bottom, height) in zip(c.patches, mean):
+                p.set_y(bottom)
+                p.set_height(height)
+            if (half[:, 2] > 0).any():
+                ax.errorbar(mean[:, 0], mean[:, 1] + mean[:, 2], yerr=half[:, 2], fmt="none", ecolor="k",
+                            elinewidth=0.9, capsize=2)
+                drawn = True
+        scatters = [c for c in ax.collections if isinstance(c, PathCollection)]
+        for k, c in enumerate(scatters):
+            st = _stack([p["scatters"][k] if k < len(p["scatters"]) else None for p in per_ax])
+            if st is None or not st.size:
+                continue
+            mean, half = _mean_half(st)
+            c.set_offsets(mean)
+            if (half > 0).any():
+                ax.errorbar(mean[:, 0], mean[:, 1], xerr=half[:, 0] if (half[:, 0] > 0).any() else None,
+                            yerr=half[:, 1], fmt="none", ecolor="k", elinewidth=0.9, capsize=2)
+                drawn = True
+    _note_intervals(fig, len(reps), drawn)
+
+
+def _note_intervals(fig, repeats: int, drawn: bool) -> None:
+    note = (f"mean of {repeats} repeats" + (", bars: 95 % interval" if drawn else ", equal in every repeat"))
+    title = next((t for t in fig.texts if fig.get_suptitle() and t.get_text() == fig.get_suptitle()), None)
+    if title is None and fig.axes:
+        title = fig.axes[0].title
+    if title is not None:
+        title.set_text(f"{title.get_text()}\n({note})" if title.get_text() else f"({note})")
