@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from harness.report import load_reference, save_figure, sim_label, write_markdown
+from harness.report import load_reference, read_table, save_figure, sim_label, write_markdown
 
 PAPER_SETUPS = {("llama-3.3-70b", "2x4"), ("qwen2.5-32b", "2x2")}
 
@@ -174,9 +174,9 @@ def fig7(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
 
 
 # -- Fig. 8 / Fig. 9: timelines ------------------------------------------------------------------
-def _tables(run_dir):
-    d = Path(run_dir)
-    return pd.read_parquet(d / "timeline.parquet"), pd.read_parquet(d / "requests.parquet")
+def _tables(row):
+    """A run's timeline and requests tables (with repeats: that repeat's, harness.report.read_table)."""
+    return read_table(row, "timeline"), read_table(row, "requests")
 
 
 def fig8(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
@@ -186,7 +186,7 @@ def fig8(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     fig, ax = plt.subplots(3, 1, figsize=(7, 7), sharex=True, layout="constrained")
     rows = []
     for _, r in df.iterrows():
-        tl, rq = _tables(r.run_dir)
+        tl, rq = _tables(r)
         a, b = r["config.workload.burst_start_s"], r["config.workload.burst_end_s"]
         lab = r.system + r.sim
         ax[0].plot(tl.time_s, tl.clock_mhz, label=lab)
@@ -221,7 +221,7 @@ def fig9(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     plt = _plt()
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     for _, r in df.iterrows():
-        tl, rq = _tables(r.run_dir)
+        tl, rq = _tables(r)
         dur = r["config.workload.duration_s"]
         edges = np.linspace(0, dur, 7)
         ph = np.digitize(rq.arrival_s, edges) - 1

@@ -24,7 +24,7 @@ def requests_for(w):
     from omegaconf import OmegaConf
 
     from workloads.serving import build_requests
-    key = OmegaConf.to_yaml(w)
+    key = OmegaConf.to_yaml(w, resolve=True)      # resolved: the seed is an interpolation
     if key not in _REQ_CACHE:
         _REQ_CACHE.clear()
         _REQ_CACHE[key] = build_requests(w)
