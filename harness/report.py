@@ -124,9 +124,40 @@ def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "
     return path
 
 
-def sim_label(simulated: bool) -> str:
-    """Suffix used in tables and legends for simulated values."""
-    return " (sim)" if simulated else ""
+# --- labels: every value, column, point and title says simulated or measured, from its own records ---
+
+def source_of(simulated) -> str:
+    """Where the values behind one number, column, point or figure come from, by each record's own
+    ``backend.simulated`` (a bool or a sequence of them): ``simulated``, ``measured``, or
+    ``simulated+measured`` for a mixed set; '' for none."""
+    flags = {bool(x) for x in np.atleast_1d(np.asarray(simulated, dtype=object)) if not _missing(x)}
+    return {frozenset([True]): "simulated", frozenset([False]): "measured"}.get(
+        frozenset(flags), "simulated+measured" if flags else "")
+
+
+def sim_label(simulated) -> str:
+    """Suffix for a value, column or legend entry: `` (sim)``, `` (measured)`` or `` (sim+measured)``
+    (then label each value: :func:`label_values`); '' for no runs."""
+    src = source_of(simulated)
+    return f" ({src.replace('simulated', 'sim')})" if src else ""
+
+
+def title_label(title: str, simulated) -> str:
+    """A table or figure title with the source of everything in it: `` (simulated)``, `` (measured)``
+    or `` (simulated and measured: each value labelled)``."""
+    src = source_of(simulated)
+    if src == "simulated+measured":
+        return f"{title} (simulated and measured: each value labelled)"
+    return f"{title} ({src})" if src else title
+
+
+def label_values(values, simulated) -> List[Any]:
+    """``values`` (one per run) each followed by its own run's label when the runs mix simulated and
+    measured ones; unchanged otherwise (the column or title says it once). Missing values stay missing."""
+    flags = list(np.atleast_1d(np.asarray(simulated, dtype=object)))
+    if source_of(flags) != "simulated+measured":
+        return list(values)
+    return [v if _missing(v) else f"{v}{sim_label(bool(f))}" for v, f in zip(values, flags)]
 
 
 # --- repeats: one report pass per repeat, then tables and figures with 95 % intervals -----------

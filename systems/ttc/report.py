@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.report import load_reference, save_figure, write_markdown
+from harness.report import (label_values, load_reference, read_table, save_figure, sim_label, source_of,
+                            title_label, write_markdown)
 
 GiB = 2**30
 SYSTEM_ORDER = ["in_gpu", "layerwise", "hf_offload", "lbs_intertoken", "lbs_interbeam", "lbs_prefetch", "lbs"]
@@ -35,13 +36,13 @@ def _tidy(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _sim_title(title: str, simulated) -> str:
-    """A figure title, marked "(simulated)" when every value behind it comes from a simulated run."""
-    return title + (" (simulated)" if len(simulated) and bool(pd.Series(simulated).astype(bool).all()) else "")
+    """A title saying whether the values behind it are simulated, measured or both (each labelled)."""
+    return title_label(title, simulated)
 
 
 def _sim_col(name: str, simulated) -> str:
-    """A table column of our values, labelled "(sim)" when they come from simulated runs."""
-    return name + (" (sim)" if len(simulated) and bool(pd.Series(simulated).astype(bool).all()) else "")
+    """A table column or legend entry of our values, labelled (sim), (measured) or (sim+measured)."""
+    return name + sim_label(simulated)
 
 
 def _ref_value(ref: pd.DataFrame, metric: str, **conds):
@@ -91,7 +92,7 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
             sub = df[(df.model == m) & (df.step == st)]
             for k, s in enumerate(systems):
                 d = sub[sub.system == s].sort_values("beams")
-                line, = ax.plot(d.beams, d.speedup, marker="o", label=f"{s}{' (sim)' if d.simulated.any() else ''}")
+                line, = ax.plot(d.beams, d.speedup, marker="o", label=f"{s}{sim_label(d.simulated)}")
                 oom = d[d.status == "oom"]
                 if len(oom):      # OOM: no speedup; an x on the floor of the plot, in the system's colour
                     ax.plot(oom.beams, [0.25 * (k + 1)] * len(oom), "x", color=line.get_color(), ms=7,
@@ -109,7 +110,7 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
     axes[0][0].legend(fontsize=7)
     fig.suptitle(_sim_title(title, df.simulated))
     save_figure(fig, sweep_dir, figure)
-    tab = df.assign(speedup_txt=[_fmt_speed(r) for _, r in df.iterrows()])
+    tab = df.assign(speedup_txt=label_values([_fmt_speed(r) for _, r in df.iterrows()], df.simulated))
     wide = tab.pivot_table(index=["model", "step", "beams"], columns="system", values="speedup_txt",
                            aggfunc="first").reset_index()
     wide = wide[["model", "step", "beams"] + [s for s in systems if s in wide.columns]]
@@ -119,10 +120,9 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
         rng.append({"model": m, "ours_lbs_speedup_min": d.speedup.min(), "ours_lbs_speedup_max": d.speedup.max(),
                     "paper_min": _ref_value(ref, "speedup_min", model=m),
                     "paper_max": _ref_value(ref, "speedup_max", model=m),
-                    "ours_is": "simulated" if df.simulated.all() else "measured"})
+                    "ours_is": source_of(df.simulated)})
     rng = pd.DataFrame(rng)
-    write_markdown(wide, sweep_dir / f"{figure}.md", title=f"{title} (speedup over layer-wise; "
-                   f"{'SIMULATED' if df.simulated.all() else 'measured'})",
+    write_markdown(wide, sweep_dir / f"{figure}.md", title=title_label(f"{title}, speedup over layer-wise", df.simulated),
                    notes=range_rule + ":\n\n" + rng.to_markdown(index=False, floatfmt=".2f"))
     return rng
 
@@ -153,7 +153,7 @@ def fig4(sweep_dir, runs, cfg):
     df["paper_io_share"] = [_ref_value(ref, "io_share", beams=b, system="layerwise") for b in df.beams]
     lw = df[df.system == "layerwise"].sort_values("beams")
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5), layout="constrained")
-    sim = " (sim)" if lw.simulated.all() else ""
+    sim = sim_label(lw.simulated)
     a.plot(lw.beams, lw.kv_share_of_memory, "o-", label="ours (analytic from shapes)")
     a.plot(lw.beams, lw.paper_kv_share_lower_bound, "rv--", label="paper (lower bound)")
     a.set_xscale("log", base=2); a.set_xlabel("beams"); a.set_ylabel("KV share of GPU memory"); a.legend(fontsize=8)
@@ -164,7 +164,7 @@ def fig4(sweep_dir, runs, cfg):
     for xi, (_, r) in zip(x, lw.iterrows()):
         b.annotate(f"{100 * r.io_share:.0f}% I/O", (xi, r.e2e_s), ha="center", fontsize=7)
     b.set_xticks(x, lw.beams); b.set_xlabel("beams"); b.set_ylabel("seconds (layer-wise)"); b.legend(fontsize=7)
-    fig.suptitle("LBS Fig.4 - OPT-6.7B, seq 2048, RTX 4090" + (" (simulated runtime)" if sim else ""))
+    fig.suptitle(title_label("LBS Fig.4 - OPT-6.7B, seq 2048, RTX 4090, runtime", lw.simulated))
     save_figure(fig, sweep_dir, "fig4")
     write_markdown(lw[["beams", "kv_share_of_memory", "paper_kv_share_lower_bound", "e2e_s", "compute_s",
                        "io_stall_s", "io_share", "paper_io_share", "tag"]], sweep_dir / "fig4.md",
@@ -179,11 +179,11 @@ def fig5(sweep_dir, runs, cfg):
     rows = []
     ok = runs[runs.status == "ok"]
     for _, r in ok.iterrows():
-        st = pd.read_parquet(Path(r.run_dir) / "steps.parquet")
+        st = read_table(r, "steps")
         per_tok = st.latency_s / st.tokens
         pos = st.start_tokens + st.tokens / 2
         ax.plot(pos, per_tok * 1e3, label=f"{r.system} {int(r['config.workload.beams'])} beams"
-                                          f"{' (sim)' if r.simulated else ''}")
+                                          f"{sim_label(r.simulated)}")
         knee = st.start_tokens[st.h2d_bytes > 0].min() if (st.h2d_bytes > 0).any() else None
         rows.append({"system": r.system, "beams": int(r["config.workload.beams"]),
                      "first_offload_position": knee, "ms_per_token_first": 1e3 * per_tok.iloc[0],
@@ -233,7 +233,7 @@ def fig10(sweep_dir, runs, cfg):
     df = df[df.system != "layerwise"].copy()
     df["normalised_volume"] = [r.h2d_bytes / base.get((r.model, r.beams), np.nan) for _, r in df.iterrows()]
     df["paper"] = [_ref_value(ref, "normalised_volume", system=r.system, step=r.step) for _, r in df.iterrows()]
-    sim = " (sim)" if df.simulated.all() else ""
+    sim = sim_label(df.simulated)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for s, d in df.groupby("system"):
         ax.plot(d.step, 100 * d.normalised_volume, "o-", label=f"{s}{sim}")
@@ -301,7 +301,7 @@ def fig12(sweep_dir, runs, cfg):
     base = df[df.system == "layerwise"].set_index(["model", "beams"])["io_stall_s"]
     df = df[(df.system != "layerwise") & (df.status == "ok")].copy()
     df["io_time_vs_layerwise"] = [r.io_stall_s / base.get((r.model, r.beams), np.nan) for _, r in df.iterrows()]
-    sim = " (sim)" if df.simulated.all() else ""
+    sim = sim_label(df.simulated)
     p_it_lo = _ref_value(ref, "io_time_vs_layerwise_min", system="lbs_intertoken", step=32)
     p_it_hi = _ref_value(ref, "io_time_vs_layerwise_max", system="lbs_intertoken", step=32)
     p_lbs_hi = _ref_value(ref, "io_time_vs_layerwise_max", system="lbs", step=32)
