@@ -59,10 +59,14 @@ class TTSSystem:
         for duplicates, look-ahead verification and score-bin candidate potential.
     prefix_aware (P): dynamic prefix-aware scheduling (§4.2): siblings adjacent, parents in order.
     memory (M): asymmetric KV allocation from the roofline search (§4.3); off = fixed split
-        ``gen_memory_share`` of the KV budget and vLLM's default batch caps.
+        ``gen_memory_share`` of the KV budget and vLLM's default batch caps (``systems/tts/plan.py``).
+    replan: when the memory plan is made: ``per_run`` (once, before the engines start; the only
+        choice vLLM can honour) or ``per_iteration`` (before every iteration; simulator only).
     offload: the §4.3.2 extension (simulated backend only).
     memory_fraction: share of device memory both engines may use (0.9; 0.4 for the 1.5B+1.5B
-        memory-constrained setting). kv_budget: total KV bytes for both engines (overrides).
+        memory-constrained setting). kv_budget: KV bytes per device, shared by both engines
+        (overrides the derived default, ``plan.kv_budget``). cpu_kv_budget: the default on a real
+        CPU engine, whose KV is committed up front in host memory shared with other processes.
     """
     name: str = MISSING
     family: str = "tts"
@@ -70,6 +74,7 @@ class TTSSystem:
     speculative: bool = False
     prefix_aware: bool = False
     memory: bool = False
+    replan: str = "per_run"              # per_run | per_iteration (simulator only)
     offload: bool = False
     spec_truncation_ratio: float = 0.85
     spec_truncation_std: float = 0.1
@@ -77,8 +82,8 @@ class TTSSystem:
     lookahead_verification: bool = True
     memory_fraction: float = 0.9
     gen_memory_share: float = 0.5        # baseline split of the KV budget (generator share)
-    kv_budget: Any = None                # bytes or "512MiB"; None = derived (see runner)
-    cpu_kv_budget: Any = "512MiB"        # real vLLM on CPU when kv_budget is None
+    kv_budget: Any = None                # bytes or "512MiB"; None = derived (plan.kv_budget)
+    cpu_kv_budget: Any = "512MiB"        # the default on a real CPU engine (host memory is shared)
     max_num_seqs: int = 256              # vLLM default batch cap (baseline)
     block_size: int = 32                 # KV block (tokens); CPU wants multiples of 32
     score_source: str = "auto"           # auto (prm with real verifier weights, else synthetic) | prm | synthetic

@@ -6,7 +6,8 @@ import pytest
 from harness.backend import Backend
 from systems.tts import runner
 from systems.tts.beams import Beam, step_logit_biases
-from systems.tts.search import (Search, duplicate, select_survivors, speculative_potential, truncate_keep)
+from systems.tts.search import Search, duplicate, select_survivors
+from systems.tts.speculation import speculative_potential, truncate_keep
 
 SIM = Backend("sim", "sim", True, "test")
 
@@ -84,7 +85,7 @@ def _sim_search(compose_cfg, system, *extra):
     runner.validate(cfg)
     import tempfile
     from pathlib import Path
-    st, problems, prompts, gen, ver, hook, alloc, _ = runner.build(cfg, SIM, Path(tempfile.mkdtemp()))
+    st, problems, prompts, gen, ver, hook, alloc, *_ = runner.build(cfg, SIM, Path(tempfile.mkdtemp()))
     recs = []
     s = Search(st, gen, ver, on_iteration=recs.append, before_iteration=hook)
     results = [s.run_problem(p.index, prompts[p.index]) for p in problems]

@@ -12,8 +12,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from harness.backend import Backend  # noqa: E402
 from systems.tts import runner  # noqa: E402
 from systems.tts.beams import Beam, request_seed, synthetic_score, stable_hash  # noqa: E402
-from systems.tts.engines import GenRequest  # noqa: E402
+from systems.tts.protocol import GenRequest  # noqa: E402
 from systems.tts.search import Search, select_survivors  # noqa: E402
+from systems.tts.speculation import SpeculationPolicy  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,11 +35,11 @@ def engines():
     runner.validate(cfg)
     built = runner.build(cfg, CPU, Path(tempfile.mkdtemp()))
     yield built
-    built[-1]()
+    built.closer()
 
 
 def _search(engines, **changes):
-    st, problems, prompts, gen, ver, hook, alloc, _ = engines
+    st, problems, prompts, gen, ver, hook, alloc, *_ = engines
     s2 = type(st)(**{**vars(st), **changes})
     recs = []
     results = [Search(s2, gen, ver, on_iteration=recs.append).run_problem(p.index, prompts[p.index])
@@ -58,11 +59,11 @@ def test_prefix_aware_scheduling_never_changes_decisions(engines):
 
 
 def test_speculative_tokens_never_change_scores_or_selection(engines):
-    st, problems, prompts, gen, ver, _, _, _ = engines
+    st, problems, prompts, gen, ver, *_ = engines
     p = problems[0]
     reqs = [GenRequest(f"spec-{i}", prompts[p.index], st.max_step_tokens, request_seed(7, 0, 0, str(i)))
             for i in range(8)]
-    res = gen.extend(reqs, speculative=True)
+    res = gen.extend(reqs, SpeculationPolicy(True))
     assert res.spec_tokens > 0, "no speculative tokens were produced"
     cands, stripped = [], []
     for i, r in enumerate(reqs):
@@ -75,9 +76,9 @@ def test_speculative_tokens_never_change_scores_or_selection(engines):
     with_spec = [(b.tokens + b.spec, b.step_ends) for b in cands]
     without = [(b.tokens, b.step_ends) for b in stripped]
     ver.v.eng.reset_prefix_cache()
-    v_with, *_ = ver.verify(p.index, with_spec)
+    v_with = ver.verify(p.index, with_spec).values
     ver.v.eng.reset_prefix_cache()
-    v_without, *_ = ver.verify(p.index, without)
+    v_without = ver.verify(p.index, without).values
     for a, b in zip(v_with, v_without):
         assert a[0] is not None and b[0] is not None
         assert a[0] == pytest.approx(b[0], abs=1e-5)
@@ -90,6 +91,19 @@ def test_speculative_tokens_never_change_scores_or_selection(engines):
         a = select_survivors("beam_search", cands, 8, 4, "last")
         b = select_survivors("beam_search", stripped, 8, 4, "last")
         assert [(x.uid, c) for x, c in a] == [(x.uid, c) for x, c in b]
+
+
+def test_vllm_generator_executes_the_policy(engines):
+    """The vLLM generator keeps no speculation rule of its own: under a scripted policy that
+    contradicts the paper's rules it does what the policy says (the same check as the simulated
+    generator's, tests/tts/test_speculation.py). Mutation caught: any rule left in
+    ``VllmGenerator.extend`` (e.g. its old Phase-1 ``sched.waiting`` check or spec cap)."""
+    from tests.tts.test_speculation import check_generator_obeys
+    st, problems, prompts, gen = engines[:4]
+    p = problems[0]
+    reqs = [GenRequest(f"obey-{i}", prompts[p.index], st.max_step_tokens, request_seed(3, 0, 0, str(i)))
+            for i in range(8)]
+    check_generator_obeys(gen, reqs)
 
 
 @pytest.mark.parametrize("system", ["vllm_tts", "fasttts"])
