@@ -13,6 +13,7 @@ SEARCHES = ("beam_search", "dvts", "best_of_n", "dynamic_branching", "vg_search"
 AGGREGATIONS = ("last", "min", "prod", "mean")
 SCORE_SOURCES = ("auto", "prm", "synthetic")
 PRM_KINDS = ("head", "lm")               # verifier.prm_kind (harness.config.VerifierConfig)
+ON_TOO_LONG = ("error", "skip")          # workload.on_too_long
 
 
 @dataclass
@@ -22,7 +23,10 @@ class MathWorkload:
 
     Search (FastTTS §1.4 / search-and-learn): ``n`` paths, ``beam_width`` children per survivor,
     ``num_iterations`` steps, sampling ``temperature``/``top_p``, ``max_step_tokens`` per generator
-    call, sequences capped at ``max_model_len`` tokens.
+    call, sequences capped at ``max_model_len`` tokens (both engines). A problem whose prompt (chat
+    template included) leaves no room below ``max_model_len`` stops the run before any work
+    (``on_too_long=error``, exit 2 naming file, line and token count) or is skipped and recorded
+    (``on_too_long=skip``).
 
     Step-length model for random weights (no tokenizer, flat logits): the step delimiter token
     (``step_delimiter_id``, Qwen2's "\\n\\n" = 271) gets a logit bias making its per-token
@@ -40,6 +44,7 @@ class MathWorkload:
     top_p: float = 1.0
     max_step_tokens: int = 2048
     max_model_len: int = 4096
+    on_too_long: str = "error"           # error | skip
     agg_strategy: str = "last"
     step_delimiter_id: int = 271
     eos_token_id: int = 151643

@@ -8,8 +8,10 @@ for Top-1 / Pass@N (``accuracy.py``).
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
@@ -19,11 +21,12 @@ from harness.errors import RunOOM
 from harness.run import RunResult
 from systems.tts.beams import step_logit_biases
 from systems.tts.checkpoint import DELIMITER, is_local
-from systems.tts.config import AGGREGATIONS, PRM_KINDS, SCORE_SOURCES, SEARCHES
+from systems.tts.config import AGGREGATIONS, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
 from systems.tts.memory import ModelShape, Roofline
 from systems.tts.plan import REPLANS, MemoryPlan, kv_budget
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+log = logging.getLogger(__name__)
 
 
 def _real(cfg, backend=None) -> bool:
@@ -117,9 +120,6 @@ def validate(cfg) -> None:
                           f"verifier's step tag; give the verifier its own tag (inserted at each step)")
     if both_random and tokenizer_family(m) == tokenizer_family(v) and v.step_tag_id == w.eos_token_id:
         raise ConfigError(f"verifier.step_tag_id={v.step_tag_id} is not allowed: it is the generator's end token")
-    # the data set: unknown file or malformed line -> ConfigError naming the line
-    from workloads.math import load_problems
-    load_problems(_data_path(w.path), w.num_problems)
     if cfg.backend.name == "vllm" and v.prm_kind == "lm" and not is_local(v.weights):
         raise ConfigError(f"verifier.weights=random is not allowed for verifier={v.name!r} with backend=vllm: a "
                           f"prm_kind=lm verifier reads its tokenizer's good/bad tokens; allowed: verifier.weights=/dir "
@@ -127,8 +127,13 @@ def validate(cfg) -> None:
     if cfg.backend.name == "vllm" and v.prm_kind == "head" and v.hf_model_type != "qwen2":
         raise ConfigError(f"verifier={v.name!r} is not allowed with backend=vllm: the real path runs Qwen2 PRMs "
                           f"(Qwen2ForProcessRewardModel) and prm_kind=lm causal LMs; use backend=sim for it")
+    if w.on_too_long not in ON_TOO_LONG:
+        raise bad("workload.on_too_long", w.on_too_long, f"one of {', '.join(ON_TOO_LONG)}")
+    # the data set and every prompt: unknown file, malformed line, a prompt too long -> ConfigError
+    t = texts(cfg)
+    avg_prompt = sum(len(t.prompts[p.index]) for p in t.problems) / len(t.problems)
     try:
-        _check_memory(cfg, _on_cpu(cfg), _real(cfg))
+        _check_memory(cfg, _on_cpu(cfg), _real(cfg), avg_prompt)
     except RunOOM:
         pass            # weights alone exceed the simulated device: run() records status oom
 
@@ -176,37 +181,28 @@ def settings(cfg, on_cpu: bool, score_source: str, space=None):
                           delimiter_ids=tuple(delims), eos_ids=tuple(ends))
 
 
-class Built(NamedTuple):
-    """What :func:`build` makes for a run."""
-    settings: Any                  # search.SearchSettings
-    problems: list                 # workloads.math.Problem
-    prompts: Dict[int, List[int]]  # problem index -> generator prompt ids
-    gen: Any                       # protocol.Generator
-    ver: Any                       # protocol.Verifier
-    hook: Optional[Callable]       # before_iteration (system.replan=per_iteration) or None
-    alloc: Any                     # the memory plan the engines were started with (memory.Allocation)
-    closer: Callable[[], None]     # shuts the engines down
-    planner: MemoryPlan
+class Texts(NamedTuple):
+    """A run's problems and prompts (:func:`texts`)."""
+    space: Any                       # the local generator's checkpoint.TokenSpace, or None
+    tmap: Any                        # generator tokens -> verifier input (TokenMap / VerifierText / ShepherdText)
+    problems: list                   # the problems to search (workloads.math.Problem)
+    skipped: List[dict]              # problems too long for the engines (workload.on_too_long=skip)
+    prompts: Dict[int, List[int]]    # problem index -> generator prompt ids (chat template included)
+    vprompts: Dict[int, List[int]]   # problem index -> verifier prompt ids
 
 
-def build(cfg, backend, workdir: Path) -> Built:
-    """The search settings, problems, prompts, engines and memory plan of a run (:class:`Built`).
+def texts(cfg) -> Texts:
+    """Load the problem set and build every prompt, then check the limits (:func:`check_limits`).
 
-    The memory plan (``plan.MemoryPlan``) sizes both backends' engines once per run; with
-    ``system.replan=per_iteration`` (simulator only) the hook re-plans and re-sizes them before
-    every iteration.
-
-    Local checkpoints: prompts come from the generator's tokenizer (chat template), steps end at its
-    "\n\n" tokens (on vLLM: no logit bias, real weights), and, with a local verifier too, the PRM
-    reads the decoded steps re-encoded by its own tokenizer with its "\n\n" step tag
-    (``VerifierText``; Math-Shepherd, ``prm_kind=lm``: its " ки" tag after every step,
-    ``ShepherdText``). Otherwise ids are folded between token spaces (``TokenMap``). Simulated
-    runs use the tokenizers for prompt lengths and ids only."""
+    Local checkpoints: generator prompts come from its tokenizer (chat template) and, with a local
+    verifier too, the PRM reads the decoded steps re-encoded by its own tokenizer with its "\n\n"
+    step tag (``VerifierText``; Math-Shepherd, ``prm_kind=lm``: its " ки" tag after every step,
+    ``ShepherdText``). Otherwise ids are folded between token spaces (``engines.TokenMap``) and
+    prompts come from the stand-in tokenizer. Raises ConfigError (before any work)."""
     from systems.tts import checkpoint
-    from systems.tts.engines import PrmScorer, TokenMap
+    from systems.tts.engines import TokenMap
     from workloads.math import load_problems, prompt_tokens, stand_in_tokens
-    w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
-    on_cpu = _on_cpu(cfg, backend)
+    w, m, v = cfg.workload, cfg.model, cfg.verifier
     problems = load_problems(_data_path(w.path), w.num_problems)
     space = checkpoint.token_space(str(m.weights)) if is_local(m.weights) else None
     vtok = checkpoint.load_tokenizer(str(v.weights)) if is_local(v.weights) else None
@@ -220,6 +216,67 @@ def build(cfg, backend, workdir: Path) -> Built:
         tmap = TokenMap(tokenizer_family(m), tokenizer_family(v), v.vocab_size, w.step_delimiter_id, tag)
         vprompts = {p.index: (checkpoint.verifier_prompt(vtok, p.text) if vtok is not None
                               else stand_in_tokens(p.text + "\n", v.vocab_size)) for p in problems}
+    fit, skipped = check_limits(cfg, problems, prompts, vprompts)
+    return Texts(space, tmap, fit, skipped, prompts, vprompts)
+
+
+def check_limits(cfg, problems, prompts, vprompts):
+    """Problems whose generator and verifier prompts leave room below ``workload.max_model_len``
+    (both engines' limit), and the rest. Returns (fitting problems, skipped rows: problem, line,
+    prompt token counts). Raises ConfigError naming the file, line and token count of the first
+    problem too long, unless ``workload.on_too_long=skip``, or when no problem fits."""
+    w = cfg.workload
+    limit = int(w.max_model_len)
+    fit, skipped = [], []
+    for p in problems:
+        g, v = len(prompts[p.index]), len(vprompts[p.index])
+        if g < limit and v < limit:
+            fit.append(p)
+            continue
+        if w.on_too_long != "skip":
+            which, k = ("generator", g) if g >= limit else ("verifier", v)
+            raise ConfigError(f"{w.path}: line {p.line}: the {which} prompt (chat template included) is {k} tokens, "
+                              f"which leaves no room below the engines' max_model_len={limit} "
+                              f"(workload.max_model_len); allowed: workload.on_too_long=skip (such problems are "
+                              f"skipped and recorded), a larger workload.max_model_len, or a shorter problem")
+        skipped.append(dict(problem=p.index, line=p.line, gen_prompt_tokens=g, ver_prompt_tokens=v, max_model_len=limit))
+    if not fit:
+        raise ConfigError(f"{w.path}: every problem's prompt reaches workload.max_model_len={limit}; allowed: a larger "
+                          f"workload.max_model_len")
+    return fit, skipped
+
+
+class Built(NamedTuple):
+    """What :func:`build` makes for a run."""
+    settings: Any                  # search.SearchSettings
+    problems: list                 # workloads.math.Problem
+    prompts: Dict[int, List[int]]  # problem index -> generator prompt ids
+    gen: Any                       # protocol.Generator
+    ver: Any                       # protocol.Verifier
+    hook: Optional[Callable]       # before_iteration (system.replan=per_iteration) or None
+    alloc: Any                     # the memory plan the engines were started with (memory.Allocation)
+    closer: Callable[[], None]     # shuts the engines down
+    planner: MemoryPlan
+    skipped: List[dict]            # problems skipped by workload.on_too_long=skip (see check_limits)
+
+
+def build(cfg, backend, workdir: Path) -> Built:
+    """The search settings, problems, prompts, engines and memory plan of a run (:class:`Built`).
+
+    The memory plan (``plan.MemoryPlan``) sizes both backends' engines once per run; with
+    ``system.replan=per_iteration`` (simulator only) the hook re-plans and re-sizes them before
+    every iteration.
+
+    Prompts and verifier inputs: :func:`texts`. With a local generator, steps end at its "\n\n"
+    tokens (on vLLM: no logit bias, real weights). Simulated runs use the tokenizers for prompt
+    lengths and ids only."""
+    from systems.tts.engines import PrmScorer
+    w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
+    on_cpu = _on_cpu(cfg, backend)
+    t = texts(cfg)
+    space, tmap, problems, skipped = t.space, t.tmap, t.problems, t.skipped
+    prompts = {p.index: t.prompts[p.index] for p in problems}
+    vprompts = {p.index: t.vprompts[p.index] for p in problems}
     mean, cap = step_model(cfg, on_cpu)
     bias_d, bias_e = step_logit_biases(m.vocab_size, float(w.temperature), mean, float(w.steps_per_answer_mean))
     src = s.score_source
@@ -263,7 +320,7 @@ def build(cfg, backend, workdir: Path) -> Built:
             bw = float(cfg.hardware.h2d_bw) if a.offload else None
             gen.configure(a.gen_kv_bytes, a.b_dec, bw)
             ver.configure(a.ver_kv_bytes, a.b_pre, bw)
-    return Built(st, problems, prompts, gen, ver, hook, alloc, closer, planner)
+    return Built(st, problems, prompts, gen, ver, hook, alloc, closer, planner, skipped)
 
 
 def grade(cfg, backend, problems, results, n: int):
@@ -295,18 +352,30 @@ def grade(cfg, backend, problems, results, n: int):
 
 
 def run(cfg, ctx) -> RunResult:
+    """Search every problem. A failure after the first problem ends the run with status error (oom
+    for RunOOM) and keeps the problems searched before it; one in the first problem propagates
+    (harness.run records it)."""
+    import pandas as pd
     from systems.tts import metrics
     from systems.tts.search import Search
     workdir = Path(tempfile.mkdtemp(prefix="tts_models_"))
     b = build(cfg, ctx.backend, workdir)
     st, problems, prompts, alloc = b.settings, b.problems, b.prompts, b.alloc
-    results = []
+    results, status, message = [], "ok", ""
     try:
         bar = ctx.progress(len(problems) * (1 if st.search == "best_of_n" else st.num_iterations),
                            f"{cfg.system.name} n={st.n}")
         search = Search(st, b.gen, b.ver, on_iteration=lambda rec: bar.update(1), before_iteration=b.hook)
         for p in problems:
-            r = search.run_problem(p.index, prompts[p.index])
+            try:
+                r = search.run_problem(p.index, prompts[p.index])
+            except Exception as e:        # the problems searched so far stay recorded
+                if not results:
+                    raise
+                status = "oom" if isinstance(e, RunOOM) else "error"
+                message = f"problem {p.index} (line {p.line}): {type(e).__name__}: {e}"
+                log.error("tts run failed at problem %d: %s", p.index, traceback.format_exc())
+                break
             bar.update(st.num_iterations - len(r.iterations) if st.search != "best_of_n" else 0)
             results.append(r)
         bar.close()
@@ -321,7 +390,7 @@ def run(cfg, ctx) -> RunResult:
                 kv_budget_bytes=kv_budget(cfg, on_cpu), gen_kv_bytes=alloc.gen_kv_bytes,
                 ver_kv_bytes=alloc.ver_kv_bytes, b_dec=alloc.b_dec, b_pre=alloc.b_pre,
                 offload=bool(alloc.offload), replan=str(cfg.system.replan), plan_profile=b.planner.profile,
-                simulated=bool(ctx.backend.simulated))
+                problems_skipped=len(b.skipped), simulated=bool(ctx.backend.simulated))
     f2, pct = (lambda x: f"{x:.2f}"), (lambda x: f"{100 * x:.1f} %")
     display = [("goodput (tok/s)", "goodput_tok_s", f2), ("completion latency (s/problem)", "latency_s", f2),
                ("  generator (s)", "gen_latency_s", f2), ("  verifier (s)", "ver_latency_s", f2),
@@ -335,8 +404,10 @@ def run(cfg, ctx) -> RunResult:
                ("steps from speculation (no generator call)", "gen_skipped", str),
                ("decode batch B_dec / prefill batch B_pre", "b_dec", str), ("  B_pre", "b_pre", str),
                ("Top-1 accuracy (PRM-weighted vote)", "top1_acc", pct), (f"Pass@N (N={st.n})", "pass_at_n", pct),
-               ("problems", "problems", str)]
+               ("problems", "problems", str), ("  skipped (prompt too long)", "problems_skipped", str)]
     tables = metrics.tables(results)
     if acc_table is not None:
         tables["accuracy"] = acc_table
-    return RunResult(status="ok", summary=summ, display=display, tables=tables)
+    if b.skipped:
+        tables["skipped"] = pd.DataFrame(b.skipped)
+    return RunResult(status=status, message=message, summary=summ, display=display, tables=tables)
