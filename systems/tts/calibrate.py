@@ -2,16 +2,20 @@
 
     python -m systems.tts.calibrate [model=tiny-qwen2] [verifier=tiny-prm] [threads=1]
                                     [name=cpu-tts-calibrated] [out=conf/hardware/<name>.yaml]
+    python -m systems.tts.calibrate refit=conf/hardware/cpu-tts.yaml name=cpu-tts   # fit stored points again
 
 Builds the two engines as a run does (``engines.VllmGenerator`` / ``VllmVerifier``, random weights,
 torch fixed to ``threads`` threads), warms them up (excluded), then times, in ``ROUNDS`` rounds of
 shuffled points (median per point, so a burst of load on a shared machine spreads over points):
 
 - generator engine steps: pure decode steps of B sequences at context C (prompts share a cached
-  prefix, so admission is cheap) and prefill steps of B fresh prompts of L tokens;
-- verifier calls: B fresh items of L tokens scored in one call.
+  prefix, so admission is cheap) and prefill steps of B prompts of N fresh tokens after a cached
+  prefix of C tokens (C = 0: fresh prompts; C > 0: a search iteration's first step);
+- verifier calls: B items of N fresh tokens after a cached prefix of C tokens, in one call.
 
-Each stage is fitted with the simulator's own cost terms (``sim.step_terms`` /
+Times are process CPU seconds (one torch thread: the time on an uncontended core; on a shared
+machine the wall time swings with other users' load, the CPU time hardly at all); the wall times
+are kept beside them. Each stage is fitted with the simulator's own cost terms (``sim.step_terms`` /
 ``sim.prefill_terms``): compute P (FLOP/s) and bandwidth BW (B/s) combined as a roofline max or
 added (whichever fits better), plus a cost per engine step and per sampled sequence, minimising the
 squared relative error. The profile (a ``hardware`` option, kind cpu) keeps every point, each
@@ -24,7 +28,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -32,14 +35,18 @@ from typing import Dict, List, Tuple
 import numpy as np
 import yaml
 
+from systems.tts.engines import Clock
 from systems.tts.memory import ModelShape, Roofline
 from systems.tts.sim import prefill_terms, step_terms
 
 ROOT = Path(__file__).resolve().parents[2]
-DECODE = [(1, 128), (4, 128), (16, 128), (64, 128), (8, 512), (32, 512), (1, 1024), (4, 1024), (16, 1024),
-          (64, 1024)]                                  # (batch, context) of pure decode steps
-GEN_PREFILL = [(1, 128), (1, 1024), (4, 512), (16, 128), (8, 512)]   # (batch, new tokens) of prefill steps
-VER_PREFILL = [(1, 128), (1, 1024), (4, 512), (16, 256), (16, 512), (64, 128)]   # (batch, tokens) per call
+# (batch, tokens per sequence, cached context before them); decode points decode one token each
+DECODE = [(1, 1, 128), (4, 1, 128), (16, 1, 128), (64, 1, 128), (8, 1, 512), (32, 1, 512), (1, 1, 1024),
+          (4, 1, 1024), (16, 1, 1024), (64, 1, 1024)]
+GEN_PREFILL = [(1, 128, 0), (1, 1024, 0), (4, 512, 0), (16, 128, 0), (8, 512, 0),
+               (16, 8, 384), (16, 32, 384), (4, 64, 1024)]      # a search iteration's first step: cached prefix
+VER_PREFILL = [(1, 128, 0), (1, 1024, 0), (4, 512, 0), (16, 256, 0), (16, 512, 0), (64, 128, 0),
+               (1, 8, 384), (1, 32, 384), (16, 8, 384), (16, 32, 384), (4, 64, 1024)]
 ROUNDS = 3
 
 
@@ -69,48 +76,63 @@ class Probe:
                             logit_bias=dict(self.gen.bias) if self.gen.bias else None)
         self.gen.eng.add_request(f"cal{self.n}", {"prompt_token_ids": prompt}, sp)
 
-    def decode(self, b: int, c: int, steps: int = 6) -> float:
-        """Median seconds of the pure decode steps of ``b`` sequences at context ~``c`` (prompts
-        share a cached prefix, so admission is cheap; the first two and the last step are left out)."""
+    def _drain(self) -> List[Tuple[float, float]]:
+        """(wall, CPU) seconds of every engine step until no request is left."""
+        ts = []
+        while self.gen.eng.has_unfinished_requests():
+            clock = Clock()
+            self.gen.eng.step()
+            ts.append(clock.read())
+        return ts
+
+    def decode(self, b: int, _: int, c: int, steps: int = 6) -> Tuple[float, float]:
+        """Median (wall, CPU) seconds of the pure decode steps of ``b`` sequences at context ~``c``
+        (prompts share a cached prefix, so admission is cheap; the first two and the last step are
+        left out)."""
         shared = self._ids(c - 8, self.gv)
         for _ in range(b):
             self._add(shared + self._ids(8, self.gv), steps + 3)
-        ts = []
-        while self.gen.eng.has_unfinished_requests():
-            t0 = time.perf_counter()
-            self.gen.eng.step()
-            ts.append(time.perf_counter() - t0)
-        return statistics.median(ts[2:-1])
+        ts = self._drain()[2:-1]
+        return statistics.median(w for w, _ in ts), statistics.median(c for _, c in ts)
 
-    def gen_prefill(self, b: int, n: int) -> float:
-        """Seconds of the step prefilling ``b`` fresh prompts of ``n`` tokens."""
+    def gen_prefill(self, b: int, n: int, c: int) -> Tuple[float, float]:
+        """(wall, CPU) seconds of the step admitting ``b`` prompts of ``n`` fresh tokens after a cached
+        prefix of ``c`` tokens (prefilled, untimed, before)."""
+        prefix = self._ids(c, self.gv)
+        if c:
+            self._add(prefix, 1)
+            self._drain()
         for _ in range(b):
-            self._add(self._ids(n, self.gv), 1)
-        t0 = time.perf_counter()
-        self.gen.eng.step()
-        t = time.perf_counter() - t0
-        while self.gen.eng.has_unfinished_requests():
-            self.gen.eng.step()
-        return t
+            self._add(prefix + self._ids(n, self.gv), 1)
+        return self._drain()[0]
 
-    def verify(self, b: int, n: int) -> float:
-        """Seconds of one verifier call scoring ``b`` fresh items of ``n`` tokens."""
-        return self.ver.score([self._ids(n, self.vv) for _ in range(b)], [[n - 1]] * b).time_s
+    def verify(self, b: int, n: int, c: int) -> Tuple[float, float]:
+        """(wall, CPU) seconds of one verifier call scoring ``b`` items of ``n`` fresh tokens after a
+        cached prefix of ``c`` tokens (scored, untimed, before)."""
+        prefix = self._ids(c, self.vv)
+        if c:
+            self.ver.score([prefix], [[c - 1]])
+        r = self.ver.score([prefix + self._ids(n, self.vv) for _ in range(b)], [[c + n - 1]] * b)
+        return r.time_s, r.cpu_s
 
 
 def measure(probe: Probe, rounds: int = ROUNDS) -> Tuple[List[dict], List[dict]]:
     """(generator points, verifier points): each point timed once per round, points shuffled in
-    every round so a burst of load on the shared machine spreads over points; median per point."""
-    jobs = ([("decode", b, c) for b, c in DECODE] + [("prefill", b, n) for b, n in GEN_PREFILL]
-            + [("verify", b, n) for b, n in VER_PREFILL])
+    every round so a burst of load on the shared machine spreads over points; median per point.
+    A point: kind, batch, new (tokens per sequence), ctx (cached context before them), seconds
+    (process CPU time: with one thread, the time on an uncontended core), wall_s (wall time),
+    spread (slowest / fastest round, CPU time)."""
+    jobs = ([("decode", *x) for x in DECODE] + [("prefill", *x) for x in GEN_PREFILL]
+            + [("verify", *x) for x in VER_PREFILL])
+    fns = {"decode": probe.decode, "prefill": probe.gen_prefill, "verify": probe.verify}
     samples: Dict[tuple, List[float]] = {j: [] for j in jobs}
     for _ in range(rounds):
         for i in probe.rng.permutation(len(jobs)):
-            kind, b, n = jobs[i]
-            fn = {"decode": probe.decode, "prefill": probe.gen_prefill, "verify": probe.verify}[kind]
-            samples[jobs[i]].append(fn(b, n))
-    pts = [dict(kind=k, batch=b, ctx=n + 4 if k == "decode" else n, seconds=float(statistics.median(v)),
-                spread=float(max(v) / min(v))) for (k, b, n), v in samples.items()]
+            kind, b, n, c = jobs[i]
+            samples[jobs[i]].append(fns[kind](b, n, c))
+    pts = [dict(kind=k, batch=b, new=n, ctx=c + 4 if k == "decode" else c,
+                seconds=float(statistics.median(cpu for _, cpu in v)), wall_s=float(statistics.median(w for w, _ in v)),
+                spread=float(max(cpu for _, cpu in v) / min(cpu for _, cpu in v))) for (k, b, n, c), v in samples.items()]
     return [p for p in pts if p["kind"] != "verify"], [p for p in pts if p["kind"] == "verify"]
 
 
@@ -119,14 +141,14 @@ def _terms(points: List[dict], m: ModelShape, budget: int):
     own cost functions (``sim.step_terms`` / ``sim.prefill_terms``)."""
     rows = []
     for p in points:
-        b, c = p["batch"], p["ctx"]
+        b, n, c = p["batch"], p["new"], p["ctx"]
         if p["kind"] == "decode":
             rows.append((*step_terms(m, [], b, c)[:2], 1, b))
         elif p["kind"] == "prefill":
-            rows.append((*step_terms(m, [(c, 0)] * b, 0, 0.0)[:2], 1, b))
+            rows.append((*step_terms(m, [(n, c)] * b, 0, 0.0)[:2], 1, b))
         else:
-            attn = 2 * m.num_layers * m.hidden_size * b * c * c
-            rows.append((*prefill_terms(m, b * c, attn, budget), 0))
+            attn = 2 * m.num_layers * m.hidden_size * b * n * (2 * c + n)
+            rows.append((*prefill_terms(m, b * n, attn, budget), 0))
     return tuple(np.array(col, float) for col in zip(*rows))
 
 
@@ -210,17 +232,21 @@ def calibrate(cfg, threads: int = 1) -> dict:
     probe = Probe(gen, ver, m.vocab_size, v.vocab_size)
     try:
         for _ in range(3):                                          # warm-up, excluded
-            probe.decode(16, 512)
-            probe.verify(16, 256)
+            probe.decode(16, 1, 512)
+            probe.verify(16, 256, 0)
         dec, pre = measure(probe)
     finally:
         gen.shutdown()
         ver.shutdown()
-    gm, vm = ModelShape.of(m), ModelShape.of(v)
-    return {"models": {"generator": str(m.name), "verifier": str(v.name)}, "threads": threads,
-            "loadavg_before": load_before, "loadavg_after": loadavg(),
-            "decode": {**fit(dec, gm, gen_token_budget(cfg)), "points": dec},
-            "prefill": {**fit(pre, vm, ver_token_budget(cfg)), "points": pre}}
+    return fit_stages(cfg, {"models": {"generator": str(m.name), "verifier": str(v.name)}, "threads": threads,
+                            "loadavg_before": load_before, "loadavg_after": loadavg()}, dec, pre)
+
+
+def fit_stages(cfg, meta: dict, dec: List[dict], pre: List[dict]) -> dict:
+    """The ``measured.tts`` dict: ``meta`` + each stage's fit and points."""
+    from systems.tts.runner import gen_token_budget, ver_token_budget
+    return {**meta, "decode": {**fit(dec, ModelShape.of(cfg.model), gen_token_budget(cfg)), "points": dec},
+            "prefill": {**fit(pre, ModelShape.of(cfg.verifier), ver_token_budget(cfg)), "points": pre}}
 
 
 def write_profile(tts: dict, out: Path, name: str) -> Path:
@@ -253,13 +279,23 @@ def compose(overrides: List[str]):
 
 
 def main(argv=None) -> int:
+    """``refit=<profile.yaml>``: fit that profile's stored points again (after a change of the cost
+    terms) instead of measuring."""
     args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
     name = args.pop("name", "cpu-tts-calibrated")
     out = Path(args.pop("out", ROOT / "conf" / "hardware" / f"{name}.yaml"))
     threads = int(args.pop("threads", 1))
-    cfg = compose([f"{k}={v}" for k, v in args.items()])
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    tts = calibrate(cfg, threads)
+    refit = args.pop("refit", None)
+    if refit:
+        old = yaml.safe_load(Path(refit).read_text())["measured"]["tts"]
+        cfg = compose([f"model={old['models']['generator']}", f"verifier={old['models']['verifier']}"])
+        meta = {k: old[k] for k in ("models", "threads", "loadavg_before", "loadavg_after")}
+        tts = fit_stages(cfg, meta, old["decode"]["points"], old["prefill"]["points"])
+        threads = tts["threads"]
+    else:
+        cfg = compose([f"{k}={v}" for k, v in args.items()])
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        tts = calibrate(cfg, threads)
     write_profile(tts, out, name)
     for stage in ("decode", "prefill"):
         f = tts[stage]

@@ -94,6 +94,8 @@ class TTSSystem:
     score_source: str = "auto"           # auto (prm with real verifier weights, else synthetic) | prm | synthetic
     vg_short_iterations: int = 3         # VG-search: iterations 0-2 use short steps
     vg_short_tokens: int = 64
+    record_tokens: bool = False          # keep every request's tokens (gen_tokens.parquet), for replay
+    replay_tokens: Optional[str] = None  # simulated backend: a run dir whose recorded tokens it replays
 
 
 def memory_fraction_for(model: str, verifier: str) -> float:

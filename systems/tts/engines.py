@@ -22,7 +22,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from systems.tts.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
 from systems.tts.speculation import SPECULATE, SpeculationPolicy
@@ -37,6 +37,17 @@ class PrmRows:
     time_s: float
     cached_tokens: int = 0
     prompt_tokens: int = 0
+    cpu_s: Optional[float] = None
+
+
+class Clock:
+    """Wall and process CPU seconds since it was made (``GenResult.cpu_s``)."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> Tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
 def write_hf_config(model_cfg, path: Path, architecture: str, extra: Optional[dict] = None) -> Path:
@@ -117,7 +128,7 @@ class VllmGenerator:
         Every speculative decision is the ``policy``'s (``systems.tts.speculation``); this method
         streams the tokens, reports the events (a step ended, requests waiting) and aborts what the
         policy says. Returns a GenResult; ``time_s`` is the measured wall time of adding and stepping."""
-        t0 = time.perf_counter()
+        clock = Clock()
         toks: Dict[str, List[int]] = {r.uid: [] for r in requests}
         step_len: Dict[str, int] = {}
         finish: Dict[str, str] = {}
@@ -166,8 +177,8 @@ class VllmGenerator:
         for uid, ts in toks.items():
             sl = step_len.get(uid, len(ts))
             outputs[uid] = GenOutput(ts, finish.get(uid, "length"), sl, cached.get(uid, 0), len(by_id[uid].prompt_ids))
-        return GenResult(outputs, time.perf_counter() - t0, steps,
-                         sum(len(o.tokens) - o.step_len for o in outputs.values()))
+        wall, cpu = clock.read()
+        return GenResult(outputs, wall, steps, sum(len(o.tokens) - o.step_len for o in outputs.values()), cpu)
 
     def shutdown(self):
         try:
@@ -219,7 +230,7 @@ class VllmVerifier:
     def score(self, items: List[List[int]], positions: List[List[int]]) -> PrmRows:
         """Score ``items`` (verifier token lists). Returns rows for the requested positions."""
         from vllm import PoolingParams
-        t0 = time.perf_counter()
+        clock = Clock()
         ids = []
         for toks in items:
             rid = f"v{self._n}"
@@ -242,7 +253,8 @@ class VllmVerifier:
             cached_total += nc
             prompt_total += len(toks)
             rows.append({p: float(data[p - nc, self.col]) for p in pos if p >= nc})
-        return PrmRows(rows, time.perf_counter() - t0, cached_total, prompt_total)
+        wall, cpu = clock.read()
+        return PrmRows(rows, wall, cached_total, prompt_total, cpu)
 
     def shutdown(self):
         try:
@@ -300,4 +312,4 @@ class PrmScorer:
         built = [self.map.build(self.prompts[pidx], toks, ends) for toks, ends in items]
         res = self.v.score([b[0] for b in built], [b[1] for b in built])
         vals = [[row.get(p) for p in pos] for (_, pos), row in zip(built, res.rows)]
-        return VerifierOutput(vals, res.time_s, res.cached_tokens, res.prompt_tokens)
+        return VerifierOutput(vals, res.time_s, res.cached_tokens, res.prompt_tokens, res.cpu_s)

@@ -32,21 +32,29 @@ class ModelShape:
     num_layers: int
     hidden_size: int
     kv_bytes_per_token: float     # 2 * L * H_kv * d_head * bytes
-    weight_bytes: float
+    weight_bytes: float           # every weight (memory held)
     vocab_size: int
     head_params: float = 0.0      # of num_params: the vocabulary projection, applied per sampled position
+    dtype_bytes: int = 2
 
     @staticmethod
     def of(m) -> "ModelShape":
         from harness import model_facts as mf
         # FLOPs count the matmul weights (embedding lookups are free); memory holds every weight
         return ModelShape(float(mf.forward_params(m)), int(m.num_layers), int(m.hidden_size), float(mf.kv_bytes_per_token(m)),
-                          float(mf.weight_bytes(m)), int(m.vocab_size), float(mf.lm_head_params(m)))
+                          float(mf.weight_bytes(m)), int(m.vocab_size), float(mf.lm_head_params(m)),
+                          mf.dtype_bytes(m.dtype))
 
     @property
     def body_params(self) -> float:
         """Parameters multiplied at every position (all but the vocabulary projection)."""
         return self.num_params - self.head_params
+
+    @property
+    def read_bytes(self) -> float:
+        """Weight bytes a forward pass streams: the multiplied weights, not the embedding table
+        (only its looked-up rows are read) unless it doubles as the LM head."""
+        return self.num_params * self.dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -92,19 +100,19 @@ class Roofline:
 def t_prefill(m: ModelShape, hw: Roofline, batch, seq_len):
     """Roofline time (s) of one verifier prefill pass of ``batch`` sequences of ``seq_len`` new
     tokens (numpy-broadcastable). FLOPs = 2*body params*B*S + 2*L*d*B*S^2 (causal attention; a
-    PRM's head runs at every position, no vocabulary projection); Bytes = weights + B*S*KV/token."""
+    PRM's head runs at every position, no vocabulary projection); Bytes = weights read + B*S*KV/token."""
     B, S = batch, seq_len
     flops = 2 * m.body_params * B * S + 2 * m.num_layers * m.hidden_size * B * S * S
-    byts = m.weight_bytes + B * S * m.kv_bytes_per_token
+    byts = m.read_bytes + B * S * m.kv_bytes_per_token
     return hw.busy_s(flops, byts) + hw.fixed_s(m)
 
 
 def t_decode(m: ModelShape, hw: Roofline, batch, ctx_len):
     """Roofline time (s) of one decode step for ``batch`` sequences with ``ctx_len`` cached tokens
-    each. FLOPs = 2*params*B + 4*L*d*B*ctx; Bytes = weights + B*ctx*KV/token; + B sampled sequences."""
+    each. FLOPs = 2*params*B + 4*L*d*B*ctx; Bytes = weights read + B*ctx*KV/token; + B sampled sequences."""
     B, C = batch, ctx_len
     flops = 2 * m.num_params * B + 4 * m.num_layers * m.hidden_size * B * C
-    byts = m.weight_bytes + B * C * m.kv_bytes_per_token
+    byts = m.read_bytes + B * C * m.kv_bytes_per_token
     return hw.busy_s(flops, byts) + hw.fixed_s(m) + hw.seq_s * B
 
 
@@ -127,14 +135,14 @@ class MemoryTooSmall(ValueError):
 def _f_pre(ver: ModelShape, hw: Roofline, n: int, b_pre: np.ndarray, s: float) -> np.ndarray:
     """ceil(N/B_pre) * T_roof^pre(B_pre, S): :func:`t_prefill` with the scalars folded (fast path)."""
     a = 2 * ver.body_params * s + 2 * ver.num_layers * ver.hidden_size * s * s
-    t = hw.busy_s(b_pre * a, b_pre * s * ver.kv_bytes_per_token + ver.weight_bytes) + hw.fixed_s(ver)
+    t = hw.busy_s(b_pre * a, b_pre * s * ver.kv_bytes_per_token + ver.read_bytes) + hw.fixed_s(ver)
     return np.ceil(n / b_pre) * t
 
 
 def _g_dec(gen: ModelShape, hw: Roofline, n: int, b_dec: np.ndarray, s_dec: float, s_cache: float) -> np.ndarray:
     """ceil(N/B_dec) * S_dec * T_roof^dec(B_dec, S_cache): :func:`t_decode` folded (fast path)."""
     a = 2 * gen.num_params + 4 * gen.num_layers * gen.hidden_size * s_cache
-    t = hw.busy_s(b_dec * a, b_dec * s_cache * gen.kv_bytes_per_token + gen.weight_bytes) + hw.fixed_s(gen) \
+    t = hw.busy_s(b_dec * a, b_dec * s_cache * gen.kv_bytes_per_token + gen.read_bytes) + hw.fixed_s(gen) \
         + hw.seq_s * b_dec
     return np.ceil(n / b_dec) * (s_dec * t)
 

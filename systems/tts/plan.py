@@ -42,7 +42,8 @@ AE_SPLITS = {("qwen2.5-math-1.5b", "skywork-prm-1.5b"): (0.20, 0.20),
              ("qwen2.5-math-7b", "skywork-prm-1.5b"): (0.68, 0.22)}
 
 
-def _unset(v) -> bool:
+def unset(v) -> bool:
+    """Whether an optional config value is unset (null, or "None" from the command line)."""
     return v in (None, "None")
 
 
@@ -55,7 +56,7 @@ def kv_budget(cfg, on_cpu: bool) -> int:
     (the weights do not fit: a recorded oom), ConfigError for a bad or non-positive setting."""
     s = cfg.system
     try:
-        if not _unset(s.kv_budget):
+        if not unset(s.kv_budget):
             m = parse_size(s.kv_budget, "kv_budget")
         elif on_cpu:
             m = parse_size(s.cpu_kv_budget, "system.cpu_kv_budget")
@@ -121,7 +122,7 @@ class MemoryPlan:
     def _fixed_split(self) -> Allocation:
         cfg, s = self.cfg, self.cfg.system
         pair = AE_SPLITS.get((cfg.model.name, cfg.verifier.name))
-        if pair and _unset(s.kv_budget) and not self.on_cpu:
+        if pair and unset(s.kv_budget) and not self.on_cpu:
             mem = float(cfg.hardware.memory_bytes)
             g = default_kv_budget(pair[0] * mem, self.gen.weight_bytes, ACTIVATION_RESERVE * pair[0] * mem)
             v = default_kv_budget(pair[1] * mem, self.ver.weight_bytes, ACTIVATION_RESERVE * pair[1] * mem)

@@ -48,23 +48,27 @@ class GenOutput:
 @dataclass
 class GenResult:
     """One ``extend`` call: outputs by request uid, wall (vLLM) or charged (simulated) seconds,
-    engine steps taken, tokens generated past a step boundary."""
+    engine steps taken, tokens generated past a step boundary, and on a real engine the process
+    CPU seconds of the call (``cpu_s``: with one torch thread, the call's time on an uncontended
+    core; on a shared machine it is steadier than the wall time)."""
     outputs: Dict[str, GenOutput]
     time_s: float
     engine_steps: int = 0
     spec_tokens: int = 0
+    cpu_s: Optional[float] = None
 
 
 @dataclass
 class VerifierOutput:
     """One ``verify`` call. ``values[i][k]``: the PRM score of step k of item i, or None when this
     call did not compute it (a step served by the prefix cache was scored by an earlier call).
-    ``time_s`` seconds; ``prompt_tokens`` verifier input tokens, ``cached_tokens`` of them served by
-    the prefix cache."""
+    ``time_s`` seconds (``cpu_s``: process CPU seconds on a real engine, as in :class:`GenResult`);
+    ``prompt_tokens`` verifier input tokens, ``cached_tokens`` of them served by the prefix cache."""
     values: List[List[Optional[float]]]
     time_s: float
     cached_tokens: int = 0
     prompt_tokens: int = 0
+    cpu_s: Optional[float] = None
 
 
 VerifyItem = Tuple[List[int], List[int]]          # (path tokens, exclusive end of each step)

@@ -23,7 +23,8 @@ from systems.tts.beams import step_logit_biases
 from systems.tts.checkpoint import DELIMITER, is_local
 from systems.tts.config import AGGREGATIONS, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
 from systems.tts.memory import ModelShape, Roofline
-from systems.tts.plan import REPLANS, MemoryPlan, kv_budget
+from systems.tts import replay
+from systems.tts.plan import REPLANS, MemoryPlan, kv_budget, unset
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 log = logging.getLogger(__name__)
@@ -79,6 +80,13 @@ def validate(cfg) -> None:
         raise bad("system.search", s.search, f"one of {', '.join(SEARCHES)}")
     if s.replan not in REPLANS:
         raise bad("system.replan", s.replan, f"one of {', '.join(REPLANS)}")
+    if not unset(s.replay_tokens):
+        if cfg.backend.name != "sim":
+            raise bad("system.replay_tokens", s.replay_tokens, "only with backend=sim (the simulator replays a "
+                      "real run's recorded tokens)")
+        if not replay.table_path(s.replay_tokens).is_file():
+            raise bad("system.replay_tokens", s.replay_tokens, "a run directory holding gen_tokens.parquet (a run "
+                      "with system.record_tokens=true)")
     if w.agg_strategy not in AGGREGATIONS:
         raise bad("workload.agg_strategy", w.agg_strategy, f"one of {', '.join(AGGREGATIONS)}")
     if s.score_source not in SCORE_SOURCES:
@@ -291,9 +299,11 @@ def build(cfg, backend, workdir: Path) -> Built:
         from systems.tts.sim import SimGenerator, SimVerifier, StepModel, TokenSource
         p_d = 1.0 / mean
         p_e = 1.0 / (mean * float(w.steps_per_answer_mean))
-        tokens = TokenSource(StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size))
+        recorded = replay.load(s.replay_tokens) if not unset(s.replay_tokens) else None
+        tokens = TokenSource(StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size), recorded)
         gen = SimGenerator(gen_shape, Roofline.of(cfg.hardware, "decode"), tokens, kv_bytes=alloc.gen_kv_bytes,
-                           max_num_seqs=alloc.b_dec, block=int(s.block_size), token_budget=gen_token_budget(cfg))
+                           max_num_seqs=alloc.b_dec, block=int(s.block_size), token_budget=gen_token_budget(cfg),
+                           max_model_len=int(w.max_model_len))
         ver = SimVerifier(ver_shape, Roofline.of(cfg.hardware, "prefill"), kv_bytes=alloc.ver_kv_bytes,
                           max_num_seqs=alloc.b_pre, block=int(s.block_size), token_budget=ver_token_budget(cfg),
                           tag_inserted=tmap.insert, prompts=vprompts)
@@ -313,6 +323,8 @@ def build(cfg, backend, workdir: Path) -> Built:
         def closer():
             gen.shutdown()
             vv.shutdown()
+    if s.record_tokens:
+        gen = replay.TokenRecorder(gen)
     hook = None
     if s.memory and s.replan == "per_iteration":        # the simulator only (validate_backend)
         def hook(it, active, prompt_len):
@@ -410,4 +422,6 @@ def run(cfg, ctx) -> RunResult:
         tables["accuracy"] = acc_table
     if b.skipped:
         tables["skipped"] = pd.DataFrame(b.skipped)
+    if isinstance(b.gen, replay.TokenRecorder):
+        tables[replay.TABLE] = pd.DataFrame(b.gen.rows)
     return RunResult(status=status, message=message, summary=summ, display=display, tables=tables)

@@ -75,6 +75,8 @@ class IterationRecord:
     completed: int
     selected: str             # survivors' uids in selection order, ";"-joined
     selected_keys: str        # their content hashes (committed tokens), ";"-joined
+    gen_cpu_s: Optional[float] = None   # real engines: process CPU seconds (protocol.GenResult.cpu_s)
+    ver_cpu_s: Optional[float] = None
 
 
 @dataclass
@@ -252,7 +254,7 @@ class Search:
                 if any(k not in cache for k in ks):
                     items.append((toks, ends))
                     owners.append(ks)
-            vo = self.ver.verify(pidx, items) if items else VerifierOutput([], 0.0)
+            vo = self.ver.verify(pidx, items) if items else VerifierOutput([], 0.0, cpu_s=0.0)
             ver_t += vo.time_s
             for ks, vs in zip(owners, vo.values):
                 for k, v in zip(ks, vs):
@@ -288,7 +290,8 @@ class Search:
                 pidx, it, len(active), len(reqs), skipped, len(items), res.time_s, vo.time_s,
                 sum(o.prompt_tokens for o in res.outputs.values()), sum(o.cached_tokens for o in res.outputs.values()),
                 vo.prompt_tokens, vo.cached_tokens, new_tokens, spec_generated, spec_kept, n_done,
-                ";".join(p.uid for p, _ in selected), ";".join(str(keys[p.uid][-1]) for p, _ in selected)))
+                ";".join(p.uid for p, _ in selected), ";".join(str(keys[p.uid][-1]) for p, _ in selected),
+                res.cpu_s, vo.cpu_s))
             if self.on_iteration:
                 self.on_iteration(records[-1])
             if not selected:

@@ -205,13 +205,14 @@ def step_terms(m: ModelShape, prefill: List[Tuple[int, int]], decodes: int, ctx:
     """(FLOPs, bytes, sampled sequences) of one generator engine step: prefill chunks [(new
     tokens, context before them)] + ``decodes`` decode tokens at mean context ``ctx``. Every
     position multiplies the body parameters; the vocabulary projection runs once per sampled
-    sequence (each decode, and the last prompt token of each prefill); weights are read once."""
+    sequence (each decode, and the last prompt token of each prefill); weights are read once
+    (``ModelShape.read_bytes``)."""
     new = sum(a for a, _ in prefill)
     sampled = decodes + len(prefill)
     flops = 2 * m.body_params * (new + decodes) + 2 * m.head_params * sampled \
         + 4 * m.num_layers * m.hidden_size * decodes * ctx \
         + sum(2 * m.num_layers * m.hidden_size * a * (2 * c + a) for a, c in prefill)
-    return flops, m.weight_bytes + (decodes * ctx + new) * m.kv_bytes_per_token, sampled
+    return flops, m.read_bytes + (decodes * ctx + new) * m.kv_bytes_per_token, sampled
 
 
 def _t_step(m: ModelShape, hw: Roofline, prefill: List[Tuple[int, int]], decodes: int, ctx: float) -> float:
@@ -223,10 +224,9 @@ def _t_step(m: ModelShape, hw: Roofline, prefill: List[Tuple[int, int]], decodes
 
 def prefill_terms(m: ModelShape, new_tokens: int, attn_flops: float, budget: int) -> Tuple[float, float, int]:
     """(FLOPs, bytes, passes) of a verifier batch prefilling ``new_tokens`` uncached tokens (plus
-    ``attn_flops`` of attention) in passes of at most ``budget`` tokens, weights read once per
-    pass. A PRM scores every position: no vocabulary projection, its head is in the body."""
+    ``attn_flops`` of attention) in passes of at most ``budget`` tokens, weights read once per pass. A PRM scores every position: no vocabulary projection, its head is in the body."""
     passes = math.ceil(new_tokens / budget)
-    return 2 * m.body_params * new_tokens + attn_flops, passes * m.weight_bytes + new_tokens * m.kv_bytes_per_token, passes
+    return 2 * m.body_params * new_tokens + attn_flops, passes * m.read_bytes + new_tokens * m.kv_bytes_per_token, passes
 
 
 class _Engine:
@@ -266,12 +266,13 @@ class _Seq:
 class SimGenerator(_Engine):
     """Simulated generator engine (see module docstring). ``kv_bytes`` and ``max_num_seqs`` (the
     decode batch B_dec) come from the memory plan; ``block`` tokens per KV block and
-    ``token_budget`` tokens per step are the real engine's ``block_size`` / ``max_num_batched_tokens``."""
+    ``token_budget`` tokens per step are the real engine's ``block_size`` / ``max_num_batched_tokens``;
+    no sequence grows past ``max_model_len`` tokens."""
 
     def __init__(self, model: ModelShape, hw: Roofline, tokens: TokenSource, *, kv_bytes: int, max_num_seqs: int,
-                 block: int, token_budget: int):
+                 block: int, token_budget: int, max_model_len: int):
         self.m, self.hw, self.tokens = model, hw, tokens
-        self.block, self.token_budget = int(block), int(token_budget)
+        self.block, self.token_budget, self.max_model_len = int(block), int(token_budget), int(max_model_len)
         self.configure(kv_bytes, max_num_seqs)
 
     def _admit(self, queue: deque, run: Dict[str, _Seq]) -> Tuple[List[Tuple[int, int]], bool]:
@@ -330,7 +331,8 @@ class SimGenerator(_Engine):
                         self._finish(run.pop(uid), outputs)
                 elif s.done >= s.step_len:
                     if policy.at_step_end(s.r, s.finish, len(queue)) == SPECULATE:
-                        s.spec_end, _ = s.stream.boundary(s.step_len, policy.max_tokens(s.r), eos_only=True)
+                        cap = min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids))
+                        s.spec_end, _ = s.stream.boundary(s.step_len, cap, eos_only=True)
                         if s.spec_end <= s.done:
                             self._finish(run.pop(uid), outputs)
                     else:

@@ -85,13 +85,13 @@ def check_generator_obeys(gen, requests: List[GenRequest]):
 
 
 TINY = ModelShape(num_params=4e7, num_layers=4, hidden_size=256, kv_bytes_per_token=2048, weight_bytes=1.6e8,
-                  vocab_size=151936)
+                  vocab_size=151936, head_params=3.9e7, dtype_bytes=4)
 
 
 def sim_generator(max_num_seqs=64, kv_bytes=64 << 20):
     steps = StepModel(1 / 4, 1 / 64, DELIM, EOS, 151936)
     return SimGenerator(TINY, Roofline(5e10, 1e10), TokenSource(steps), kv_bytes=kv_bytes,
-                        max_num_seqs=max_num_seqs, block=32, token_budget=4096)
+                        max_num_seqs=max_num_seqs, block=32, token_budget=4096, max_model_len=4096)
 
 
 def test_sim_generator_executes_the_policy():
