@@ -303,13 +303,20 @@ class TokenMap:
 class PrmScorer:
     """The search's verifier interface over :class:`VllmVerifier`: builds verifier inputs from the
     problem's verifier prompt and the path's steps; returns per-step P(correct) or None for steps
-    served by the prefix cache (scored by an earlier request for the same prefix)."""
+    served by the prefix cache (scored by an earlier request for the same prefix). With
+    ``synthetic_seed`` (``score_source=synthetic``: random-weight PRMs give ties) every computed
+    value is replaced by the content-keyed ``beams.synthetic_prm_score`` of the path's step."""
 
-    def __init__(self, verifier: VllmVerifier, token_map: TokenMap, prompts: Dict[int, List[int]]):
-        self.v, self.map, self.prompts = verifier, token_map, prompts
+    def __init__(self, verifier: VllmVerifier, token_map: TokenMap, prompts: Dict[int, List[int]],
+                 synthetic_seed: Optional[int] = None):
+        self.v, self.map, self.prompts, self.synthetic_seed = verifier, token_map, prompts, synthetic_seed
 
     def verify(self, pidx: int, items) -> VerifierOutput:
+        from systems.tts.beams import synthetic_prm_values
         built = [self.map.build(self.prompts[pidx], toks, ends) for toks, ends in items]
         res = self.v.score([b[0] for b in built], [b[1] for b in built])
         vals = [[row.get(p) for p in pos] for (_, pos), row in zip(built, res.rows)]
+        if self.synthetic_seed is not None:
+            vals = [synthetic_prm_values(self.synthetic_seed, pidx, toks, ends, [v is not None for v in vs])
+                    for (toks, ends), vs in zip(items, vals)]
         return VerifierOutput(vals, res.time_s, res.cached_tokens, res.prompt_tokens, res.cpu_s)

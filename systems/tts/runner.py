@@ -159,9 +159,23 @@ def _check_memory(cfg, on_cpu: bool, real: bool, avg_prompt: float = 400.0) -> N
     mp.check_fits(mp.per_run(int(cfg.workload.n), avg_prompt, mean))
 
 
+def score_source(cfg, backend) -> str:
+    """What the verifier's values are: ``prm`` (the PRM's own; ``auto`` with local verifier weights
+    on a real engine) or ``synthetic`` (``beams.synthetic_prm_score``, content-keyed: random-weight
+    PRMs give ties; the simulator runs no PRM)."""
+    src = cfg.system.score_source
+    if src == "auto":
+        return "prm" if (is_local(cfg.verifier.weights) and not backend.simulated) else "synthetic"
+    return src
+
+
 def validate_backend(cfg, backend) -> None:
     """Checks that need the resolved backend: the memory plan's re-planning must be one the
-    backend can honour (vLLM cannot resize an engine's KV cache after start-up)."""
+    backend can honour (vLLM cannot resize an engine's KV cache after start-up); PRM scores need a
+    real engine."""
+    if backend.simulated and cfg.system.score_source == "prm":
+        raise bad("system.score_source", "prm", "auto or synthetic with a simulated backend (it runs no PRM: its "
+                  "verifier returns the synthetic content-keyed scores)")
     if cfg.system.replan == "per_iteration" and not backend.simulated:
         raise ConfigError(f"system.replan=per_iteration is not allowed with backend={backend.name}: vLLM allocates "
                           f"each engine's KV cache once, at start-up (kv_cache_memory_bytes), and cannot resize it "
@@ -287,9 +301,7 @@ def build(cfg, backend, workdir: Path) -> Built:
     vprompts = {p.index: t.vprompts[p.index] for p in problems}
     mean, cap = step_model(cfg, on_cpu)
     bias_d, bias_e = step_logit_biases(m.vocab_size, float(w.temperature), mean, float(w.steps_per_answer_mean))
-    src = s.score_source
-    if src == "auto":
-        src = "prm" if (is_local(v.weights) and not backend.simulated) else "synthetic"
+    src = score_source(cfg, backend)
     st = settings(cfg, on_cpu, src, None if backend.simulated else space)   # sim: its own step ids
     gen_shape, ver_shape = ModelShape.of(m), ModelShape.of(v)
     avg_prompt = sum(len(x) for x in prompts.values()) / len(prompts)
@@ -306,7 +318,7 @@ def build(cfg, backend, workdir: Path) -> Built:
                            max_model_len=int(w.max_model_len))
         ver = SimVerifier(ver_shape, Roofline.of(cfg.hardware, "prefill"), kv_bytes=alloc.ver_kv_bytes,
                           max_num_seqs=alloc.b_pre, block=int(s.block_size), token_budget=ver_token_budget(cfg),
-                          tag_inserted=tmap.insert, prompts=vprompts)
+                          token_map=tmap, prompts=vprompts, seed=int(cfg.seed))
         closer = lambda: None
     else:
         from systems.tts.engines import VllmGenerator, VllmVerifier
@@ -318,7 +330,7 @@ def build(cfg, backend, workdir: Path) -> Built:
         vv = VllmVerifier(v, workdir, max_model_len=int(w.max_model_len), kv_bytes=alloc.ver_kv_bytes,
                           max_num_seqs=alloc.b_pre, block_size=int(s.block_size), seed=int(cfg.seed),
                           token_budget=ver_token_budget(cfg))
-        ver = PrmScorer(vv, tmap, vprompts)
+        ver = PrmScorer(vv, tmap, vprompts, int(cfg.seed) if src == "synthetic" else None)
 
         def closer():
             gen.shutdown()

@@ -18,7 +18,7 @@ from typing import Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from systems.tts.beams import Beam, aggregate, request_seed, stable_hash, synthetic_score
+from systems.tts.beams import Beam, aggregate, request_seed, stable_hash
 from systems.tts.protocol import GenRequest, Generator, Verifier, VerifierOutput
 from systems.tts.speculation import SpeculationPolicy, copy_keeps, speculative_potential
 
@@ -44,7 +44,7 @@ class SearchSettings:
     lookahead: bool = True
     vg_short_iterations: int = 3
     vg_short_tokens: int = 64
-    score_source: str = "synthetic"      # prm | synthetic
+    score_source: str = "synthetic"      # what the verifier's values are (recorded): prm | synthetic
     delimiter_id: int = 271
     eos_id: int = 151643
     delimiter_ids: Tuple[int, ...] = ()
@@ -259,7 +259,7 @@ class Search:
             for ks, vs in zip(owners, vo.values):
                 for k, v in zip(ks, vs):
                     if v is not None and k not in cache:
-                        cache[k] = v if st.score_source == "prm" else synthetic_score(st.seed, k)
+                        cache[k] = v
             for b in active:
                 ks = keys[b.uid][1:]
                 missing = [k for k in ks if k not in cache]

@@ -358,26 +358,28 @@ class SimGenerator(_Engine):
 
 class SimVerifier(_Engine):
     """Simulated PRM engine: requests in batches of ``max_num_seqs``; each batch's uncached tokens
-    are prefilled in passes of at most ``token_budget`` tokens, each charged by the roofline.
-    Returns placeholder values (the search uses synthetic scores on the simulated backend)."""
+    are prefilled in passes of at most ``token_budget`` tokens, each charged by the roofline. The
+    verifier input of a path is built by ``token_map`` (as on vLLM: prompt + steps, step tags) and
+    its values are the synthetic content-keyed PRM's (``beams.synthetic_prm_values``, ``seed``),
+    None where the position was served by the prefix cache (as vLLM's pooling rows)."""
 
     def __init__(self, model: ModelShape, hw: Roofline, *, kv_bytes: int, max_num_seqs: int, block: int,
-                 token_budget: int, tag_inserted: bool = False, prompts: Optional[Dict[int, List[int]]] = None):
+                 token_budget: int, token_map, prompts: Dict[int, List[int]], seed: int):
         self.m, self.hw, self.block, self.budget = model, hw, int(block), int(token_budget)
-        self.tag_inserted = tag_inserted
-        self.prompts = prompts or {}
+        self.map, self.prompts, self.seed = token_map, prompts, seed
         self.configure(kv_bytes, max_num_seqs)
 
     def verify(self, pidx: int, items: Sequence[Tuple[List[int], List[int]]]) -> VerifierOutput:
         from harness.errors import RunOOM
+        from systems.tts.beams import synthetic_prm_values
         prompt = self.prompts.get(pidx, [])
-        t, cached, total = 0.0, 0, 0
+        t, cached, total, vals = 0.0, 0, 0, []
         B = self.block
         for i in range(0, len(items), self.max_num_seqs):
             batch = items[i:i + self.max_num_seqs]
             new_tokens, pinned, attn = 0, [], 0.0
             for toks, ends in batch:
-                seq = prompt + toks + ([0] * len(ends) if self.tag_inserted else [])
+                seq, pos = self.map.build(prompt, toks, ends)
                 hs = self.cache.hashes(seq)
                 hit = self.cache.hit_tokens(hs, len(seq))
                 extra = math.ceil(len(seq) / B) - len(hs)
@@ -396,10 +398,10 @@ class SimVerifier(_Engine):
                 attn += 2 * self.m.num_layers * self.m.hidden_size * new * (len(seq) + hit)
                 cached += hit
                 total += len(seq)
+                vals.append(synthetic_prm_values(self.seed, pidx, toks, ends, [p >= hit for p in pos]))
             t += self._charge(new_tokens, attn)
             for h, e in pinned:
                 self.cache.release(h, e, [])
-        vals = [[0.5] * len(ends) for _, ends in items]
         return VerifierOutput(vals, t + self.swap_time(), cached, total)
 
     def _charge(self, new_tokens: int, attn_flops: float) -> float:

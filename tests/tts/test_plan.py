@@ -36,7 +36,7 @@ def test_both_backends_size_their_engines_from_one_plan(compose_cfg, monkeypatch
     monkeypatch.setattr(engines, "VllmGenerator", FakeEngine)
     monkeypatch.setattr(engines, "VllmVerifier", FakeEngine)
     FakeEngine.made = []
-    common = ["system=fasttts", "hardware=cpu-tts", "kv_budget=96MiB", *TINY]
+    common = ["system=fasttts", "hardware=cpu-tts", "kv_budget=48MiB", *TINY, "n=32"]
     sim = runner.build(compose_cfg(*common, "backend=sim"), SIM, Path(tempfile.mkdtemp()))
     real = runner.build(compose_cfg(*common, "backend=vllm"), CPU, Path(tempfile.mkdtemp()))
     a = sim.alloc
