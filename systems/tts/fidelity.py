@@ -130,16 +130,20 @@ def _figure(df, out: Path) -> None:
 
     from harness.report import save_figure
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+    lo, hi = float("inf"), 0.0
     for system, g in df.groupby("system", sort=False):
         its = []
         for row in g.itertuples():
             ir, is_ = (pd.read_parquet(Path(d) / "iterations.parquet") for d in (row.real_dir, row.sim_dir))
             its.append(ir.merge(is_, on=["problem", "iteration"], suffixes=("_real", "_sim")))
         m = pd.concat(its)
-        a.scatter(m.gen_cpu_s_real.fillna(0) + m.ver_cpu_s_real.fillna(0), m.gen_time_s_sim + m.ver_time_s_sim, s=8,
-                  label=system)
-    lim = a.get_xlim()
+        x, y = m.gen_cpu_s_real.fillna(0) + m.ver_cpu_s_real.fillna(0), m.gen_time_s_sim + m.ver_time_s_sim
+        keep = (x > 0) & (y > 0)
+        a.scatter(x[keep], y[keep], s=8, label=system)
+        lo, hi = min(lo, x[keep].min(), y[keep].min()), max(hi, x[keep].max(), y[keep].max())
+    lim = (0.8 * lo, 1.25 * hi)
     a.plot(lim, lim, "k--", lw=0.8)
+    a.set(xlim=lim, ylim=lim)
     a.set(xscale="log", yscale="log", xlabel="measured (vLLM-CPU, CPU s)", ylabel="simulated s",
           title="per-iteration latency")
     a.legend(fontsize=8)
