@@ -109,3 +109,22 @@ def test_sim_generator_phase1_and_cap_follow_the_policy():
     assert res.spec_tokens > 0
     with_cap = sim_generator().extend(reqs, SpeculationPolicy(True, max_beams=0))
     assert with_cap.spec_tokens == 0
+
+
+def test_policy_and_protocol_modules_import_no_engine():
+    """The search, its policies and the protocol import neither torch nor vLLM, and importing the
+    vLLM engine module sets no vLLM environment variable (it used to set
+    VLLM_ENABLE_V1_MULTIPROCESSING at import). Mutation caught: an import-time ``os.environ`` or
+    torch import in any of them."""
+    import subprocess
+    import sys
+    from tests.conftest import ROOT
+    code = ("import os, sys\n"
+            "import systems.tts.protocol, systems.tts.speculation, systems.tts.plan, systems.tts.search, "
+            "systems.tts.engines\n"
+            "assert 'torch' not in sys.modules and 'vllm' not in sys.modules, sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('torch', 'vllm'))[:3]\n"
+            "assert not [k for k in os.environ if k.startswith('VLLM')]\n")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("VLLM")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-500:]
