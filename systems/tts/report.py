@@ -1,8 +1,13 @@
 """Sweep reports of the FastTTS family: each ``report_*(sweep_dir, runs, cfg)`` writes a markdown
 table and a figure (PNG + PDF) with our numbers beside the paper's (``results/reference/fasttts.csv``,
-never used to compute ours). Simulated values are labelled "(sim)".
+never used to compute ours).
 
-``runs``: one row per job (harness.report.gather_runs): status, system, simulated, summary.*, config.*.
+Every value of ours is labelled by its own record: value and ratio columns end in " (sim)" or
+" (measured)", a ratio is taken only between records of one label, a sweep mixing both shows both
+sets of columns, and titles say "(simulated)", "(measured)" or "(simulated and measured)".
+
+``runs``: one row per job (harness.report.gather_runs): status, system, simulated, summary.*, config.*;
+:func:`tidy` is the one place summary values are read.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
-from harness.report import load_reference, save_figure, sim_label, write_markdown
+from harness.report import load_reference, save_figure, write_markdown
 
 PAIRS = {("qwen2.5-math-1.5b", "skywork-prm-1.5b"): "1.5B+1.5B",
          ("qwen2.5-math-1.5b", "math-shepherd-7b"): "1.5B+7B",
@@ -72,23 +77,66 @@ def _paper(ref: pd.DataFrame, metric: str, **keys) -> Optional[float]:
     return float(ref[m]["value"].iloc[0]) if m.any() else None
 
 
+def label(simulated: bool) -> str:
+    """Column / legend suffix of a value by its record: " (sim)" or " (measured)"."""
+    return " (sim)" if simulated else " (measured)"
+
+
+def _labels(df: pd.DataFrame) -> List[str]:
+    return [label(bool(x)) for x in sorted(df["simulated"].astype(bool).unique(), reverse=True)] if len(df) else []
+
+
+def _title_label(df: pd.DataFrame) -> str:
+    kinds = {bool(x) for x in df["simulated"]} if len(df) else set()
+    return {frozenset({True}): " (simulated)", frozenset({False}): " (measured)"}.get(
+        frozenset(kinds), " (simulated and measured)" if kinds else "")
+
+
 def _gains(df: pd.DataFrame, keys: List[str], variants: List[str], base: str = "vllm_tts", col: str = "goodput"):
-    """One row per ``keys`` group: base value, each variant's value and its ratio to the base."""
+    """One row per ``keys`` group; for each label of its records (simulated / measured): the base
+    value ``{base}{label}``, each variant's ``{v}{label}`` and, where that label has a base, the
+    ratio ``{v}/base{label}``: never a ratio across labels."""
     rows = []
     for k, grp in df.groupby(keys, dropna=False):
-        k = k if isinstance(k, tuple) else (k,)
-        b = grp[grp["system"] == base][col]
-        if not len(b):
-            continue
-        sim = sim_label(bool(grp['simulated'].iloc[0]))
-        row = dict(zip(keys, k), **{f"{base}{sim}": float(b.iloc[0])})
-        for v in variants:
-            x = grp[grp["system"] == v][col]
-            if len(x):
-                row[f"{v}{sim}"] = float(x.iloc[0])
-                row[f"{v}/base"] = float(x.iloc[0]) / float(b.iloc[0]) if float(b.iloc[0]) > 0 else np.nan
-        rows.append(row)
+        row = dict(zip(keys, k if isinstance(k, tuple) else (k,)))
+        for sim, g in grp.groupby("simulated"):
+            lab = label(bool(sim))
+            b = g[g["system"] == base][col]
+            if len(b):
+                row[f"{base}{lab}"] = float(b.iloc[0])
+            for v in variants:
+                x = g[g["system"] == v][col]
+                if len(x):
+                    row[f"{v}{lab}"] = float(x.iloc[0])
+                    if len(b):
+                        row[f"{v}/base{lab}"] = float(x.iloc[0]) / float(b.iloc[0]) if float(b.iloc[0]) > 0 else np.nan
+        if len(row) > len(keys):
+            rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _ratio_cols(t: pd.DataFrame, v: str) -> List[str]:
+    """The ``{v}/base{label}`` columns present, simulated first."""
+    return [c for c in (f"{v}/base{label(True)}", f"{v}/base{label(False)}") if c in t]
+
+
+def _gain_notes(t: pd.DataFrame, v: str) -> str:
+    """'Ours (sim): mean gain 1.50x (range 1.20-1.80x) over 4 points; ...' for each label present."""
+    out = []
+    for c in _ratio_cols(t, v):
+        g = t[c].dropna()
+        out.append(f"Ours{c[len(v) + len('/base'):]}: mean gain {g.mean():.2f}x (range {g.min():.2f}-{g.max():.2f}x) "
+                   f"over {len(g)} points")
+    return "; ".join(out)
+
+
+def _add_gain_pct(t: pd.DataFrame, variants: List[str], paper) -> None:
+    """``{v} gain %{label}`` = 100 (ratio - 1) for each ratio column, and the paper's ``{v} paper %``."""
+    for v in variants:
+        for c in _ratio_cols(t, v):
+            t[f"{v} gain %{c[len(v) + len('/base'):]}"] = 100 * (t[c] - 1)
+        if _ratio_cols(t, v):
+            t[f"{v} paper %"] = [paper(r, v) for r in t.itertuples()]
 
 
 def _grid_plot(df, keys, xcol, ycol, ref_fn, title, sweep_dir, name, logy=True):
@@ -104,9 +152,9 @@ def _grid_plot(df, keys, xcol, ycol, ref_fn, title, sweep_dir, name, logy=True):
     any_paper = False
     for ax, (k, grp) in zip(axes.flat, groups):
         k = k if isinstance(k, tuple) else (k,)
-        for sysname, s in grp.groupby("system"):
+        for (sysname, sim), s in grp.groupby(["system", "simulated"]):
             s = s.sort_values(xcol)
-            ax.plot(s[xcol], s[ycol], marker="o", label=f"{sysname}{sim_label(bool(s['simulated'].iloc[0]))}")
+            ax.plot(s[xcol], s[ycol], marker="o" if sim else "s", label=f"{sysname}{label(bool(sim))}")
             pts = [(x, ref_fn(dict(zip(keys, k)), sysname, x)) for x in sorted(s[xcol].unique())]
             pts = [(x, y) for x, y in pts if y is not None]
             if pts:
@@ -121,8 +169,7 @@ def _grid_plot(df, keys, xcol, ycol, ref_fn, title, sweep_dir, name, logy=True):
         ax.legend(fontsize=6)
     for ax in axes.flat[len(groups):]:
         ax.set_visible(False)
-    simulated = len(df) and bool(df["simulated"].astype(bool).all())
-    fig.suptitle(title + (" (simulated)" if simulated else "") + ("; x = paper" if any_paper else ""), fontsize=10)
+    fig.suptitle(title + _title_label(df) + ("; x = paper" if any_paper else ""), fontsize=10)
     save_figure(fig, sweep_dir, name)
 
 
@@ -137,13 +184,11 @@ def report_goodput(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
         t["paper fasttts"] = [_paper(ref, "goodput_tok_s", pair=r.pair, dataset=r.dataset, n=r.n, system="fasttts")
                               for r in t.itertuples()]
         t["paper gain"] = t["paper fasttts"] / t["paper base"]
-        g = t["fasttts/base"]
-        notes = (f"Ours: mean gain {g.mean():.2f}x (range {g.min():.2f}-{g.max():.2f}x) over {len(g)} points; "
-                 f"paper: 2.2x (1.2-5.4x). Simulated: {bool(df['simulated'].any())}.")
+        notes = _gain_notes(t, "fasttts") + "; paper: 2.2x (1.2-5.4x)."
     else:
         notes = "no successful runs"
     write_markdown(_blank_nan(t), Path(sweep_dir) / "fig12_goodput.md",
-                   "FastTTS Fig. 12: precise goodput (tok/s)" + _problems(runs), notes)
+                   "FastTTS Fig. 12: precise goodput (tok/s)" + _title_label(df) + _problems(runs), notes)
     _grid_plot(df, ["pair", "dataset"], "n", "goodput",
                lambda k, s, n: _paper(ref, "goodput_tok_s", pair=k["pair"], dataset=k["dataset"], n=n, system=s),
                "Precise goodput (tok/s)" + _problems(runs), sweep_dir, "fig12_goodput")
@@ -156,19 +201,19 @@ def report_latency(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     ref = _ref("fig13")
     parts = []
     for col in ("latency", "gen_latency", "ver_latency"):
-        t = _gains(df, ["pair", "dataset", "n"], ["fasttts"], col=col)
-        if len(t):
-            parts.append(t.set_index(["pair", "dataset", "n"])["fasttts/base"].rename(f"{col} reduction %")
+        g = _gains(df, ["pair", "dataset", "n"], ["fasttts"], col=col)
+        for c in _ratio_cols(g, "fasttts"):
+            parts.append(g.set_index(["pair", "dataset", "n"])[c].rename(f"{col} reduction %{c[len('fasttts/base'):]}")
                          .map(lambda r: 100 * (1 - r)))
     t = _gains(df, ["pair", "dataset", "n"], ["fasttts"], col="latency")
     if parts:
         t = t.merge(pd.concat(parts, axis=1).reset_index(), on=["pair", "dataset", "n"])
-        red = t["latency reduction %"]
-        notes = (f"Ours: completion-latency reduction {red.min():.0f}..{red.max():.0f} % (mean {red.mean():.0f} %); "
-                 f"paper: 38..68 %; verifier 75..85 %, generator 36..66 %.")
+        notes = "; ".join(f"Ours{c[len('latency reduction %'):]}: completion-latency reduction {t[c].min():.0f}.."
+                          f"{t[c].max():.0f} % (mean {t[c].mean():.0f} %)" for c in t if c.startswith("latency reduction %"))
+        notes += "; paper: 38..68 %; verifier 75..85 %, generator 36..66 %."
     else:
         notes = "no successful runs"
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig13_latency.md", "FastTTS Fig. 13: completion latency (s)" + _problems(runs), notes)
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig13_latency.md", "FastTTS Fig. 13: completion latency (s)" + _title_label(df) + _problems(runs), notes)
     _grid_plot(df, ["pair", "dataset"], "n", "latency",
                lambda k, s, n: _paper(ref, "latency_s", pair=k["pair"], dataset=k["dataset"], n=n, system=s),
                "Completion latency (s/problem)" + _problems(runs), sweep_dir, "fig13_latency")
@@ -181,14 +226,12 @@ def report_ablation(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFra
     ref = _ref("fig16")
     variants = ["fasttts_p", "fasttts_pm", "fasttts"]
     t = _gains(df, ["pair", "n"], variants)
-    for v in variants:
-        if f"{v}/base" in t:
-            t[f"{v} gain %"] = 100 * (t[f"{v}/base"] - 1)
-            t[f"{v} paper %"] = [_paper(ref, "goodput_gain_pct", pair=r.pair, n=r.n, system=v) for r in t.itertuples()]
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig16_ablation.md", "FastTTS Fig. 16: cumulative goodput gain (%)" + _problems(runs),
+    _add_gain_pct(t, variants, lambda r, v: _paper(ref, "goodput_gain_pct", pair=r.pair, n=r.n, system=v))
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig16_ablation.md",
+                   "FastTTS Fig. 16: cumulative goodput gain (%)" + _title_label(df) + _problems(runs),
                    "P = prefix-aware scheduling, M = memory allocation, S = speculative beam extension.")
-    df2 = df.merge(df[df.system == "vllm_tts"][["pair", "n", "goodput"]].rename(columns={"goodput": "base"}),
-                   on=["pair", "n"])
+    df2 = df.merge(df[df.system == "vllm_tts"][["pair", "n", "simulated", "goodput"]].rename(columns={"goodput": "base"}),
+                   on=["pair", "n", "simulated"])
     df2["gain_pct"] = 100 * (df2["goodput"] / df2["base"] - 1)
     _grid_plot(df2[df2.system != "vllm_tts"], ["pair"], "n", "gain_pct",
                lambda k, s, n: _paper(ref, "goodput_gain_pct", pair=k["pair"], n=n, system=s),
@@ -204,7 +247,8 @@ def report_r_sweep(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     df.loc[df.system == "fasttts", "system"] = "fasttts;R=" + df.loc[df.system == "fasttts", "R"].astype(float).map(
         lambda r: f"{r:g}" if r != 0 else "0.0")
     t = _gains(df, ["pair", "dataset", "n"], ["fasttts;R=0.0", "fasttts;R=0.85"])
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig17_r_sweep.md", "FastTTS Fig. 17-right: goodput vs R (tok/s)" + _problems(runs))
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig17_r_sweep.md",
+                   "FastTTS Fig. 17-right: goodput vs R (tok/s)" + _title_label(df) + _problems(runs))
     _grid_plot(df, ["pair", "dataset"], "n", "goodput",
                lambda k, s, n: _paper(ref, "goodput_tok_s", dataset=k["dataset"], n=n, system=s),
                "Goodput vs truncation ratio R" + _problems(runs), sweep_dir, "fig17_r_sweep")
@@ -216,11 +260,10 @@ def report_memory(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame
     df = tidy(runs)
     ref = _ref("fig18")
     t = _gains(df, ["pair", "kv_budget", "n"], ["fasttts_p", "fasttts_pm"])
-    for v in ("fasttts_p", "fasttts_pm"):
-        if f"{v}/base" in t:
-            t[f"{v} gain %"] = 100 * (t[f"{v}/base"] - 1)
-            t[f"{v} paper %"] = [_paper(ref, "goodput_gain_pct", kv_budget=r.kv_budget, system=v) for r in t.itertuples()]
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig18_memory.md", "FastTTS Fig. 18-right: gain vs KV budget (%)" + _problems(runs))
+    _add_gain_pct(t, ["fasttts_p", "fasttts_pm"],
+                  lambda r, v: _paper(ref, "goodput_gain_pct", kv_budget=r.kv_budget, system=v))
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig18_memory.md",
+                   "FastTTS Fig. 18-right: gain vs KV budget (%)" + _title_label(df) + _problems(runs))
     return t
 
 
@@ -228,9 +271,9 @@ def report_methods(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     """Fig. 11: goodput gain per search algorithm (paper: 1.2-3.9x)."""
     df = tidy(runs)
     t = _gains(df, ["search", "n"], ["fasttts"])
-    notes = (f"Ours: {t['fasttts/base'].min():.2f}-{t['fasttts/base'].max():.2f}x; paper 1.2-3.9x."
-             if len(t) and "fasttts/base" in t else "")
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig11_methods.md", "FastTTS Fig. 11: goodput per search method" + _problems(runs), notes)
+    notes = _gain_notes(t, "fasttts") + "; paper 1.2-3.9x." if len(t) else ""
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig11_methods.md",
+                   "FastTTS Fig. 11: goodput per search method" + _title_label(df) + _problems(runs), notes)
     _grid_plot(df, ["search"], "n", "goodput", lambda k, s, n: None, "Goodput per search algorithm" + _problems(runs),
                sweep_dir, "fig11_methods")
     return t
@@ -244,7 +287,8 @@ def report_gpus(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
     if len(t):
         t["paper base"] = [_paper(ref, "goodput_tok_s", hardware=r.hardware, n=r.n, system="vllm_tts") for r in t.itertuples()]
         t["paper fasttts"] = [_paper(ref, "goodput_tok_s", hardware=r.hardware, n=r.n, system="fasttts") for r in t.itertuples()]
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig15_gpus.md", "FastTTS Fig. 15: other GPUs (tok/s)" + _problems(runs))
+    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig15_gpus.md",
+                   "FastTTS Fig. 15: other GPUs (tok/s)" + _title_label(df) + _problems(runs))
     _grid_plot(df, ["hardware"], "n", "goodput",
                lambda k, s, n: _paper(ref, "goodput_tok_s", hardware=k["hardware"], n=n, system=s),
                "Goodput on other GPUs" + _problems(runs), sweep_dir, "fig15_gpus")

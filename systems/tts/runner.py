@@ -1,125 +1,66 @@
 """FastTTS family runner: ``validate(cfg)``, ``validate_backend(cfg, backend)``, ``run(cfg, ctx)``.
 
-Backends: ``vllm`` = two in-process vLLM engines (measured); ``sim`` = the same search code with
-the simulated engines of ``sim.py`` charged from ``cfg.hardware`` (simulated). KV budget M
-(bytes, both engines): ``system.kv_budget`` / top-level ``kv_budget``; else, simulated, the
-hardware memory x ``memory_fraction`` minus both models' weights and a 5 % activation reserve;
-real on CPU, ``system.cpu_kv_budget``. The baseline splits M as the FastTTS artifact's fixed
-``gpu_memory_utilization`` pairs where the model pair is one of the paper's, else by
-``gen_memory_share``; with M (``system.memory``) the roofline search of ``memory.py`` decides.
-Local checkpoints (``weights=/dir``, checked by ``checkpoint.py``) bring real tokenizers; with
-real generator weights on vLLM every run is graded for Top-1 / Pass@N (``accuracy.py``).
+Backends: ``vllm`` = two in-process vLLM engines (measured); ``sim`` = the same search, speculation
+policy (``speculation.py``) and memory plan (``plan.py``) with the simulated engines of ``sim.py``
+charged from ``cfg.hardware`` (simulated). Local checkpoints (``weights=/dir``, checked by
+``checkpoint.py``) bring real tokenizers; with real generator weights on vLLM every run is graded
+for Top-1 / Pass@N (``accuracy.py``).
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import traceback
 from pathlib import Path
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
-from omegaconf import OmegaConf
 
 from harness.errors import ConfigError, bad
 from harness.errors import RunOOM
 from harness.run import RunResult
-from harness.units import parse_size
 from systems.tts.beams import step_logit_biases
 from systems.tts.checkpoint import DELIMITER, is_local
-from systems.tts.config import AGGREGATIONS, PRM_KINDS, SCORE_SOURCES, SEARCHES
-from systems.tts.memory import (Allocation, MemoryTooSmall, ModelShape, Roofline, search_allocation)
+from systems.tts.config import AGGREGATIONS, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
+from systems.tts.memory import ModelShape, Roofline
+from systems.tts import replay
+from systems.tts.plan import REPLANS, MemoryPlan, kv_budget, unset
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-ACTIVATION_RESERVE = 0.05
-# FastTTS AE fixed gpu_memory_utilization (generator, verifier) per pair: baseline / FastTTS (§4.4)
-AE_SPLITS = {("qwen2.5-math-1.5b", "skywork-prm-1.5b"): (0.20, 0.20),
-             ("qwen2.5-math-1.5b", "math-shepherd-7b"): (0.19, 0.71),
-             ("qwen2.5-math-7b", "skywork-prm-1.5b"): (0.68, 0.22)}
+log = logging.getLogger(__name__)
 
 
-def _real_cpu(cfg, backend=None) -> bool:
-    if backend is not None:
-        return not backend.simulated and backend.device == "cpu"
-    return cfg.backend.name == "vllm" and cfg.backend.device != "cuda"
+def _real(cfg, backend=None) -> bool:
+    """Whether real engines (vLLM) run the job."""
+    return not backend.simulated if backend is not None else cfg.backend.name == "vllm"
 
 
-def step_model(cfg, real_cpu: bool):
-    """(step_tokens_mean, max_step_tokens) in force: the CPU values on a real CPU engine with random
-    generator weights (real weights decide their own step lengths, capped at ``max_step_tokens``)."""
+def _on_cpu(cfg, backend=None) -> bool:
+    """Whether the engines run on a CPU, or, simulated, model one (a ``kind: cpu`` hardware
+    profile). Such runs use the CPU step model and KV default, so that a simulated CPU run searches
+    and is sized like the real one (``systems.tts.fidelity`` compares the two)."""
+    if _real(cfg, backend):
+        return (backend.device if backend is not None else cfg.backend.device) != "cuda"
+    return cfg.hardware.kind == "cpu"
+
+
+def step_model(cfg, on_cpu: bool):
+    """(step_tokens_mean, max_step_tokens) in force: the CPU values on a CPU (:func:`_on_cpu`) with
+    random generator weights (real weights decide their own step lengths, capped at ``max_step_tokens``)."""
     w = cfg.workload
-    if real_cpu and not is_local(cfg.model.weights):
+    if on_cpu and not is_local(cfg.model.weights):
         return float(w.cpu_step_tokens_mean), int(w.cpu_max_step_tokens)
     return float(w.step_tokens_mean), int(w.max_step_tokens)
 
 
-def _shapes(cfg):
-    return ModelShape.of(cfg.model), ModelShape.of(cfg.verifier)
+def gen_token_budget(cfg) -> int:
+    """Tokens per generator engine step (``max_num_batched_tokens``; chunked prefill off)."""
+    return int(cfg.workload.max_model_len)
 
 
-def _roofline(cfg, real_cpu: bool) -> Roofline:
-    if real_cpu:      # the roofline of the machine actually running (placeholder numbers in cpu.yaml)
-        return Roofline.of(OmegaConf.load(ROOT / "conf" / "hardware" / "cpu.yaml"))
-    return Roofline.of(cfg.hardware)
-
-
-def kv_budget(cfg, real_cpu: bool) -> int:
-    """Total KV bytes M for both engines (see module docstring). Raises ConfigError if <= 0."""
-    s = cfg.system
-    try:
-        if s.kv_budget not in (None, "None"):
-            m = parse_size(s.kv_budget, "kv_budget")
-        elif real_cpu:
-            m = parse_size(s.cpu_kv_budget, "system.cpu_kv_budget")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if s.kv_budget in (None, "None") and not real_cpu:
-        gen, ver = _shapes(cfg)
-        usable = float(cfg.hardware.memory_bytes) * float(s.memory_fraction) * (1 - ACTIVATION_RESERVE)
-        m = int(usable - gen.weight_bytes - ver.weight_bytes)
-    if m <= 0 and s.kv_budget in (None, "None") and not real_cpu:     # the models do not fit: recorded oom
-        raise RunOOM(f"memory_fraction={s.memory_fraction} of {cfg.hardware.name} leaves {m / 2**30:.2f} GiB "
-                     f"for KV after the weights of {cfg.model.name} + {cfg.verifier.name}")
-    if m <= 0:
-        raise ConfigError(f"KV memory too small: kv_budget={m} bytes")
-    return int(m)
-
-
-def one_sequence_kv(cfg, shape: ModelShape) -> int:
-    """KV bytes of one ``max_model_len`` sequence plus two blocks (vLLM's start-up check)."""
-    return int(shape.kv_bytes_per_token * (cfg.workload.max_model_len + 2 * cfg.system.block_size))
-
-
-def plan_memory(cfg, real_cpu: bool, n: int, s_ver: float, s_ctx: float, s_dec: float) -> Allocation:
-    """KV bytes and batch caps of both engines for the current state.
-
-    Baseline: fixed split, vLLM's default ``max_num_seqs``. M: roofline search (§4.3).
-    Raises ConfigError when the KV memory cannot hold one sequence per engine."""
-    s = cfg.system
-    gen, ver = _shapes(cfg)
-    M = kv_budget(cfg, real_cpu)
-    if s.memory:
-        try:
-            a = search_allocation(gen, ver, _roofline(cfg, real_cpu), M, n, s_ver, s_ctx, s_dec,
-                                  offload=bool(s.offload) and not real_cpu,
-                                  offload_bw=float(cfg.hardware.h2d_bw))
-        except MemoryTooSmall as e:
-            raise ConfigError(f"KV memory too small for the chosen batch: {e}") from None
-        # an engine must hold one max_model_len sequence (vLLM refuses to start otherwise): the
-        # engine short of it takes it from the other one's share
-        floor_v = one_sequence_kv(cfg, ver)
-        floor_g = one_sequence_kv(cfg, gen)
-        if not a.offload and a.ver_kv_bytes < floor_v:
-            a = Allocation(a.b_pre, a.b_dec, a.gen_kv_bytes - (floor_v - a.ver_kv_bytes), floor_v, a.t_tot_s)
-        if not a.offload and a.gen_kv_bytes < floor_g:
-            a = Allocation(a.b_pre, a.b_dec, floor_g, a.ver_kv_bytes - (floor_g - a.gen_kv_bytes), a.t_tot_s)
-        return a
-    pair = AE_SPLITS.get((cfg.model.name, cfg.verifier.name))
-    if pair and s.kv_budget in (None, "None") and not real_cpu:
-        mem = float(cfg.hardware.memory_bytes) * (1 - ACTIVATION_RESERVE)
-        g = int(pair[0] * mem - gen.weight_bytes)
-        v = int(pair[1] * mem - ver.weight_bytes)
-    else:
-        g = int(M * float(s.gen_memory_share))
-        v = M - g
-    return Allocation(int(s.max_num_seqs), int(s.max_num_seqs), g, v, float("nan"))
+def ver_token_budget(cfg) -> int:
+    """Tokens per verifier engine step (``max_num_batched_tokens``; chunked prefill on)."""
+    return max(int(cfg.workload.max_model_len), 4096)
 
 
 def tokenizer_family(m) -> str:
@@ -137,6 +78,15 @@ def validate(cfg) -> None:
         raise bad("workload", w.name, "a math problem set (aime24, amc23, math500) for the tts family")
     if s.search not in SEARCHES:
         raise bad("system.search", s.search, f"one of {', '.join(SEARCHES)}")
+    if s.replan not in REPLANS:
+        raise bad("system.replan", s.replan, f"one of {', '.join(REPLANS)}")
+    if not unset(s.replay_tokens):
+        if cfg.backend.name != "sim":
+            raise bad("system.replay_tokens", s.replay_tokens, "only with backend=sim (the simulator replays a "
+                      "real run's recorded tokens)")
+        if not replay.table_path(s.replay_tokens).is_file():
+            raise bad("system.replay_tokens", s.replay_tokens, "a run directory holding gen_tokens.parquet (a run "
+                      "with system.record_tokens=true)")
     if w.agg_strategy not in AGGREGATIONS:
         raise bad("workload.agg_strategy", w.agg_strategy, f"one of {', '.join(AGGREGATIONS)}")
     if s.score_source not in SCORE_SOURCES:
@@ -178,9 +128,6 @@ def validate(cfg) -> None:
                           f"verifier's step tag; give the verifier its own tag (inserted at each step)")
     if both_random and tokenizer_family(m) == tokenizer_family(v) and v.step_tag_id == w.eos_token_id:
         raise ConfigError(f"verifier.step_tag_id={v.step_tag_id} is not allowed: it is the generator's end token")
-    # the data set: unknown file or malformed line -> ConfigError naming the line
-    from workloads.math import load_problems
-    load_problems(_data_path(w.path), w.num_problems)
     if cfg.backend.name == "vllm" and v.prm_kind == "lm" and not is_local(v.weights):
         raise ConfigError(f"verifier.weights=random is not allowed for verifier={v.name!r} with backend=vllm: a "
                           f"prm_kind=lm verifier reads its tokenizer's good/bad tokens; allowed: verifier.weights=/dir "
@@ -188,8 +135,13 @@ def validate(cfg) -> None:
     if cfg.backend.name == "vllm" and v.prm_kind == "head" and v.hf_model_type != "qwen2":
         raise ConfigError(f"verifier={v.name!r} is not allowed with backend=vllm: the real path runs Qwen2 PRMs "
                           f"(Qwen2ForProcessRewardModel) and prm_kind=lm causal LMs; use backend=sim for it")
+    if w.on_too_long not in ON_TOO_LONG:
+        raise bad("workload.on_too_long", w.on_too_long, f"one of {', '.join(ON_TOO_LONG)}")
+    # the data set and every prompt: unknown file, malformed line, a prompt too long -> ConfigError
+    t = texts(cfg)
+    avg_prompt = sum(len(t.prompts[p.index]) for p in t.problems) / len(t.problems)
     try:
-        _check_memory(cfg, _real_cpu(cfg))
+        _check_memory(cfg, _on_cpu(cfg), _real(cfg), avg_prompt)
     except RunOOM:
         pass            # weights alone exceed the simulated device: run() records status oom
 
@@ -199,32 +151,45 @@ def _data_path(p: str) -> Path:
     return path if path.is_absolute() else ROOT / path
 
 
-def _check_memory(cfg, real_cpu: bool) -> Allocation:
-    w = cfg.workload
-    gen, ver = _shapes(cfg)
-    mean, cap = step_model(cfg, real_cpu)
-    s_ctx = min(w.max_model_len, 400 + mean * w.num_iterations / 2 + mean)
-    alloc = plan_memory(cfg, real_cpu, int(w.n), s_ctx - mean, s_ctx, mean)
-    one_gen, one_ver = one_sequence_kv(cfg, gen), one_sequence_kv(cfg, ver)
-    if alloc.gen_kv_bytes < one_gen or alloc.ver_kv_bytes < one_ver:
-        raise ConfigError(f"KV memory too small for the chosen batch: generator {alloc.gen_kv_bytes / 2**20:.1f} MiB "
-                          f"(needs >= {one_gen / 2**20:.1f} MiB for one {w.max_model_len}-token sequence), verifier "
-                          f"{alloc.ver_kv_bytes / 2**20:.1f} MiB (needs >= {one_ver / 2**20:.1f} MiB); raise kv_budget "
-                          f"or lower workload.max_model_len")
-    return alloc
+def _check_memory(cfg, on_cpu: bool, real: bool, avg_prompt: float = 400.0) -> None:
+    """ConfigError before any work when the run's memory plan leaves an engine without room for
+    one ``max_model_len`` sequence (or M lacks a measured cost profile on a real CPU)."""
+    mean, _ = step_model(cfg, on_cpu)
+    mp = MemoryPlan(cfg, on_cpu, real)
+    mp.check_fits(mp.per_run(int(cfg.workload.n), avg_prompt, mean))
+
+
+def score_source(cfg, backend) -> str:
+    """What the verifier's values are: ``prm`` (the PRM's own; ``auto`` with local verifier weights
+    on a real engine) or ``synthetic`` (``beams.synthetic_prm_score``, content-keyed: random-weight
+    PRMs give ties; the simulator runs no PRM)."""
+    src = cfg.system.score_source
+    if src == "auto":
+        return "prm" if (is_local(cfg.verifier.weights) and not backend.simulated) else "synthetic"
+    return src
 
 
 def validate_backend(cfg, backend) -> None:
+    """Checks that need the resolved backend: the memory plan's re-planning must be one the
+    backend can honour (vLLM cannot resize an engine's KV cache after start-up); PRM scores need a
+    real engine."""
+    if backend.simulated and cfg.system.score_source == "prm":
+        raise bad("system.score_source", "prm", "auto or synthetic with a simulated backend (it runs no PRM: its "
+                  "verifier returns the synthetic content-keyed scores)")
+    if cfg.system.replan == "per_iteration" and not backend.simulated:
+        raise ConfigError(f"system.replan=per_iteration is not allowed with backend={backend.name}: vLLM allocates "
+                          f"each engine's KV cache once, at start-up (kv_cache_memory_bytes), and cannot resize it "
+                          f"between iterations; allowed: system.replan=per_run, or backend=sim")
     if backend.name == "vllm":
-        _check_memory(cfg, _real_cpu(cfg, backend))
+        _check_memory(cfg, _on_cpu(cfg, backend), True)
 
 
-def settings(cfg, real_cpu: bool, score_source: str, space=None):
+def settings(cfg, on_cpu: bool, score_source: str, space=None):
     """Search settings; ``space`` (a local generator's :class:`TokenSpace`) supplies the step
     delimiter and end ids instead of ``workload.step_delimiter_id`` / ``eos_token_id``."""
     from systems.tts.search import SearchSettings
     w, s = cfg.workload, cfg.system
-    _, cap = step_model(cfg, real_cpu)
+    _, cap = step_model(cfg, on_cpu)
     delims = space.delimiters if space else (int(w.step_delimiter_id),)
     ends = space.ends if space else (int(w.eos_token_id),)
     return SearchSettings(search=s.search, n=int(w.n), beam_width=int(w.beam_width),
@@ -238,20 +203,28 @@ def settings(cfg, real_cpu: bool, score_source: str, space=None):
                           delimiter_ids=tuple(delims), eos_ids=tuple(ends))
 
 
-def build(cfg, backend, workdir: Path):
-    """(search settings, problems, prompts, generator, verifier, before_iteration hook, allocation, closer).
+class Texts(NamedTuple):
+    """A run's problems and prompts (:func:`texts`)."""
+    space: Any                       # the local generator's checkpoint.TokenSpace, or None
+    tmap: Any                        # generator tokens -> verifier input (TokenMap / VerifierText / ShepherdText)
+    problems: list                   # the problems to search (workloads.math.Problem)
+    skipped: List[dict]              # problems too long for the engines (workload.on_too_long=skip)
+    prompts: Dict[int, List[int]]    # problem index -> generator prompt ids (chat template included)
+    vprompts: Dict[int, List[int]]   # problem index -> verifier prompt ids
 
-    Local checkpoints: prompts come from the generator's tokenizer (chat template), steps end at its
-    "\n\n" tokens (on vLLM: no logit bias, real weights), and, with a local verifier too, the PRM
-    reads the decoded steps re-encoded by its own tokenizer with its "\n\n" step tag
-    (``VerifierText``; Math-Shepherd, ``prm_kind=lm``: its " ки" tag after every step,
-    ``ShepherdText``). Otherwise ids are folded between token spaces (``TokenMap``). Simulated
-    runs use the tokenizers for prompt lengths and ids only."""
+
+def texts(cfg) -> Texts:
+    """Load the problem set and build every prompt, then check the limits (:func:`check_limits`).
+
+    Local checkpoints: generator prompts come from its tokenizer (chat template) and, with a local
+    verifier too, the PRM reads the decoded steps re-encoded by its own tokenizer with its "\n\n"
+    step tag (``VerifierText``; Math-Shepherd, ``prm_kind=lm``: its " ки" tag after every step,
+    ``ShepherdText``). Otherwise ids are folded between token spaces (``engines.TokenMap``) and
+    prompts come from the stand-in tokenizer. Raises ConfigError (before any work)."""
     from systems.tts import checkpoint
-    from systems.tts.engines import PrmScorer, TokenMap
+    from systems.tts.engines import TokenMap
     from workloads.math import load_problems, prompt_tokens, stand_in_tokens
-    w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
-    real_cpu = _real_cpu(cfg, backend)
+    w, m, v = cfg.workload, cfg.model, cfg.verifier
     problems = load_problems(_data_path(w.path), w.num_problems)
     space = checkpoint.token_space(str(m.weights)) if is_local(m.weights) else None
     vtok = checkpoint.load_tokenizer(str(v.weights)) if is_local(v.weights) else None
@@ -265,50 +238,113 @@ def build(cfg, backend, workdir: Path):
         tmap = TokenMap(tokenizer_family(m), tokenizer_family(v), v.vocab_size, w.step_delimiter_id, tag)
         vprompts = {p.index: (checkpoint.verifier_prompt(vtok, p.text) if vtok is not None
                               else stand_in_tokens(p.text + "\n", v.vocab_size)) for p in problems}
-    mean, cap = step_model(cfg, real_cpu)
+    fit, skipped = check_limits(cfg, problems, prompts, vprompts)
+    return Texts(space, tmap, fit, skipped, prompts, vprompts)
+
+
+def check_limits(cfg, problems, prompts, vprompts):
+    """Problems whose generator and verifier prompts leave room below ``workload.max_model_len``
+    (both engines' limit), and the rest. Returns (fitting problems, skipped rows: problem, line,
+    prompt token counts). Raises ConfigError naming the file, line and token count of the first
+    problem too long, unless ``workload.on_too_long=skip``, or when no problem fits."""
+    w = cfg.workload
+    limit = int(w.max_model_len)
+    fit, skipped = [], []
+    for p in problems:
+        g, v = len(prompts[p.index]), len(vprompts[p.index])
+        if g < limit and v < limit:
+            fit.append(p)
+            continue
+        if w.on_too_long != "skip":
+            which, k = ("generator", g) if g >= limit else ("verifier", v)
+            raise ConfigError(f"{w.path}: line {p.line}: the {which} prompt (chat template included) is {k} tokens, "
+                              f"which leaves no room below the engines' max_model_len={limit} "
+                              f"(workload.max_model_len); allowed: workload.on_too_long=skip (such problems are "
+                              f"skipped and recorded), a larger workload.max_model_len, or a shorter problem")
+        skipped.append(dict(problem=p.index, line=p.line, gen_prompt_tokens=g, ver_prompt_tokens=v, max_model_len=limit))
+    if not fit:
+        raise ConfigError(f"{w.path}: every problem's prompt reaches workload.max_model_len={limit}; allowed: a larger "
+                          f"workload.max_model_len")
+    return fit, skipped
+
+
+class Built(NamedTuple):
+    """What :func:`build` makes for a run."""
+    settings: Any                  # search.SearchSettings
+    problems: list                 # workloads.math.Problem
+    prompts: Dict[int, List[int]]  # problem index -> generator prompt ids
+    gen: Any                       # protocol.Generator
+    ver: Any                       # protocol.Verifier
+    hook: Optional[Callable]       # before_iteration (system.replan=per_iteration) or None
+    alloc: Any                     # the memory plan the engines were started with (memory.Allocation)
+    closer: Callable[[], None]     # shuts the engines down
+    planner: MemoryPlan
+    skipped: List[dict]            # problems skipped by workload.on_too_long=skip (see check_limits)
+
+
+def build(cfg, backend, workdir: Path) -> Built:
+    """The search settings, problems, prompts, engines and memory plan of a run (:class:`Built`).
+
+    The memory plan (``plan.MemoryPlan``) sizes both backends' engines once per run; with
+    ``system.replan=per_iteration`` (simulator only) the hook re-plans and re-sizes them before
+    every iteration.
+
+    Prompts and verifier inputs: :func:`texts`. With a local generator, steps end at its "\n\n"
+    tokens (on vLLM: no logit bias, real weights). Simulated runs use the tokenizers for prompt
+    lengths and ids only."""
+    from systems.tts.engines import PrmScorer
+    w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
+    on_cpu = _on_cpu(cfg, backend)
+    t = texts(cfg)
+    space, tmap, problems, skipped = t.space, t.tmap, t.problems, t.skipped
+    prompts = {p.index: t.prompts[p.index] for p in problems}
+    vprompts = {p.index: t.vprompts[p.index] for p in problems}
+    mean, cap = step_model(cfg, on_cpu)
     bias_d, bias_e = step_logit_biases(m.vocab_size, float(w.temperature), mean, float(w.steps_per_answer_mean))
-    src = s.score_source
-    if src == "auto":
-        src = "prm" if (is_local(v.weights) and not backend.simulated) else "synthetic"
-    st = settings(cfg, real_cpu, src, None if backend.simulated else space)   # sim: its own step ids
-    gen_shape, ver_shape = _shapes(cfg)
+    src = score_source(cfg, backend)
+    st = settings(cfg, on_cpu, src, None if backend.simulated else space)   # sim: its own step ids
+    gen_shape, ver_shape = ModelShape.of(m), ModelShape.of(v)
     avg_prompt = sum(len(x) for x in prompts.values()) / len(prompts)
-    s_ctx0 = min(w.max_model_len, avg_prompt + mean * (w.num_iterations / 2 + 1))
-    alloc = plan_memory(cfg, real_cpu, st.n, s_ctx0 - mean, s_ctx0, mean)
-    hook = None
+    planner = MemoryPlan(cfg, on_cpu, not backend.simulated)
+    alloc = planner.per_run(st.n, avg_prompt, mean)
     if backend.simulated:
-        from systems.tts.sim import SimGenerator, SimVerifier, StepModel
-        hw = Roofline.of(cfg.hardware)
+        from systems.tts.sim import SimGenerator, SimVerifier, StepModel, TokenSource
         p_d = 1.0 / mean
         p_e = 1.0 / (mean * float(w.steps_per_answer_mean))
-        gen = SimGenerator(gen_shape, hw, StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size),
-                           kv_bytes=alloc.gen_kv_bytes, max_num_seqs=alloc.b_dec)
-        ver = SimVerifier(ver_shape, hw, kv_bytes=alloc.ver_kv_bytes, max_num_seqs=alloc.b_pre,
-                          tag_inserted=tmap.insert, prompts=vprompts)
-        if s.memory:        # re-plan whenever the state changes (each iteration), §4.3
-            def hook(it, active, prompt_len):
-                ctx = prompt_len + sum(len(b.tokens) for b in active) / max(1, len(active))
-                a = plan_memory(cfg, False, len(active), ctx, min(w.max_model_len, ctx + mean), mean)
-                bw = float(cfg.hardware.h2d_bw) if a.offload else None
-                gen.configure(a.gen_kv_bytes, a.b_dec, bw)
-                ver.configure(a.ver_kv_bytes, a.b_pre, bw)
-                hook.last = a
+        recorded = replay.load(s.replay_tokens) if not unset(s.replay_tokens) else None
+        tokens = TokenSource(StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size), recorded)
+        gen = SimGenerator(gen_shape, Roofline.of(cfg.hardware, "decode"), tokens, kv_bytes=alloc.gen_kv_bytes,
+                           max_num_seqs=alloc.b_dec, block=int(s.block_size), token_budget=gen_token_budget(cfg),
+                           max_model_len=int(w.max_model_len))
+        ver = SimVerifier(ver_shape, Roofline.of(cfg.hardware, "prefill"), kv_bytes=alloc.ver_kv_bytes,
+                          max_num_seqs=alloc.b_pre, block=int(s.block_size), token_budget=ver_token_budget(cfg),
+                          token_map=tmap, prompts=vprompts, seed=int(cfg.seed))
         closer = lambda: None
     else:
         from systems.tts.engines import VllmGenerator, VllmVerifier
         gen = VllmGenerator(m, workdir, max_model_len=int(w.max_model_len), kv_bytes=alloc.gen_kv_bytes,
                             max_num_seqs=alloc.b_dec, block_size=int(s.block_size), seed=int(cfg.seed),
-                            delimiter_ids=st.delimiter_ids, eos_ids=st.eos_ids,
+                            token_budget=gen_token_budget(cfg), delimiter_ids=st.delimiter_ids, eos_ids=st.eos_ids,
                             logit_bias=None if space else {st.delimiter_id: bias_d, st.eos_id: bias_e},
                             temperature=float(w.temperature), top_p=float(w.top_p))
         vv = VllmVerifier(v, workdir, max_model_len=int(w.max_model_len), kv_bytes=alloc.ver_kv_bytes,
-                          max_num_seqs=alloc.b_pre, block_size=int(s.block_size), seed=int(cfg.seed))
-        ver = PrmScorer(vv, tmap, vprompts)
+                          max_num_seqs=alloc.b_pre, block_size=int(s.block_size), seed=int(cfg.seed),
+                          token_budget=ver_token_budget(cfg))
+        ver = PrmScorer(vv, tmap, vprompts, int(cfg.seed) if src == "synthetic" else None)
 
         def closer():
             gen.shutdown()
             vv.shutdown()
-    return st, problems, prompts, gen, ver, hook, alloc, closer
+    if s.record_tokens:
+        gen = replay.TokenRecorder(gen)
+    hook = None
+    if s.memory and s.replan == "per_iteration":        # the simulator only (validate_backend)
+        def hook(it, active, prompt_len):
+            a = planner.per_iteration(len(active), prompt_len, sum(len(b.tokens) for b in active) / len(active), mean)
+            bw = float(cfg.hardware.h2d_bw) if a.offload else None
+            gen.configure(a.gen_kv_bytes, a.b_dec, bw)
+            ver.configure(a.ver_kv_bytes, a.b_pre, bw)
+    return Built(st, problems, prompts, gen, ver, hook, alloc, closer, planner, skipped)
 
 
 def grade(cfg, backend, problems, results, n: int):
@@ -340,31 +376,45 @@ def grade(cfg, backend, problems, results, n: int):
 
 
 def run(cfg, ctx) -> RunResult:
+    """Search every problem. A failure after the first problem ends the run with status error (oom
+    for RunOOM) and keeps the problems searched before it; one in the first problem propagates
+    (harness.run records it)."""
+    import pandas as pd
     from systems.tts import metrics
     from systems.tts.search import Search
     workdir = Path(tempfile.mkdtemp(prefix="tts_models_"))
-    st, problems, prompts, gen, ver, hook, alloc, closer = build(cfg, ctx.backend, workdir)
-    results = []
+    b = build(cfg, ctx.backend, workdir)
+    st, problems, prompts, alloc = b.settings, b.problems, b.prompts, b.alloc
+    results, status, message = [], "ok", ""
     try:
         bar = ctx.progress(len(problems) * (1 if st.search == "best_of_n" else st.num_iterations),
                            f"{cfg.system.name} n={st.n}")
-        search = Search(st, gen, ver, on_iteration=lambda rec: bar.update(1), before_iteration=hook)
+        search = Search(st, b.gen, b.ver, on_iteration=lambda rec: bar.update(1), before_iteration=b.hook)
         for p in problems:
-            r = search.run_problem(p.index, prompts[p.index])
+            try:
+                r = search.run_problem(p.index, prompts[p.index])
+            except Exception as e:        # the problems searched so far stay recorded
+                if not results:
+                    raise
+                status = "oom" if isinstance(e, RunOOM) else "error"
+                message = f"problem {p.index} (line {p.line}): {type(e).__name__}: {e}"
+                log.error("tts run failed at problem %d: %s", p.index, traceback.format_exc())
+                break
             bar.update(st.num_iterations - len(r.iterations) if st.search != "best_of_n" else 0)
             results.append(r)
         bar.close()
     finally:
-        closer()
+        b.closer()
     summ = metrics.summarize(results)
     acc, acc_table = grade(cfg, ctx.backend, problems, results, st.n)
     summ.update(acc)
-    real_cpu = _real_cpu(cfg, ctx.backend)
-    mean, cap = step_model(cfg, real_cpu)
+    on_cpu = _on_cpu(cfg, ctx.backend)
+    mean, cap = step_model(cfg, on_cpu)
     summ.update(n=st.n, step_tokens_mean_model=mean, max_step_tokens=cap, score_source=st.score_source,
-                kv_budget_bytes=kv_budget(cfg, real_cpu), gen_kv_bytes=alloc.gen_kv_bytes,
+                kv_budget_bytes=kv_budget(cfg, on_cpu), gen_kv_bytes=alloc.gen_kv_bytes,
                 ver_kv_bytes=alloc.ver_kv_bytes, b_dec=alloc.b_dec, b_pre=alloc.b_pre,
-                offload=bool(alloc.offload), simulated=bool(ctx.backend.simulated))
+                offload=bool(alloc.offload), replan=str(cfg.system.replan), plan_profile=b.planner.profile,
+                problems_skipped=len(b.skipped), simulated=bool(ctx.backend.simulated))
     f2, pct = (lambda x: f"{x:.2f}"), (lambda x: f"{100 * x:.1f} %")
     display = [("goodput (tok/s)", "goodput_tok_s", f2), ("completion latency (s/problem)", "latency_s", f2),
                ("  generator (s)", "gen_latency_s", f2), ("  verifier (s)", "ver_latency_s", f2),
@@ -378,8 +428,12 @@ def run(cfg, ctx) -> RunResult:
                ("steps from speculation (no generator call)", "gen_skipped", str),
                ("decode batch B_dec / prefill batch B_pre", "b_dec", str), ("  B_pre", "b_pre", str),
                ("Top-1 accuracy (PRM-weighted vote)", "top1_acc", pct), (f"Pass@N (N={st.n})", "pass_at_n", pct),
-               ("problems", "problems", str)]
+               ("problems", "problems", str), ("  skipped (prompt too long)", "problems_skipped", str)]
     tables = metrics.tables(results)
     if acc_table is not None:
         tables["accuracy"] = acc_table
-    return RunResult(status="ok", summary=summ, display=display, tables=tables)
+    if b.skipped:
+        tables["skipped"] = pd.DataFrame(b.skipped)
+    if isinstance(b.gen, replay.TokenRecorder):
+        tables[replay.TABLE] = pd.DataFrame(b.gen.rows)
+    return RunResult(status=status, message=message, summary=summ, display=display, tables=tables)

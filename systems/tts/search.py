@@ -18,8 +18,9 @@ from typing import Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from systems.tts.beams import Beam, aggregate, request_seed, stable_hash, synthetic_score
-from systems.tts.engines import GenRequest
+from systems.tts.beams import Beam, aggregate, request_seed, stable_hash
+from systems.tts.protocol import GenRequest, Generator, Verifier, VerifierOutput
+from systems.tts.speculation import SpeculationPolicy, copy_keeps, speculative_potential
 
 
 @dataclass
@@ -43,7 +44,7 @@ class SearchSettings:
     lookahead: bool = True
     vg_short_iterations: int = 3
     vg_short_tokens: int = 64
-    score_source: str = "synthetic"      # prm | synthetic
+    score_source: str = "synthetic"      # what the verifier's values are (recorded): prm | synthetic
     delimiter_id: int = 271
     eos_id: int = 151643
     delimiter_ids: Tuple[int, ...] = ()
@@ -74,6 +75,8 @@ class IterationRecord:
     completed: int
     selected: str             # survivors' uids in selection order, ";"-joined
     selected_keys: str        # their content hashes (committed tokens), ";"-joined
+    gen_cpu_s: Optional[float] = None   # real engines: process CPU seconds (protocol.GenResult.cpu_s)
+    ver_cpu_s: Optional[float] = None
 
 
 @dataclass
@@ -127,14 +130,6 @@ def select_survivors(policy: str, cands: Sequence[Beam], n: int, beam_width: int
     return list(zip(top, reps))
 
 
-def truncate_keep(length: int, r: float) -> int:
-    """Speculative tokens a duplicate keeps: round(r * length), at least 1 kept and 1 dropped
-    (FastTTS AE ``truncate_sentence_by_tokens``); 0 for a single token."""
-    if length <= 1:
-        return 0
-    return int(min(length - 1, max(1, round(r * length))))
-
-
 def duplicate(selected: List[Tuple[Beam, int]], prefix_aware: bool, speculative: bool, r_mean: float,
               r_std: float, seed: int, problem: int, iteration: int) -> List[Beam]:
     """Children of the survivors, in scheduling order.
@@ -143,17 +138,15 @@ def duplicate(selected: List[Tuple[Beam, int]], prefix_aware: bool, speculative:
     ``[A, B, C, A', B', C', ...]``. With P (§4.2): each survivor's children adjacent ``[A, A', B,
     B', ...]`` so siblings share the prefix cache; parents keep their relative order. Child c of
     parent u is named ``u.c`` in both orders. Child 0 keeps all speculative tokens; with S a copy
-    keeps a fraction r ~ N(r_mean, r_std) clipped to [0, 1] of them (§4.1, Alg. 1), drawn from a
-    generator keyed by its name."""
+    keeps a fraction of them (``speculation.copy_keeps``, §4.1 Alg. 1) drawn with its name as key."""
     def child(p: Beam, c: int) -> Beam:
         uid = f"{p.uid}.{c}"
         if c == 0 or not p.spec:
             return p.copy_as(uid)
         if not speculative:
             return p.copy_as(uid, spec=[])
-        rng = np.random.default_rng(stable_hash("trunc", seed, problem, iteration, uid))
-        r = float(np.clip(rng.normal(r_mean, r_std), 0.0, 1.0))
-        return p.copy_as(uid, spec=p.spec[:truncate_keep(len(p.spec), r)])
+        keep = copy_keeps(len(p.spec), r_mean, r_std, stable_hash("trunc", seed, problem, iteration, uid))
+        return p.copy_as(uid, spec=p.spec[:keep])
     out: List[Beam] = []
     if prefix_aware:
         for p, cnt in selected:
@@ -162,20 +155,6 @@ def duplicate(selected: List[Tuple[Beam, int]], prefix_aware: bool, speculative:
         for c in range(max((cnt for _, cnt in selected), default=0)):
             out.extend(child(p, c) for p, cnt in selected if c < cnt)
     return out
-
-
-def speculative_potential(scores: Sequence[float], bins: int) -> List[int]:
-    """Score-bin potential M_i = B - j + 1 for a score in bin C_j (C_1 highest) of B equal-count
-    bins over the given scores (FastTTS §4.1.1). Returns ints in [1, B]."""
-    m = len(scores)
-    if m == 0:
-        return []
-    order = sorted(range(m), key=lambda i: -scores[i])
-    pot = [1] * m
-    for rank, i in enumerate(order):
-        j = min(bins, rank * bins // m + 1)
-        pot[i] = bins - j + 1
-    return pot
 
 
 def _first_boundary(tokens: Sequence[int], ends: Collection[int]) -> Optional[int]:
@@ -190,14 +169,14 @@ def _first_boundary(tokens: Sequence[int], ends: Collection[int]) -> Optional[in
 class Search:
     """Runs the search for one problem at a time on a generator and a verifier.
 
-    ``generator.extend(requests, speculative, spec_max_beams) -> GenResult``;
-    ``verifier.verify(problem, beams_steps) -> (values, time_s, cached, prompt)`` where
-    ``beams_steps`` is [(tokens, step_ends)] and values[i][k] is the PRM value of step k or None
-    (not computed by this call). The score cache (content key -> selection score) makes a path whose
-    steps were all scored before skip the verifier (look-ahead verification).
+    ``generator`` and ``verifier`` follow ``protocol.Generator`` / ``protocol.Verifier``; the
+    generator gets each iteration's :class:`~systems.tts.speculation.SpeculationPolicy`. The score
+    cache (content key -> selection score) makes a path whose steps were all scored before skip the
+    verifier (look-ahead verification).
     """
 
-    def __init__(self, st: SearchSettings, generator, verifier, on_iteration: Optional[Callable] = None,
+    def __init__(self, st: SearchSettings, generator: Generator, verifier: Verifier,
+                 on_iteration: Optional[Callable] = None,
                  before_iteration: Optional[Callable] = None):
         self.st, self.gen, self.ver, self.on_iteration = st, generator, verifier, on_iteration
         self.before_iteration = before_iteration      # (iteration, active paths, prompt length) -> None
@@ -216,7 +195,7 @@ class Search:
 
     def run_problem(self, pidx: int, prompt: List[int]) -> ProblemResult:
         st = self.st
-        ends, eos = frozenset(st.delimiter_ids) | frozenset(st.eos_ids), frozenset(st.eos_ids)
+        bounds, eos = frozenset(st.delimiter_ids) | frozenset(st.eos_ids), frozenset(st.eos_ids)
         root = stable_hash("problem", pidx, tuple(prompt))
         beams = [Beam(str(i)) for i in range(st.n)]
         keys: Dict[str, List[int]] = {b.uid: [root] for b in beams}   # chain hash per committed step
@@ -236,7 +215,7 @@ class Search:
                 self.before_iteration(it, active, len(prompt))
             reqs, skipped, new_tokens = [], 0, 0
             for b in active:
-                cut = None if last else _first_boundary(b.spec, ends)
+                cut = None if last else _first_boundary(b.spec, bounds)
                 if cut is not None:                     # a whole step was produced speculatively
                     step, b.spec = b.spec[:cut], b.spec[cut:]
                     self._commit(b, step, keys)
@@ -250,7 +229,7 @@ class Search:
                                        seed=request_seed(st.seed, pidx, it, b.uid),
                                        stop_at_delimiter=not last,
                                        potential=prev_potential.get(b.uid, 1)))
-            res = self.gen.extend(reqs, speculative=st.speculative and not last, spec_max_beams=st.spec_max_beams)
+            res = self.gen.extend(reqs, SpeculationPolicy(st.speculative and not last, st.spec_max_beams))
             gen_t += res.time_s
             by_uid = {b.uid: b for b in active}
             spec_generated = res.spec_tokens
@@ -267,7 +246,7 @@ class Search:
             for b in active:
                 toks, ends, ks = b.tokens, list(b.step_ends), list(keys[b.uid][1:])
                 if st.speculative and st.lookahead and not last:
-                    cut = _first_boundary(b.spec, ends)
+                    cut = _first_boundary(b.spec, bounds)
                     if cut is not None:
                         toks = b.tokens + b.spec[:cut]
                         ends.append(len(toks))
@@ -275,12 +254,12 @@ class Search:
                 if any(k not in cache for k in ks):
                     items.append((toks, ends))
                     owners.append(ks)
-            vals, vt, vcached, vprompt = self.ver.verify(pidx, items) if items else ([], 0.0, 0, 0)
-            ver_t += vt
-            for ks, vs in zip(owners, vals):
+            vo = self.ver.verify(pidx, items) if items else VerifierOutput([], 0.0, cpu_s=0.0)
+            ver_t += vo.time_s
+            for ks, vs in zip(owners, vo.values):
                 for k, v in zip(ks, vs):
                     if v is not None and k not in cache:
-                        cache[k] = v if st.score_source == "prm" else synthetic_score(st.seed, k)
+                        cache[k] = v
             for b in active:
                 ks = keys[b.uid][1:]
                 missing = [k for k in ks if k not in cache]
@@ -308,10 +287,11 @@ class Search:
             selected = select_survivors(st.search, alive, st.n, st.beam_width, st.agg) if not last else []
             spec_kept = sum(len(p.spec) for p, _ in selected) if st.speculative else 0
             records.append(IterationRecord(
-                pidx, it, len(active), len(reqs), skipped, len(items), res.time_s, vt,
+                pidx, it, len(active), len(reqs), skipped, len(items), res.time_s, vo.time_s,
                 sum(o.prompt_tokens for o in res.outputs.values()), sum(o.cached_tokens for o in res.outputs.values()),
-                vprompt, vcached, new_tokens, spec_generated, spec_kept, n_done,
-                ";".join(p.uid for p, _ in selected), ";".join(str(keys[p.uid][-1]) for p, _ in selected)))
+                vo.prompt_tokens, vo.cached_tokens, new_tokens, spec_generated, spec_kept, n_done,
+                ";".join(p.uid for p, _ in selected), ";".join(str(keys[p.uid][-1]) for p, _ in selected),
+                res.cpu_s, vo.cpu_s))
             if self.on_iteration:
                 self.on_iteration(records[-1])
             if not selected:

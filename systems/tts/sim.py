@@ -1,26 +1,35 @@
-"""Simulated backend: the same search and scheduling code, with generator steps and verifier
-prefills charged from a hardware profile's roofline (``memory.t_decode``/``t_prefill``).
+"""Simulated backend: the same search, speculation policy and memory plan as on vLLM, with
+generator steps and verifier prefills charged from a roofline (``memory.Roofline``; a GPU's
+datasheet profile, or a profile measured on this CPU by ``systems.tts.calibrate``).
 
 The simulated engines mimic vLLM V1's scheduler at event granularity: FCFS admission up to
-``max_num_seqs`` while KV blocks are free, automatic prefix caching over hashed full blocks with
-LRU eviction of unpinned blocks, decode steps for every running sequence, prefill of the uncached
-prompt tokens on admission. Tokens are sampled from the same step-length model as the real runs
-(geometric step lengths ending in the delimiter or the end token, seeded per request), so search
-dynamics match. Approximations (stated in the README): a request reserves KV for its whole step
-at admission (no preemption/recompute), a decode interval is charged at its mid-point context,
+``max_num_seqs`` while KV blocks are free and the step's token budget (``max_num_batched_tokens``;
+chunked prefill off, as on the real generator) holds the uncached prompt; automatic prefix
+caching over hashed full blocks with LRU eviction of unpinned blocks, a prompt hitting at most
+``len - 1`` tokens (vLLM recomputes the last one); one decode token per running sequence per
+step. Every speculative decision is the :class:`~systems.tts.speculation.SpeculationPolicy`'s.
+
+Tokens come from a :class:`TokenSource`: sampled from the step-length model of the real random-
+weight runs (geometric steps ending at the delimiter or the end token, seeded per request), or
+replayed from a real run's recorded outputs (``system.replay_tokens``), so that simulator and
+engine search the same tree. Approximations (stated in the README): a request reserves KV for its
+whole step at admission (no preemption or recompute; speculative tokens beyond free blocks count
+as memory pressure), the decode steps between two events are charged at their mid-point context,
 and the verifier is charged per batch as ceil(tokens / token budget) prefill passes.
 """
 from __future__ import annotations
 
+import bisect
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from systems.tts.engines import GenOutput, GenRequest, GenResult
 from systems.tts.memory import ModelShape, Roofline
+from systems.tts.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
+from systems.tts.speculation import SPECULATE, SpeculationPolicy
 
 
 class BlockCache:
@@ -32,7 +41,6 @@ class BlockCache:
         self.ref: Dict[int, int] = {}                        # pinned hash -> pin count
         self.free: "OrderedDict[int, None]" = OrderedDict()  # cached, unpinned, LRU first
         self.reserved = 0                                    # blocks reserved for tokens not yet hashed
-        self.queries = self.hits = 0
 
     def hashes(self, tokens: Sequence[int]) -> List[int]:
         out, h, B = [], 0, self.block
@@ -41,14 +49,16 @@ class BlockCache:
             out.append(h)
         return out
 
-    def lookup(self, hs: List[int]) -> int:
+    def hit_tokens(self, hs: List[int], length: int) -> int:
+        """Tokens of a ``length``-token prompt with block hashes ``hs`` served from the cache: the
+        cached leading full blocks, at most ``length - 1`` tokens (vLLM recomputes the last token)."""
         k = 0
-        for h in hs:
+        for h in hs[:(length - 1) // self.block]:
             if h in self.ref or h in self.free:
                 k += 1
             else:
                 break
-        return k
+        return k * self.block
 
     def used(self) -> int:
         return len(self.ref) + len(self.free) + self.reserved
@@ -101,48 +111,128 @@ class BlockCache:
             self.free[h] = None
 
 
+# ------------------------------------------------------------------------------------- tokens
 @dataclass
 class StepModel:
-    """Geometric step lengths: per token P(delimiter) = p_delim, P(end) = p_eos."""
+    """Geometric step lengths of the random-weight runs: per token P(delimiter) = p_delim,
+    P(end token) = p_eos; body tokens uniform over the vocabulary away from the special ids."""
     p_delim: float
     p_eos: float
     delimiter_id: int
     eos_id: int
     vocab_size: int
 
-    def sample(self, rng: np.random.Generator, max_tokens: int, stop_at_delimiter: bool) -> List[int]:
-        """Tokens up to and including the first boundary (or ``max_tokens`` tokens)."""
-        p = self.p_delim + self.p_eos if stop_at_delimiter else self.p_eos
-        L = int(rng.geometric(p))
+    def chunk(self, rng: np.random.Generator) -> Tuple[int, bool]:
+        """(tokens up to and including the next boundary, whether that boundary is the end token)."""
+        p = self.p_delim + self.p_eos
+        return int(rng.geometric(p)), bool(rng.random() < self.p_eos / p)
+
+    def body(self, rng: np.random.Generator, n: int) -> List[int]:
         lo = min(1000, self.vocab_size // 4)              # avoid low ids and the special tokens at the top
-        body = rng.integers(lo, self.vocab_size - lo, size=min(L, max_tokens)).tolist()
+        out = rng.integers(lo, self.vocab_size - lo, size=n).tolist()
         if self.vocab_size - 2 * lo < 2000:               # small vocabularies: keep boundaries out of the body
-            body = [lo - 1 if t in (self.delimiter_id, self.eos_id) else t for t in body]
-        if L <= max_tokens:
-            eos = (not stop_at_delimiter) or rng.random() < self.p_eos / (self.p_delim + self.p_eos)
-            body[-1] = self.eos_id if eos else self.delimiter_id
-        return body
+            out = [lo - 1 if t in (self.delimiter_id, self.eos_id) else t for t in out]
+        return out
 
 
-def _t_mixed(m: ModelShape, hw: Roofline, prefill: List[Tuple[int, int]], batch: int, ctx: float) -> float:
-    """One engine step: prefill chunks [(new tokens, context before them)] + ``batch`` decodes at
-    mean context ``ctx``. Roofline max(FLOPs/P, Bytes/BW) + per-layer launch cost."""
+class TokenStream:
+    """The tokens one request samples, position 0 = its first generated token: ``recorded``
+    tokens first (replay), then chunks of the step model, each ending at a boundary. Chunk
+    lengths are drawn ahead (cheap) and body tokens only when read, both from generators seeded
+    with the request's seed, so a stream is the same however far it is read."""
+
+    def __init__(self, model: StepModel, seed: int, recorded: Sequence[int] = ()):
+        self.m = model
+        self.rng_len = np.random.default_rng([seed, 0])
+        self.rng_body = np.random.default_rng([seed, 1])
+        self.tokens: List[int] = list(recorded)           # materialised tokens
+        self.ends: List[int] = []                         # exclusive end of every boundary token
+        self.is_eos: List[bool] = []
+        for i, t in enumerate(self.tokens):
+            if t in (model.delimiter_id, model.eos_id):
+                self.ends.append(i + 1)
+                self.is_eos.append(t == model.eos_id)
+        self.length = len(self.tokens)                    # positions decided (materialised or drawn)
+        self.pending: deque = deque()                     # drawn chunks not materialised: (end, eos)
+
+    def _draw(self) -> None:
+        n, eos = self.m.chunk(self.rng_len)
+        self.length += n
+        self.ends.append(self.length)
+        self.is_eos.append(eos)
+        self.pending.append((self.length, eos))
+
+    def boundary(self, start: int, limit: int, eos_only: bool) -> Tuple[int, str]:
+        """End of the step starting at position ``start``: (exclusive end, finish) for the first
+        boundary (the end token only, if ``eos_only``) ending at or before ``limit``, finish =
+        "eos" | "delimiter"; (limit, "length") when there is none."""
+        i = bisect.bisect_right(self.ends, start)
+        while True:
+            while i >= len(self.ends):
+                if self.length >= limit:
+                    return limit, "length"
+                self._draw()
+            if self.ends[i] > limit:
+                return limit, "length"
+            if self.is_eos[i] or not eos_only:
+                return self.ends[i], "eos" if self.is_eos[i] else "delimiter"
+            i += 1
+
+    def read(self, n: int) -> List[int]:
+        """The first ``n`` tokens."""
+        while len(self.tokens) < n:
+            if not self.pending:
+                self._draw()
+            end, eos = self.pending.popleft()
+            self.tokens.extend(self.m.body(self.rng_body, end - len(self.tokens) - 1))
+            self.tokens.append(self.m.eos_id if eos else self.m.delimiter_id)
+        return self.tokens[:n]
+
+
+class TokenSource:
+    """Token streams of requests: sampled from ``model`` with each request's seed, or, for uids in
+    ``recorded`` (uid -> tokens a real engine produced), those tokens first."""
+
+    def __init__(self, model: StepModel, recorded: Optional[Dict[str, Sequence[int]]] = None):
+        self.model, self.recorded = model, recorded or {}
+
+    def stream(self, r: GenRequest) -> TokenStream:
+        return TokenStream(self.model, r.seed, self.recorded.get(r.uid, ()))
+
+
+# ------------------------------------------------------------------------------------- costs
+def step_terms(m: ModelShape, prefill: List[Tuple[int, int]], decodes: int, ctx: float) -> Tuple[float, float, int]:
+    """(FLOPs, bytes, sampled sequences) of one generator engine step: prefill chunks [(new
+    tokens, context before them)] + ``decodes`` decode tokens at mean context ``ctx``. Every
+    position multiplies the body parameters; the vocabulary projection runs once per sampled
+    sequence (each decode, and the last prompt token of each prefill); weights are read once
+    (``ModelShape.read_bytes``)."""
     new = sum(a for a, _ in prefill)
-    flops = 2 * m.num_params * (new + batch) + 4 * m.num_layers * m.hidden_size * batch * ctx \
+    sampled = decodes + len(prefill)
+    flops = 2 * m.body_params * (new + decodes) + 2 * m.head_params * sampled \
+        + 4 * m.num_layers * m.hidden_size * decodes * ctx \
         + sum(2 * m.num_layers * m.hidden_size * a * (2 * c + a) for a, c in prefill)
-    byts = m.weight_bytes + (batch * ctx + new) * m.kv_bytes_per_token
-    return max(flops / hw.flops, byts / hw.bw) + m.num_layers * hw.launch_per_layer_s
+    return flops, m.read_bytes + (decodes * ctx + new) * m.kv_bytes_per_token, sampled
 
 
-class SimGenerator:
-    """Simulated generator engine (see module docstring). ``max_num_seqs`` and ``kv_bytes`` are
-    the decode batch cap and KV size given by the memory policy."""
+def _t_step(m: ModelShape, hw: Roofline, prefill: List[Tuple[int, int]], decodes: int, ctx: float) -> float:
+    """Seconds of one generator engine step (:func:`step_terms`): roofline (``Roofline.busy_s``)
+    + per-layer, per-step and per-sampled-sequence costs."""
+    flops, byts, sampled = step_terms(m, prefill, decodes, ctx)
+    return hw.busy_s(flops, byts) + hw.fixed_s(m) + hw.seq_s * sampled
 
-    def __init__(self, model: ModelShape, hw: Roofline, steps: StepModel, *, kv_bytes: int, max_num_seqs: int,
-                 block: int = 16):
-        self.m, self.hw, self.steps = model, hw, steps
-        self.block = block
-        self.configure(kv_bytes, max_num_seqs)
+
+def prefill_terms(m: ModelShape, new_tokens: int, attn_flops: float, budget: int) -> Tuple[float, float, int]:
+    """(FLOPs, bytes, passes) of a verifier batch prefilling ``new_tokens`` uncached tokens (plus
+    ``attn_flops`` of attention) in passes of at most ``budget`` tokens, weights read once per pass. A PRM scores every position: no vocabulary projection, its head is in the body."""
+    passes = math.ceil(new_tokens / budget)
+    return 2 * m.body_params * new_tokens + attn_flops, passes * m.read_bytes + new_tokens * m.kv_bytes_per_token, passes
+
+
+class _Engine:
+    """KV size and batch cap of a simulated engine, set (and re-set) by the memory plan."""
+    m: ModelShape
+    block: int
 
     def configure(self, kv_bytes: int, max_num_seqs: int, offload_bw: Optional[float] = None) -> None:
         """Set the KV size and batch cap; ``offload_bw`` (B/s): the §4.3.2 offload extension is on,
@@ -155,124 +245,143 @@ class SimGenerator:
 
     def swap_time(self) -> float:
         """Seconds to move this engine's cached KV out and back in (0 without offload)."""
-        if not getattr(self, "offload_bw", None):
+        if not self.offload_bw:
             return 0.0
         return 2.0 * self.cache.used() * self.block * self.m.kv_bytes_per_token / self.offload_bw
 
-    def extend(self, requests: List[GenRequest], speculative: bool = False, spec_max_beams: int = 256) -> GenResult:
+
+class _Seq:
+    """A running request: its token stream, step end, progress and KV pins."""
+    __slots__ = ("r", "stream", "step_len", "finish", "done", "ctx", "hs", "extra", "cached", "spec_end")
+
+    def __init__(self, r, stream, step_len, finish, hs, extra, cached):
+        self.r, self.stream, self.step_len, self.finish = r, stream, step_len, finish
+        self.hs, self.extra, self.cached = hs, extra, cached
+        self.done, self.ctx, self.spec_end = 0, len(r.prompt_ids), None
+
+    def remaining(self) -> int:
+        return (self.spec_end if self.spec_end is not None else self.step_len) - self.done
+
+
+class SimGenerator(_Engine):
+    """Simulated generator engine (see module docstring). ``kv_bytes`` and ``max_num_seqs`` (the
+    decode batch B_dec) come from the memory plan; ``block`` tokens per KV block and
+    ``token_budget`` tokens per step are the real engine's ``block_size`` / ``max_num_batched_tokens``;
+    no sequence grows past ``max_model_len`` tokens."""
+
+    def __init__(self, model: ModelShape, hw: Roofline, tokens: TokenSource, *, kv_bytes: int, max_num_seqs: int,
+                 block: int, token_budget: int, max_model_len: int):
+        self.m, self.hw, self.tokens = model, hw, tokens
+        self.block, self.token_budget, self.max_model_len = int(block), int(token_budget), int(max_model_len)
+        self.configure(kv_bytes, max_num_seqs)
+
+    def _admit(self, queue: deque, run: Dict[str, _Seq]) -> Tuple[List[Tuple[int, int]], bool]:
+        """Admit queued requests for this step. Returns (prefill chunks, whether admission stopped
+        at the token budget, so the next step admits again)."""
         from harness.errors import RunOOM
+        B, prefill = self.block, []
+        budget = self.token_budget - len(run)              # running sequences decode one token each
+        while queue and len(run) < self.max_num_seqs:
+            r = queue[0]
+            hs = self.cache.hashes(r.prompt_ids)
+            hit = self.cache.hit_tokens(hs, len(r.prompt_ids))
+            new = len(r.prompt_ids) - hit
+            if new > budget:
+                return prefill, True
+            stream = self.tokens.stream(r)
+            step_len, finish = stream.boundary(0, r.max_tokens, eos_only=not r.stop_at_delimiter)
+            extra = math.ceil((len(r.prompt_ids) + step_len) / B) - len(hs)
+            if not self.cache.try_admit(hs, extra):
+                if not run:
+                    raise RunOOM(f"simulated generator KV ({self.cache.capacity} blocks of {B}) cannot hold one "
+                                 f"sequence of {len(r.prompt_ids) + step_len} tokens")
+                return prefill, False
+            queue.popleft()
+            budget -= new
+            prefill.append((new, hit))
+            run[r.uid] = _Seq(r, stream, step_len, finish, hs, extra, hit)
+        return prefill, False
+
+    def extend(self, requests: List[GenRequest], policy: SpeculationPolicy) -> GenResult:
+        """Run the requests to the end of their steps (list order = admission order); the
+        ``policy`` decides every speculative step. ``time_s`` is the charged (simulated) time."""
         B = self.block
-        queue = list(requests)
-        running: Dict[str, dict] = {}
+        queue = deque(requests)
+        run: Dict[str, _Seq] = {}
         outputs: Dict[str, GenOutput] = {}
-        t, spec_total, steps = 0.0, 0, 0
-        while queue or running:
-            prefill = []
-            while queue and len(running) < self.max_num_seqs:
-                r = queue[0]
-                rng = np.random.default_rng(r.seed)
-                toks = self.steps.sample(rng, r.max_tokens, r.stop_at_delimiter)
-                hs = self.cache.hashes(r.prompt_ids)
-                hit = self.cache.lookup(hs)
-                total = len(r.prompt_ids) + len(toks)
-                extra = math.ceil(total / B) - len(hs)
-                if not self.cache.try_admit(hs, extra):
-                    if not running:
-                        raise RunOOM(f"simulated generator KV ({self.cache.capacity} blocks of {B}) cannot hold "
-                                     f"one sequence of {total} tokens")
-                    break
-                queue.pop(0)
-                self.cache.queries += len(r.prompt_ids)
-                self.cache.hits += hit * B
-                new = len(r.prompt_ids) - hit * B
-                prefill.append((new, hit * B))
-                running[r.uid] = dict(req=r, rng=rng, toks=toks, done=0, ctx=len(r.prompt_ids), hs=hs, extra=extra,
-                                      spec=False, cached=hit * B, spec_toks=[])
-            standard = [s for s in running.values() if not s["spec"]]
-            if not standard:
-                for uid, s in list(running.items()):
-                    self._finish(uid, s, outputs)
-                    del running[uid]
-                continue
-            k = min(len(s["toks"]) - s["done"] for s in standard)
-            batch = len(running)
-            ctx = sum(s["ctx"] for s in running.values()) / batch
-            t += _t_mixed(self.m, self.hw, prefill, batch, ctx)        # first step (with prefill)
+        t, steps = 0.0, 0
+        while queue or run:
+            decodes = len(run)
+            dec_ctx = sum(s.ctx for s in run.values()) / decodes if decodes else 0.0
+            prefill, more = self._admit(queue, run)
+            if not run:
+                raise RuntimeError(f"simulated generator: request {queue[0].uid} ({len(queue[0].prompt_ids)} prompt "
+                                   f"tokens) exceeds the step's token budget ({self.token_budget})")
+            k = 1 if more else min(s.remaining() for s in run.values())
+            t += _t_step(self.m, self.hw, prefill, decodes, dec_ctx)      # first step (with prefill)
             if k > 1:
-                t += (k - 1) * _t_mixed(self.m, self.hw, [], batch, ctx + k / 2.0)
+                ctx = sum(s.ctx for s in run.values()) / len(run)
+                t += (k - 1) * _t_step(self.m, self.hw, [], len(run), ctx + k / 2.0)
             steps += k
-            for uid, s in list(running.items()):
-                s["ctx"] += k
-                if s["spec"]:
-                    while len(s["spec_toks"]) < s["spec_n"] + k:
-                        s["spec_toks"].extend(self.steps.sample(s["rng"], 1 << 30, True))
-                    s["spec_n"] += k
-                    continue
-                s["done"] += k
-                if s["done"] >= len(s["toks"]):
-                    ended_eos = s["toks"][-1] == self.steps.eos_id
-                    if speculative and not queue and not ended_eos and s["req"].stop_at_delimiter \
-                            and len(s["toks"]) < s["req"].max_tokens:
-                        s["spec"], s["spec_n"] = True, 0
+            for uid, s in list(run.items()):
+                s.ctx += k
+                s.done += k
+                if s.spec_end is not None:
+                    if s.done >= s.spec_end:                               # end token or cap: finished
+                        self._finish(run.pop(uid), outputs)
+                elif s.done >= s.step_len:
+                    if policy.at_step_end(s.r, s.finish, len(queue)) == SPECULATE:
+                        cap = min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids))
+                        s.spec_end, _ = s.stream.boundary(s.step_len, cap, eos_only=True)
+                        if s.spec_end <= s.done:
+                            self._finish(run.pop(uid), outputs)
                     else:
-                        self._finish(uid, s, outputs)
-                        del running[uid]
-            # preemption / cap: speculative KV must fit in the free blocks
-            spec = [(u, s) for u, s in running.items() if s["spec"]]
+                        self._finish(run.pop(uid), outputs)
+            spec = {u: s.r.potential for u, s in run.items() if s.spec_end is not None}
             if spec:
-                need = sum(math.ceil(s["spec_n"] / B) for _, s in spec)
-                free = self.cache.capacity - self.cache.used()
-                if need > free or len(spec) > spec_max_beams or queue:
-                    spec.sort(key=lambda us: us[1]["req"].potential)
-                    drop = spec if (need > free or queue) else spec[:len(spec) - spec_max_beams]
-                    for u, s in drop:
-                        self._finish(u, s, outputs)
-                        del running[u]
+                need = sum(math.ceil((len(s.r.prompt_ids) + s.done) / B) - len(s.hs) - s.extra
+                           for s in run.values() if s.spec_end is not None)
+                pressure = need > self.cache.capacity - self.cache.used()
+                for uid in policy.to_abort(len(run) - len(spec), spec, len(queue), pressure):
+                    self._finish(run.pop(uid), outputs)
         spec_total = sum(len(o.tokens) - o.step_len for o in outputs.values())
         return GenResult(outputs, t + self.swap_time(), steps, spec_total)
 
-    def _finish(self, uid: str, s: dict, outputs: Dict[str, GenOutput]) -> None:
-        r = s["req"]
-        spec = s["spec_toks"][:s.get("spec_n", 0)] if s["spec"] else []
-        if self.steps.eos_id in spec:
-            spec = spec[:spec.index(self.steps.eos_id) + 1]
-        toks = s["toks"] + spec
-        finish = "eos" if s["toks"][-1] == self.steps.eos_id else (
-            "delimiter" if s["toks"][-1] == self.steps.delimiter_id and len(s["toks"]) <= r.max_tokens else "length")
-        if len(s["toks"]) >= r.max_tokens and s["toks"][-1] not in (self.steps.eos_id, self.steps.delimiter_id):
-            finish = "length"
-        produced = self.cache.hashes(list(r.prompt_ids) + s["toks"])[len(s["hs"]):]
-        self.cache.release(s["hs"], s["extra"], produced)
-        outputs[uid] = GenOutput(toks, finish, len(s["toks"]), s["cached"], len(r.prompt_ids))
+    def _finish(self, s: _Seq, outputs: Dict[str, GenOutput]) -> None:
+        r = s.r
+        n = s.done if s.spec_end is not None else s.step_len
+        toks = s.stream.read(n)
+        produced = self.cache.hashes(list(r.prompt_ids) + toks)[len(s.hs):]
+        self.cache.release(s.hs, s.extra, produced)
+        outputs[r.uid] = GenOutput(toks, s.finish, s.step_len, s.cached, len(r.prompt_ids))
 
 
-class SimVerifier:
+class SimVerifier(_Engine):
     """Simulated PRM engine: requests in batches of ``max_num_seqs``; each batch's uncached tokens
-    are prefilled in passes of at most ``token_budget`` tokens, each charged by the roofline.
-    Returns placeholder values (the search uses synthetic scores on the simulated backend)."""
+    are prefilled in passes of at most ``token_budget`` tokens, each charged by the roofline. The
+    verifier input of a path is built by ``token_map`` (as on vLLM: prompt + steps, step tags) and
+    its values are the synthetic content-keyed PRM's (``beams.synthetic_prm_values``, ``seed``),
+    None where the position was served by the prefix cache (as vLLM's pooling rows)."""
 
-    def __init__(self, model: ModelShape, hw: Roofline, *, kv_bytes: int, max_num_seqs: int, block: int = 16,
-                 token_budget: int = 8192, tag_inserted: bool = False, prompts: Optional[Dict[int, List[int]]] = None):
-        self.m, self.hw, self.block, self.budget = model, hw, block, token_budget
-        self.tag_inserted = tag_inserted
-        self.prompts = prompts or {}
+    def __init__(self, model: ModelShape, hw: Roofline, *, kv_bytes: int, max_num_seqs: int, block: int,
+                 token_budget: int, token_map, prompts: Dict[int, List[int]], seed: int):
+        self.m, self.hw, self.block, self.budget = model, hw, int(block), int(token_budget)
+        self.map, self.prompts, self.seed = token_map, prompts, seed
         self.configure(kv_bytes, max_num_seqs)
 
-    configure = SimGenerator.configure
-    swap_time = SimGenerator.swap_time
-
-    def verify(self, pidx: int, items: List[Tuple[List[int], List[int]]]):
+    def verify(self, pidx: int, items: Sequence[Tuple[List[int], List[int]]]) -> VerifierOutput:
         from harness.errors import RunOOM
+        from systems.tts.beams import synthetic_prm_values
         prompt = self.prompts.get(pidx, [])
-        t, cached, total = 0.0, 0, 0
+        t, cached, total, vals = 0.0, 0, 0, []
         B = self.block
         for i in range(0, len(items), self.max_num_seqs):
             batch = items[i:i + self.max_num_seqs]
             new_tokens, pinned, attn = 0, [], 0.0
             for toks, ends in batch:
-                seq = prompt + toks + ([0] * len(ends) if self.tag_inserted else [])
+                seq, pos = self.map.build(prompt, toks, ends)
                 hs = self.cache.hashes(seq)
-                hit = self.cache.lookup(hs)
+                hit = self.cache.hit_tokens(hs, len(seq))
                 extra = math.ceil(len(seq) / B) - len(hs)
                 if not self.cache.try_admit(hs, extra):
                     for h, e in pinned:
@@ -284,23 +393,19 @@ class SimVerifier:
                         raise RunOOM(f"simulated verifier KV ({self.cache.capacity} blocks) cannot hold one "
                                      f"sequence of {len(seq)} tokens")
                 pinned.append((hs, extra))
-                new = len(seq) - hit * B
+                new = len(seq) - hit
                 new_tokens += new
-                attn += 2 * self.m.num_layers * self.m.hidden_size * new * (len(seq) + hit * B)
-                cached += hit * B
+                attn += 2 * self.m.num_layers * self.m.hidden_size * new * (len(seq) + hit)
+                cached += hit
                 total += len(seq)
+                vals.append(synthetic_prm_values(self.seed, pidx, toks, ends, [p >= hit for p in pos]))
             t += self._charge(new_tokens, attn)
             for h, e in pinned:
                 self.cache.release(h, e, [])
-        self.cache.queries += total
-        self.cache.hits += cached
-        vals = [[0.5] * len(ends) for _, ends in items]
-        return vals, t + self.swap_time(), cached, total
+        return VerifierOutput(vals, t + self.swap_time(), cached, total)
 
     def _charge(self, new_tokens: int, attn_flops: float) -> float:
         if new_tokens == 0:
             return 0.0
-        passes = math.ceil(new_tokens / self.budget)
-        flops = 2 * self.m.num_params * new_tokens + attn_flops
-        byts = passes * self.m.weight_bytes + new_tokens * self.m.kv_bytes_per_token
-        return max(flops / self.hw.flops, byts / self.hw.bw) + passes * self.m.num_layers * self.hw.launch_per_layer_s
+        flops, byts, passes = prefill_terms(self.m, new_tokens, attn_flops, self.budget)
+        return self.hw.busy_s(flops, byts) + passes * self.hw.fixed_s(self.m)

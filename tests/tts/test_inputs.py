@@ -71,3 +71,55 @@ def test_stand_in_tokens_deterministic_and_in_range():
     a = stand_in_tokens("Find $x$ such that 2x+3=7.", 151936)
     assert a == stand_in_tokens("Find $x$ such that 2x+3=7.", 151936)
     assert all(1000 <= t < 151936 - 1000 for t in a) and 10 <= len(a) <= 30
+
+
+def _long_set(tmp_path):
+    p = tmp_path / "set.jsonl"
+    lines = ['{"problem": "What is 1+1?", "answer": "2"}', '{"problem": "What is 2+2?", "answer": "4"}',
+             '{"problem": "' + "Compute the sum of the numbers below. " + " ".join(str(i) for i in range(3000)) +
+             '", "answer": "1"}', '{"problem": "What is 3+3?", "answer": "6"}']
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_prompt_too_long_stops_before_any_work(compose_cfg, tmp_path):
+    """A prompt that leaves no room below max_model_len is found before any work, named by file,
+    line and token count (it used to surface mid-run, losing the problems searched before it).
+    Mutation caught: dropping the check from ``validate`` (the prompt then fails mid-run)."""
+    p = _long_set(tmp_path)
+    with pytest.raises(ConfigError, match=rf"{p}: line 3: the generator prompt \(chat template included\) is "
+                                          r"\d+ tokens, which leaves no room below the engines' max_model_len=4096"):
+        validate(compose_cfg("system=fasttts", "backend=sim", f"workload.path={p}", "n=8"))
+    with pytest.raises(ConfigError, match="workload.on_too_long='sometimes'"):
+        validate(compose_cfg("system=fasttts", f"workload.path={p}", "workload.on_too_long=sometimes"))
+
+
+def test_prompt_too_long_skipped_and_recorded(compose_cfg, tmp_path):
+    import pandas as pd
+    from harness.run import run
+    p = _long_set(tmp_path)
+    rec = run(compose_cfg("system=vllm_tts", "backend=sim", f"workload.path={p}", "n=8", "workload.on_too_long=skip",
+                          "workload.num_iterations=2", output_dir=tmp_path / "run"))
+    assert rec["status"] == "ok" and rec["summary"]["problems"] == 3 and rec["summary"]["problems_skipped"] == 1
+    sk = pd.read_parquet(tmp_path / "run" / "skipped.parquet")
+    assert sk[["problem", "line"]].values.tolist() == [[2, 3]] and (sk["gen_prompt_tokens"] >= 4096).all()
+
+
+def test_failure_mid_run_is_status_error_and_keeps_earlier_problems(compose_cfg, tmp_path, monkeypatch):
+    """A failure in problem 2 ends the run with status error (not ok), naming the problem, and the
+    problems searched before it stay recorded. Mutation caught: swallowing the exception into ok."""
+    import pandas as pd
+    from harness.run import run
+    from systems.tts.search import Search
+    orig = Search.run_problem
+
+    def flaky(self, pidx, prompt):
+        if pidx == 1:
+            raise RuntimeError("engine died")
+        return orig(self, pidx, prompt)
+    monkeypatch.setattr(Search, "run_problem", flaky)
+    rec = run(compose_cfg("system=vllm_tts", "backend=sim", "n=8", "workload.num_problems=3",
+                          "workload.num_iterations=2", output_dir=tmp_path / "run"))
+    assert rec["status"] == "error" and "problem 1 (line 2): RuntimeError: engine died" in rec["message"]
+    assert rec["summary"]["problems"] == 1
+    assert set(pd.read_parquet(tmp_path / "run" / "iterations.parquet")["problem"]) == {0}

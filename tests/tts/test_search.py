@@ -6,7 +6,8 @@ import pytest
 from harness.backend import Backend
 from systems.tts import runner
 from systems.tts.beams import Beam, step_logit_biases
-from systems.tts.search import (Search, duplicate, select_survivors, speculative_potential, truncate_keep)
+from systems.tts.search import Search, duplicate, select_survivors
+from systems.tts.speculation import speculative_potential, truncate_keep
 
 SIM = Backend("sim", "sim", True, "test")
 
@@ -84,7 +85,7 @@ def _sim_search(compose_cfg, system, *extra):
     runner.validate(cfg)
     import tempfile
     from pathlib import Path
-    st, problems, prompts, gen, ver, hook, alloc, _ = runner.build(cfg, SIM, Path(tempfile.mkdtemp()))
+    st, problems, prompts, gen, ver, hook, alloc, *_ = runner.build(cfg, SIM, Path(tempfile.mkdtemp()))
     recs = []
     s = Search(st, gen, ver, on_iteration=recs.append, before_iteration=hook)
     results = [s.run_problem(p.index, prompts[p.index]) for p in problems]
@@ -92,12 +93,35 @@ def _sim_search(compose_cfg, system, *extra):
 
 
 def test_prefix_aware_order_never_changes_decisions_sim(compose_cfg):
+    """P reorders the paths, never the decisions; the scores are distinct (content-keyed synthetic
+    PRM), so a score attached to the wrong path would change them. Mutation caught: pairing the
+    verifier's values with the owners rotated by one (reversed pairing maps P's order onto the
+    baseline's the same way; the next test catches it)."""
     base, rb = _sim_search(compose_cfg, "vllm_tts")
     p, rp = _sim_search(compose_cfg, "fasttts_p")
     assert len(base) == len(p) > 4
     assert [(r.selected, r.selected_keys) for r in base] == [(r.selected, r.selected_keys) for r in p]
     assert [sorted((b.uid, tuple(b.tokens)) for b in r.completions) for r in rb] == \
         [sorted((b.uid, tuple(b.tokens)) for b in r.completions) for r in rp]
+    last = [b.scores[-1] for r in rb for b in r.completions]
+    assert len(set(last)) > len(last) // 2                         # distinct scores, not ties
+
+
+@pytest.mark.parametrize("system", ["vllm_tts", "fasttts_s"])
+def test_each_path_carries_its_own_steps_scores_sim(compose_cfg, system):
+    """Every completed path's score of step k is the content-keyed PRM score of its own tokens up to
+    the end of step k (a causal PRM), with and without S (look-ahead verification sends a whole
+    speculative step in the same request). Mutations caught: pairing values with the wrong owners;
+    a step end that lets the speculative tokens after it into the scored prefix (look-ahead's
+    ``ends.append``, or the verifier scoring its whole input)."""
+    from systems.tts.beams import synthetic_prm_score
+    recs, results = _sim_search(compose_cfg, system)
+    checked = 0
+    for r in results:
+        for b in r.completions:
+            assert b.scores == [synthetic_prm_score(0, r.problem, b.tokens[:e]) for e in b.step_ends]
+            checked += len(b.scores)
+    assert checked > 50 and (system == "vllm_tts" or sum(x.gen_skipped for x in recs) > 0)
 
 
 def test_speculation_changes_later_steps_not_first_step_sim(compose_cfg):

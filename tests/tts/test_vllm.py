@@ -11,9 +11,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from harness.backend import Backend  # noqa: E402
 from systems.tts import runner  # noqa: E402
-from systems.tts.beams import Beam, request_seed, synthetic_score, stable_hash  # noqa: E402
-from systems.tts.engines import GenRequest  # noqa: E402
+from systems.tts.beams import Beam, request_seed  # noqa: E402
+from systems.tts.protocol import GenRequest  # noqa: E402
 from systems.tts.search import Search, select_survivors  # noqa: E402
+from systems.tts.speculation import SpeculationPolicy  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,11 +35,11 @@ def engines():
     runner.validate(cfg)
     built = runner.build(cfg, CPU, Path(tempfile.mkdtemp()))
     yield built
-    built[-1]()
+    built.closer()
 
 
 def _search(engines, **changes):
-    st, problems, prompts, gen, ver, hook, alloc, _ = engines
+    st, problems, prompts, gen, ver, hook, alloc, *_ = engines
     s2 = type(st)(**{**vars(st), **changes})
     recs = []
     results = [Search(s2, gen, ver, on_iteration=recs.append).run_problem(p.index, prompts[p.index])
@@ -47,6 +48,8 @@ def _search(engines, **changes):
 
 
 def test_prefix_aware_scheduling_never_changes_decisions(engines):
+    """On vLLM, with the content-keyed synthetic PRM on the engine's computed positions (distinct
+    scores). Mutation caught: pairing the verifier's values with the wrong owners."""
     base, rb = _search(engines, prefix_aware=False)
     pa, rp = _search(engines, prefix_aware=True)
     assert len(base) == len(pa) >= 4                     # 2 problems x (up to) 3 iterations
@@ -58,11 +61,16 @@ def test_prefix_aware_scheduling_never_changes_decisions(engines):
 
 
 def test_speculative_tokens_never_change_scores_or_selection(engines):
-    st, problems, prompts, gen, ver, _, _, _ = engines
+    """The verifier scores each step from the tokens up to its end (a causal PRM): appending the
+    speculative tokens to the candidates (as look-ahead verification sends them) changes neither
+    the step-in-progress scores, which are distinct (content-keyed synthetic PRM on vLLM's computed
+    positions), nor the selection. Mutation caught: PrmScorer scoring a step from the whole input
+    (speculative tokens leaking into the step's score)."""
+    st, problems, prompts, gen, ver, *_ = engines
     p = problems[0]
     reqs = [GenRequest(f"spec-{i}", prompts[p.index], st.max_step_tokens, request_seed(7, 0, 0, str(i)))
             for i in range(8)]
-    res = gen.extend(reqs, speculative=True)
+    res = gen.extend(reqs, SpeculationPolicy(True))
     assert res.spec_tokens > 0, "no speculative tokens were produced"
     cands, stripped = [], []
     for i, r in enumerate(reqs):
@@ -70,26 +78,32 @@ def test_speculative_tokens_never_change_scores_or_selection(engines):
         step = o.tokens[:o.step_len]
         cands.append(Beam(str(i), tokens=list(step), step_ends=[len(step)], spec=list(o.tokens[o.step_len:])))
         stripped.append(Beam(str(i), tokens=list(step), step_ends=[len(step)]))
-    # the verifier scores the candidates with their speculative tokens appended (as look-ahead
-    # verification sends them) and without; the step-in-progress score must be identical
-    with_spec = [(b.tokens + b.spec, b.step_ends) for b in cands]
-    without = [(b.tokens, b.step_ends) for b in stripped]
     ver.v.eng.reset_prefix_cache()
-    v_with, *_ = ver.verify(p.index, with_spec)
+    v_with = ver.verify(p.index, [(b.tokens + b.spec, b.step_ends) for b in cands]).values
     ver.v.eng.reset_prefix_cache()
-    v_without, *_ = ver.verify(p.index, without)
-    for a, b in zip(v_with, v_without):
-        assert a[0] is not None and b[0] is not None
-        assert a[0] == pytest.approx(b[0], abs=1e-5)
-    # selection on the PRM values and on the seeded content scores
-    for src in ("prm", "synthetic"):
-        for b, v in zip(cands, v_with):
-            b.scores = [v[0] if src == "prm" else synthetic_score(0, stable_hash(tuple(b.tokens)))]
-        for b, v in zip(stripped, v_without):
-            b.scores = [v[0] if src == "prm" else synthetic_score(0, stable_hash(tuple(b.tokens)))]
-        a = select_survivors("beam_search", cands, 8, 4, "last")
-        b = select_survivors("beam_search", stripped, 8, 4, "last")
-        assert [(x.uid, c) for x, c in a] == [(x.uid, c) for x, c in b]
+    v_without = ver.verify(p.index, [(b.tokens, b.step_ends) for b in stripped]).values
+    assert [v[0] for v in v_with] == [v[0] for v in v_without]
+    assert len({v[0] for v in v_with}) == len({tuple(b.tokens) for b in stripped}) > 1     # distinct
+    for b, v in zip(cands, v_with):
+        b.scores = [v[0]]
+    for b, v in zip(stripped, v_without):
+        b.scores = [v[0]]
+    a = select_survivors("beam_search", cands, 8, 4, "last")
+    b = select_survivors("beam_search", stripped, 8, 4, "last")
+    assert [(x.uid, c) for x, c in a] == [(x.uid, c) for x, c in b]
+
+
+def test_vllm_generator_executes_the_policy(engines):
+    """The vLLM generator keeps no speculation rule of its own: under a scripted policy that
+    contradicts the paper's rules it does what the policy says (the same check as the simulated
+    generator's, tests/tts/test_speculation.py). Mutation caught: any rule left in
+    ``VllmGenerator.extend`` (e.g. its old Phase-1 ``sched.waiting`` check or spec cap)."""
+    from tests.tts.test_speculation import check_generator_obeys
+    st, problems, prompts, gen = engines[:4]
+    p = problems[0]
+    reqs = [GenRequest(f"obey-{i}", prompts[p.index], st.max_step_tokens, request_seed(3, 0, 0, str(i)))
+            for i in range(8)]
+    check_generator_obeys(gen, reqs)
 
 
 @pytest.mark.parametrize("system", ["vllm_tts", "fasttts"])
