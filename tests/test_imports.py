@@ -23,7 +23,8 @@ PACKAGES = ("harness", "systems", "workloads")
 POLICY_MODULES = (
     "systems.ttc.plan", "systems.ttc.beamset", "systems.ttc.tree", "systems.ttc.analytic",
     "systems.serving.controllers", "systems.serving.profiler",
-    "systems.tts.search", "systems.tts.beams", "systems.tts.memory",
+    "systems.tts.search", "systems.tts.beams", "systems.tts.memory", "systems.tts.speculation",
+    "systems.tts.plan", "systems.tts.protocol",
 )
 FORBIDDEN_FOR_POLICIES = ("torch", "vllm", "harness.run")
 
@@ -33,8 +34,6 @@ FORBIDDEN_FOR_POLICIES = ("torch", "vllm", "harness.run")
 KNOWN = {
     "systems.serving": "engineer A removes the systems/serving/runner.py <-> vllm_engine.py cycle (issue 12 item 5)",
     "systems.ttc": "engineer C removes the systems/ttc/runner.py <-> hf_offload.py cycle (issue 12 item 5)",
-    "systems.tts.search": "engineer B moves GenRequest out of systems/tts/engines.py, which imports vllm "
-                          "(issue 12 item 5)",
 }
 
 
