@@ -52,5 +52,5 @@ def load_warning(before: Optional[list], after: Optional[list]) -> Optional[str]
 
 def note_load(warning: Optional[str]) -> None:
     if warning:
-        log.warning(warning)
-        print(f"warning: {warning}", flush=True)
+        from harness.logs import say
+        say(warning, warning=True)

@@ -23,7 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from harness import clock_locks, machine, records
+from harness import clock_locks, logs, machine, records
+from harness.logs import say
 from harness.backend import Backend, resolve_backend
 from harness.config import validate_common
 from harness.errors import ConfigError, RunOOM
@@ -183,8 +184,7 @@ def print_line(cfg, backend: Backend, res: RunResult, outdir: Path, ci: Optional
         interval = _interval_text(ci, key, fmt) if v is not None else ""
         head = f" | {label} {'n/a' if v is None else fmt(v)}" + (f" {interval}" if interval else "")
     msg = f" ({res.message.splitlines()[0][:120]})" if res.message and res.status != "ok" else ""
-    print(f"{cfg.system.name} | {cfg.model.name} | status={res.status}{tag}{msg}{head} | {outdir / 'run.json'}",
-          flush=True)
+    say(f"{cfg.system.name} | {cfg.model.name} | status={res.status}{tag}{msg}{head} | {outdir / 'run.json'}")
 
 
 def print_table(cfg, backend: Backend, res: RunResult, outdir: Path, ci: Optional[Dict[str, Any]] = None) -> None:
@@ -206,9 +206,12 @@ def print_table(cfg, backend: Backend, res: RunResult, outdir: Path, ci: Optiona
         t.add_row(label, "n/a" if v is None else fmt(v), *([_interval_text(ci, key, fmt)] if ci else []))
     con = Console(width=110)
     con.print(t)
+    for label, key, fmt in res.display:                   # the same rows, plain, in run.log
+        v = res.summary.get(key)
+        logs.log.info("%s: %s", label, "n/a" if v is None else fmt(v))
     if res.message:
-        con.print(f"status {res.status}: {res.message}")
-    con.print(f"record: {outdir / 'run.json'}")
+        say(f"status {res.status}: {res.message}")
+    say(f"record: {outdir / 'run.json'}")
 
 
 def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
@@ -218,21 +221,30 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
     ``tracking.sweep_jobs``, and one printed line instead of the table); None = ask Hydra.
     Raises ConfigError (before any work and before any file is written) for bad input.
     """
+    logs.quiet_engines(bool(cfg.get("verbose", False)))
     runner, backend = validate_config(cfg)
     multirun = in_multirun() if multirun is None else multirun
-    if not multirun:                  # sweep jobs say [SIMULATED] on their one line instead
-        print(backend.reason, flush=True)
-    warnings = clock_locks.stale_warnings()      # GPUs a killed run left with locked clocks
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr, flush=True)
     outdir = writable_output_dir(cfg)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     chash = records.config_hash(cfg_dict)
     if cfg.get("resume", True):
         prev = records.load_valid_record(outdir, chash)
         if prev is not None:
-            print(f"skipping: valid record exists ({outdir / 'run.json'}, status {prev['status']})")
+            say(f"skipping: valid record exists ({outdir / 'run.json'}, status {prev['status']})")
             return prev
+    with logs.job_log(outdir):
+        return _run_job(cfg, runner, backend, multirun, outdir, cfg_dict, chash)
+
+
+def _run_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg_dict: dict, chash: str) -> Dict[str, Any]:
+    """:func:`run` after validation and the resume check, with run.log open."""
+    if not multirun:                  # sweep jobs say [SIMULATED] on their one line instead
+        say(backend.reason)
+    else:
+        logs.log.info(backend.reason)
+    warnings = clock_locks.stale_warnings()      # GPUs a killed run left with locked clocks
+    for w in warnings:
+        say(w, warning=True)
 
     rec: Dict[str, Any] = {
         "record_version": records.RECORD_VERSION,
@@ -425,7 +437,7 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
                "system": cfg.system.name, "family": family_of(cfg), "model": cfg.model.name,
                "config": resolved, "config_hash": records.config_hash(resolved), "summary": {}}
         records.atomic_write_json(rec_path, rec)
-        print(f"job died ({how}); recorded as error in {rec_path}")
+        say(f"job died ({how}); recorded as error in {rec_path}")
         return rec
     return json.loads(rec_path.read_text())
 
