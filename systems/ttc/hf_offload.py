@@ -30,7 +30,8 @@ from transformers import DynamicCache
 from harness.errors import ConfigError
 from harness.run import RunContext, RunResult
 from systems.ttc import analytic
-from systems.ttc.model import build_model
+from systems.ttc.display import DISPLAY
+from systems.ttc.model import shared_model
 from systems.ttc.torch_engine import gumbel_noise, log_probs, resolve_device
 from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
 
@@ -138,6 +139,7 @@ def hf_beam_search(model, *, seed: int, prompt: List[int], beams: int, beam_widt
         out = model(input_ids=torch.tensor([prompt], device=device), past_key_values=cache,
                     use_cache=True, logits_to_keep=1)
         root = log_probs(out.logits[0, -1], temperature, dtype)
+        sync()                       # the offloaded layers' copies back to the host have landed
         cache.batch_repeat_interleave(beams)
         cache.recount()
     sync()
@@ -197,11 +199,10 @@ def hf_beam_search(model, *, seed: int, prompt: List[int], beams: int, beam_widt
 
 def run_hf_offload(cfg, ctx: RunContext) -> RunResult:
     """Runner entry for ``system=hf_offload`` (called by ``systems.ttc.runner.run``)."""
-    from systems.ttc.runner import DISPLAY
     w = cfg.workload
     validate_hf_offload(ctx.backend)
     device = resolve_device(ctx.backend.device)
-    model, geom = build_model(cfg.model, device, cfg.seed)
+    model, geom = shared_model(cfg.model, device, cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
     bar = ctx.progress(math.ceil(w.gen_len / w.step), f"{cfg.system.name} steps")
