@@ -91,3 +91,27 @@ def test_fidelity_sweep_bytes_match_exactly(tmp_path):
     summary = pd.read_csv(sweep / "fidelity_summary.csv")
     assert int(summary.pairs[0]) == 2 and bool(summary.bytes_exact[0])
     assert (sweep / "fidelity.png").exists() and (sweep / "fidelity.md").exists()
+
+
+def test_gpu_calibration_sets_efficiencies_to_one(tmp_path, monkeypatch):
+    """A GPU-calibrated profile's ceilings are measured (achieved) rates: its efficiencies are 1.0,
+    not the datasheet profile's, so the simulator does not discount them twice. The device and the
+    measurement are faked. (Mutation caught: resetting efficiencies only for kind=cpu profiles.)"""
+    import torch
+
+    from harness import calibrate
+    fake = {"peak_flops": 7.0e14, "mem_bw": 4.1e12, "stream_bw": 4.3e12, "h2d_bw": 5.3e10, "d2h_bw": 5.1e10,
+            "launch_overhead_s": 6e-5, "kernel_launch_s": 4e-6, "gemv_bytes": 512 << 20, "gemv_per_window": 50,
+            "device": "cuda", "threads": 1}
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(calibrate, "measure", lambda device, quick, threads: seen.update(device=device) or dict(fake))
+    base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/hardware/h200.yaml"))
+    assert base["flops_efficiency"] < 1.0 and base["mem_efficiency"] < 1.0
+    assert calibrate.main(["hardware=h200", f"out={tmp_path / 'h200-calibrated.yaml'}"]) == 0
+    prof = OmegaConf.to_container(OmegaConf.load(tmp_path / "h200-calibrated.yaml"))
+    assert seen["device"] == "cuda"
+    assert prof["flops_efficiency"] == 1.0 and prof["mem_efficiency"] == 1.0
+    assert prof["mem_bw"] == fake["mem_bw"] and prof["datasheet"]["mem_bw"] == base["mem_bw"]
+    assert "measured" in prof["sources"]["mem_efficiency"]
+    assert prof["measured"]["kernel_launch_s"] == fake["kernel_launch_s"]
