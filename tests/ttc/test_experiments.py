@@ -115,3 +115,27 @@ def test_gpu_calibration_sets_efficiencies_to_one(tmp_path, monkeypatch):
     assert prof["mem_bw"] == fake["mem_bw"] and prof["datasheet"]["mem_bw"] == base["mem_bw"]
     assert "measured" in prof["sources"]["mem_efficiency"]
     assert prof["measured"]["kernel_launch_s"] == fake["kernel_launch_s"]
+
+
+def test_fidelity_over_repeats_aggregates_each_configuration(compose_cfg, tmp_path):
+    """systems.ttc.fidelity: repeats of the real runs, the first repeat's trees replayed once on the
+    simulated backend; per configuration the mean, min and max real time, the MAPE of the mean and
+    of each repeat, bytes exact in every repeat."""
+    from harness.report import gather_runs
+    from systems.ttc.fidelity import main, report_repeats
+    common = ["backend=torch", "backend.device=cpu", "model=tiny-opt", "model.num_layers=2", "model.vocab_size=500",
+              "beams=4", "prompt_len=8", "gen_len=8", "step=4", "kv_budget=96KiB", "hardware=cpu",
+              "system.record_tree=true"]
+    reps = []
+    for i in range(2):
+        for s in ("layerwise", "lbs"):
+            assert run(compose_cfg(*common, f"system={s}", output_dir=tmp_path / f"rep{i}" / s))["status"] == "ok"
+        reps.append(gather_runs(tmp_path / f"rep{i}"))
+    summary = report_repeats(tmp_path, reps)
+    row = summary.iloc[0]
+    assert row.pairs == 2 and row.repeats == 2 and bool(row.bytes_exact)
+    assert len(row.time_mape_each_repeat.split()) == 2 and row.time_mape >= 0 and row.real_spread_max >= 0
+    text = (tmp_path / "fidelity.md").read_text()
+    assert "e2e_s_real_min" in text and "e2e_s_real_max" in text
+    assert len(list((tmp_path / "sim_replay").glob("*/run.json"))) == 2          # one replay per configuration
+    assert main(["repeats=0"]) == 2
