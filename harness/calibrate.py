@@ -13,7 +13,8 @@ and the fixed cost of one decoder-layer launch (a transformers LLaMA layer at ba
 hidden 64: time that does not scale with work). The profile keeps the base profile's datasheet
 values under ``datasheet`` and says, per field, that it was measured and when; its efficiencies
 are 1.0 (measured ceilings are achieved rates already, on a CPU or a GPU). Nothing is actuated or
-changed on the device.
+changed on the device. Times use the real engine's basis on the device
+(``harness.meters.time_basis``: wall on CUDA, this thread's CPU time on a CPU) and one torch thread.
 """
 from __future__ import annotations
 
@@ -26,22 +27,26 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
+from harness.meters import time_basis
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _timeit(fn, sync, repeats=5, warmup=2, per_window=1) -> float:
+def _timeit(fn, sync, repeats=5, warmup=2, per_window=1, clock=time.perf_counter) -> float:
     """Median seconds of one ``fn()`` call, timing windows of ``per_window`` calls between two
-    synchronisations (one launch and one sync per window are spread over ``per_window`` calls)."""
+    synchronisations (one launch and one sync per window are spread over ``per_window`` calls).
+    ``clock``: ``time.perf_counter`` (wall) or ``time.thread_time`` (CPU time of this thread: the
+    real engine's basis on a CPU device, ``harness.meters.time_basis``)."""
     for _ in range(warmup):
         fn()
     sync()
     ts = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(per_window):
             fn()
         sync()
-        ts.append((time.perf_counter() - t0) / per_window)
+        ts.append((clock() - t0) / per_window)
     return statistics.median(ts)
 
 
@@ -55,14 +60,15 @@ def gemv_bandwidth(device: str, dtype, nbytes: int, per_window: int, sync) -> fl
     k = int((nbytes / torch.empty((), dtype=dtype).element_size()) ** 0.5)
     w = torch.randn(k, k, device=device, dtype=dtype)
     v = torch.randn(4, k, device=device, dtype=dtype)
-    return w.numel() * w.element_size() / _timeit(lambda: v @ w, sync, per_window=per_window)
+    return w.numel() * w.element_size() / _timeit(lambda: v @ w, sync, per_window=per_window,
+                                                  clock=time_basis(device)[0])
 
 
 def kernel_launch_seconds(device: str, sync, per_window: int = 1000) -> float:
     """Seconds per launch of a one-element op, many per window (launch and dispatch cost)."""
     import torch
     x = torch.zeros(1, device=device)
-    return _timeit(lambda: x.add_(1.0), sync, per_window=per_window)
+    return _timeit(lambda: x.add_(1.0), sync, per_window=per_window, clock=time_basis(device)[0])
 
 
 def measure(device: str = "cpu", quick: bool = False, threads: int = 1) -> dict:
@@ -86,11 +92,12 @@ def _measure(device: str, quick: bool) -> dict:
     n = (8192 if cuda else 1024) // (2 if quick else 1)
     a = torch.randn(n, n, device=device, dtype=dt)
     b = torch.randn(n, n, device=device, dtype=dt)
-    t = _timeit(lambda: a @ b, sync)
+    clock = time_basis(device)[0]
+    t = _timeit(lambda: a @ b, sync, clock=clock)
     flops = 2 * n ** 3 / t
     size = (1 << 30 if cuda else 256 << 20) >> (2 if quick else 0)
     x = torch.empty(size // 4, dtype=torch.float32, device=device).fill_(1.0)
-    stream_bw = size / _timeit(lambda: x.sum(), sync)
+    stream_bw = size / _timeit(lambda: x.sum(), sync, clock=clock)
     # decode-shaped matmuls (4 rows x a weight matrix far larger than the caches): the bandwidth a
     # decode step actually gets when it reads weights and KV. This is the roofline's memory ceiling.
     gemv_bytes = GEMV_BYTES >> (3 if quick else 0)
@@ -99,10 +106,11 @@ def _measure(device: str, quick: bool) -> dict:
     launch_kernel = kernel_launch_seconds(device, sync, per_window=1000 if not quick else 200)
     host = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
     dev = torch.empty(size, dtype=torch.uint8, device=device)
-    h2d = size / _timeit(lambda: dev.copy_(host, non_blocking=cuda), sync)
-    d2h = size / _timeit(lambda: host.copy_(dev, non_blocking=cuda), sync)
+    h2d = size / _timeit(lambda: dev.copy_(host, non_blocking=cuda), sync, clock=clock)
+    d2h = size / _timeit(lambda: host.copy_(dev, non_blocking=cuda), sync, clock=clock)
     launch = _layer_launch_overhead(device, dt, sync)
-    return {"peak_flops": flops, "mem_bw": mem_bw, "stream_bw": stream_bw, "h2d_bw": h2d, "d2h_bw": d2h,
+    return {"time_basis": time_basis(device)[1], "peak_flops": flops, "mem_bw": mem_bw, "stream_bw": stream_bw,
+            "h2d_bw": h2d, "d2h_bw": d2h,
             "launch_overhead_s": launch, "kernel_launch_s": launch_kernel, "gemm_n": n,
             "gemv_bytes": gemv_bytes, "gemv_per_window": gemv_window, "copy_bytes": size, "device": device,
             "torch": str(torch.__version__), "threads": torch.get_num_threads()}
@@ -122,7 +130,8 @@ def _layer_launch_overhead(device, dtype, sync) -> float:
     pe = rope(h, pos)
     with torch.inference_mode():
         reps = 200
-        return _timeit(lambda: [layer(h, position_embeddings=pe) for _ in range(reps)], sync) / reps
+        return _timeit(lambda: [layer(h, position_embeddings=pe) for _ in range(reps)], sync,
+                       clock=time_basis(device)[0]) / reps
 
 
 def write_profile(base: dict, measured: dict, out: Path) -> Path:

@@ -27,7 +27,8 @@ tensor through an unpinned temporary (a CPU gather and a blocking copy). On CUDA
 copy stream and write-backs on a second one (``systems.ttc.streams``); a load of a host range waits
 on the event recorded after the write-back that wrote it; the compute stream's waits on the copy
 streams are the measured **I/O stall** (CUDA events). On CPU the same calls run with two CPU
-pools: bytes are exact, copies are synchronous and their wall time is the I/O stall.
+pools: bytes are exact, copies are synchronous and their time is the I/O stall (times on CPU are
+the engine thread's CPU time: :func:`harness.meters.time_basis`).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Un
 
 import torch
 
-from harness.meters import ByteCounter
+from harness.meters import ByteCounter, time_basis
 from systems.ttc.streams import CudaStreams, HostStreams
 
 LayerSel = Union[int, slice]
@@ -252,6 +253,7 @@ class TieredKVStore:
         self.bytes = ByteCounter()
         self.d2d_bytes = 0
         self.streams = streams or (CudaStreams(self.device) if self.cuda else HostStreams())
+        self.clock = time_basis(self.device)[0]
         self._io_s = 0.0                                  # CPU: wall seconds of synchronous copies
         self._stall_events: List[tuple] = []              # CUDA: (start, end) on the compute stream
         self._written: Dict[Hashable, object] = {}        # host key -> event after its last write-back
@@ -268,14 +270,14 @@ class TieredKVStore:
             raise RuntimeError("io() regions do not nest")
         self.streams.wait_stream(direction, "compute")
         self._region = {"direction": direction, "writes": set(), "waited": set()}
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             with self.streams.on(direction):
                 yield
         finally:
             region, self._region = self._region, None
             if not self.cuda:
-                self._io_s += time.perf_counter() - t0
+                self._io_s += self.clock() - t0
             if region["writes"]:
                 ev = self.streams.record("d2h")
                 for k in region["writes"]:
@@ -350,9 +352,9 @@ class TieredKVStore:
             b.record(s)
             out.append((a, b))
         else:
-            t0 = time.perf_counter()
+            t0 = self.clock()
             yield out
-            out.append(time.perf_counter() - t0)
+            out.append(self.clock() - t0)
 
     @staticmethod
     def span_seconds(span: list) -> Optional[float]:

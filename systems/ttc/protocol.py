@@ -7,7 +7,7 @@ Executors carry plans out and report a :class:`StepOutcome`; they decide nothing
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, List, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -39,6 +39,7 @@ class Executor(Protocol):
     """Carries out the plans of one run (LBS paper Alg.1 execution); see ``torch_engine``'s module doc."""
 
     simulated: bool
+    clock: Callable[[], float]          # the time basis of measured seconds (real executors)
 
     def warmup(self, prompt_tokens: Sequence[int], num_beams: int) -> float:
         """Run the model once outside the measurement (lazy initialisation, kernel selection);

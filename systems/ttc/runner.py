@@ -5,7 +5,8 @@ step's plan to an executor (``sim.SimExecutor`` or ``torch_engine.TorchExecutor`
 Real runs fix torch's thread count (``system.torch_threads``, recorded), run a warm-up excluded from
 every time (``system.warmup``, its seconds recorded as ``warmup_s``) and record the load average
 before and after. Times: a step's compute and I/O stall come from the executor; ``other_s`` is the
-wall time of planning the step and of selection + expansion (real), or the simulator's charge.
+time of planning the step and of selection + expansion (real, on the executor's clock: wall on
+CUDA, the engine thread's CPU time on CPU, recorded as ``time_basis``), or the simulator's charge.
 ``system.deadline`` (Unix seconds) stops a run between steps, recorded as status ``timeout`` with
 the steps done so far (``scripts/gpu_validate.py`` uses it to keep inside a device window).
 """
@@ -190,6 +191,9 @@ def run(cfg, ctx: RunContext) -> RunResult:
         summary["torch_threads"] = set_torch_threads(sysc.get("torch_threads", 1))
         summary["loadavg_before"] = os.getloadavg()[0]
     ex = _executor(cfg, ctx, sched_budget)
+    clock = ex.clock
+    if real:
+        summary["time_basis"] = ex.time_basis
     rng = np.random.default_rng(cfg.seed)
     prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
     tree = BeamTree(w.prompt_len)
@@ -209,10 +213,10 @@ def run(cfg, ctx: RunContext) -> RunResult:
         for i in range(n_steps):
             if deadline is not None and _now() > float(deadline):
                 raise DeadlineReached(f"system.deadline passed after {i} of {n_steps} steps")
-            t_plan = time.perf_counter()
+            t_plan = clock()
             T = min(w.step, w.gen_len - i * w.step)
             plan = scheduler.plan(i, tree, beams, T)
-            t_plan = time.perf_counter() - t_plan
+            t_plan = clock() - t_plan
             o = ex.execute_step(plan, tree, beams)
             for k, b in enumerate(beams):
                 b.cum_logprob += float(o.logprob_delta[k])
@@ -221,11 +225,11 @@ def run(cfg, ctx: RunContext) -> RunResult:
                 tree.segments[b.leaf].length = T
             other = t_plan if real else 0.0          # the simulator charges no planning time
             if i + 1 < n_steps:
-                t0 = time.perf_counter()
+                t0 = clock()
                 keep = replay[i] if replay is not None else None
                 new = select_and_expand(tree, beams, beam_size, w.beam_width, keep_uids=keep)
                 exp = ex.expand(plan, tree, beams, new)
-                other += time.perf_counter() - t0 if real else exp
+                other += clock() - t0 if real else exp
                 kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
                 beams = new
             for k in ("compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):

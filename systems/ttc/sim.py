@@ -23,6 +23,7 @@ Cost model (per decoder layer, per forward launch; ``b`` beams, ``s`` cached tok
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -90,6 +91,7 @@ class SimExecutor:
     """Carries out StepPlans on a simulated GPU (a :class:`systems.ttc.protocol.Executor`)."""
 
     simulated = True
+    clock = staticmethod(time.perf_counter)      # unused: the simulator charges, it does not measure
 
     def __init__(self, hw, model_cfg, seed: int):
         self.cost = CostModel(hw, model_cfg)

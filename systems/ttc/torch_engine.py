@@ -46,8 +46,10 @@ Execution per scheduler:
 
 Timing: a step's end-to-end time is the wall time from its start to the synchronisation at its
 end (the sampled tokens are needed on the CPU for selection); the I/O stall is the compute
-stream's measured wait on the copy streams (CUDA events; on CPU, the wall time of the synchronous
-copies), and compute is the rest. Peak device memory is recorded three ways: bytes charged (what
+stream's measured wait on the copy streams (CUDA events; on CPU, the time of the synchronous
+copies), and compute is the rest. On a CPU device every time is the engine thread's CPU time
+(``harness.meters.time_basis``: a shared machine's other jobs do not inflate it); the run records which
+basis its seconds use (``time_basis``). Peak device memory is recorded three ways: bytes charged (what
 the plan predicts), physical bytes of the store's live tensors, and on CUDA
 ``torch.cuda.max_memory_allocated`` (weights and activations included).
 
@@ -66,6 +68,7 @@ import numpy as np
 import torch
 
 from systems.ttc.cache import DenseKV, GroupCache
+from harness.meters import time_basis
 from systems.ttc.kvstore import DeviceBuffer, KVBudgetExceeded, PlanMismatch, TieredKVStore
 from systems.ttc.layerwise_exec import LayerwiseExec
 from systems.ttc.model import shared_model
@@ -136,6 +139,7 @@ class TorchExecutor:
         self.kv_token = g.kv_token
         self.store = TieredKVStore(self.L, self.H, self.D, self.dtype, self.device, budget_bytes,
                                    staging_budget=0, streams=streams)
+        self.clock, self.time_basis = time_basis(self.device)
         self.budget = budget_bytes
         self.seed, self.temperature, self.scheduler = seed, float(temperature), scheduler
         self.max_len = max_len
@@ -196,7 +200,7 @@ class TorchExecutor:
         """Run the model outside the store and the measurement: the prompt's prefill, then ``tokens``
         decode tokens at ``num_beams`` beams over a short context (lazy initialisation, allocator
         growth, kernel selection for the run's batch size). Returns its wall seconds."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         P = min(len(prompt_tokens), 16)
         kv = torch.empty((self.L, 2, num_beams, self.H, P + tokens, self.D), dtype=self.dtype, device=self.device)
         ids = torch.tensor([list(prompt_tokens)[:P]] * num_beams, dtype=torch.long, device=self.device)
@@ -207,7 +211,7 @@ class TorchExecutor:
             logits = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits
         del cache, kv, logits
         self.sync()
-        return time.perf_counter() - t0
+        return self.clock() - t0
 
     @torch.no_grad()
     def prefill(self, tree: BeamTree, prompt_tokens: Sequence[int], offload: bool) -> StepOutcome:
@@ -218,7 +222,7 @@ class TorchExecutor:
             self._energy.begin_window("run")
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         P = len(prompt_tokens)
         st.dev.reset_peak()
         h2d0, d2h0 = st.bytes.h2d, st.bytes.d2h
@@ -236,7 +240,7 @@ class TorchExecutor:
             self.prompt_kv = buf
         st.wait_writebacks()
         stall = st.take_io_stall()
-        out = StepOutcome(np.zeros(0), compute_s=time.perf_counter() - t0 - stall, io_stall_s=stall,
+        out = StepOutcome(np.zeros(0), compute_s=self.clock() - t0 - stall, io_stall_s=stall,
                           h2d_bytes=st.bytes.h2d - h2d0, d2h_bytes=st.bytes.d2h - d2h0,
                           peak_device_bytes=st.dev.peak_total, peak_physical_bytes=st.dev.peak_physical)
         if offload:
@@ -247,7 +251,7 @@ class TorchExecutor:
     def execute_step(self, plan: StepPlan, tree: BeamTree, beams: Sequence[Beam]) -> StepOutcome:
         """Decode one step of the search for every live beam as ``plan`` says (see module doc)."""
         st = self.store
-        t0 = time.perf_counter()
+        t0 = self.clock()
         st.dev.reset_peak()
         st.dev.staging_budget = plan.staging_bytes
         h2d0, d2h0 = st.bytes.h2d, st.bytes.d2h
@@ -271,7 +275,7 @@ class TorchExecutor:
             self.next_logp[b.uid] = lp
         lps_cpu = lps.double().cpu().numpy()
         tokens = toks.cpu().tolist()
-        wall = time.perf_counter() - t0
+        wall = self.clock() - t0
         return StepOutcome(lps_cpu.sum(axis=1), tokens=tokens, compute_s=wall - stall, io_stall_s=stall,
                            h2d_bytes=st.bytes.h2d - h2d0, d2h_bytes=st.bytes.d2h - d2h0,
                            peak_device_bytes=st.dev.peak_total, peak_physical_bytes=st.dev.peak_physical,
@@ -394,9 +398,9 @@ class TorchExecutor:
                     st.load_paths(sbuf.tensor, range(kp), [paths[i] for i in nxt.beams[:kp]], ncredits, nsources)
                 pre = (sbuf, ncredits, nsources)
                 prefetched = st.bytes.h2d - h1
-            t0 = time.perf_counter()
+            t0 = self.clock()
             gt, gl, glast = self._decode_group(buf, [beams[i] for i in gp.beams], start, T)
-            comp_wall = time.perf_counter() - t0
+            comp_wall = self.clock() - t0
             if pre is not None:
                 st.wait_loads(pre[0].tensor)
             with st.io("d2h"):
@@ -425,7 +429,7 @@ class TorchExecutor:
     @torch.no_grad()
     def expand(self, plan: StepPlan, tree: BeamTree, old: Sequence[Beam], new: Sequence[Beam]) -> float:
         """Prune + expand on the engine's side (see module doc). Returns wall seconds."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         st = self.store
         st.host.keep_only(tree.segments.keys())
         parents = {b.parent_uid for b in new}
@@ -441,7 +445,7 @@ class TorchExecutor:
                 self.lw.reorder(moves, S)
             self.slot_of = slot_of
         self.sync()
-        return time.perf_counter() - t0
+        return self.clock() - t0
 
     def _child_slots(self, old: Sequence[Beam], new: Sequence[Beam], parents):
         """Batch slots of the next step's beams: a parent's first child keeps its slot, the others
