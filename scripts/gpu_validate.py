@@ -52,7 +52,7 @@ FLAT_FILES = ("results.csv", "estimates.csv", "groups_bw.csv", "ceilings.json", 
 
 
 def copy_sweep(device: str, sizes_mib) -> list:
-    """Pinned host<->device copy bandwidth (B/s) for each size, median of 5 after 2 warm-ups."""
+    """Pinned host<->device copy bandwidth (B/s) for each size, fastest of 5 windows after 2 warm-ups."""
     import torch
     from harness.calibrate import _timeit
     cuda = device == "cuda"
