@@ -223,10 +223,10 @@ def fig7(sweep_dir, runs, cfg):
                      "paper_gib": _ref_value(ref, "h2d_gib", system=r.system, step=r.step)
                      if r.system != "layerwise" else _ref_value(ref, "h2d_gib", system="layerwise"),
                      "source": r.source})
-    t = pd.DataFrame(rows).drop_duplicates(["system", "step"])
-    t = t[~((t.system == "layerwise") & t.duplicated("system"))]   # layer-wise does not depend on step
+    t = pd.DataFrame(rows).drop_duplicates(["system", "step", "source"])
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    lab = [f"{s}\nstep {st}" if s != "layerwise" else "layer-wise" for s, st in zip(t.system, t.step)]
+    # layer-wise depends on the step too: the step's own tokens of offloaded layers stay on the device
+    lab = [f"{s}\nstep {st}{sim_label(src == 'simulated')}" for s, st, src in zip(t.system, t.step, t.source)]
     x = np.arange(len(t))
     ax.bar(x - 0.27, t.eq_gib, 0.27, label="Eq.1-5 (ours)")
     ax.bar(x, t.moved_gib, 0.27, label=_sim_col("scheduler moved", df.simulated))
