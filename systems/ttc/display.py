@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from harness.units import GiB
 
-_gib = lambda v: f"{v / GiB:,.2f} GiB" if v >= GiB / 100 or v == 0 else f"{v / 2**20:,.2f} MiB"
+def size_text(v: float) -> str:
+    """Bytes as GiB, or MiB below 0.01 GiB."""
+    return f"{v / GiB:,.2f} GiB" if v >= GiB / 100 or v == 0 else f"{v / 2**20:,.2f} MiB"
+
+
+_gib = size_text
 _s = lambda v: f"{v:,.3f} s"
 _pct = lambda v: f"{100 * v:.1f} %"
 

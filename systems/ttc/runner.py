@@ -24,10 +24,10 @@ from harness.config import plain
 from harness.errors import ConfigError, RunOOM, bad
 from harness.model_facts import default_kv_budget, kv_reserve_bytes, weight_bytes
 from harness.run import RunContext, RunResult
-from harness.units import GiB, parse_size
+from harness.units import parse_size
 from systems.ttc import analytic
 from systems.ttc.config import SCHEDULERS
-from systems.ttc.display import DISPLAY
+from systems.ttc.display import DISPLAY, size_text
 from systems.ttc.plan import KVGeometry, Scheduler
 from systems.ttc.protocol import Executor
 from systems.ttc.sim import SimExecutor
@@ -135,17 +135,6 @@ def _live_budget(ctx: RunContext) -> Optional[int]:
     return int(free * 0.9)
 
 
-def set_torch_threads(n: int) -> int:
-    """Fix torch's intra-op CPU threads for a real run (``system.torch_threads``) and return it.
-
-    Default 1: on a shared 2-core machine, two OpenMP threads make every small op of a decode step
-    wait for both threads to be scheduled (measured: ~3x slower and unstable under another job's
-    load; see the README's LBS section); on a GPU the CPU only launches kernels."""
-    import torch
-    torch.set_num_threads(int(n))
-    return torch.get_num_threads()
-
-
 _now = time.time                 # the deadline's clock (tests replace it)
 
 
@@ -164,8 +153,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
     one_beam = (w.prompt_len + w.gen_len) * geom.kv_token
     if sysc.scheduler != "in_gpu" and budget < one_beam:       # derived from memory - weights - reserve
         raise RunOOM(f"{cfg.model.name} on {cfg.hardware.name}: the KV budget (memory - weights - reserve = "
-                     f"{budget / GiB:.2f} GiB) holds less than one beam's KV at full length "
-                     f"({one_beam / GiB:.2f} GiB)")
+                     f"{size_text(budget)}) holds less than one beam's KV at full length "
+                     f"({size_text(one_beam)})")
     sched_budget = budget
     scheduler = Scheduler(sysc.scheduler, geom, sched_budget, inter_beam=sysc.inter_beam,
                           prefetch=sysc.prefetch, prompt_len=w.prompt_len, gen_len=w.gen_len)
@@ -180,13 +169,14 @@ def run(cfg, ctx: RunContext) -> RunResult:
         summary["oom"] = True
         return RunResult(status="oom", summary=summary, display=DISPLAY,
                          message=f"in_gpu: KV of {n_beams} beams at {w.prompt_len + w.gen_len} tokens "
-                                 f"({scheduler.full_kv_bytes(n_beams) / GiB:.2f} GiB) exceeds the KV "
-                                 f"budget ({budget / GiB:.2f} GiB)")
+                                 f"({size_text(scheduler.full_kv_bytes(n_beams))}) exceeds the KV "
+                                 f"budget ({size_text(budget)})")
 
     replay = load_beam_tree(sysc.replay_tree, n_steps=math.ceil(w.gen_len / w.step)) if sysc.get("replay_tree") else None
     real = not ctx.backend.simulated
     if real:
         import torch
+        from systems.ttc.torch_engine import set_torch_threads
         threads_before = torch.get_num_threads()
         summary["torch_threads"] = set_torch_threads(sysc.get("torch_threads", 1))
         summary["loadavg_before"] = os.getloadavg()[0]
