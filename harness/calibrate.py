@@ -74,7 +74,7 @@ def kernel_launch_seconds(device: str, sync, per_window: int = 1000) -> float:
 def measure(device: str = "cpu", quick: bool = False, threads: int = 1) -> dict:
     """Return measured ceilings: peak_flops, mem_bw, h2d_bw, d2h_bw (per s), launch_overhead_s and
     kernel_launch_s, measured with ``threads`` torch CPU threads (the real engine's default, 1:
-    ``system.torch_threads``; restored afterwards)."""
+    ``backend.threads``; restored afterwards)."""
     import torch
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

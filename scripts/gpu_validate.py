@@ -112,7 +112,7 @@ def setting(tiny: bool, gen_len: int) -> dict:
 def common_overrides(s: dict, system: str, beams: int, step: int, gen: int) -> list:
     out = [f"system={system}", f"model={s['model']}", f"beams={beams}", f"step={step}", f"gen_len={gen}",
            f"prompt_len={s['prompt']}", "tracking=none", "progress=false", "seed=0", f"hardware={s['hw']}",
-           "hardware.kv_budget=null", "resume=false", *s["extra"]]
+           "resume=false", *s["extra"]]
     return out + ([f"model.dtype={s['dtype']}"] if s["dtype"] else [])
 
 

@@ -30,6 +30,5 @@ DISPLAY = [
     ("peak CUDA memory allocated (all)", "cuda_max_memory_allocated_bytes", _gib),
     ("KV budget", "kv_budget_bytes", _gib),
     ("warm-up (excluded)", "warmup_s", _s),
-    ("torch threads", "torch_threads", str),
     ("energy", "energy_j", lambda v: f"{v:,.0f} J"),
 ]

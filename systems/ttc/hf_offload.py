@@ -32,7 +32,7 @@ from harness.run import RunContext, RunResult
 from systems.ttc import analytic
 from systems.ttc.display import DISPLAY
 from systems.ttc.model import shared_model
-from systems.ttc.torch_engine import gumbel_noise, log_probs, resolve_device, set_torch_threads
+from systems.ttc.torch_engine import gumbel_noise, log_probs, resolve_device
 from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
 
 
@@ -210,14 +210,9 @@ def run_hf_offload(cfg, ctx: RunContext) -> RunResult:
     rng = np.random.default_rng(cfg.seed)
     prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
     bar = ctx.progress(math.ceil(w.gen_len / w.step), f"{cfg.system.name} steps")
-    threads_before = torch.get_num_threads()
-    threads = set_torch_threads(cfg.system.get("torch_threads", 1))
-    try:
-        res = hf_beam_search(model, seed=cfg.seed, prompt=prompt, beams=w.beams, beam_width=w.beam_width,
-                             gen_len=w.gen_len, step=w.step, temperature=w.temperature, offloading=True,
-                             progress=bar, deadline=cfg.system.get("deadline"))
-    finally:
-        torch.set_num_threads(threads_before)
+    res = hf_beam_search(model, seed=cfg.seed, prompt=prompt, beams=w.beams, beam_width=w.beam_width,
+                         gen_len=w.gen_len, step=w.step, temperature=w.temperature, offloading=True,
+                         progress=bar, deadline=cfg.system.get("deadline"))
     bar.close()
     if not res["rows"]:
         return RunResult(status="timeout", message="system.deadline passed before the first step",
@@ -240,7 +235,7 @@ def run_hf_offload(cfg, ctx: RunContext) -> RunResult:
                "groups_per_step": 1.0, "peak_device_kv_bytes": int(df.peak_device_bytes.max()),
                "tokens_per_s": w.beams * w.gen_len / e2e if e2e > 0 else None,
                "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid), "energy_j": None}
-    summary.update(steps_done=len(df), torch_threads=threads)
+    summary["steps_done"] = len(df)
     return RunResult(status="timeout" if res["timed_out"] else "ok", summary=summary, display=DISPLAY,
                      tables={"steps": df}, extra={"best_tokens": best.tokens, "hf_offload_kept": res["kept"]},
                      message="system.deadline passed" if res["timed_out"] else "")

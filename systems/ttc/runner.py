@@ -2,9 +2,9 @@
 step's plan to an executor (``sim.SimExecutor`` or ``torch_engine.TorchExecutor``, both
 ``systems.ttc.protocol.Executor``).
 
-Real runs fix torch's thread count (``system.torch_threads``, recorded), run a warm-up excluded from
-every time (``system.warmup``, its seconds recorded as ``warmup_s``) and record the load average
-before and after. Times: a step's compute and I/O stall come from the executor; ``other_s`` is the
+Real runs warm up before the measurement (``system.warmup``; its seconds recorded under
+``harness.run.WARMUP_KEY``, excluded from every time); the harness fixes torch's thread count
+(``backend.threads``) and records the load average around the run. Times: a step's compute and I/O stall come from the executor; ``other_s`` is the
 time of planning the step and of selection + expansion (real, on the executor's clock: wall on
 CUDA, the engine thread's CPU time on CPU, recorded as ``time_basis``), or the simulator's charge.
 ``system.deadline`` (Unix seconds) stops a run between steps, recorded as status ``timeout`` with
@@ -13,7 +13,6 @@ the steps done so far (``scripts/gpu_validate.py`` uses it to keep inside a devi
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Optional
 
@@ -23,7 +22,7 @@ import pandas as pd
 from harness.config import plain
 from harness.errors import ConfigError, RunOOM, bad
 from harness.model_facts import default_kv_budget, kv_reserve_bytes, weight_bytes
-from harness.run import RunContext, RunResult
+from harness.run import WARMUP_KEY, RunContext, RunResult
 from harness.units import parse_size
 from systems.ttc import analytic
 from systems.ttc.config import SCHEDULERS
@@ -72,8 +71,6 @@ def validate(cfg) -> None:
                                         f"({cfg.model.max_position}) for {cfg.model.name}")
     if w.scorer not in ("logprob",):
         raise bad("workload.scorer", w.scorer, "logprob")
-    if not isinstance(s.get("torch_threads", 1), int) or s.get("torch_threads", 1) < 1:
-        raise bad("system.torch_threads", s.get("torch_threads"), "an integer >= 1")
     if s.get("deadline") is not None and not isinstance(s.get("deadline"), (int, float)):
         raise bad("system.deadline", s.get("deadline"), "Unix seconds (a number) or null")
     if s.get("replay_tree"):
@@ -174,12 +171,6 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     replay = load_beam_tree(sysc.replay_tree, n_steps=math.ceil(w.gen_len / w.step)) if sysc.get("replay_tree") else None
     real = not ctx.backend.simulated
-    if real:
-        import torch
-        from systems.ttc.torch_engine import set_torch_threads
-        threads_before = torch.get_num_threads()
-        summary["torch_threads"] = set_torch_threads(sysc.get("torch_threads", 1))
-        summary["loadavg_before"] = os.getloadavg()[0]
     ex = _executor(cfg, ctx, sched_budget)
     clock = ex.clock
     if real:
@@ -193,7 +184,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     status, message = "ok", ""
     try:
         if sysc.get("warmup", True):
-            summary["warmup_s"] = ex.warmup(prompt, n_beams)      # excluded from every time below
+            summary[WARMUP_KEY] = ex.warmup(prompt, n_beams)      # excluded from every time below
         pre = ex.prefill(tree, prompt, offload=scheduler.prefill_offload(n_beams))
         tot = {"compute_s": pre.compute_s, "io_stall_s": pre.io_stall_s, "other_s": 0.0,
                "h2d_bytes": pre.h2d_bytes, "d2h_bytes": pre.d2h_bytes}
@@ -242,9 +233,6 @@ def run(cfg, ctx: RunContext) -> RunResult:
         if real:
             summary.update(ex.memory_peaks())
         ex.close()
-        if real:
-            summary["loadavg_after"] = os.getloadavg()[0]
-            torch.set_num_threads(threads_before)
     if not rows:
         return RunResult(status=status, message=message, summary=summary, display=DISPLAY)
 

@@ -80,16 +80,6 @@ ROOT = -1          # key of the prompt's next-token distribution (parent of step
 _MASK63 = (1 << 63) - 1
 
 
-def set_torch_threads(n: int) -> int:
-    """Fix torch's intra-op CPU threads for a real run (``system.torch_threads``) and return it.
-
-    Default 1: on a shared 2-core machine, two OpenMP threads make every small op of a decode step
-    wait for both threads to be scheduled (measured: ~3x slower and unstable under another job's
-    load; see the README's LBS section); on a GPU the CPU only launches kernels."""
-    torch.set_num_threads(int(n))
-    return torch.get_num_threads()
-
-
 def resolve_device(device: str) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

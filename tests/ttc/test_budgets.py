@@ -43,7 +43,7 @@ def _cfg(system, backend, *values):
             _BASE[key] = compose("config", overrides=[f"system={system}", f"backend={backend}", "model=tiny-opt",
                                                       "tracking=none"])
     cfg = copy.deepcopy(_BASE[key])
-    cfg.merge_with_dotlist(["progress=false", "hardware.kv_budget=null", *MODEL, *WORK, *values])
+    cfg.merge_with_dotlist(["progress=false", *MODEL, *WORK, *values])
     return cfg
 
 

@@ -134,9 +134,8 @@ def test_timings_threads_and_warmup_are_recorded(records):
     for s in SYSTEMS:
         sm = records[s]["summary"]
         assert sm["compute_s"] > 0 and sm["e2e_s"] >= sm["compute_s"]
-        assert sm["torch_threads"] == 1 and sm["warmup_s"] > 0          # excluded, recorded
+        assert records[s]["threads"]["torch_threads"] == 1 and sm["warmup_s"] > 0   # excluded, recorded
         assert "thread_time" in sm["time_basis"]                          # CPU: the engine thread's CPU time
-        assert sm["loadavg_before"] >= 0 and sm["loadavg_after"] >= 0
         assert sm["cuda_max_memory_allocated_bytes"] is None              # CPU run
         # end to end = the prefill + every step's wall time (compute + I/O stall) + planning/expansion
         assert sm["e2e_s"] > records[s]["steps_df"].latency_s.sum() > 0
