@@ -5,7 +5,6 @@ OPT-6.7B's layer and beam counts, one model build per process, and the executor 
 import gc
 import weakref
 
-import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -13,7 +12,7 @@ from omegaconf import OmegaConf
 from harness.run import run
 from systems.ttc.cache import DenseKV, GroupCache
 from systems.ttc.kvstore import HostCopyError, TieredKVStore
-from systems.ttc.plan import KVGeometry, Scheduler
+from systems.ttc.plan import Scheduler
 from systems.ttc.protocol import Executor
 from systems.ttc.sim import SimExecutor
 from systems.ttc.streams import HostStreams, ordering_violations, writes_and_reads

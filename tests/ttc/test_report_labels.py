@@ -1,7 +1,6 @@
 """LBS reports label every value by its own record: a sweep that mixes the simulated backend and the
 real engine shows both, each row / line / bar with its source, and never divides a measured time by
 a simulated one."""
-import pandas as pd
 import pytest
 
 from harness.report import gather_runs
