@@ -1,19 +1,23 @@
 """Measure this machine and write a hardware profile with the measured numbers and their date.
 
-    python -m harness.calibrate hardware=cpu            # -> conf/hardware/cpu-calibrated.yaml
+    python -m harness.calibrate hardware=cpu            # -> conf/hardware/cpu-calibrated.yaml (threads=1)
     python -m harness.calibrate hardware=h200 out=PATH  # on a CUDA machine: pinned copies, fp16 GEMM
 
-Measures (median of repeats): GEMM throughput (FLOP/s; fp32 on CPU, fp16 on CUDA), memory
-bandwidth as a decode step sees it (a 4-row matmul against a weight matrix larger than the caches;
-the plain streaming-read bandwidth is recorded beside it as ``stream_bw``), copy bandwidth between the two KV pools in each direction (CPU: between
-two host buffers; CUDA: pinned host <-> device), and the fixed cost of one decoder-layer launch
-(a transformers LLaMA layer at batch 1, one token, hidden 64: time that does not scale with work).
-The profile keeps the base profile's datasheet values under ``datasheet`` and says, per field,
-that it was measured and when. Nothing is actuated or changed on the device.
+Measures (the fastest of several timing windows: a ceiling): GEMM throughput (FLOP/s; fp32 on CPU, fp16 on CUDA), memory
+bandwidth as a decode step sees it (4-row matmuls against a 512 MiB weight matrix, far larger than
+the caches, several per timed window so that one launch and one synchronisation per window are
+negligible; the plain streaming-read bandwidth is recorded beside it as ``stream_bw``), copy
+bandwidth between the two KV pools in each direction (CPU: between two host buffers; CUDA: pinned
+host <-> device), the cost of one kernel launch (``kernel_launch_s``: many tiny ops per window),
+and the fixed cost of one decoder-layer launch (a transformers LLaMA layer at batch 1, one token,
+hidden 64: time that does not scale with work). The profile keeps the base profile's datasheet
+values under ``datasheet`` and says, per field, that it was measured and when; its efficiencies
+are 1.0 (measured ceilings are achieved rates already, on a CPU or a GPU). Nothing is actuated or
+changed on the device. Times use the real engine's basis on the device
+(``harness.meters.time_basis``: wall on CUDA, this thread's CPU time on a CPU) and one torch thread.
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -22,24 +26,65 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
+from harness.meters import time_basis
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _timeit(fn, sync, repeats=5, warmup=2) -> float:
+def _timeit(fn, sync, repeats=5, warmup=2, per_window=1, clock=time.perf_counter) -> float:
+    """Seconds of one ``fn()`` call in the fastest of ``repeats`` timing windows of ``per_window``
+    calls between two synchronisations (one launch and one sync per window are spread over
+    ``per_window`` calls; the fastest window is the one least disturbed by other jobs: a ceiling).
+    ``clock``: ``time.perf_counter`` (wall) or ``time.thread_time`` (CPU time of this thread: the
+    real engine's basis on a CPU device, ``harness.meters.time_basis``)."""
     for _ in range(warmup):
         fn()
     sync()
     ts = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
+        t0 = clock()
+        for _ in range(per_window):
+            fn()
         sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+        ts.append((clock() - t0) / per_window)
+    return min(ts)
 
 
-def measure(device: str = "cpu", quick: bool = False) -> dict:
-    """Return measured ceilings: peak_flops, mem_bw, h2d_bw, d2h_bw (per s) and launch_overhead_s."""
+GEMV_BYTES = 512 << 20       # decode-bandwidth weight matrix: beyond any cache
+
+
+def gemv_bandwidth(device: str, dtype, nbytes: int, per_window: int, sync) -> float:
+    """Bytes/s of a decode-shaped matmul (4 rows x a square weight matrix of ``nbytes``), timed over
+    windows of ``per_window`` matmuls: the memory ceiling of the roofline."""
+    import torch
+    k = int((nbytes / torch.empty((), dtype=dtype).element_size()) ** 0.5)
+    w = torch.randn(k, k, device=device, dtype=dtype)
+    v = torch.randn(4, k, device=device, dtype=dtype)
+    return w.numel() * w.element_size() / _timeit(lambda: v @ w, sync, per_window=per_window,
+                                                  clock=time_basis(device)[0])
+
+
+def kernel_launch_seconds(device: str, sync, per_window: int = 1000) -> float:
+    """Seconds per launch of a one-element op, many per window (launch and dispatch cost)."""
+    import torch
+    x = torch.zeros(1, device=device)
+    return _timeit(lambda: x.add_(1.0), sync, per_window=per_window, clock=time_basis(device)[0])
+
+
+def measure(device: str = "cpu", quick: bool = False, threads: int = 1) -> dict:
+    """Return measured ceilings: peak_flops, mem_bw, h2d_bw, d2h_bw (per s), launch_overhead_s and
+    kernel_launch_s, measured with ``threads`` torch CPU threads (the real engine's default, 1:
+    ``backend.threads``; restored afterwards)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _measure(device, quick)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(device: str, quick: bool) -> dict:
     import torch
     cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -47,24 +92,27 @@ def measure(device: str = "cpu", quick: bool = False) -> dict:
     n = (8192 if cuda else 1024) // (2 if quick else 1)
     a = torch.randn(n, n, device=device, dtype=dt)
     b = torch.randn(n, n, device=device, dtype=dt)
-    t = _timeit(lambda: a @ b, sync)
+    clock = time_basis(device)[0]
+    t = _timeit(lambda: a @ b, sync, clock=clock)
     flops = 2 * n ** 3 / t
     size = (1 << 30 if cuda else 256 << 20) >> (2 if quick else 0)
     x = torch.empty(size // 4, dtype=torch.float32, device=device).fill_(1.0)
-    stream_bw = size / _timeit(lambda: x.sum(), sync)
-    # decode-shaped matmul (4 rows x a weight matrix far larger than the caches): the bandwidth a
+    stream_bw = size / _timeit(lambda: x.sum(), sync, clock=clock)
+    # decode-shaped matmuls (4 rows x a weight matrix far larger than the caches): the bandwidth a
     # decode step actually gets when it reads weights and KV. This is the roofline's memory ceiling.
-    k = (8192 if cuda else 4096) // (2 if quick else 1)
-    w = torch.randn(k, k, device=device, dtype=dt)
-    v = torch.randn(4, k, device=device, dtype=dt)
-    mem_bw = w.numel() * w.element_size() / _timeit(lambda: v @ w, sync)
+    gemv_bytes = GEMV_BYTES >> (3 if quick else 0)
+    gemv_window = 50 if cuda else 4
+    mem_bw = gemv_bandwidth(device, dt, gemv_bytes, gemv_window, sync)
+    launch_kernel = kernel_launch_seconds(device, sync, per_window=1000 if not quick else 200)
     host = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
     dev = torch.empty(size, dtype=torch.uint8, device=device)
-    h2d = size / _timeit(lambda: dev.copy_(host, non_blocking=cuda), sync)
-    d2h = size / _timeit(lambda: host.copy_(dev, non_blocking=cuda), sync)
+    h2d = size / _timeit(lambda: dev.copy_(host, non_blocking=cuda), sync, clock=clock)
+    d2h = size / _timeit(lambda: host.copy_(dev, non_blocking=cuda), sync, clock=clock)
     launch = _layer_launch_overhead(device, dt, sync)
-    return {"peak_flops": flops, "mem_bw": mem_bw, "stream_bw": stream_bw, "h2d_bw": h2d, "d2h_bw": d2h,
-            "launch_overhead_s": launch, "gemm_n": n, "copy_bytes": size, "device": device,
+    return {"time_basis": time_basis(device)[1], "peak_flops": flops, "mem_bw": mem_bw, "stream_bw": stream_bw,
+            "h2d_bw": h2d, "d2h_bw": d2h,
+            "launch_overhead_s": launch, "kernel_launch_s": launch_kernel, "gemm_n": n,
+            "gemv_bytes": gemv_bytes, "gemv_per_window": gemv_window, "copy_bytes": size, "device": device,
             "torch": str(torch.__version__), "threads": torch.get_num_threads()}
 
 
@@ -82,7 +130,8 @@ def _layer_launch_overhead(device, dtype, sync) -> float:
     pe = rope(h, pos)
     with torch.inference_mode():
         reps = 200
-        return _timeit(lambda: [layer(h, position_embeddings=pe) for _ in range(reps)], sync) / reps
+        return _timeit(lambda: [layer(h, position_embeddings=pe) for _ in range(reps)], sync,
+                       clock=time_basis(device)[0]) / reps
 
 
 def write_profile(base: dict, measured: dict, out: Path) -> Path:
@@ -99,8 +148,10 @@ def write_profile(base: dict, measured: dict, out: Path) -> Path:
         prof[k] = float(measured[k])
         sources[k] = f"measured by python -m harness.calibrate on {date} (datasheet value under datasheet:)"
     prof["sources"] = sources
-    if base.get("kind") == "cpu":          # measured ceilings are achieved rates already
-        prof["flops_efficiency"] = prof["mem_efficiency"] = 1.0
+    # measured ceilings are achieved rates already: discounting them again would count twice
+    prof["flops_efficiency"] = prof["mem_efficiency"] = 1.0
+    for k in ("flops_efficiency", "mem_efficiency"):
+        sources[k] = "1.0: the ceilings above are measured (achieved) rates"
     out.parent.mkdir(parents=True, exist_ok=True)
     text = "# Generated by harness.calibrate; measured numbers replace the base profile's, which are kept under datasheet:\n"
     text += yaml.safe_dump({"defaults": ["_hardware_schema", "_self_"], **prof}, sort_keys=False)
@@ -123,7 +174,7 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print(f"error: hardware={hw} is a GPU profile but no CUDA GPU is available", file=sys.stderr)
             return 2
-    m = measure(device, quick=args.get("quick", "false") == "true")
+    m = measure(device, quick=args.get("quick", "false") == "true", threads=int(args.get("threads", 1)))
     out = Path(args.get("out", ROOT / "conf" / "hardware" / f"{hw}-calibrated.yaml"))
     write_profile(base, m, out)
     labels = {"peak_flops": "GEMM FLOP/s", "mem_bw": "decode-GEMV B/s", "h2d_bw": "pool copy B/s",
@@ -133,6 +184,8 @@ def main(argv=None) -> int:
     print(f"{'stream_bw':11s} {m['stream_bw'] / 1e9:10.2f} G   streaming read B/s (recorded, not used: decode "
           f"matmuls see mem_bw)")
     print(f"{'launch_overhead_s':18s} {m['launch_overhead_s'] * 1e6:10.1f} us per decoder layer")
+    print(f"{'kernel_launch_s':18s} {m['kernel_launch_s'] * 1e6:10.1f} us per kernel launch (decode GEMVs: "
+          f"{m['gemv_per_window']} per timed window on {m['gemv_bytes'] / 2**20:.0f} MiB)")
     print(f"wrote {out}")
     return 0
 

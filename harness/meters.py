@@ -9,7 +9,18 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
+
+
+def time_basis(device) -> Tuple[Callable[[], float], str]:
+    """The clock of a real engine's measured seconds on ``device`` (``"cpu"``/``"cuda"`` or a
+    torch.device) and its name. CUDA: wall time (``time.perf_counter``). CPU: the CPU time of the
+    calling thread (``time.thread_time``): with one torch thread and synchronous copies all of the
+    engine's work runs on that thread, and, unlike wall time, it does not count the time other jobs
+    on a shared machine hold the cores."""
+    if str(getattr(device, "type", device)).startswith("cuda"):
+        return time.perf_counter, "wall (time.perf_counter)"
+    return time.thread_time, "CPU time of the engine's thread (time.thread_time)"
 
 
 class WallTimer:

@@ -1,25 +1,42 @@
-"""GPU validation of the LBS family and calibration of the simulator (issue: real-GPU check).
+"""GPU validation of the LBS family and calibration of the simulator, in one device call.
 
-    python scripts/gpu_validate.py --out DIR                 # on a CUDA GPU: OPT-6.7B, fp16, random weights
-    python scripts/gpu_validate.py --out DIR --tiny          # anywhere (CPU): tiny model, same pipeline
+    python scripts/gpu_validate.py --out DIR                # on a CUDA GPU: OPT-6.7B fp16, random weights
+    python scripts/gpu_validate.py --out DIR --tiny         # CPU dry run: tiny model, the same code paths
 
-1. ceilings: pinned host<->device copy bandwidth for 16 MiB - 1 GiB each way, a large fp16 GEMM
-   (CPU: fp32), streaming memory bandwidth, layer launch cost -> ceilings.json, copy_bw.csv and a
-   measured hardware profile (datasheet values kept beside the measured ones);
-2. the LBS family on the real engine: in_gpu (unbudgeted upper bound), layerwise, lbs and its
-   ablations, 7 GiB KV budget (the paper's 24 GB card), prompt 128, beams 16/32/64, step 32/128;
-3. the same configurations on the simulated backend with the measured profile, and the error.
-Nothing about the GPU is changed: clocks, power limits and modes are only read.
-Results: results.csv, groups_bw.csv, ceilings.json, copy_bw.csv, <hw>-measured.yaml, runs.tar.gz.
+1. ceilings: GEMM, decode-GEMV and streaming bandwidth, kernel and layer launch cost
+   (``harness.calibrate.measure``), pinned host<->device copy bandwidth 16 MiB - 1 GiB each way
+   -> ceilings.json, copy_bw.csv and a measured hardware profile (datasheet values kept beside);
+2. estimates: every configuration first runs on the simulated backend with the measured ceilings;
+   ``estimate_s = MARGIN * simulated + FIXED_S`` is printed for all of them before any real run
+   (and whether the configuration offloads at all);
+3. the real engine, cheapest first: in_gpu (unbudgeted upper bound), layerwise, lbs and ablations
+   at 32/64 beams with a 7 GiB KV budget and at 16 beams with 2 GiB (so every budgeted run offloads),
+   transformers' offloaded cache (hf_offload) at 16 beams; each simulated again replaying the real
+   run's beam tree, and the error; a configuration whose estimate exceeds the time left is skipped;
+4. ordering: one short layer-wise search with the stream operations recorded on the device, checked
+   for loads that could overtake the write-back they read (``systems.ttc.streams``).
+
+Hard deadline (``--deadline-s``, default 500 s from the start): checked before each configuration
+and inside runs, between steps (``system.deadline``; a run cut there is recorded as ``timeout``).
+Runs write under ``--work`` (default: a fresh temporary folder, outside ``--out``); a ``finally``
+packs the flat result files and ``runs.tar.gz`` into ``--out`` whatever happens. Without CUDA the
+script exits 2 unless ``--tiny``. Nothing about the GPU is changed: clocks, power limits and modes
+are only read.
+Results in --out: results.csv, estimates.csv, groups_bw.csv, ceilings.json, copy_bw.csv,
+<hw>-measured.yaml, ordering.json, summary.json, runs.tar.gz.
 """
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import shutil
+import signal
 import sys
 import tarfile
+import tempfile
 import time
+import traceback
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -27,10 +44,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MiB = 1 << 20
+TINY_MODEL = ["model.hidden_size=64", "model.num_heads=4", "model.head_dim=16", "model.num_kv_heads=4",
+              "model.intermediate_size=128", "model.vocab_size=1000", "model.hf_config.word_embed_proj_dim=64"]
+MARGIN, FIXED_S = 3.0, 2.0          # estimate = MARGIN x simulated + FIXED_S (Python, sampling, set-up)
+FLAT_FILES = ("results.csv", "estimates.csv", "groups_bw.csv", "ceilings.json", "copy_bw.csv",
+              "ordering.json", "summary.json")
 
 
 def copy_sweep(device: str, sizes_mib) -> list:
-    """Pinned host<->device copy bandwidth (B/s) for each size, median of 5 after 2 warm-ups."""
+    """Pinned host<->device copy bandwidth (B/s) for each size, fastest of 5 windows after 2 warm-ups."""
     import torch
     from harness.calibrate import _timeit
     cuda = device == "cuda"
@@ -48,125 +70,265 @@ def copy_sweep(device: str, sizes_mib) -> list:
     return rows
 
 
+GROUPS = ("system", "model", "hardware", "backend", "tracking", "workload", "verifier")
+_COMPOSED: dict = {}
+
+
 def compose(overrides):
+    """Hydra's composition of the config-group choices (once per set of groups), plain values
+    merged onto a copy (as ``harness.compose`` does for sweeps): ~1 s saved per run on a CPU."""
+    import copy
     from hydra import compose as hcompose, initialize_config_dir
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        return hcompose("config", overrides=overrides)
+    groups = tuple(o for o in overrides if o.split("=", 1)[0] in GROUPS)
+    if groups not in _COMPOSED:
+        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+            _COMPOSED[groups] = hcompose("config", overrides=list(groups))
+    cfg = copy.deepcopy(_COMPOSED[groups])
+    cfg.merge_with_dotlist([o for o in overrides if o.split("=", 1)[0] not in GROUPS])
+    return cfg
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--tiny", action="store_true", help="tiny model on CPU (tests the pipeline)")
-    ap.add_argument("--gen-len", type=int, default=512)
-    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new runs after this")
-    a = ap.parse_args()
-    t_start = time.time()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    from harness.calibrate import measure, write_profile
-    from harness.config import register_configs, register_resolvers
+def setting(tiny: bool, gen_len: int) -> dict:
+    """Model, lengths and configurations: (system, beams, step, kv budget or None, gen_len). Each
+    budget is about 45 % of its beams' full KV (OPT-6.7B, gen 256: 16 beams 3 GiB, 32 beams 6 GiB,
+    64 beams 12 GiB against 1.5 / 3 / 7 GiB), so every budgeted run offloads; 7 GiB is the paper's."""
+    if tiny:                       # tiny-opt narrowed (KV 512 B per layer-token) with a small vocabulary
+        s = dict(model="tiny-opt", prompt=16, hw="cpu", dtype=None, extra=TINY_MODEL)
+        budgets, gen, steps = {4: "128KiB", 8: "256KiB", 16: "512KiB"}, 32, (16, 32)
+    else:
+        s = dict(model="opt-6.7b", prompt=128, hw="h200", dtype="float16", extra=[])
+        budgets, gen, steps = {16: "1536MiB", 32: "3GiB", 64: "7GiB"}, gen_len, (32, 128)
+    small, mid, big = sorted(budgets)
+    cfgs = [("in_gpu", big, steps[0], None, gen)]
+    for b in (small, mid, big):
+        cfgs += [("lbs", b, steps[0], budgets[b], gen), ("lbs_intertoken", b, steps[0], budgets[b], gen),
+                 ("layerwise", b, steps[0], budgets[b], gen)]
+    cfgs += [("lbs", big, steps[1], budgets[big], gen), ("lbs_interbeam", big, steps[0], budgets[big], gen),
+             ("hf_offload", small, steps[0], None, min(gen, 128))]   # moves all KV per token both ways
+    s["configs"] = cfgs
+    return s
+
+
+def common_overrides(s: dict, system: str, beams: int, step: int, gen: int) -> list:
+    out = [f"system={system}", f"model={s['model']}", f"beams={beams}", f"step={step}", f"gen_len={gen}",
+           f"prompt_len={s['prompt']}", "tracking=none", "progress=false", "seed=0", f"hardware={s['hw']}",
+           "resume=false", *s["extra"]]
+    return out + ([f"model.dtype={s['dtype']}"] if s["dtype"] else [])
+
+
+def quiet_run(overrides):
+    """harness.run.run on a composed config, its table kept out of the log; exceptions recorded."""
     from harness.run import run
+    buf = io.StringIO()
+    try:
+        with redirect_stdout(buf):
+            return run(compose(overrides))
+    except Exception as e:          # a configuration the harness refuses (e.g. hf_offload without CUDA)
+        return {"status": "refused", "message": f"{type(e).__name__}: {e}".splitlines()[0], "summary": {}}
+
+
+def estimate(s: dict, cfg, measured_hw: list, work: Path) -> dict:
+    system, beams, step, kv, gen = cfg
+    name = f"{system}-b{beams}-s{step}"
+    if system == "hf_offload":       # no simulator model of transformers' cache: its own rough bound
+        return {"config": name, "sim_s": None, "offloads": True, "estimate_s": 30.0 if s["hw"] != "cpu" else 5.0}
+    budget = [f"kv_budget={kv}"] if kv else []
+    rec = quiet_run(common_overrides(s, system, beams, step, gen) + budget +
+                    ["backend=sim", *measured_hw, f"output_dir={work / 'estimates' / name}"])
+    sm = rec.get("summary", {})
+    sim_s = sm.get("e2e_s")
+    return {"config": name, "sim_status": rec["status"], "sim_s": sim_s,
+            "offloads": bool(sm.get("h2d_bytes")), "estimate_s": MARGIN * sim_s + FIXED_S if sim_s else FIXED_S}
+
+
+def real_and_replay(s: dict, cfg, device: str, measured_hw: list, deadline: float, work: Path) -> dict:
+    system, beams, step, kv, gen = cfg
+    name = f"{system}-b{beams}-s{step}"
+    budget = [f"kv_budget={kv}"] if kv else []
+    common = common_overrides(s, system, beams, step, gen)
+    t0 = time.time()
+    real = quiet_run(common + budget + ["backend=torch", f"backend.device={device}", "system.record_tree=true",
+                                        f"system.deadline={deadline}", f"output_dir={work / 'runs' / ('real-' + name)}"])
+    wall = time.time() - t0
+    sim = {"status": "n/a", "summary": {}}
+    if system != "hf_offload" and real["status"] == "ok":
+        sim = quiet_run(common + budget + [f"system.replay_tree={work / 'runs' / ('real-' + name)}", "backend=sim",
+                                           *measured_hw, f"output_dir={work / 'runs' / ('sim-' + name)}"])
+    rs, ss = real.get("summary", {}), sim.get("summary", {})
+    row = {"config": name, "system": system, "beams": beams, "step": step, "kv_budget": kv, "gen_len": gen,
+           "status": real["status"], "sim_status": sim["status"], "wall_s": wall,
+           "real_s": rs.get("e2e_s"), "sim_s": ss.get("e2e_s"), "compute_real": rs.get("compute_s"),
+           "compute_sim": ss.get("compute_s"), "io_stall_real": rs.get("io_stall_s"), "io_stall_sim": ss.get("io_stall_s"),
+           "io_share_real": rs.get("io_share"), "io_share_sim": ss.get("io_share"),
+           "h2d_real": rs.get("h2d_bytes"), "h2d_sim": ss.get("h2d_bytes"),
+           "d2h_real": rs.get("d2h_bytes"), "d2h_sim": ss.get("d2h_bytes"),
+           "peak_kv_real": rs.get("peak_device_kv_bytes"), "peak_physical": rs.get("peak_device_physical_bytes"),
+           "cuda_max_allocated": rs.get("cuda_max_memory_allocated_bytes"), "steps_done": rs.get("steps_done"),
+           "energy_j": rs.get("energy_j"), "message": real.get("message", "")}
+    if row["real_s"] and row["sim_s"]:
+        row["time_err"] = (row["sim_s"] - row["real_s"]) / row["real_s"]
+    return row
+
+
+def ordering_check(s: dict, device: str) -> dict:
+    """A short layer-wise search on the device with the stream operations recorded and checked."""
+    from omegaconf import OmegaConf
+    from systems.ttc.plan import Scheduler
+    from systems.ttc.streams import CudaStreams, HostStreams, ordering_violations, writes_and_reads
+    from systems.ttc.torch_engine import TorchExecutor
+    from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
+    import torch
+    mcfg = OmegaConf.load(ROOT / "conf" / "model" / f"{s['model']}.yaml")
+    mcfg.pop("defaults")
+    mcfg.merge_with_dotlist([o.removeprefix("model.") for o in s["extra"]])
+    if s["dtype"]:
+        mcfg.dtype = s["dtype"]
+    beams, prompt, step, gen = (8, 16, 4, 12) if s["hw"] == "cpu" else (16, 128, 8, 24)
+    kv = beams * (prompt + gen) * 2 * mcfg.num_kv_heads * mcfg.head_dim * torch.empty((), dtype=getattr(torch, mcfg.dtype)).element_size()
+    budget = kv * mcfg.num_layers // 4 + 1          # about a quarter of the layers resident, shrinking
+    streams = CudaStreams(torch.device(device), record=True) if device == "cuda" else HostStreams(record=True)
+    ex = TorchExecutor(mcfg, device, budget, scheduler="layerwise", streams=streams, max_len=prompt + gen)
+    sched = Scheduler("layerwise", ex.geom, budget, prompt_len=prompt, gen_len=gen)
+    tree = BeamTree(prompt)
+    ex.prefill(tree, list(range(prompt)), offload=False)
+    live = initial_beams(tree, beams, 0)
+    for i in range(gen // step):
+        plan = sched.plan(i, tree, live, step)
+        o = ex.execute_step(plan, tree, live)
+        for k, b in enumerate(live):
+            b.cum_logprob += float(o.logprob_delta[k])
+            tree.segments[b.leaf].length = step
+        if i + 1 < gen // step:
+            new = select_and_expand(tree, live, beams // 2, 2)
+            ex.expand(plan, tree, live, new)
+            live = new
+    ex.close()
+    bad = ordering_violations(streams.log)
+    writes, loads = writes_and_reads(streams.log)
+    return {"device": device, "writes": writes, "loads": loads, "violations": bad[:20], "ok": not bad}
+
+
+def pack(work: Path, out: Path) -> None:
+    """Flat result files and runs.tar.gz into ``out`` (what a device call can return)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in list(FLAT_FILES) + [p.name for p in work.glob("*-measured.yaml")]:
+        if (work / f).exists():
+            shutil.copy2(work / f, out / f)
+    if (work / "runs").exists():
+        with tarfile.open(out / "runs.tar.gz", "w:gz") as tf:
+            tf.add(work / "runs", arcname="runs")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True, help="flat result files (returned by the device call)")
+    ap.add_argument("--work", default=None, help="run folders (default: a new temporary folder)")
+    ap.add_argument("--tiny", action="store_true", help="tiny model on CPU (dry run of every code path)")
+    ap.add_argument("--gen-len", type=int, default=256)
+    ap.add_argument("--deadline-s", type=float, default=500.0, help="hard deadline, seconds from the start")
+    a = ap.parse_args(argv)
+    t_start = time.time()
+    deadline = t_start + a.deadline_s
+    out = Path(a.out)
+    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="gpu_validate_"))
+    work.mkdir(parents=True, exist_ok=True)
+    import torch
+    if not a.tiny and not torch.cuda.is_available():
+        print("error: no CUDA GPU is visible; this script measures a GPU (use --tiny for the CPU dry run)",
+              file=sys.stderr)
+        return 2
     import pandas as pd
     from omegaconf import OmegaConf
+    from harness.calibrate import measure, write_profile
+    from harness.config import register_configs, register_resolvers
     register_resolvers()
     register_configs()
-    import torch
-    device = "cuda" if torch.cuda.is_available() and not a.tiny else "cpu"
-    hw = "h200" if device == "cuda" else "cpu"
-    if device == "cuda":
-        name = torch.cuda.get_device_name(0)
-        print(f"device: {name}; clocks, power limit and modes are read only", flush=True)
-
-    # 1. ceilings
-    ceil = measure(device, quick=a.tiny)
-    sizes = [16, 64, 256, 1024] if not a.tiny else [16, 64]
-    bw = copy_sweep(device, sizes)
-    pd.DataFrame(bw).to_csv(out / "copy_bw.csv", index=False)
-    ceil["h2d_bw"] = max(r["bw_Bps"] for r in bw if r["direction"] == "h2d")
-    ceil["d2h_bw"] = max(r["bw_Bps"] for r in bw if r["direction"] == "d2h")
-    ceil["date"] = time.strftime("%Y-%m-%d")
-    (out / "ceilings.json").write_text(json.dumps(ceil, indent=2, default=str))
-    base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "hardware" / f"{hw}.yaml"))
-    write_profile(base, ceil, out / f"{hw}-measured.yaml")
-    print(f"ceilings: {json.dumps({k: ceil[k] for k in ('peak_flops', 'mem_bw', 'h2d_bw', 'd2h_bw', 'launch_overhead_s')})}", flush=True)
-    measured_hw = [f"hardware.{k}={ceil[k]}" for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s")]
-    measured_hw += ["hardware.flops_efficiency=1.0", "hardware.mem_efficiency=1.0"]
-
-    # 2 + 3. the LBS family, real then simulated
-    if a.tiny:
-        model, kv, beams_list, gen, prompt = "tiny-opt", "1MiB", (4, 8), 48, 16
-        steps = (16,)
-    else:
-        model, kv, beams_list, gen, prompt = "opt-6.7b", "7GiB", (16, 32, 64), a.gen_len, 128
-        steps = (32, 128)
-    configs = []
-    for beams in beams_list:
-        configs.append(("in_gpu", beams, steps[0]))
-        configs.append(("layerwise", beams, steps[0]))
-        for st in steps:
-            configs.append(("lbs", beams, st))
-        configs += [("lbs_intertoken", beams, steps[0]), ("lbs_interbeam", beams, steps[0])]
-    if device == "cuda":       # transformers' offloaded DynamicCache (CUDA streams only), the HF reference point
-        configs.append(("hf_offload", beams_list[0], steps[0]))   # gen_len capped at 128: it moves all KV per token
-    configs.sort(key=lambda c: (c[1], c[0] == "layerwise"))       # cheap first; layer-wise 64 last
-    rows = []
-    for system, beams, step in configs:
-        name = f"{system}-b{beams}-s{step}"
-        common = [f"system={system}", f"model={model}", f"beams={beams}", f"step={step}",
-                  f"gen_len={min(gen, 128) if system == 'hf_offload' else gen}", f"prompt_len={prompt}", "tracking=none", "progress=false", "seed=0"]
-        if model != "tiny-opt":
-            common.append("model.dtype=float16")
-        budget = [] if system == "in_gpu" else [f"kv_budget={kv}"]
-        row = {"config": name, "system": system, "beams": beams, "step": step, "model": model}
-        if time.time() - t_start > a.budget_s:
-            row["status"] = "skipped (time budget)"
-            rows.append(row)
-            continue
-        buf = io.StringIO()
-        with redirect_stdout(buf):
-            real = run(compose(common + budget + ["backend=torch", f"backend.device={device}", "system.record_tree=true",
-                                                  f"hardware={hw}", "hardware.kv_budget=null",
-                                                  f"output_dir={out / 'runs' / ('real-' + name)}"]))
-            replay = [f"system.replay_tree={out / 'runs' / ('real-' + name)}"] if real["status"] == "ok" else []
-            if system == "hf_offload":
-                sim = {"status": "n/a (no simulator model of transformers' cache)", "summary": {}}
+    device = "cpu" if a.tiny else "cuda"
+    s = setting(a.tiny, a.gen_len)
+    summary = {"device": device, "deadline_s": a.deadline_s, "started_at": t_start, "work": str(work),
+               "status": "started"}
+    rows, est, ceil = [], [], {}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # a timeout's TERM still packs the outputs
+    try:
+        if device == "cuda":
+            summary["gpu"] = torch.cuda.get_device_name(0)
+            print(f"device: {summary['gpu']}; clocks, power limit and modes are read only", flush=True)
+        # 1. ceilings
+        ceil = measure(device, quick=a.tiny, threads=1)
+        bw = copy_sweep(device, [16, 64] if a.tiny else [16, 64, 256, 1024])
+        pd.DataFrame(bw).to_csv(work / "copy_bw.csv", index=False)
+        ceil["h2d_bw"] = max(r["bw_Bps"] for r in bw if r["direction"] == "h2d")
+        ceil["d2h_bw"] = max(r["bw_Bps"] for r in bw if r["direction"] == "d2h")
+        ceil["date"] = time.strftime("%Y-%m-%d")
+        (work / "ceilings.json").write_text(json.dumps(ceil, indent=2, default=str))
+        base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "hardware" / f"{s['hw']}.yaml"))
+        write_profile(base, ceil, work / f"{s['hw']}-measured.yaml")
+        keys = ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s")
+        print(f"ceilings: {json.dumps({k: ceil[k] for k in keys + ('kernel_launch_s',)})}", flush=True)
+        measured_hw = [f"hardware.{k}={ceil[k]}" for k in keys]
+        measured_hw += ["hardware.flops_efficiency=1.0", "hardware.mem_efficiency=1.0"]
+        # 2. estimates first, for every configuration
+        est = [estimate(s, c, measured_hw, work) for c in s["configs"]]
+        pd.DataFrame(est).to_csv(work / "estimates.csv", index=False)
+        print("estimates (s):", flush=True)
+        for e in est:
+            print(f"  {e['config']:28s} {e['estimate_s']:8.1f}  offloads={e['offloads']}", flush=True)
+        print(f"  total {sum(e['estimate_s'] for e in est):.0f} s; time left {deadline - time.time():.0f} s", flush=True)
+        # 3. the real engine, cheapest first
+        order = sorted(range(len(est)), key=lambda i: est[i]["estimate_s"])
+        for i in order:
+            cfg, e = s["configs"][i], est[i]
+            left = deadline - time.time()
+            if e["estimate_s"] > left:
+                rows.append({"config": e["config"], "system": cfg[0], "beams": cfg[1], "step": cfg[2],
+                             "status": f"skipped (estimate {e['estimate_s']:.0f} s > {left:.0f} s left)"})
             else:
-                sim = run(compose(common + budget + replay + ["backend=sim", f"hardware={hw}", "hardware.kv_budget=null",
-                                                     *measured_hw, f"output_dir={out / 'runs' / ('sim-' + name)}"]))
-        rs, ss = real.get("summary", {}), sim.get("summary", {})
-        row.update(status=real["status"], sim_status=sim["status"], real_s=rs.get("e2e_s"), sim_s=ss.get("e2e_s"),
-                   io_share_real=rs.get("io_share"), io_share_sim=ss.get("io_share"),
-                   h2d_real=rs.get("h2d_bytes"), h2d_sim=ss.get("h2d_bytes"),
-                   d2h_real=rs.get("d2h_bytes"), d2h_sim=ss.get("d2h_bytes"),
-                   peak_kv_real=rs.get("peak_device_kv_bytes"), energy_j=rs.get("energy_j"),
-                   message=real.get("message", ""))
-        if row["real_s"] and row["sim_s"]:
-            row["time_err"] = (row["sim_s"] - row["real_s"]) / row["real_s"]
-        print(f"{name}: {row.get('status')} real {row.get('real_s')} s, sim {row.get('sim_s')} s, "
-              f"io {row.get('io_share_real')}", flush=True)
-        rows.append(row)
-        pd.DataFrame(rows).to_csv(out / "results.csv", index=False)
-    df = pd.DataFrame(rows)
-    lw = df[df.system == "layerwise"].set_index("beams")["real_s"]
-    df["speedup_vs_layerwise"] = [lw.get(b) / s if s and lw.get(b) else None for b, s in zip(df.beams, df.real_s)]
-    df.to_csv(out / "results.csv", index=False)
+                row = real_and_replay(s, cfg, device, measured_hw, deadline, work)
+                row.update(estimate_s=e["estimate_s"], within_estimate=row["wall_s"] <= e["estimate_s"])
+                rows.append(row)
+            r = rows[-1]
+            print(f"{r['config']}: {r['status']} real {r.get('real_s')} s (wall {r.get('wall_s')}, estimate "
+                  f"{e['estimate_s']:.1f}), sim {r.get('sim_s')}, io {r.get('io_share_real')}", flush=True)
+            pd.DataFrame(rows).to_csv(work / "results.csv", index=False)
+        # 4. ordering of write-backs and loads, recorded on the device
+        if time.time() < deadline:
+            order_res = ordering_check(s, device)
+            (work / "ordering.json").write_text(json.dumps(order_res, indent=2))
+            print(f"ordering: {order_res['writes']} write-backs, {order_res['loads']} loads, "
+                  f"violations {len(order_res['violations'])}", flush=True)
+        summary["status"] = "finished"
+    except BaseException as e:                      # recorded, and the outputs are still packed
+        summary["status"] = f"failed: {type(e).__name__}: {e}"
+        traceback.print_exc()
+    finally:
+        df = pd.DataFrame(rows)
+        if len(df) and "real_s" in df:
+            lw = df[df.system == "layerwise"].set_index("beams")["real_s"]
+            df["speedup_vs_layerwise"] = [lw.get(b) / v if v and lw.get(b) else None for b, v in zip(df.beams, df.real_s)]
+        df.to_csv(work / "results.csv", index=False)
+        groups_bw(work, ceil.get("h2d_bw"))
+        summary.update(total_s=time.time() - t_start, configs=len(s["configs"]), runs=len(rows),
+                       statuses=df.status.value_counts().to_dict() if len(df) else {})
+        (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        pack(work, out)
+        if len(df):
+            print(df.drop(columns=[c for c in ("message",) if c in df]).to_string(index=False), flush=True)
+        print(f"total {time.time() - t_start:.0f} s; outputs in {out}", flush=True)
+    return 0 if summary["status"] == "finished" else 1
 
-    # achieved host->device bandwidth during LBS group loads (real engine's group table)
+
+def groups_bw(work: Path, pinned_peak) -> None:
+    """Achieved host->device bandwidth of LBS group loads (the real engine's group tables)."""
+    import pandas as pd
     gb = []
-    for p in sorted((out / "runs").glob("real-lbs*/groups.parquet")):
+    for p in sorted((work / "runs").glob("real-lbs*/groups.parquet")):
         g = pd.read_parquet(p)
         if {"load_span_bytes", "load_s"} <= set(g.columns) and g.load_s.sum() > 0:
             nb, sec = float(g.load_span_bytes.sum()), float(g.load_s.sum())
             gb.append({"run": p.parent.name, "bytes": int(nb), "seconds": sec, "achieved_Bps": nb / sec,
-                       "fraction_of_pinned_peak": nb / sec / ceil["h2d_bw"],
+                       "fraction_of_pinned_peak": nb / sec / pinned_peak if pinned_peak else None,
                        "median_group_bytes": float(g.load_span_bytes.median())})
-    pd.DataFrame(gb).to_csv(out / "groups_bw.csv", index=False)
-    with tarfile.open(out / "runs.tar.gz", "w:gz") as tf:
-        tf.add(out / "runs", arcname="runs")
-    print(df.to_string(index=False), flush=True)
-    print(f"total {time.time() - t_start:.0f} s", flush=True)
-    return 0
+    pd.DataFrame(gb).to_csv(work / "groups_bw.csv", index=False)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # One device call: GPU validation of the LBS family (see scripts/gpu_validate.py).
 # Before the call, on the dev machine (once):  bash scripts/gpu_wheels.sh   (hydra/omegaconf/antlr wheels -> .whl/)
-# Device call:  command "bash scripts/gpu_validate.sh", carry [".whl"], timeout_s 540
-# On a CPU machine:  TINY=1 OUT=/tmp/gv bash scripts/gpu_validate.sh
+# Device call:  command "bash scripts/gpu_validate.sh", carry [".whl"], timeout_s 560
+#   (the script's own hard deadline is DEADLINE_S=500 s; its run folders go to WORK, outside OUT,
+#    and OUT receives only flat files and runs.tar.gz, packed even when a run fails or time runs out)
+# CPU dry run of every code path:  TINY=1 OUT=/tmp/gv bash scripts/gpu_validate.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_validate}
+WORK=${WORK:-$(mktemp -d /tmp/gpu_validate_work.XXXXXX)}
 mkdir -p "$OUT"
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-PY=${PY:-python3}
-[ -x .venv/bin/python ] && PY=.venv/bin/python        # the dev machine's venv; the H200 image's python3 otherwise
+if [ -z "${PY:-}" ]; then
+  PY=python3
+  [ -x .venv/bin/python ] && PY=.venv/bin/python        # the dev machine's venv; the H200 image's python3 otherwise
+fi
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 { echo "# GPU state before (read only)"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,persistence_mode --format=csv 2>/dev/null; } > "$OUT/gpu_state.txt"
-ARGS=(--out "$OUT")
+ARGS=(--out "$OUT" --work "$WORK" --deadline-s "${DEADLINE_S:-500}")
 [ "${TINY:-0}" = 1 ] && ARGS+=(--tiny)
 $PY scripts/gpu_validate.py "${ARGS[@]}" 2>&1 | tee "$OUT/log.txt"
 rc=${PIPESTATUS[0]}
 { echo "# GPU state after (read only)"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,persistence_mode --format=csv 2>/dev/null; } >> "$OUT/gpu_state.txt"
-rm -rf "$OUT/runs"      # its contents travel back in runs.tar.gz
 exit $rc

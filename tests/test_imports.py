@@ -33,7 +33,6 @@ FORBIDDEN_FOR_POLICIES = ("torch", "vllm", "harness.run")
 # the mark into a failure that asks for its removal.
 KNOWN = {
     "systems.serving": "engineer A removes the systems/serving/runner.py <-> vllm_engine.py cycle (issue 12 item 5)",
-    "systems.ttc": "engineer C removes the systems/ttc/runner.py <-> hf_offload.py cycle (issue 12 item 5)",
 }
 
 

@@ -5,7 +5,7 @@ decoder layer per forward, with ``key_states``/``value_states`` of shape
 ``[batch, num_kv_heads, q_len, head_dim]``, and uses the returned tensors (all cached tokens plus
 the new ones, same layout) for attention. :class:`GroupCache` answers from a :class:`KVProvider`:
 before layer ``l`` attends, ``provider.layer_kv(l)`` returns that layer's dense buffer
-``[2, batch, num_kv_heads, capacity, head_dim]`` (the provider may load it from the host first and
+``[2, batch, num_kv_heads, capacity, head_dim]`` (any strides; the provider may load it from the host first and
 prefetch layer ``l+1``: layer-wise offloading's per-layer hook); the new K/V are written in place at
 ``[length, length + q_len)`` and ``provider.layer_done(l, length, q_len)`` may then write them back
 to the host. Nothing is concatenated or reallocated per token (``DynamicCache`` uses ``torch.cat``).
@@ -45,15 +45,17 @@ class DenseKV:
 
 
 class BufferLayer(CacheLayerMixin):
-    """One layer of :class:`GroupCache`; ``keys``/``values`` are views of the provider's buffer."""
+    """One layer of :class:`GroupCache`. Holds the provider itself (no reference back to the cache,
+    so a cache and its layers are freed by reference counting the moment the engine drops them) and
+    keeps no views of the buffer between calls (a freed buffer's memory is not held alive)."""
 
     is_sliding = False
     is_compileable = False
     supports_early_init = False
 
-    def __init__(self, owner: "GroupCache", layer_idx: int, length: int):
+    def __init__(self, provider: KVProvider, layer_idx: int, length: int):
         super().__init__()
-        self.owner, self.layer_idx, self.length = owner, layer_idx, length
+        self.provider, self.layer_idx, self.length = provider, layer_idx, length
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:  # buffers come from the provider
@@ -61,7 +63,7 @@ class BufferLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> Tuple[torch.Tensor, torch.Tensor]:
-        buf = self.owner.provider.layer_kv(self.layer_idx)
+        buf = self.provider.layer_kv(self.layer_idx)
         n, q = self.length, key_states.shape[-2]
         if n + q > buf.shape[-2]:
             raise RuntimeError(f"layer {self.layer_idx}: {n + q} tokens exceed the device buffer's "
@@ -69,9 +71,8 @@ class BufferLayer(CacheLayerMixin):
         buf[0, :, :, n:n + q].copy_(key_states)
         buf[1, :, :, n:n + q].copy_(value_states)
         self.length = n + q
-        self.keys, self.values = buf[0, :, :, :n + q], buf[1, :, :, :n + q]
-        self.owner.provider.layer_done(self.layer_idx, n, q)
-        return self.keys, self.values
+        self.provider.layer_done(self.layer_idx, n, q)
+        return buf[0, :, :, :n + q], buf[1, :, :, :n + q]
 
     def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
         return self.length + query_length, 0
@@ -96,8 +97,7 @@ class GroupCache(Cache):
     """
 
     def __init__(self, provider: KVProvider, num_layers: int, length: int = 0):
-        self.provider = provider
-        super().__init__(layers=[BufferLayer(self, i, length) for i in range(num_layers)])
+        super().__init__(layers=[BufferLayer(provider, i, length) for i in range(num_layers)])
 
     def set_length(self, length: int) -> None:
         for layer in self.layers:

@@ -41,6 +41,8 @@ class TTCSystem:
     kv_budget: Any = None            # bytes or "7GiB"; None = hardware profile / live free memory
     record_tree: bool = False        # real engine: save the beam tree (parents kept per step)
     replay_tree: Any = None          # sim: path of a recorded beam tree to replay
+    warmup: bool = True              # real engine: warm-up run before the measurement (excluded, recorded)
+    deadline: Any = None             # Unix seconds: stop between steps after it (status timeout)
 
 
 def register(cs) -> None:

@@ -30,7 +30,8 @@ from transformers import DynamicCache
 from harness.errors import ConfigError
 from harness.run import RunContext, RunResult
 from systems.ttc import analytic
-from systems.ttc.model import build_model
+from systems.ttc.display import DISPLAY
+from systems.ttc.model import shared_model
 from systems.ttc.torch_engine import gumbel_noise, log_probs, resolve_device
 from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
 
@@ -116,14 +117,16 @@ class CountingOffloadedCache(DynamicCache):
 
 
 def hf_beam_search(model, *, seed: int, prompt: List[int], beams: int, beam_width: int, gen_len: int,
-                   step: int, temperature: float = 1.0, offloading: bool = True, progress=None) -> Dict:
+                   step: int, temperature: float = 1.0, offloading: bool = True, progress=None,
+                   deadline: float | None = None) -> Dict:
     """Step-wise beam search (LBS Sec. 2) on ``model`` through ``CountingOffloadedCache``.
 
     All beams decode token by token in one batch; at each step boundary the top ``beams //
     beam_width`` by cumulative log-probability are kept and each spawns ``beam_width`` children
     (``systems.ttc.tree``), and the cache is reordered with ``reorder_cache``. Returns a dict with
     ``beams`` (final live beams), ``kept`` (per step, parent uids kept), ``rows`` (per-step
-    measurements: seconds, bytes) and ``prefill`` (its seconds and bytes)."""
+    measurements: seconds, bytes) and ``prefill`` (its seconds and bytes). ``deadline`` (Unix
+    seconds): stop between steps once it has passed (``timed_out`` in the result)."""
     device = next(model.parameters()).device
     dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
     cuda = device.type == "cuda"
@@ -138,6 +141,7 @@ def hf_beam_search(model, *, seed: int, prompt: List[int], beams: int, beam_widt
         out = model(input_ids=torch.tensor([prompt], device=device), past_key_values=cache,
                     use_cache=True, logits_to_keep=1)
         root = log_probs(out.logits[0, -1], temperature, dtype)
+        sync()                       # the offloaded layers' copies back to the host have landed
         cache.batch_repeat_interleave(beams)
         cache.recount()
     sync()
@@ -148,6 +152,8 @@ def hf_beam_search(model, *, seed: int, prompt: List[int], beams: int, beam_widt
     rows, kept = [], []
     n_steps = math.ceil(gen_len / step)
     for i in range(n_steps):
+        if deadline is not None and time.time() > deadline:
+            return {"beams": live, "kept": kept, "rows": rows, "prefill": prefill, "timed_out": True}
         T = min(step, gen_len - i * step)
         start = tree.prefix_tokens(live[0])
         h0, d0 = cache.h2d_bytes, cache.d2h_bytes
@@ -192,23 +198,25 @@ def hf_beam_search(model, *, seed: int, prompt: List[int], beams: int, beam_widt
                      "d2h_bytes": cache.d2h_bytes - d0, "peak_device_bytes": cache.peak_on_device})
         if progress is not None:
             progress.update(1)
-    return {"beams": live, "kept": kept, "rows": rows, "prefill": prefill}
+    return {"beams": live, "kept": kept, "rows": rows, "prefill": prefill, "timed_out": False}
 
 
 def run_hf_offload(cfg, ctx: RunContext) -> RunResult:
     """Runner entry for ``system=hf_offload`` (called by ``systems.ttc.runner.run``)."""
-    from systems.ttc.runner import DISPLAY
     w = cfg.workload
     validate_hf_offload(ctx.backend)
     device = resolve_device(ctx.backend.device)
-    model, geom = build_model(cfg.model, device, cfg.seed)
+    model, geom = shared_model(cfg.model, device, cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
     bar = ctx.progress(math.ceil(w.gen_len / w.step), f"{cfg.system.name} steps")
     res = hf_beam_search(model, seed=cfg.seed, prompt=prompt, beams=w.beams, beam_width=w.beam_width,
                          gen_len=w.gen_len, step=w.step, temperature=w.temperature, offloading=True,
-                         progress=bar)
+                         progress=bar, deadline=cfg.system.get("deadline"))
     bar.close()
+    if not res["rows"]:
+        return RunResult(status="timeout", message="system.deadline passed before the first step",
+                         display=DISPLAY)
     df = pd.DataFrame(res["rows"])
     pre = res["prefill"]
     compute = float(df.compute_s.sum()) + pre["time_s"] - pre["io_stall_s"]
@@ -227,5 +235,7 @@ def run_hf_offload(cfg, ctx: RunContext) -> RunResult:
                "groups_per_step": 1.0, "peak_device_kv_bytes": int(df.peak_device_bytes.max()),
                "tokens_per_s": w.beams * w.gen_len / e2e if e2e > 0 else None,
                "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid), "energy_j": None}
-    return RunResult(status="ok", summary=summary, display=DISPLAY, tables={"steps": df},
-                     extra={"best_tokens": best.tokens, "hf_offload_kept": res["kept"]})
+    summary["steps_done"] = len(df)
+    return RunResult(status="timeout" if res["timed_out"] else "ok", summary=summary, display=DISPLAY,
+                     tables={"steps": df}, extra={"best_tokens": best.tokens, "hf_offload_kept": res["kept"]},
+                     message="system.deadline passed" if res["timed_out"] else "")

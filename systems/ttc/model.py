@@ -76,9 +76,12 @@ def build_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: 
     """Build the causal LM of ``mcfg`` in eval mode on ``device``; returns ``(model, KVGeometry)``
     (``systems.ttc.plan.KVGeometry`` read off the built model: ``kv_layer_token`` is LBS's ``KV``).
 
-    ``weights: random`` -> ``AutoModelForCausalLM.from_config`` under ``torch.manual_seed(seed)``
-    (the CPU RNG is restored afterwards), so the same seed gives the same weights on every device.
-    ``weights: <dir>`` -> ``from_pretrained(dir, local_files_only=True)``.
+    ``weights: random`` -> ``AutoModelForCausalLM.from_config`` with its parameters allocated
+    directly on ``device`` in ``dtype`` and transformers' own init run there, under
+    ``torch.manual_seed(seed)`` (the RNG state of the CPU and of that device is restored afterwards):
+    the same seed gives the same weights on the same kind of device. Nothing is built on the CPU and
+    moved (OPT-6.7B's init on one CPU thread takes minutes; on a GPU, a second).
+    ``weights: <dir>`` -> ``from_pretrained(dir, local_files_only=True)``, then moved to ``device``.
     ``dtype`` overrides ``mcfg.dtype`` (tests use float64).
     Raises ValueError (unsupported type or dtype), FileNotFoundError (missing checkpoint dir),
     ModelGeometryError (built geometry differs from the config).
@@ -86,11 +89,13 @@ def build_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dt = torch_dtype(dtype or mcfg.dtype)
+    device = torch.device(device)
     weights = mcfg.get("weights", "random") if hasattr(mcfg, "get") else getattr(mcfg, "weights", "random")
     if weights in (None, "", "random"):
         hf_cfg = AutoConfig.for_model(mcfg.hf_model_type, **hf_config_kwargs(mcfg))
         hf_cfg._attn_implementation = attn_implementation
-        with torch.random.fork_rng(devices=[]):
+        rng_devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=rng_devices), torch.device(device):
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dt, attn_implementation=attn_implementation)
     else:
@@ -106,3 +111,28 @@ def build_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: 
     model.requires_grad_(False)
     geom = check_geometry(model, mcfg, dt)
     return model, geom
+
+
+_SHARED: Dict[str, Any] = {}
+BUILDS = {"count": 0}             # models built by shared_model in this process (tests read it)
+
+
+def shared_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: str | None = None):
+    """:func:`build_model`, built once per process for a given (model config, device, seed, dtype)
+    and shared by every run that asks for it (the torch executor, ``hf_offload``, the runs of
+    ``scripts/gpu_validate.py``). One model is kept: asking for another replaces it."""
+    import json
+    conf = mcfg if isinstance(mcfg, dict) else _plain(mcfg)
+    key = json.dumps([conf, str(torch.device(device)), int(seed), dtype], sort_keys=True, default=str)
+    if key not in _SHARED:
+        _SHARED.clear()                   # drop the previous model before building the next
+        _SHARED[key] = build_model(mcfg, device, seed, dtype)
+        BUILDS["count"] += 1
+    return _SHARED[key]
+
+
+def _plain(mcfg) -> Dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+    if isinstance(mcfg, DictConfig):
+        return OmegaConf.to_container(mcfg, resolve=True)
+    return dict(mcfg)

@@ -9,11 +9,17 @@ Byte accounting (``kv_token`` = KV bytes of one token of one beam over all layer
 ``kv_layer_token`` = one layer's share; LBS paper Table 1 symbols in brackets):
 
 - ``in_gpu``: everything resident; no transfers. Does not fit -> the run is recorded as OOM.
-- ``layerwise`` [Eq.1-3]: every token, ``L(s)`` whole layers stay resident; each other layer's
-  KV of all beams (``N * s * kv_layer_token``, s = tokens already cached) is loaded before it
-  computes, and the new token's KV of those layers is written back. ``L(s)`` follows Eq.1 but
-  reserves room for the token being appended (``s + 1``), so the enforced budget is never
-  exceeded; when ``L`` shrinks, the evicted layer's KV (``N * s * kv_layer_token``) is written back.
+- ``layerwise`` [Eq.1-3]: all beams token by token. ``L`` whole layers stay resident for the
+  step: Eq.1 evaluated at the step's last token, ``L = min(N_layer, floor(budget / (N * (start + T)
+  * kv_layer_token)))`` (room for every token the step appends, so the resident layers are
+  allocated once per step and never exceed the budget; with ``T = 1`` this is Eq.1 per token with
+  the appended token reserved). Per token, each offloaded layer's KV of all beams from before the
+  step (``N * start * kv_layer_token``) is loaded host->device; the step's earlier tokens of that
+  layer are kept on the device (the step *tail*) and written back once, at the step's end
+  (``N * T * kv_layer_token`` per offloaded layer). Layers leaving residency at a step's start are
+  written back whole (``N * start * kv_layer_token`` each; at step 0 the prefill holds every layer).
+  Host->device bytes are therefore Eq.3's minus the tokens of the current step: equal to Eq.3 at
+  ``step=1``.
 - ``lbs`` [Eq.4-5 + Alg.1]: per step, capacity ``B = floor(budget / ((s + T) * kv_token))`` beams
   (their dense buffers hold the step's new tokens too); groups of the step load their beams'
   prefix KV once per step (with ``inter_beam``: each shared segment once per group), decode T
@@ -78,17 +84,23 @@ class StepPlan:
     groups: List[GroupPlan] = field(default_factory=list)
     resident: bool = False            # everything stays on the device (in_gpu, or LBS when it fits)
     layers_resident: Optional[np.ndarray] = None   # layerwise: L per token t of the step
+    layer_load_bytes: Optional[np.ndarray] = None  # layerwise: host->device bytes of one offloaded layer, per token
+    evict_bytes: int = 0              # layerwise: device->host bytes of layers leaving residency (step start)
+    writeback_bytes: int = 0          # layerwise: device->host bytes of the step tail (step end)
     h2d_bytes: int = 0
     d2h_bytes: int = 0
-    device_bytes: int = 0             # peak device KV bytes during the step
+    device_bytes: int = 0             # peak device bytes charged during the step (KV + staging)
+    staging_bytes: int = 0            # staging allowance beyond the KV budget: layer-wise's layers in
+                                      # flight and step tail; the prefill's copy of the prompt at step 0
 
     @property
     def num_groups(self) -> int:
         return len(self.groups) if self.groups else 1
 
 
-def layers_resident(geom: KVGeometry, num_beams: int, budget: int, s: np.ndarray) -> np.ndarray:
-    """Eq.1 with room for the appended token: ``min(N_layer, floor(budget / (N * (s+1) * KV)))``."""
+def layers_resident(geom: KVGeometry, num_beams: int, budget: int, s):
+    """Eq.1 with room for the appended token: ``min(N_layer, floor(budget / (N * (s+1) * KV)))``
+    (``s``: tokens cached before the token; scalar or array). May be 0: every layer streamed."""
     per_layer = num_beams * (np.asarray(s, dtype=np.int64) + 1) * geom.kv_layer_token
     return np.minimum(geom.num_layers, budget // per_layer).astype(np.int64)
 
@@ -110,6 +122,11 @@ class Scheduler:
     def fits_whole_request(self, num_beams: int) -> bool:
         return self.budget is None or self.full_kv_bytes(num_beams) <= self.budget
 
+    def prefill_offload(self, num_beams: int) -> bool:
+        """Whether the prefill writes the prompt's KV to the host: LBS groups load it from there when
+        the request does not fit; layer-wise and resident runs start from the device copy."""
+        return self.kind == "lbs" and not self.fits_whole_request(num_beams)
+
     # -- per step --------------------------------------------------------------------------------
     def plan(self, step: int, tree: BeamTree, beams: Sequence[Beam], tokens: int) -> StepPlan:
         n = len(beams)
@@ -117,7 +134,8 @@ class Scheduler:
         p = StepPlan(step=step, start=start, tokens=tokens, scheduler=self.kind, num_beams=n)
         if self.kind == "in_gpu" or (self.kind == "lbs" and self.fits_whole_request(n)):
             p.resident, p.capacity = True, n
-            p.device_bytes = n * (start + tokens) * self.geom.kv_token
+            p.staging_bytes = self._prompt_transient(step)
+            p.device_bytes = n * (start + tokens) * self.geom.kv_token + p.staging_bytes
             return p
         if self.kind == "layerwise":
             return self._plan_layerwise(p, n, start, tokens)
@@ -126,22 +144,34 @@ class Scheduler:
         raise ValueError(f"scheduler={self.kind!r}: no plan (allowed: in_gpu, layerwise, lbs)")
 
     def _plan_layerwise(self, p: StepPlan, n: int, start: int, tokens: int) -> StepPlan:
-        g = self.geom
-        s = start + np.arange(tokens, dtype=np.int64)
-        L = layers_resident(g, n, self.budget, s)
+        g, kvl = self.geom, self.geom.kv_layer_token
+        L = int(layers_resident(g, n, self.budget, start + tokens - 1))
         off = g.num_layers - L
-        p.layers_resident = L
-        p.h2d_bytes = int(np.sum(off * n * s * g.kv_layer_token))
-        d2h = int(np.sum(off * n * g.kv_layer_token))
-        prev = np.concatenate([[self._prev_L if self._prev_L is not None else L[0]], L[:-1]])
-        evicted = np.maximum(prev - L, 0)
-        d2h += int(np.sum(evicted * n * s * g.kv_layer_token))
-        p.d2h_bytes = d2h
-        self._prev_L = int(L[-1])
-        # resident layers at their final length + one offloaded layer in flight (+ the prefetched next)
-        in_flight = np.where(off > 0, np.minimum(off, 2), 0)
-        p.device_bytes = int(np.max((L + in_flight) * n * (s + 1) * g.kv_layer_token))
+        prev = g.num_layers if self._prev_L is None else self._prev_L
+        if L > prev:
+            raise ValueError(f"step {p.step}: layer residency grows {prev} -> {L} (it only shrinks as "
+                             f"sequences grow)")
+        self._prev_L = L
+        p.layers_resident = np.full(tokens, L, dtype=np.int64)
+        p.layer_load_bytes = np.full(tokens, n * start * kvl, dtype=np.int64)
+        p.h2d_bytes = off * tokens * n * start * kvl
+        p.evict_bytes = (prev - L) * n * start * kvl
+        p.writeback_bytes = off * n * tokens * kvl
+        p.d2h_bytes = p.evict_bytes + p.writeback_bytes
+        resident = L * n * (start + tokens) * kvl          # allocated for the whole step
+        in_flight = min(off, 2) * n * (start + tokens) * kvl  # the layer computing + the next (last token)
+        tail = off * n * tokens * kvl
+        charged = max(in_flight + tail, self._prompt_transient(p.step))
+        p.device_bytes = resident + charged
+        # physical only: a resident layer's previous buffer while it is copied into this step's
+        regrow = n * start * kvl if (L and p.step) else 0
+        p.staging_bytes = max(charged, regrow)
         return p
+
+    def _prompt_transient(self, step: int) -> int:
+        """Step 0 of a plan that keeps the prefill's KV on the device (layer-wise, resident): the
+        prompt's copy (one beam, all layers) is alive while the beams' buffers are filled from it."""
+        return self.prompt_len * self.geom.kv_token if step == 0 else 0
 
     def _plan_lbs(self, p: StepPlan, tree: BeamTree, beams: Sequence[Beam], start: int,
                   tokens: int) -> StepPlan:

@@ -2,8 +2,11 @@
 
 Each function has the signature ``report(sweep_dir, runs, cfg)`` (see harness/report.py) and is
 named by an experiment file (``conf/experiment/lbs_*.yaml``). Paper values come from
-``results/reference/lbs.csv`` and are drawn beside ours (dashed / hatched, labelled "paper");
-every value from a simulated run is labelled "(sim)".
+``results/reference/lbs.csv`` and are drawn beside ours (dashed / hatched, labelled "paper").
+Every value of ours is labelled by its own record (``harness.report`` labels; tables also carry a
+``source`` column per row); ratios (speedup, normalised volume, I/O time) are taken between records
+of the same source only, so a sweep that mixes the simulated and the real backend shows both side
+by side, never one divided by the other.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ def _tidy(runs: pd.DataFrame) -> pd.DataFrame:
               "peak_device_kv_bytes", "kv_budget_bytes"):
         col = f"summary.{k}"
         df[k] = pd.to_numeric(runs[col], errors="coerce") if col in runs else np.nan
-    df["tag"] = np.where(df["simulated"], "sim", "measured")
+    df["source"] = [source_of(bool(x)) for x in df["simulated"]]
     return df.sort_values(["model", "step", "beams"]).reset_index(drop=True)
 
 
@@ -57,13 +60,14 @@ def _ref_value(ref: pd.DataFrame, metric: str, **conds):
 
 def _speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Speedup of every system over layer-wise at the same (hardware, model, beams, step)."""
-    keys = ["hardware", "model", "beams", "step"]
+    keys = ["hardware", "model", "beams", "step", "source"]          # never a measured / simulated ratio
     base = df[df.system == "layerwise"].set_index(keys)["e2e_s"]
     out = df.copy()
     out["layerwise_s"] = [base.get(tuple(r[k] for k in keys), np.nan) for _, r in out.iterrows()]
     out["speedup"] = np.where(out.status == "ok", out["layerwise_s"] / out["e2e_s"], np.nan)
     out["offloads"] = [bool(df[(df.system == "layerwise") & (df.model == r.model) & (df.beams == r.beams)
-                               & (df.step == r.step)]["h2d_bytes"].gt(0).any()) for _, r in out.iterrows()]
+                               & (df.step == r.step) & (df.source == r.source)]["h2d_bytes"].gt(0).any())
+                       for _, r in out.iterrows()]
     return out
 
 
@@ -90,13 +94,16 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
         for j, st in enumerate(steps):
             ax = axes[i][j]
             sub = df[(df.model == m) & (df.step == st)]
-            for k, s in enumerate(systems):
-                d = sub[sub.system == s].sort_values("beams")
-                line, = ax.plot(d.beams, d.speedup, marker="o", label=f"{s}{sim_label(d.simulated)}")
+            for k, (s, src) in enumerate((s, src) for s in systems for src in ("simulated", "measured")):
+                d = sub[(sub.system == s) & (sub.source == src)].sort_values("beams")
+                if d.empty:
+                    continue
+                line, = ax.plot(d.beams, d.speedup, marker="o", ls="-" if src == "simulated" else "--",
+                                label=f"{s}{sim_label(d.simulated)}")
                 oom = d[d.status == "oom"]
-                if len(oom):      # OOM: no speedup; an x on the floor of the plot, in the system's colour
+                if len(oom):      # OOM: no speedup; an x on the floor of the plot, in the line's colour
                     ax.plot(oom.beams, [0.25 * (k + 1)] * len(oom), "x", color=line.get_color(), ms=7,
-                            label=f"{s}: OOM")
+                            label=f"{s}{sim_label(d.simulated)}: OOM")
             lo, hi = _ref_value(ref, "speedup_min", model=m), _ref_value(ref, "speedup_max", model=m)
             if hi is not None:
                 ax.axhspan(lo if lo is not None else hi, hi, color="tab:red", alpha=0.12,
@@ -111,18 +118,22 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
     fig.suptitle(_sim_title(title, df.simulated))
     save_figure(fig, sweep_dir, figure)
     tab = df.assign(speedup_txt=label_values([_fmt_speed(r) for _, r in df.iterrows()], df.simulated))
-    wide = tab.pivot_table(index=["model", "step", "beams"], columns="system", values="speedup_txt",
+    wide = tab.pivot_table(index=["model", "step", "beams", "source"], columns="system", values="speedup_txt",
                            aggfunc="first").reset_index()
-    wide = wide[["model", "step", "beams"] + [s for s in systems if s in wide.columns]]
+    wide = wide[["model", "step", "beams", "source"] + [s for s in systems if s in wide.columns]]
     rng = []
     for m in models:
-        d = df[(df.model == m) & (df.system == "lbs") & (df.status == "ok") & df.offloads & (df.beams >= min_beams)]
-        rng.append({"model": m, "ours_lbs_speedup_min": d.speedup.min(), "ours_lbs_speedup_max": d.speedup.max(),
-                    "paper_min": _ref_value(ref, "speedup_min", model=m),
-                    "paper_max": _ref_value(ref, "speedup_max", model=m),
-                    "ours_is": source_of(df.simulated)})
+        for src in ("simulated", "measured"):
+            d = df[(df.model == m) & (df.system == "lbs") & (df.status == "ok") & df.offloads
+                   & (df.beams >= min_beams) & (df.source == src)]
+            if len(d):
+                rng.append({"model": m, "ours_is": src, "ours_lbs_speedup_min": d.speedup.min(),
+                            "ours_lbs_speedup_max": d.speedup.max(),
+                            "paper_min": _ref_value(ref, "speedup_min", model=m),
+                            "paper_max": _ref_value(ref, "speedup_max", model=m)})
     rng = pd.DataFrame(rng)
-    write_markdown(wide, sweep_dir / f"{figure}.md", title=title_label(f"{title}, speedup over layer-wise", df.simulated),
+    write_markdown(wide, sweep_dir / f"{figure}.md",
+                   title=title_label(f"{title}, speedup over layer-wise of the same source", df.simulated),
                    notes=range_rule + ":\n\n" + rng.to_markdown(index=False, floatfmt=".2f"))
     return rng
 
@@ -151,7 +162,7 @@ def fig4(sweep_dir, runs, cfg):
     ref = load_reference("lbs", "fig4")
     df["paper_kv_share_lower_bound"] = [_ref_value(ref, "kv_share_of_memory", beams=b) for b in df.beams]
     df["paper_io_share"] = [_ref_value(ref, "io_share", beams=b, system="layerwise") for b in df.beams]
-    lw = df[df.system == "layerwise"].sort_values("beams")
+    lw = df[df.system == "layerwise"].sort_values(["source", "beams"])
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5), layout="constrained")
     sim = sim_label(lw.simulated)
     a.plot(lw.beams, lw.kv_share_of_memory, "o-", label="ours (analytic from shapes)")
@@ -163,12 +174,14 @@ def fig4(sweep_dir, runs, cfg):
     b.bar(x, lw.other_s, bottom=lw.compute_s + lw.io_stall_s, label=f"prune+expand{sim}")
     for xi, (_, r) in zip(x, lw.iterrows()):
         b.annotate(f"{100 * r.io_share:.0f}% I/O", (xi, r.e2e_s), ha="center", fontsize=7)
-    b.set_xticks(x, lw.beams); b.set_xlabel("beams"); b.set_ylabel("seconds (layer-wise)"); b.legend(fontsize=7)
+    b.set_xticks(x, [f"{bm}\n{src}" for bm, src in zip(lw.beams, lw.source)]); b.set_xlabel("beams")
+    b.set_ylabel("seconds (layer-wise)"); b.legend(fontsize=7)
     fig.suptitle(title_label("LBS Fig.4 - OPT-6.7B, seq 2048, RTX 4090, runtime", lw.simulated))
     save_figure(fig, sweep_dir, "fig4")
     write_markdown(lw[["beams", "kv_share_of_memory", "paper_kv_share_lower_bound", "e2e_s", "compute_s",
-                       "io_stall_s", "io_share", "paper_io_share", "tag"]], sweep_dir / "fig4.md",
-                   title="LBS Fig.4 (layer-wise runtime breakdown; KV share = KV/(KV+weights))")
+                       "io_stall_s", "io_share", "paper_io_share", "source"]], sweep_dir / "fig4.md",
+                   title=_sim_title("LBS Fig.4 (layer-wise runtime breakdown; KV share = KV/(KV+weights))",
+                                    lw.simulated))
 
 
 def fig5(sweep_dir, runs, cfg):
@@ -186,6 +199,7 @@ def fig5(sweep_dir, runs, cfg):
                                           f"{sim_label(r.simulated)}")
         knee = st.start_tokens[st.h2d_bytes > 0].min() if (st.h2d_bytes > 0).any() else None
         rows.append({"system": r.system, "beams": int(r["config.workload.beams"]),
+                     "source": source_of(bool(r.simulated)),
                      "first_offload_position": knee, "ms_per_token_first": 1e3 * per_tok.iloc[0],
                      "ms_per_token_last": 1e3 * per_tok.iloc[-1]})
     ax.set_xlabel("sequence position (tokens)"); ax.set_ylabel("ms per decode step (all beams)")
@@ -208,11 +222,11 @@ def fig7(sweep_dir, runs, cfg):
         rows.append({"system": r.system, "step": r.step, "eq_gib": eq / GiB, "moved_gib": r.h2d_bytes / GiB,
                      "paper_gib": _ref_value(ref, "h2d_gib", system=r.system, step=r.step)
                      if r.system != "layerwise" else _ref_value(ref, "h2d_gib", system="layerwise"),
-                     "tag": r.tag})
-    t = pd.DataFrame(rows).drop_duplicates(["system", "step"])
-    t = t[~((t.system == "layerwise") & t.duplicated("system"))]   # layer-wise does not depend on step
+                     "source": r.source})
+    t = pd.DataFrame(rows).drop_duplicates(["system", "step", "source"])
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    lab = [f"{s}\nstep {st}" if s != "layerwise" else "layer-wise" for s, st in zip(t.system, t.step)]
+    # layer-wise depends on the step too: the step's own tokens of offloaded layers stay on the device
+    lab = [f"{s}\nstep {st}{sim_label(src == 'simulated')}" for s, st, src in zip(t.system, t.step, t.source)]
     x = np.arange(len(t))
     ax.bar(x - 0.27, t.eq_gib, 0.27, label="Eq.1-5 (ours)")
     ax.bar(x, t.moved_gib, 0.27, label=_sim_col("scheduler moved", df.simulated))
@@ -229,21 +243,22 @@ def fig10(sweep_dir, runs, cfg):
     sweep_dir = Path(sweep_dir)
     df = _tidy(runs)
     ref = load_reference("lbs", "fig10")
-    base = df[df.system == "layerwise"].groupby(["model", "beams"])["h2d_bytes"].first()
+    base = df[df.system == "layerwise"].groupby(["model", "beams", "source"])["h2d_bytes"].first()
     df = df[df.system != "layerwise"].copy()
-    df["normalised_volume"] = [r.h2d_bytes / base.get((r.model, r.beams), np.nan) for _, r in df.iterrows()]
+    df["normalised_volume"] = [r.h2d_bytes / base.get((r.model, r.beams, r.source), np.nan) for _, r in df.iterrows()]
     df["paper"] = [_ref_value(ref, "normalised_volume", system=r.system, step=r.step) for _, r in df.iterrows()]
     sim = sim_label(df.simulated)
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for s, d in df.groupby("system"):
-        ax.plot(d.step, 100 * d.normalised_volume, "o-", label=f"{s}{sim}")
+    for (s, src), d in df.groupby(["system", "source"]):
+        ax.plot(d.step, 100 * d.normalised_volume, "o-", label=f"{s}{sim_label(d.simulated)}")
     pr = df.dropna(subset=["paper"])
     ax.plot(pr.step, 100 * pr.paper.astype(float), "rx--", label="paper Fig.10a (inter-token)")
     ax.set_xscale("log", base=2); ax.set_xlabel("step (tokens)"); ax.set_ylabel("% of layer-wise volume")
     ax.legend(fontsize=7); ax.set_title(_sim_title("LBS Fig.10 - normalised transfer volume", df.simulated), fontsize=9)
     save_figure(fig, sweep_dir, "fig10")
-    piv = df.pivot_table(index=["model", "beams", "step"], columns="system", values="normalised_volume").reset_index()
-    cols = ["model", "beams", "step"]
+    piv = df.pivot_table(index=["model", "beams", "step", "source"], columns="system",
+                         values="normalised_volume").reset_index()
+    cols = ["model", "beams", "step", "source"]
     if "lbs_intertoken" in piv:     # paper beside ours: Fig.10a (inter-token only, per step)
         piv["paper lbs_intertoken"] = [_ref_value(ref, "normalised_volume", system="lbs_intertoken", step=st)
                                        for st in piv.step]
@@ -258,7 +273,7 @@ def fig10(sweep_dir, runs, cfg):
         piv["lbs_total_reduction"] = 1 - piv.lbs
         piv["paper lbs_total_reduction (>)"] = _ref_value(ref, "total_reduction", system="lbs")
         cols += ["lbs", "lbs_total_reduction", "paper lbs_total_reduction (>)"]
-    ours = {c: c + sim for c in cols[3:] if not c.startswith("paper")}
+    ours = {c: c + sim for c in cols[4:] if not c.startswith("paper")}
     write_markdown(piv[cols].rename(columns=ours), sweep_dir / "fig10.md",
                    title=_sim_title("LBS Fig.10 (fraction of layer-wise volume)", df.simulated),
                    notes="Paper columns from results/reference/lbs.csv: Fig.10a inter-token volume per step (OPT-6.7B, "
@@ -276,7 +291,7 @@ def fig11(sweep_dir, runs, cfg):
     df["paper_io_share"] = [_ref_value(ref, "io_share", model=r.model, beams=r.beams, system=r.system)
                             for _, r in df.iterrows()]
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    lab = [f"{m}\n{b}b {s}" for m, b, s in zip(df.model, df.beams, df.system)]
+    lab = [f"{m}\n{b}b {s}{sim_label(sim)}" for m, b, s, sim in zip(df.model, df.beams, df.system, df.simulated)]
     x = np.arange(len(df))
     tot = df.e2e_s.values
     ax.bar(x, df.compute_s / tot, label=_sim_col("compute", df.simulated))
@@ -288,8 +303,9 @@ def fig11(sweep_dir, runs, cfg):
     ax.set_title(_sim_title("LBS Fig.11 - time breakdown, step 32", df.simulated), fontsize=9)
     save_figure(fig, sweep_dir, "fig11")
     write_markdown(df[["model", "beams", "system", "e2e_s", "compute_s", "io_stall_s", "other_s", "io_share",
-                       "paper_io_share", "tag"]], sweep_dir / "fig11.md",
-                   title="LBS Fig.11 (paper: layer-wise 70-90 % I/O, LBS < 15 %; OPT-6.7B 64 beams 86 % -> 10 %)")
+                       "paper_io_share", "source"]], sweep_dir / "fig11.md",
+                   title=_sim_title("LBS Fig.11 (paper: layer-wise 70-90 % I/O, LBS < 15 %; OPT-6.7B 64 beams "
+                                    "86 % -> 10 %)", df.simulated))
 
 
 def fig12(sweep_dir, runs, cfg):
@@ -298,9 +314,10 @@ def fig12(sweep_dir, runs, cfg):
     sweep_dir = Path(sweep_dir)
     df = _tidy(runs)
     ref = load_reference("lbs", "fig12")
-    base = df[df.system == "layerwise"].set_index(["model", "beams"])["io_stall_s"]
+    base = df[df.system == "layerwise"].set_index(["model", "beams", "source"])["io_stall_s"]
     df = df[(df.system != "layerwise") & (df.status == "ok")].copy()
-    df["io_time_vs_layerwise"] = [r.io_stall_s / base.get((r.model, r.beams), np.nan) for _, r in df.iterrows()]
+    df["io_time_vs_layerwise"] = [r.io_stall_s / base.get((r.model, r.beams, r.source), np.nan)
+                                  for _, r in df.iterrows()]
     sim = sim_label(df.simulated)
     p_it_lo = _ref_value(ref, "io_time_vs_layerwise_min", system="lbs_intertoken", step=32)
     p_it_hi = _ref_value(ref, "io_time_vs_layerwise_max", system="lbs_intertoken", step=32)
@@ -312,8 +329,8 @@ def fig12(sweep_dir, runs, cfg):
                              squeeze=False, sharey=True, layout="constrained")
     for ax, m in zip(axes[0], models):
         for s in systems:
-            d = df[(df.model == m) & (df.system == s)].sort_values("beams")
-            ax.plot(d.beams, 100 * d.io_time_vs_layerwise, "o-", label=f"{s}{sim}")
+            for src, d in df[(df.model == m) & (df.system == s)].sort_values("beams").groupby("source"):
+                ax.plot(d.beams, 100 * d.io_time_vs_layerwise, "o-", label=f"{s}{sim_label(d.simulated)}")
         if p_it_lo is not None and p_it_hi is not None:
             ax.axhspan(100 * p_it_lo, 100 * p_it_hi, color="0.5", alpha=0.15,
                        label=f"paper: inter-token {100 * p_it_lo:g}-{100 * p_it_hi:g} %")
@@ -331,8 +348,8 @@ def fig12(sweep_dir, runs, cfg):
     fig.legend(handles, labels, loc="outside right center", fontsize=7)
     fig.suptitle(_sim_title("LBS Fig.12 - I/O-time ablation, step 32", df.simulated), fontsize=10)
     save_figure(fig, sweep_dir, "fig12")
-    piv = df.pivot_table(index=["model", "beams"], columns="system", values="io_time_vs_layerwise").reset_index()
-    cols = ["model", "beams"]
+    piv = df.pivot_table(index=["model", "beams", "source"], columns="system", values="io_time_vs_layerwise").reset_index()
+    cols = ["model", "beams", "source"]
     for s in systems:
         cols.append(s)
         if s == "lbs_intertoken":
@@ -346,60 +363,3 @@ def fig12(sweep_dir, runs, cfg):
                    notes="Paper columns from results/reference/lbs.csv (step 32; the paper gives ranges, not "
                          "per-configuration values): inter-token alone 5-10 % of the layer-wise I/O time; full LBS "
                          "(inter-beam + prefetch) < 2 % in several configurations ('(<)': an upper bound).")
-
-
-def fidelity(sweep_dir, runs, cfg):
-    """Simulator fidelity: the same configurations on the real engine and on the simulated backend
-    (calibrated profile); per-configuration error and MAPE of end-to-end time and of bytes."""
-    import matplotlib.pyplot as plt
-    import json
-
-    from omegaconf import OmegaConf
-
-    from harness.report import gather_runs
-    from harness.run import run as run_job
-    sweep_dir = Path(sweep_dir)
-    # the simulated side replays each real run's recorded beam tree, so both execute the same plans
-    for _, r in runs[(~runs.simulated.astype(bool)) & (runs.status == "ok")].iterrows():
-        real_dir = Path(r.run_dir)
-        rec = json.loads((real_dir / "run.json").read_text())
-        c = rec["config"]
-        c["backend"] = {"name": "sim", "device": "auto"}
-        c["system"]["replay_tree"] = str(real_dir)
-        c["system"]["record_tree"] = False
-        c["tracking"] = {"name": "none", "mode": "disabled", "project": "", "entity": None}
-        c["output_dir"] = str(sweep_dir / "sim_replay" / f"sim-replay-of-{real_dir.name}")
-        run_job(OmegaConf.create(c))
-    runs = pd.concat([runs[~runs.simulated.astype(bool)], gather_runs(sweep_dir / "sim_replay")], ignore_index=True)
-    df = _tidy(runs)
-    df = df[df.status == "ok"]
-    keys = ["system", "model", "beams", "step"]
-    real = df[~df.simulated].set_index(keys)
-    sim = df[df.simulated].set_index(keys)
-    both = real.join(sim, lsuffix="_real", rsuffix="_sim", how="inner").reset_index()
-    if both.empty:
-        write_markdown(both, sweep_dir / "fidelity.md", title="LBS fidelity: no pairs of real and simulated runs")
-        return
-    for k in ("e2e_s", "compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):
-        both[f"{k}_err"] = (both[f"{k}_sim"] - both[f"{k}_real"]) / both[f"{k}_real"].where(both[f"{k}_real"] != 0)
-    summary = pd.DataFrame([{
-        "pairs": len(both),
-        "time_mape": float(both.e2e_s_err.abs().mean()),
-        "compute_mape": float(both.compute_s_err.abs().mean()),
-        "h2d_bytes_mape": float(both.h2d_bytes_err.abs().fillna(0).mean()),
-        "d2h_bytes_mape": float(both.d2h_bytes_err.abs().fillna(0).mean()),
-        "bytes_exact": bool((both.h2d_bytes_real == both.h2d_bytes_sim).all() and (both.d2h_bytes_real == both.d2h_bytes_sim).all()),
-    }])
-    cols = keys + ["e2e_s_real", "e2e_s_sim", "e2e_s_err", "compute_s_real", "compute_s_sim", "io_stall_s_real",
-                   "io_stall_s_sim", "h2d_bytes_real", "h2d_bytes_sim", "d2h_bytes_real", "d2h_bytes_sim"]
-    write_markdown(both[cols], sweep_dir / "fidelity.md", title="LBS simulator fidelity (real CPU engine vs simulated, calibrated CPU profile)",
-                   notes="Summary:\n\n" + summary.to_markdown(index=False, floatfmt=".3f"))
-    summary.to_csv(sweep_dir / "fidelity_summary.csv", index=False)
-    fig, ax = plt.subplots(figsize=(4.5, 4))
-    ax.loglog(both.e2e_s_real, both.e2e_s_sim, "o")
-    lim = [min(both.e2e_s_real.min(), both.e2e_s_sim.min()) * 0.8, max(both.e2e_s_real.max(), both.e2e_s_sim.max()) * 1.2]
-    ax.plot(lim, lim, "k--", lw=1)
-    ax.set_xlabel("measured end-to-end s (real engine, CPU)"); ax.set_ylabel("simulated s (calibrated profile)")
-    ax.set_title(f"fidelity: time MAPE {100 * summary.time_mape[0]:.1f} %", fontsize=9)
-    save_figure(fig, sweep_dir, "fidelity")
-    print(summary.to_string(index=False))

@@ -1,5 +1,15 @@
 """Runner of the TTC family: validates the config, drives the step-wise beam search, and hands each
-step's plan to an executor (``sim.SimExecutor`` or ``torch_engine.TorchExecutor``)."""
+step's plan to an executor (``sim.SimExecutor`` or ``torch_engine.TorchExecutor``, both
+``systems.ttc.protocol.Executor``).
+
+Real runs warm up before the measurement (``system.warmup``; its seconds recorded under
+``harness.run.WARMUP_KEY``, excluded from every time); the harness fixes torch's thread count
+(``backend.threads``) and records the load average around the run. Times: a step's compute and I/O stall come from the executor; ``other_s`` is the
+time of planning the step and of selection + expansion (real, on the executor's clock: wall on
+CUDA, the engine thread's CPU time on CPU, recorded as ``time_basis``), or the simulator's charge.
+``system.deadline`` (Unix seconds) stops a run between steps, recorded as status ``timeout`` with
+the steps done so far (``scripts/gpu_validate.py`` uses it to keep inside a device window).
+"""
 from __future__ import annotations
 
 import math
@@ -12,18 +22,15 @@ import pandas as pd
 from harness.config import plain
 from harness.errors import ConfigError, RunOOM, bad
 from harness.model_facts import default_kv_budget, kv_reserve_bytes, weight_bytes
-from harness.run import RunContext, RunResult
-from harness.units import GiB, parse_size
+from harness.run import WARMUP_KEY, RunContext, RunResult
+from harness.units import parse_size
 from systems.ttc import analytic
 from systems.ttc.config import SCHEDULERS
+from systems.ttc.display import DISPLAY, size_text
 from systems.ttc.plan import KVGeometry, Scheduler
+from systems.ttc.protocol import Executor
 from systems.ttc.sim import SimExecutor
 from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
-
-_gib = lambda v: f"{v / GiB:,.2f} GiB" if v >= GiB / 100 or v == 0 else f"{v / 2**20:,.2f} MiB"
-_s = lambda v: f"{v:,.3f} s"
-_pct = lambda v: f"{100 * v:.1f} %"
-
 
 def kv_budget_bytes(cfg, *, live: Optional[int] = None) -> int:
     """KV bytes per device (the one meaning of ``kv_budget``, harness/model_facts.py): the
@@ -64,6 +71,8 @@ def validate(cfg) -> None:
                                         f"({cfg.model.max_position}) for {cfg.model.name}")
     if w.scorer not in ("logprob",):
         raise bad("workload.scorer", w.scorer, "logprob")
+    if s.get("deadline") is not None and not isinstance(s.get("deadline"), (int, float)):
+        raise bad("system.deadline", s.get("deadline"), "Unix seconds (a number) or null")
     if s.get("replay_tree"):
         load_beam_tree(s.replay_tree, n_steps=math.ceil(w.gen_len / w.step))
     budget = kv_budget_bytes(cfg)
@@ -105,7 +114,7 @@ def validate_backend(cfg, backend) -> None:
         raise bad("backend", "sim", "torch for system=hf_offload (it runs transformers' own offloaded cache)")
 
 
-def _executor(cfg, ctx: RunContext, budget):
+def _executor(cfg, ctx: RunContext, budget) -> Executor:
     if ctx.backend.simulated:
         return SimExecutor(cfg.hardware, cfg.model, cfg.seed)
     from systems.ttc.torch_engine import TorchExecutor
@@ -123,6 +132,13 @@ def _live_budget(ctx: RunContext) -> Optional[int]:
     return int(free * 0.9)
 
 
+_now = time.time                 # the deadline's clock (tests replace it)
+
+
+class DeadlineReached(Exception):
+    """``system.deadline`` (Unix seconds) passed between two steps; the run stops, recorded as timeout."""
+
+
 def run(cfg, ctx: RunContext) -> RunResult:
     cfg = plain(cfg)                      # resolved plain dicts: no OmegaConf lookups in hot loops
     w, sysc = cfg.workload, cfg.system
@@ -134,8 +150,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
     one_beam = (w.prompt_len + w.gen_len) * geom.kv_token
     if sysc.scheduler != "in_gpu" and budget < one_beam:       # derived from memory - weights - reserve
         raise RunOOM(f"{cfg.model.name} on {cfg.hardware.name}: the KV budget (memory - weights - reserve = "
-                     f"{budget / GiB:.2f} GiB) holds less than one beam's KV at full length "
-                     f"({one_beam / GiB:.2f} GiB)")
+                     f"{size_text(budget)}) holds less than one beam's KV at full length "
+                     f"({size_text(one_beam)})")
     sched_budget = budget
     scheduler = Scheduler(sysc.scheduler, geom, sched_budget, inter_beam=sysc.inter_beam,
                           prefetch=sysc.prefetch, prompt_len=w.prompt_len, gen_len=w.gen_len)
@@ -150,57 +166,75 @@ def run(cfg, ctx: RunContext) -> RunResult:
         summary["oom"] = True
         return RunResult(status="oom", summary=summary, display=DISPLAY,
                          message=f"in_gpu: KV of {n_beams} beams at {w.prompt_len + w.gen_len} tokens "
-                                 f"({scheduler.full_kv_bytes(n_beams) / GiB:.2f} GiB) exceeds the KV "
-                                 f"budget ({budget / GiB:.2f} GiB)")
+                                 f"({size_text(scheduler.full_kv_bytes(n_beams))}) exceeds the KV "
+                                 f"budget ({size_text(budget)})")
 
     replay = load_beam_tree(sysc.replay_tree, n_steps=math.ceil(w.gen_len / w.step)) if sysc.get("replay_tree") else None
+    real = not ctx.backend.simulated
     ex = _executor(cfg, ctx, sched_budget)
+    clock = ex.clock
+    if real:
+        summary["time_basis"] = ex.time_basis
     rng = np.random.default_rng(cfg.seed)
     prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
     tree = BeamTree(w.prompt_len)
     n_steps = math.ceil(w.gen_len / w.step)
     rows, group_rows, kept_log = [], [], []
+    deadline = sysc.get("deadline")
+    status, message = "ok", ""
     try:
-        pre = ex.prefill(tree, prompt, offload=not scheduler.fits_whole_request(n_beams) or sysc.scheduler == "layerwise")
+        if sysc.get("warmup", True):
+            summary[WARMUP_KEY] = ex.warmup(prompt, n_beams)      # excluded from every time below
+        pre = ex.prefill(tree, prompt, offload=scheduler.prefill_offload(n_beams))
         tot = {"compute_s": pre.compute_s, "io_stall_s": pre.io_stall_s, "other_s": 0.0,
                "h2d_bytes": pre.h2d_bytes, "d2h_bytes": pre.d2h_bytes}
-        peak = pre.peak_device_bytes
+        peak, peak_phys = pre.peak_device_bytes, pre.peak_physical_bytes
         beams = initial_beams(tree, n_beams, cfg.seed)
         bar = ctx.progress(n_steps, f"{sysc.name} steps")
         for i in range(n_steps):
+            if deadline is not None and _now() > float(deadline):
+                raise DeadlineReached(f"system.deadline passed after {i} of {n_steps} steps")
+            t_plan = clock()
             T = min(w.step, w.gen_len - i * w.step)
             plan = scheduler.plan(i, tree, beams, T)
+            t_plan = clock() - t_plan
             o = ex.execute_step(plan, tree, beams)
             for k, b in enumerate(beams):
                 b.cum_logprob += float(o.logprob_delta[k])
                 if o.tokens is not None:
                     b.tokens.extend(o.tokens[k])
                 tree.segments[b.leaf].length = T
-            other = 0.0
+            other = t_plan if real else 0.0          # the simulator charges no planning time
             if i + 1 < n_steps:
-                t0 = time.perf_counter()
+                t0 = clock()
                 keep = replay[i] if replay is not None else None
                 new = select_and_expand(tree, beams, beam_size, w.beam_width, keep_uids=keep)
-                other = ex.expand(plan, tree, beams, new)
-                if not ex.simulated:
-                    other = time.perf_counter() - t0
+                exp = ex.expand(plan, tree, beams, new)
+                other += clock() - t0 if real else exp
                 kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
                 beams = new
             for k in ("compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):
                 tot[k] += getattr(o, k)
             tot["other_s"] += other
-            peak = max(peak, o.peak_device_bytes)
+            peak, peak_phys = max(peak, o.peak_device_bytes), max(peak_phys, o.peak_physical_bytes)
             rows.append({"step": i, "start_tokens": plan.start, "tokens": T, "groups": plan.num_groups,
                          "capacity": plan.capacity, "compute_s": o.compute_s, "io_stall_s": o.io_stall_s,
                          "other_s": other, "latency_s": o.compute_s + o.io_stall_s + other,
                          "h2d_bytes": o.h2d_bytes, "d2h_bytes": o.d2h_bytes,
                          "plan_h2d_bytes": plan.h2d_bytes, "plan_d2h_bytes": plan.d2h_bytes,
-                         "peak_device_bytes": o.peak_device_bytes})
+                         "peak_device_bytes": o.peak_device_bytes, "plan_device_bytes": plan.device_bytes,
+                         "peak_physical_bytes": o.peak_physical_bytes, "staging_bytes": plan.staging_bytes})
             group_rows.extend(o.group_rows)
             bar.update(1)
         bar.close()
+    except DeadlineReached as e:
+        status, message = "timeout", str(e)
     finally:
+        if real:
+            summary.update(ex.memory_peaks())
         ex.close()
+    if not rows:
+        return RunResult(status=status, message=message, summary=summary, display=DISPLAY)
 
     e2e = tot["compute_s"] + tot["io_stall_s"] + tot["other_s"]
     best = max(beams, key=lambda b: (b.cum_logprob, -b.uid))
@@ -211,9 +245,12 @@ def run(cfg, ctx: RunContext) -> RunResult:
         "h2d_bytes": tot["h2d_bytes"], "d2h_bytes": tot["d2h_bytes"],
         "plan_h2d_bytes": int(steps_df.plan_h2d_bytes.sum()), "plan_d2h_bytes": int(steps_df.plan_d2h_bytes.sum()),
         "groups_per_step": float(steps_df.groups.mean()), "peak_device_kv_bytes": peak,
-        "tokens_per_s": n_beams * w.gen_len / e2e if e2e > 0 else None,
+        "peak_device_physical_bytes": peak_phys if real else None,
+        "max_staging_bytes": int(steps_df.staging_bytes.max()),
+        "steps_done": len(rows),
+        "tokens_per_s": n_beams * w.gen_len / e2e if e2e > 0 and status == "ok" else None,
         "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid),
-        "energy_j": ex.energy_j(e2e, tot["compute_s"]) if hasattr(ex, "energy_j") else None,
+        "energy_j": ex.energy_j(e2e, tot["compute_s"]),
     })
     tables = {"steps": steps_df}
     if group_rows:
@@ -227,24 +264,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
         extra["beam_tree_file"] = str(ctx.outdir / "beam_tree.json")
     if replay is not None:
         extra["replayed_tree"] = str(sysc.replay_tree)
-    if not ex.simulated:                      # the real engine's best path (token ids) for inspection
+    if real:                                  # the real engine's best path (token ids) for inspection
         extra["best_tokens"] = best.tokens
-    return RunResult(status="ok", summary=summary, display=DISPLAY, tables=tables, extra=extra)
-
-
-DISPLAY = [
-    ("end-to-end latency", "e2e_s", _s),
-    ("compute", "compute_s", _s),
-    ("I/O stall", "io_stall_s", _s),
-    ("other (prune + expand)", "other_s", _s),
-    ("I/O share of latency", "io_share", _pct),
-    ("host->GPU", "h2d_bytes", _gib),
-    ("GPU->host", "d2h_bytes", _gib),
-    ("paper Eq. prediction, this scheduler (host->GPU)", "eq_prediction_bytes", _gib),
-    ("  Eq.1-3 layer-wise", "eq3_layerwise_bytes", _gib),
-    ("  Eq.4-5 LBS, inter-token only", "eq5_lbs_bytes", _gib),
-    ("groups per step (mean)", "groups_per_step", lambda v: f"{v:.2f}"),
-    ("peak device KV (+ layer-wise staging)", "peak_device_kv_bytes", _gib),
-    ("KV budget", "kv_budget_bytes", _gib),
-    ("energy", "energy_j", lambda v: f"{v:,.0f} J"),
-]
+    return RunResult(status=status, message=message, summary=summary, display=DISPLAY, tables=tables,
+                     extra=extra)

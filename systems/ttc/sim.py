@@ -7,41 +7,31 @@ Cost model (per decoder layer, per forward launch; ``b`` beams, ``s`` cached tok
   ``bytes = P_layer * dtype + b (s + 1) kv_layer_token`` (weights re-read once per group launch;
   KV read by attention);
 - transfers: bytes / ``h2d_bw`` or ``d2h_bw`` (one copy engine per direction);
-- overlap: layer-wise prefetches the next offloaded layer while a layer computes
-  (``max(compute, load)`` per layer); LBS prefetches the next group's first beams into the free
-  slots while a group computes; write-backs run on the other copy engine and are hidden unless
-  longer than compute;
+- overlap: layer-wise prefetches the first offloaded layer while the resident layers compute and
+  each next offloaded layer while a layer computes (``max(compute, load)`` per layer, a load being
+  ``plan.layer_load_bytes``; the step's earlier tokens of the layer are a device copy added to its
+  compute); its write-backs (layers leaving residency at the step's start, the step tail at its end)
+  are waited for. LBS prefetches the next group's first beams into the free slots while a group
+  computes; its write-backs run on the other copy engine and are hidden unless longer than compute;
 - prune + expand: device-side copies of parents' KV into children's dense slots (in_gpu and the
   resident layers of layer-wise) at ``2 * bytes / (mem_bw * mem_efficiency)``; LBS shares host
-  segments, so expansion moves nothing;
+  segments, so expansion moves nothing. Layer-wise's reorder of its offloaded layers in host memory
+  is not charged (the profiles have no host-memory bandwidth);
 - scores: synthetic, seeded per (seed, beam uid, step) so pruning is deterministic.
 - energy: coarse, ``idle_w * t + (tdp_w - idle_w) * t_compute`` (no power model is fitted for
   this family; labelled simulated like everything here).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+import time
+from typing import Sequence
 
 import numpy as np
 
 from harness.model_facts import dtype_bytes, layer_params
 from systems.ttc.plan import KVGeometry, StepPlan
+from systems.ttc.protocol import StepOutcome
 from systems.ttc.tree import Beam, BeamTree, mix64_array
-
-
-@dataclass
-class StepOutcome:
-    """What executing one step produced. Seconds are measured (real) or charged (sim)."""
-    logprob_delta: np.ndarray                 # [N] sum of log-probs of this step's tokens
-    tokens: Optional[List[List[int]]] = None  # [N][T] sampled tokens (real engine)
-    compute_s: float = 0.0
-    io_stall_s: float = 0.0
-    other_s: float = 0.0
-    h2d_bytes: int = 0
-    d2h_bytes: int = 0
-    peak_device_bytes: int = 0
-    group_rows: List[dict] = field(default_factory=list)
 
 
 def synthetic_logprobs(seed: int, uids: Sequence[int], step: int, tokens: int) -> np.ndarray:
@@ -98,15 +88,20 @@ class CostModel:
 
 
 class SimExecutor:
-    """Carries out StepPlans on a simulated GPU. Same interface as the torch executor."""
+    """Carries out StepPlans on a simulated GPU (a :class:`systems.ttc.protocol.Executor`)."""
 
     simulated = True
+    clock = staticmethod(time.perf_counter)      # unused: the simulator charges, it does not measure
 
     def __init__(self, hw, model_cfg, seed: int):
         self.cost = CostModel(hw, model_cfg)
         self.geom = self.cost.geom
         self.seed = seed
         self.hw = hw
+
+    def warmup(self, prompt_tokens: Sequence[int], num_beams: int) -> float:
+        """Nothing to warm up in a cost model."""
+        return 0.0
 
     def prefill(self, tree: BeamTree, prompt_tokens: Sequence[int], offload: bool) -> StepOutcome:
         """Prefill the prompt (segment 0); written back to the host unless everything stays resident."""
@@ -123,16 +118,19 @@ class SimExecutor:
         if plan.resident:
             out.compute_s = float(np.sum(L * c.layer_decode(n, s)) + T * c.head(n))
         elif plan.scheduler == "layerwise":
-            Lr = plan.layers_resident
+            Lr = plan.layers_resident                                 # [T]
             off = L - Lr
-            comp = c.layer_decode(n, s)                               # [T]
-            load = c.h2d(n * s * self.geom.kv_layer_token)            # [T] one layer's KV
+            comp = c.layer_decode(n, s)                               # [T] one layer
+            comp_off = comp + c.d2d(n * np.arange(T) * self.geom.kv_layer_token)   # + the step tail
+            load = c.h2d(plan.layer_load_bytes)                       # [T] one offloaded layer
             t_res = Lr * comp
             # first offloaded layer prefetched during the resident layers, then pipelined
-            t_off = np.where(off > 0, np.maximum(t_res, load) - t_res + (off - 1) * np.maximum(comp, load) + comp, 0.0)
+            t_off = np.where(off > 0, np.maximum(t_res, load) - t_res + (off - 1) * np.maximum(comp_off, load)
+                             + comp_off, 0.0)
             total = t_res + t_off + c.head(n)
-            out.compute_s = float(np.sum(L * comp) + T * c.head(n))
-            out.io_stall_s = max(0.0, float(np.sum(total)) - out.compute_s)
+            out.compute_s = float(np.sum(Lr * comp + off * comp_off) + T * c.head(n))
+            out.io_stall_s = (max(0.0, float(np.sum(total)) - out.compute_s)
+                              + c.d2h(plan.evict_bytes) + c.d2h(plan.writeback_bytes))
         else:  # lbs groups
             t, comp_total = 0.0, 0.0
             carried = 0.0          # bytes of this group already prefetched by the previous one

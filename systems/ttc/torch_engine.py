@@ -1,7 +1,11 @@
 """Real TTC executor on torch: carries out the plans of ``systems.ttc.plan`` on a transformers model
 through the tiered KV store (LBS paper Sec. 3-4, Alg.1; DESIGN.md "The TTC engine").
 
-Same interface as :class:`systems.ttc.sim.SimExecutor`, so ``systems.ttc.runner`` swaps them:
+Satisfies :class:`systems.ttc.protocol.Executor`, like ``systems.ttc.sim.SimExecutor``, so
+``systems.ttc.runner`` swaps them:
+
+- ``warmup(prompt_tokens, num_beams) -> float``: the model runs once on scratch buffers (prefill and
+  two decode tokens at the run's batch size), outside the store and the measurement.
 
 - ``prefill(tree, prompt_tokens, offload) -> StepOutcome``: one forward over the prompt (batch 1);
   its KV is segment 0. ``offload``: written back to the host (counted d2h); otherwise it stays on
@@ -19,18 +23,35 @@ Same interface as :class:`systems.ttc.sim.SimExecutor`, so ``systems.ttc.runner`
 Execution per scheduler:
 
 - **in_gpu** (and LBS when everything fits, ``plan.resident``): all beams' KV resident in one
-  dense buffer; no transfers. A budget overrun raises :class:`harness.run.RunOOM`.
-- **layerwise** [Eq.1-3]: all beams token by token. Before each token, layers ``>= L(t)``
-  (``plan.layers_resident``) are evicted (their KV written back); in the forward, layer ``l``'s
-  ``Cache.update`` loads it from the host if it is not resident (all beams' paths), prefetches
-  layer ``l+1``, and writes the new token's K/V back. The two layers in flight are charged to a
-  staging allowance of two layers (the plan's ``device_bytes`` counts them above the KV budget).
+  dense buffer; no transfers. A budget overrun raises :class:`harness.errors.RunOOM`.
+- **layerwise** [Eq.1-3]: all beams token by token, ``plan.layers_resident`` whole layers resident
+  for the step (dense ``[2, N, H, start + T, D]`` device buffers). The other layers live on the host
+  as every beam's dense KV, token-major (:class:`systems.ttc.kvstore.HostLayers`): before layer
+  ``l`` attends, its KV from before the step is loaded in one contiguous copy into a staging buffer
+  ``[s + 1, 2, N, H, D]`` (the next offloaded layer is prefetched meanwhile, the first one at the
+  token's start, during the resident layers), the step's earlier tokens of ``l`` come from the
+  device-resident step *tail*, and the new token joins the tail. At the step's end the tail is
+  written back in one contiguous copy per layer; layers that leave residency at a step's start are
+  written back whole, and a load of such a layer waits for that write-back (events). Selection
+  reorders the beams' rows: on the device for resident layers, on the host for offloaded ones (as
+  transformers' offloaded cache reorders its CPU tensors). Staging (layers in flight, tail) is
+  charged against the allowance the plan declares.
 - **lbs** [Eq.4-5, Alg.1]: group by group. Each group's dense buffer (``start + T`` tokens per beam)
   is filled from the host as ``GroupPlan.load_blocks`` says (a segment listed once is loaded once
-  and fanned out on the device; listed once per beam, loaded per beam); with prefetch, the next
-  group's first ``prefetch_beams`` beams are loaded into the free slots before this group computes
-  (on CUDA on a copy stream, overlapping compute); the group decodes ``T`` tokens with its KV
-  resident; its new KV is written back to the beams' leaf segments (host authoritative).
+  and fanned out on the device; listed once per beam, loaded per beam; every load is one whole
+  host segment); with prefetch, the next group's first ``prefetch_beams`` beams are loaded into the
+  free slots before this group computes (on CUDA on a copy stream, overlapping compute); the group
+  decodes ``T`` tokens with its KV resident; its new KV is written back to the beams' leaf segments
+  (host authoritative), and its buffer is released before the next group allocates.
+
+Timing: a step's end-to-end time is the wall time from its start to the synchronisation at its
+end (the sampled tokens are needed on the CPU for selection); the I/O stall is the compute
+stream's measured wait on the copy streams (CUDA events; on CPU, the time of the synchronous
+copies), and compute is the rest. On a CPU device every time is the engine thread's CPU time
+(``harness.meters.time_basis``: a shared machine's other jobs do not inflate it); the run records which
+basis its seconds use (``time_basis``). Peak device memory is recorded three ways: bytes charged (what
+the plan predicts), physical bytes of the store's live tensors, and on CUDA
+``torch.cuda.max_memory_allocated`` (weights and activations included).
 
 Sampling is Gumbel-max on ``log_softmax(logits / temperature)`` with noise drawn from a generator
 seeded by ``mix64(seed, beam uid, absolute position)``, never by batch slot, so grouping and order
@@ -47,10 +68,12 @@ import numpy as np
 import torch
 
 from systems.ttc.cache import DenseKV, GroupCache
+from harness.meters import time_basis
 from systems.ttc.kvstore import DeviceBuffer, KVBudgetExceeded, PlanMismatch, TieredKVStore
-from systems.ttc.model import build_model
+from systems.ttc.layerwise_exec import LayerwiseExec
+from systems.ttc.model import shared_model
 from systems.ttc.plan import StepPlan
-from systems.ttc.sim import StepOutcome
+from systems.ttc.protocol import StepOutcome
 from systems.ttc.tree import Beam, BeamTree, mix64
 
 ROOT = -1          # key of the prompt's next-token distribution (parent of step-0 beams)
@@ -94,24 +117,29 @@ class TorchExecutor:
         dtype: override of ``model_cfg.dtype`` (tests use float64).
         temperature: sampling temperature (> 0).
         max_len: prompt + generated tokens, to size resident buffers once (else they grow).
-        model: a prebuilt ``(model, KVGeometry)`` from :func:`systems.ttc.model.build_model`.
+        model: a prebuilt ``(model, KVGeometry)``; default :func:`systems.ttc.model.shared_model`
+            (one build per process, shared by every run that uses the same model).
+        streams: a ``systems.ttc.streams`` object (``record=True`` keeps the log of stream
+            operations for ordering checks); default: CUDA streams on CUDA, the CPU stand-in.
     """
 
     simulated = False
 
     def __init__(self, model_cfg, device: str = "cpu", budget_bytes: Optional[int] = None, seed: int = 0,
                  scheduler: str = "lbs", record_tree: bool = False, *, dtype: Optional[str] = None,
-                 temperature: float = 1.0, max_len: Optional[int] = None, model=None):
+                 temperature: float = 1.0, max_len: Optional[int] = None, model=None, streams=None):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature!r} must be > 0")
         self.device = resolve_device(device)
-        self.model, self.geom = model if model is not None else build_model(model_cfg, self.device, seed, dtype)
+        self.model, self.geom = model if model is not None else shared_model(model_cfg, self.device, seed, dtype)
         g = self.geom
         self.L, self.H, self.D = g.num_layers, g.num_kv_heads, g.head_dim
         self.dtype = next(self.model.parameters()).dtype
         self.kv_layer_token = g.kv_layer_token
         self.kv_token = g.kv_token
-        self.store = TieredKVStore(self.L, self.H, self.D, self.dtype, self.device, budget_bytes, staging_budget=0)
+        self.store = TieredKVStore(self.L, self.H, self.D, self.dtype, self.device, budget_bytes,
+                                   staging_budget=0, streams=streams)
+        self.clock, self.time_basis = time_basis(self.device)
         self.budget = budget_bytes
         self.seed, self.temperature, self.scheduler = seed, float(temperature), scheduler
         self.max_len = max_len
@@ -122,12 +150,20 @@ class TorchExecutor:
         self.slot_of: Dict[int, int] = {}                   # resident runs: uid -> batch slot
         self.prompt_kv: Optional[DeviceBuffer] = None       # prefill KV kept for fan-out
         self.res: Optional[DeviceBuffer] = None             # resident: [L, 2, N, H, cap, D]
-        self.lw_bufs: Optional[List[DeviceBuffer]] = None   # layer-wise resident layers: [2, N, H, cap, D]
+        self.lw: Optional[LayerwiseExec] = None
         self._energy = None
         if self.device.type == "cuda":
             from harness.meters import EnergyMeter
             self._energy = EnergyMeter([self.device.index or 0])
         self._energy_j = None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
 
     # ----------------------------------------------------------------------------------------------
     # sampling (keyed by seed, beam uid, absolute position)
@@ -138,12 +174,13 @@ class TorchExecutor:
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
         return log_probs(logits, self.temperature, self.sample_dtype)
 
-    def _decode(self, cache: GroupCache, uids: Sequence[int], logp: torch.Tensor, start: int, T: int,
-                on_token=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def decode(self, cache: GroupCache, uids: Sequence[int], logp: torch.Tensor, start: int, T: int,
+               on_token=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decode ``T`` tokens for a group whose KV (``start`` tokens) is in ``cache``.
 
-        logp: ``[G, V]`` next-token log-probs of each beam's parent. Returns tokens ``[G, T]``
-        (long), their log-probs ``[G, T]`` and the next-token log-probs after the last ``[G, V]``."""
+        logp: ``[G, V]`` next-token log-probs of each beam's parent. ``on_token(k)`` runs before
+        token k's forward. Returns tokens ``[G, T]`` (long), their log-probs ``[G, T]`` and the
+        next-token log-probs after the last ``[G, V]``."""
         G = len(uids)
         toks = torch.empty(G, T, dtype=torch.long, device=self.device)
         lps = torch.empty(G, T, dtype=self.sample_dtype, device=self.device)
@@ -153,70 +190,98 @@ class TorchExecutor:
             y = (logp + self.noise(uids, start + k, logp.shape[-1])).argmax(-1)
             toks[:, k] = y
             lps[:, k] = logp.gather(1, y[:, None])[:, 0]
-            out = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True)
-            logp = self._logp(out.logits[:, -1])
+            logits = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits
+            logp = self._logp(logits[:, -1])
         return toks, lps, logp
 
     # ----------------------------------------------------------------------------------------------
     @torch.no_grad()
+    def warmup(self, prompt_tokens: Sequence[int], num_beams: int, tokens: int = 2) -> float:
+        """Run the model outside the store and the measurement: the prompt's prefill, then ``tokens``
+        decode tokens at ``num_beams`` beams over a short context (lazy initialisation, allocator
+        growth, kernel selection for the run's batch size). Returns its wall seconds."""
+        t0 = self.clock()
+        P = min(len(prompt_tokens), 16)
+        kv = torch.empty((self.L, 2, num_beams, self.H, P + tokens, self.D), dtype=self.dtype, device=self.device)
+        ids = torch.tensor([list(prompt_tokens)[:P]] * num_beams, dtype=torch.long, device=self.device)
+        cache = GroupCache(DenseKV(kv), self.L, 0)
+        logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        for _ in range(tokens):
+            y = logits[:, -1].argmax(-1)
+            logits = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits
+        del cache, kv, logits
+        self.sync()
+        return self.clock() - t0
+
+    @torch.no_grad()
     def prefill(self, tree: BeamTree, prompt_tokens: Sequence[int], offload: bool) -> StepOutcome:
-        """Prefill the prompt (segment 0). ``offload``: write its KV to the host (d2h counted)."""
+        """Prefill the prompt (segment 0). ``offload``: write its KV to the host (d2h counted) and
+        release the device copy; else it stays on the device for the first step to fan out."""
         st = self.store
         if self._energy is not None and self._energy.available:
             self._energy.begin_window("run")
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        t0 = self.clock()
         P = len(prompt_tokens)
         st.dev.reset_peak()
         h2d0, d2h0 = st.bytes.h2d, st.bytes.d2h
         buf = st.dev.alloc((self.L, 2, 1, self.H, P, self.D), self.dtype, what="prefill KV")
         ids = torch.tensor([list(prompt_tokens)], dtype=torch.long, device=self.device)
-        with st.compute():
-            out = self.model(input_ids=ids, past_key_values=GroupCache(DenseKV(buf.tensor), self.L, 0),
-                             use_cache=True, logits_to_keep=1)
-            self.next_logp[ROOT] = self._logp(out.logits[0, -1])
+        cache = GroupCache(DenseKV(buf.tensor), self.L, 0)
+        logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        self.next_logp[ROOT] = self._logp(logits[0, -1])
+        del cache, logits
         if offload:
-            host = st.host.ensure(0, P)
             with st.io("d2h"):
-                st.d2h(host, buf.tensor[:, :, 0])
-                st.keep_alive(buf.tensor, "d2h")
-        keep = (not offload) or self.scheduler == "layerwise"
-        if keep:
+                st.d2h(st.host.ensure(0, P), buf.tensor[:, :, 0], key=0)
+                st.keep_alive(buf.tensor, direction="d2h")
+        else:
             self.prompt_kv = buf
-        t = st.take_times()
-        peak = st.dev.peak_total
-        if not keep:
+        st.wait_writebacks()
+        stall = st.take_io_stall()
+        out = StepOutcome(np.zeros(0), compute_s=self.clock() - t0 - stall, io_stall_s=stall,
+                          h2d_bytes=st.bytes.h2d - h2d0, d2h_bytes=st.bytes.d2h - d2h0,
+                          peak_device_bytes=st.dev.peak_total, peak_physical_bytes=st.dev.peak_physical)
+        if offload:
             buf.free()
-        return StepOutcome(np.zeros(0), compute_s=t["compute"], io_stall_s=t["io_stall"],
-                           h2d_bytes=st.bytes.h2d - h2d0, d2h_bytes=st.bytes.d2h - d2h0,
-                           peak_device_bytes=peak)
+        return out
 
     @torch.no_grad()
     def execute_step(self, plan: StepPlan, tree: BeamTree, beams: Sequence[Beam]) -> StepOutcome:
         """Decode one step of the search for every live beam as ``plan`` says (see module doc)."""
         st = self.store
+        t0 = self.clock()
         st.dev.reset_peak()
+        st.dev.staging_budget = plan.staging_bytes
         h2d0, d2h0 = st.bytes.h2d, st.bytes.d2h
         rows: List[dict] = []
         if plan.resident:
             res = self._step_resident(plan, beams)
         elif plan.scheduler == "layerwise":
-            res = self._step_layerwise(plan, tree, beams)
+            if self.lw is None:
+                self.lw = LayerwiseExec(self, len(beams))
+            res = self.lw.step(plan, tree, beams)
         elif plan.scheduler == "lbs":
             res = self._step_lbs(plan, tree, beams, rows)
         else:
             raise PlanMismatch(f"scheduler={plan.scheduler!r}: the torch executor runs in_gpu, layerwise, lbs")
         toks, lps, last = res                     # per beam (beams order), on device
-        t = st.take_times()
-        for r in rows:                            # copy-engine time of each group's load (synchronised above)
+        st.wait_writebacks()
+        stall = st.take_io_stall()                # synchronises: the step's end
+        for r in rows:                            # copy-engine time of each group's load
             r["load_s"] = st.span_seconds(r.pop("load_span"))
         for b, lp in zip(beams, last):
             self.next_logp[b.uid] = lp
         lps_cpu = lps.double().cpu().numpy()
-        return StepOutcome(lps_cpu.sum(axis=1), tokens=toks.cpu().tolist(), compute_s=t["compute"],
-                           io_stall_s=t["io_stall"], h2d_bytes=st.bytes.h2d - h2d0,
-                           d2h_bytes=st.bytes.d2h - d2h0, peak_device_bytes=st.dev.peak_total,
+        tokens = toks.cpu().tolist()
+        wall = self.clock() - t0
+        return StepOutcome(lps_cpu.sum(axis=1), tokens=tokens, compute_s=wall - stall, io_stall_s=stall,
+                           h2d_bytes=st.bytes.h2d - h2d0, d2h_bytes=st.bytes.d2h - d2h0,
+                           peak_device_bytes=st.dev.peak_total, peak_physical_bytes=st.dev.peak_physical,
                            group_rows=rows)
 
-    def _parent_logp(self, beams: Sequence[Beam]) -> torch.Tensor:
+    def parent_logp(self, beams: Sequence[Beam]) -> torch.Tensor:
         return torch.stack([self.next_logp[ROOT if b.parent_uid is None else b.parent_uid] for b in beams])
 
     @staticmethod
@@ -224,15 +289,16 @@ class TorchExecutor:
         return [(s, tree.segments[s].length) for s in b.prefix]
 
     # -- resident (in_gpu, LBS when everything fits) ---------------------------------------------
-    def _ensure_capacity(self, buf: DeviceBuffer, need: int, filled: int, seq_dim: int = -2) -> DeviceBuffer:
-        """Grow a resident buffer's token capacity to ``need`` (copies ``filled`` tokens, device-side).
-        Physical capacity beyond the charged KV is slack (``max_len`` avoids regrowth)."""
-        cap = buf.tensor.shape[seq_dim]
+    def ensure_capacity(self, buf: DeviceBuffer, need: int, filled: int, exact: bool = False) -> DeviceBuffer:
+        """Grow a resident buffer's token capacity (dim -2) to ``need``, copying ``filled`` tokens
+        device-side. ``exact``: to ``need`` (layer-wise: physical memory stays within the plan);
+        else to ``max_len`` or double (the whole-request budget check covers ``max_len``)."""
+        cap = buf.tensor.shape[-2]
         if cap >= need:
             return buf
-        new_cap = max(need, min(2 * cap, self.max_len or 2 * cap))
+        new_cap = need if exact else max(need, min(2 * cap, self.max_len or 2 * cap))
         shape = list(buf.tensor.shape)
-        shape[seq_dim] = new_cap
+        shape[-2] = new_cap
         new = self.store.dev.alloc(shape, self.dtype, kind=buf.kind, charge=0, what=buf.what)
         self.store.d2d(new.tensor[..., :filled, :], buf.tensor[..., :filled, :])
         charged = buf.charged
@@ -240,8 +306,21 @@ class TorchExecutor:
         new.charge(charged)
         return new
 
-    def _init_slots(self, beams: Sequence[Beam]) -> None:
-        self.slot_of = {b.uid: i for i, b in enumerate(beams)}
+    def slot_order(self, beams: Sequence[Beam]) -> List[int]:
+        """Indices of ``beams`` in batch-slot order; raises PlanMismatch unless slots cover them."""
+        order = sorted(range(len(beams)), key=lambda i: self.slot_of[beams[i].uid])
+        if [self.slot_of[beams[i].uid] for i in order] != list(range(len(beams))):
+            raise PlanMismatch("resident slots do not cover the live beams")
+        return order
+
+    def take_prompt(self) -> DeviceBuffer:
+        """The prefill's KV, moved to the staging allowance (the plan counts it as a step-0 transient)."""
+        if self.prompt_kv is None:
+            raise PlanMismatch("a step that starts from the prefill's KV on the device, but the prefill "
+                               "wrote it to the host (offload=True)")
+        buf, self.prompt_kv = self.prompt_kv, None
+        self.store.dev.rekind(buf, "staging")
+        return buf
 
     def _step_resident(self, plan: StepPlan, beams: Sequence[Beam]):
         from harness.errors import RunOOM
@@ -250,31 +329,25 @@ class TorchExecutor:
         need = start + T
         try:
             if self.res is None:
-                if self.prompt_kv is None:
-                    raise PlanMismatch("resident step without the prefill's KV on the device "
-                                       "(prefill ran with offload=True)")
+                prompt = self.take_prompt()
                 cap = max(need, self.max_len or need)
-                # charged once the prefill's copy is freed (the plans do not count that transient)
                 self.res = st.dev.alloc((self.L, 2, N, self.H, cap, self.D), self.dtype, charge=0,
                                         what="resident KV (all beams)")
-                P = self.prompt_kv.tensor.shape[-2]
+                P = prompt.tensor.shape[-2]
                 for i in range(N):      # fan the prompt out to every beam's dense slot
-                    st.d2d(self.res.tensor[:, :, i, :, :P], self.prompt_kv.tensor[:, :, 0])
-                self.prompt_kv.free()
-                self.prompt_kv = None
-                self._init_slots(beams)
+                    st.d2d(self.res.tensor[:, :, i, :, :P], prompt.tensor[:, :, 0])
+                self.res.charge(N * need * self.kv_token)
+                prompt.free()
+                self.slot_of = {b.uid: i for i, b in enumerate(beams)}
             else:
-                self.res = self._ensure_capacity(self.res, need, start)
-            self.res.charge(N * need * self.kv_token)
+                self.res = self.ensure_capacity(self.res, need, start)
+                self.res.charge(N * need * self.kv_token)
         except KVBudgetExceeded as e:
             raise RunOOM(f"{self.scheduler}: all beams' KV does not fit the device budget: {e}") from None
-        order = sorted(range(N), key=lambda i: self.slot_of[beams[i].uid])   # batch = slot order
-        if [self.slot_of[beams[i].uid] for i in order] != list(range(N)):
-            raise PlanMismatch("resident slots do not cover the live beams")
+        order = self.slot_order(beams)
         uids = [beams[i].uid for i in order]
         cache = GroupCache(DenseKV(self.res.tensor), self.L, start)
-        with st.compute():
-            toks, lps, last = self._decode(cache, uids, self._parent_logp([beams[i] for i in order]), start, T)
+        toks, lps, last = self.decode(cache, uids, self.parent_logp([beams[i] for i in order]), start, T)
         inv = torch.as_tensor(np.argsort(order), device=self.device)
         return toks[inv], lps[inv], last[inv]
 
@@ -282,9 +355,6 @@ class TorchExecutor:
     def _step_lbs(self, plan: StepPlan, tree: BeamTree, beams: Sequence[Beam], rows: List[dict]):
         st = self.store
         start, T, N = plan.start, plan.tokens, len(beams)
-        if self.prompt_kv is not None:      # the prefill's device copy is not used by LBS groups
-            self.prompt_kv.free()
-            self.prompt_kv = None
         paths = [self._prefix_path(tree, b) for b in beams]
         for b in beams:
             st.host.ensure(b.leaf, T)
@@ -303,24 +373,20 @@ class TorchExecutor:
             if pre is not None:
                 sbuf, credits, sources = pre
                 k = sbuf.tensor.shape[2]
-                with st.io("h2d"):
-                    st.d2d(buf.tensor[:, :, :k, :, :start], sbuf.tensor)
-                    st.keep_alive(sbuf.tensor, "h2d")
+                st.d2d(buf.tensor[:, :, :k, :, :start], sbuf.tensor)   # compute stream, after wait_loads
                 sbuf.free()
                 sources = {sid: (buf.tensor, slot, pos) for sid, (_, slot, pos) in sources.items()}
             else:
                 k, credits, sources = 0, Counter(gp.load_blocks), {}
             with st.io("h2d"), st.copy_span("h2d") as span:
-                st.load_paths(buf.tensor, slice(None), range(k, G), [paths[i] for i in gp.beams[k:]],
-                              credits, sources)
+                st.load_paths(buf.tensor, range(k, G), [paths[i] for i in gp.beams[k:]], credits, sources)
             if any(v != 0 for v in credits.values()):
                 raise PlanMismatch(f"step {plan.step} group {gi}: the plan loads blocks no beam needs: "
                                    f"{ {s: c for s, c in credits.items() if c} }")
             st.wait_loads(buf.tensor)
             loaded = st.bytes.h2d - h0
-            span_bytes = loaded
             # prefetch the next group's first beams into the free slots (before this group computes)
-            pre = None
+            pre, prefetched = None, 0
             if gp.prefetch_beams and gi + 1 < len(plan.groups):
                 nxt = plan.groups[gi + 1]
                 kp = gp.prefetch_beams
@@ -329,192 +395,88 @@ class TorchExecutor:
                 ncredits, nsources = Counter(nxt.load_blocks), {}
                 h1 = st.bytes.h2d
                 with st.io("h2d"):
-                    st.load_paths(sbuf.tensor, slice(None), range(kp), [paths[i] for i in nxt.beams[:kp]],
-                                  ncredits, nsources)
+                    st.load_paths(sbuf.tensor, range(kp), [paths[i] for i in nxt.beams[:kp]], ncredits, nsources)
                 pre = (sbuf, ncredits, nsources)
                 prefetched = st.bytes.h2d - h1
-            else:
-                prefetched = 0
-            uids = [beams[i].uid for i in gp.beams]
-            cache = GroupCache(DenseKV(buf.tensor), self.L, start)
-            t0 = time.perf_counter()
-            with st.compute():
-                gt, gl, glast = self._decode(cache, uids, self._parent_logp([beams[i] for i in gp.beams]), start, T)
-            comp_wall = time.perf_counter() - t0
+            t0 = self.clock()
+            gt, gl, glast = self._decode_group(buf, [beams[i] for i in gp.beams], start, T)
+            comp_wall = self.clock() - t0
             if pre is not None:
                 st.wait_loads(pre[0].tensor)
             with st.io("d2h"):
-                st.write_back(buf.tensor, slice(None), range(G), [beams[i].leaf for i in gp.beams], start, T)
-                st.keep_alive(buf.tensor, "d2h")
+                st.write_back(buf.tensor, range(G), [beams[i].leaf for i in gp.beams], start, T)
+                st.keep_alive(buf.tensor, direction="d2h")
             idx = torch.as_tensor(gp.beams, device=self.device)
             toks[idx], lps[idx] = gt, gl
             for j, i in enumerate(gp.beams):
                 last[i] = glast[j]
-            buf.free()
+            buf.free()                  # no other reference is left: the memory is released here
             rows.append({"step": plan.step, "group": gi, "beams": G, "load_bytes": loaded,
                          "plan_load_bytes": gp.load_bytes, "prefetch_bytes": prefetched,
                          "plan_prefetch_bytes": gp.prefetch_bytes,
                          "compute_wall_s": comp_wall if not st.cuda else None,
-                         "load_span": span, "load_span_bytes": span_bytes})
+                         "load_span": span, "load_span_bytes": loaded})
         if pre is not None:
             raise PlanMismatch(f"step {plan.step}: the last group prefetches beyond the step")
         return toks, lps, torch.stack(last)
 
-    # -- layer-wise offloading ---------------------------------------------------------------------
-    def _step_layerwise(self, plan: StepPlan, tree: BeamTree, beams: Sequence[Beam]):
-        st = self.store
-        start, T, N = plan.start, plan.tokens, len(beams)
-        Ls = [int(x) for x in plan.layers_resident]
-        for b in beams:
-            st.host.ensure(b.leaf, T)
-        # two layers in flight (the one computing and the prefetched next), as the plan counts
-        st.dev.staging_budget = 2 * N * (start + T) * self.kv_layer_token
-        if self.lw_bufs is None:           # first step: resident layers take the prompt from prefill
-            if self.prompt_kv is None:
-                raise PlanMismatch("layer-wise step 0 without the prefill's KV on the device")
-            self.lw_bufs = []
-            P = self.prompt_kv.tensor.shape[-2]
-            cap = max(start + T, self.max_len or 0)
-            for l in range(Ls[0]):
-                b = st.dev.alloc((2, N, self.H, cap, self.D), self.dtype, charge=0,
-                                 what=f"layer-wise resident layer {l}")
-                for i in range(N):
-                    st.d2d(b.tensor[:, i, :, :P], self.prompt_kv.tensor[l, :, 0])
-                self.lw_bufs.append(b)
-            self.prompt_kv.free()
-            self.prompt_kv = None
-            for b in self.lw_bufs:     # charged once the prefill's copy is freed
-                b.charge(N * (start + 1) * self.kv_layer_token)
-            self._init_slots(beams)
-        else:
-            self.lw_bufs = [self._ensure_capacity(b, start + T, start) for b in self.lw_bufs]
-        order = sorted(range(N), key=lambda i: self.slot_of[beams[i].uid])
-        if [self.slot_of[beams[i].uid] for i in order] != list(range(N)):
-            raise PlanMismatch("layer-wise slots do not cover the live beams")
-        sb = [beams[i] for i in order]                       # beam at each batch slot
-        prefix = [self._prefix_path(tree, b) for b in sb]
-        leaves = [b.leaf for b in sb]
-        prov = _LayerwiseKV(self, N, prefix, leaves, start)
-
-        def on_token(k: int) -> None:
-            s = start + k
-            Lt = Ls[k]
-            if Lt > len(self.lw_bufs):
-                raise PlanMismatch(f"step {plan.step} token {k}: the plan grows layer residency "
-                                   f"{len(self.lw_bufs)} -> {Lt}")
-            while len(self.lw_bufs) > Lt:                    # evict: write the layer's KV back
-                l = len(self.lw_bufs) - 1
-                buf = self.lw_bufs.pop()
-                with st.io("d2h"):
-                    for slot in range(N):
-                        pos = 0
-                        for sid, n in prefix[slot] + [(leaves[slot], k)]:
-                            if n:
-                                st.d2h(st.host.get(sid)[l][..., :n, :], buf.tensor[:, slot, :, pos:pos + n])
-                            pos += n
-                    st.keep_alive(buf.tensor, "d2h")
-                buf.free()
-            for buf in self.lw_bufs:
-                buf.charge(N * (s + 1) * self.kv_layer_token)
-            prov.begin_token(k)
-
-        cache = GroupCache(prov, self.L, start)
-        with st.compute():
-            toks, lps, last = self._decode(cache, [b.uid for b in sb], self._parent_logp(sb), start, T,
-                                           on_token=lambda k: (prov.end_token(), on_token(k)))
-            prov.end_token()
-        inv = torch.as_tensor(np.argsort(order), device=self.device)
-        return toks[inv], lps[inv], last[inv]
+    def _decode_group(self, buf: DeviceBuffer, beams: Sequence[Beam], start: int, T: int):
+        """One group's ``T`` tokens; the group's cache lives only inside this call."""
+        cache = GroupCache(DenseKV(buf.tensor), self.L, start)
+        return self.decode(cache, [b.uid for b in beams], self.parent_logp(beams), start, T)
 
     # ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def expand(self, plan: StepPlan, tree: BeamTree, old: Sequence[Beam], new: Sequence[Beam]) -> float:
         """Prune + expand on the engine's side (see module doc). Returns wall seconds."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         st = self.store
         st.host.keep_only(tree.segments.keys())
         parents = {b.parent_uid for b in new}
         for u in [u for u in self.next_logp if u not in parents]:
             del self.next_logp[u]
-        bufs = ([self.res] if self.res is not None else []) + list(self.lw_bufs or [])
-        if bufs and new:
+        if (self.res is not None or self.lw is not None) and new:
             S = tree.prefix_tokens(new[0])
-            kept = {b.uid for b in old if b.uid in parents}
-            free = sorted(self.slot_of[b.uid] for b in old if b.uid not in kept)
-            slot_of, seen = {}, set()
-            for b in new:
-                ps = self.slot_of[b.parent_uid]
-                if b.parent_uid not in seen:          # first child keeps the parent's slot
-                    seen.add(b.parent_uid)
-                    slot_of[b.uid] = ps
-                    continue
-                s = free.pop(0)
-                for buf in bufs:                      # copy the parent's KV into the child's slot
-                    st.d2d(buf.tensor[..., s, :, :S, :], buf.tensor[..., ps, :, :S, :])
-                slot_of[b.uid] = s
+            moves, slot_of = self._child_slots(old, new, parents)
+            if self.res is not None:
+                for dst, src in moves:          # copy the parent's KV into the child's slot
+                    st.d2d(self.res.tensor[:, :, dst, :, :S], self.res.tensor[:, :, src, :, :S])
+            if self.lw is not None:
+                self.lw.reorder(moves, S)
             self.slot_of = slot_of
-        if st.cuda:
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter() - t0
+        self.sync()
+        return self.clock() - t0
+
+    def _child_slots(self, old: Sequence[Beam], new: Sequence[Beam], parents):
+        """Batch slots of the next step's beams: a parent's first child keeps its slot, the others
+        take slots of beams that died. Returns ([(child slot, parent slot)] to copy, uid -> slot)."""
+        free = sorted(self.slot_of[b.uid] for b in old if b.uid not in parents)
+        slot_of, seen, moves = {}, set(), []
+        for b in new:
+            ps = self.slot_of[b.parent_uid]
+            if b.parent_uid not in seen:
+                seen.add(b.parent_uid)
+                slot_of[b.uid] = ps
+                continue
+            s = free.pop(0)
+            moves.append((s, ps))
+            slot_of[b.uid] = s
+        return moves, slot_of
 
     def energy_j(self, total_s: float, compute_s: float) -> Optional[float]:
         """Measured GPU energy of the run window (J), or None where it cannot be read."""
         return self._energy_j
 
+    def memory_peaks(self) -> Dict[str, Optional[int]]:
+        """Peak device memory of the run: ``peak_device_physical_bytes`` (the store's live KV
+        tensors) and, on CUDA, ``cuda_max_memory_allocated_bytes`` (everything torch allocated)."""
+        return {"cuda_max_memory_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device))
+                if self.cuda else None}
+
     def close(self) -> None:
         if self._energy is not None and self._energy.available and "run" in self._energy._open:
-            m = self._energy.end_window("run", sync=lambda: torch.cuda.synchronize(self.device))
+            m = self._energy.end_window("run", sync=self.sync)
             self._energy_j = m.energy_j
         for b in list(self.store.dev.live):
             b.free()
-        self.res, self.lw_bufs, self.prompt_kv = None, None, None
-
-
-class _LayerwiseKV:
-    """Provider for layer-wise offloading: resident layers from ``lw_bufs``; the others loaded per
-    token (all beams' paths, ``s`` tokens) into a staging buffer of ``s + 1`` tokens just before the
-    layer attends, with the next offloaded layer prefetched; the new token written back after."""
-
-    def __init__(self, ex: TorchExecutor, N: int, prefix, leaves, start: int):
-        self.ex, self.N, self.prefix, self.leaves, self.start = ex, N, prefix, leaves, start
-        self.k = 0
-        self.inflight: Dict[int, DeviceBuffer] = {}
-
-    def begin_token(self, k: int) -> None:
-        self.k = k
-
-    def end_token(self) -> None:
-        for b in self.inflight.values():
-            b.free()
-        self.inflight.clear()
-
-    def _load(self, l: int) -> None:
-        st, s = self.ex.store, self.start + self.k
-        buf = st.dev.alloc((2, self.N, self.ex.H, s + 1, self.ex.D), self.ex.dtype, kind="staging",
-                           what=f"layer {l} in flight")
-        paths = [p + [(leaf, self.k)] for p, leaf in zip(self.prefix, self.leaves)]
-        with st.io("h2d"):
-            st.load_paths(buf.tensor, l, range(self.N), paths, credits=None)
-        self.inflight[l] = buf
-
-    def layer_kv(self, l: int) -> torch.Tensor:
-        ex, st = self.ex, self.ex.store
-        if l < len(ex.lw_bufs):
-            return ex.lw_bufs[l].tensor
-        for j in [j for j in self.inflight if j < l]:     # the previous offloaded layer is done
-            self.inflight.pop(j).free()
-        if l not in self.inflight:
-            self._load(l)
-        st.wait_loads(self.inflight[l].tensor)
-        if l + 1 < ex.L and l + 1 not in self.inflight:
-            self._load(l + 1)                              # prefetch the next layer
-        return self.inflight[l].tensor
-
-    def layer_done(self, l: int, start: int, q: int) -> None:
-        ex, st = self.ex, self.ex.store
-        if l < len(ex.lw_bufs):
-            return
-        buf = self.inflight[l].tensor
-        with st.io("d2h"):
-            st.write_back(buf, l, range(self.N), self.leaves, start, q, host_pos=self.k)
-            st.keep_alive(buf, "d2h")
+        self.res, self.lw, self.prompt_kv = None, None, None

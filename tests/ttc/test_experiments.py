@@ -91,3 +91,52 @@ def test_fidelity_sweep_bytes_match_exactly(tmp_path):
     summary = pd.read_csv(sweep / "fidelity_summary.csv")
     assert int(summary.pairs[0]) == 2 and bool(summary.bytes_exact[0])
     assert (sweep / "fidelity.png").exists() and (sweep / "fidelity.md").exists()
+
+
+def test_gpu_calibration_sets_efficiencies_to_one(tmp_path, monkeypatch):
+    """A GPU-calibrated profile's ceilings are measured (achieved) rates: its efficiencies are 1.0,
+    not the datasheet profile's, so the simulator does not discount them twice. The device and the
+    measurement are faked. (Mutation caught: resetting efficiencies only for kind=cpu profiles.)"""
+    import torch
+
+    from harness import calibrate
+    fake = {"peak_flops": 7.0e14, "mem_bw": 4.1e12, "stream_bw": 4.3e12, "h2d_bw": 5.3e10, "d2h_bw": 5.1e10,
+            "launch_overhead_s": 6e-5, "kernel_launch_s": 4e-6, "gemv_bytes": 512 << 20, "gemv_per_window": 50,
+            "device": "cuda", "threads": 1}
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(calibrate, "measure", lambda device, quick, threads: seen.update(device=device) or dict(fake))
+    base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/hardware/h200.yaml"))
+    assert base["flops_efficiency"] < 1.0 and base["mem_efficiency"] < 1.0
+    assert calibrate.main(["hardware=h200", f"out={tmp_path / 'h200-calibrated.yaml'}"]) == 0
+    prof = OmegaConf.to_container(OmegaConf.load(tmp_path / "h200-calibrated.yaml"))
+    assert seen["device"] == "cuda"
+    assert prof["flops_efficiency"] == 1.0 and prof["mem_efficiency"] == 1.0
+    assert prof["mem_bw"] == fake["mem_bw"] and prof["datasheet"]["mem_bw"] == base["mem_bw"]
+    assert "measured" in prof["sources"]["mem_efficiency"]
+    assert prof["measured"]["kernel_launch_s"] == fake["kernel_launch_s"]
+
+
+def test_fidelity_over_repeats_aggregates_each_configuration(compose_cfg, tmp_path):
+    """systems.ttc.fidelity: repeats of the real runs, the first repeat's trees replayed once on the
+    simulated backend; per configuration the mean, min and max real time, the MAPE of the mean and
+    of each repeat, bytes exact in every repeat."""
+    from harness.report import gather_runs
+    from systems.ttc.fidelity import main, report_repeats
+    common = ["backend=torch", "backend.device=cpu", "model=tiny-opt", "model.num_layers=2", "model.vocab_size=500",
+              "beams=4", "prompt_len=8", "gen_len=8", "step=4", "kv_budget=96KiB", "hardware=cpu",
+              "system.record_tree=true"]
+    reps = []
+    for i in range(2):
+        for s in ("layerwise", "lbs"):
+            assert run(compose_cfg(*common, f"system={s}", output_dir=tmp_path / f"rep{i}" / s))["status"] == "ok"
+        reps.append(gather_runs(tmp_path / f"rep{i}"))
+    summary = report_repeats(tmp_path, reps)
+    row = summary.iloc[0]
+    assert row.pairs == 2 and row.repeats == 2 and bool(row.bytes_exact)
+    assert len(row.time_mape_each_repeat.split()) == 2 and row.time_mape >= 0 and row.real_spread_max >= 0
+    assert row.time_mape_of_mean >= 0
+    text = (tmp_path / "fidelity.md").read_text()
+    assert "e2e_s_real_mean" in text and "e2e_s_real_max" in text
+    assert len(list((tmp_path / "sim_replay").glob("*/run.json"))) == 2          # one replay per configuration
+    assert main(["repeats=0"]) == 2

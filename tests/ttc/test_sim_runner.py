@@ -36,14 +36,18 @@ def test_interbeam_moves_less_than_intertoken(compose_cfg, tmp_path):
     assert b["e2e_s"] < a["e2e_s"]
 
 
-def test_layerwise_bytes_equal_eq1_3_when_residency_is_constant(compose_cfg):
-    # tiny-opt fp32: KV = 2*4*64*4 = 2 KiB per layer-token; 8 beams, 16+48 tokens.
-    # Budget 4 MiB: L = floor(4 MiB / (8 * s * 2 KiB)) = 1 for every s in 16..64 (Eq.1 at s and s+1
-    # agree), so the plan's reserve-one-token reading of Eq.1 coincides with the paper's.
-    rec = _run(compose_cfg, "system=layerwise", "model=tiny-opt", "beams=8", "step=16", "gen_len=48",
-               "prompt_len=16", "kv_budget=4MiB")
-    eq3 = dm_layerwise(num_layers=4, num_beams=8, kv=2048, mem_gpu=4 * 2**20, prompt_len=16, gen_len=48)
-    assert rec["summary"]["h2d_bytes"] == eq3 == rec["summary"]["eq_prediction_bytes"]
+def test_layerwise_bytes_equal_eq1_3_at_step_1(compose_cfg, tmp_path):
+    """tiny-opt fp32: KV = 2*4*64*4 = 2 KiB per layer-token; 8 beams, prompt 48, 16 generated. Budget
+    1 MiB: L = floor(64 / s) = 1 for every s in 48..64 (Eq.1 at s and the plan's reading agree). At
+    step 1 the plan moves exactly Eq.3; at step 16 Eq.3 minus the step tail kept on the device (3
+    offloaded layers x 8 beams x 0..15 tokens). (Mutation caught: per-token loads of all s tokens
+    instead of the step's start.)"""
+    eq3 = dm_layerwise(num_layers=4, num_beams=8, kv=2048, mem_gpu=2**20, prompt_len=48, gen_len=16)
+    assert eq3 == 3 * 8 * 2048 * sum(range(48, 64))
+    for step, expect in ((1, eq3), (16, eq3 - 3 * 8 * 2048 * sum(range(16)))):
+        rec = _run(compose_cfg, "system=layerwise", "model=tiny-opt", "beams=8", f"step={step}", "gen_len=16",
+                   "prompt_len=48", "kv_budget=1MiB", output_dir=tmp_path / str(step))
+        assert rec["summary"]["h2d_bytes"] == expect and rec["summary"]["eq_prediction_bytes"] == eq3
 
 
 def test_lbs_faster_than_layerwise_and_in_gpu_oom_at_64_beams(compose_cfg, tmp_path):

@@ -26,8 +26,8 @@ MODEL = ["model=tiny-opt", "model.num_layers=4", "model.hidden_size=64", "model.
          "model.vocab_size=1000", "model.dtype=float64", "model.hf_config.word_embed_proj_dim=64"]
 # 8 beams (beam size 4 x width 2), prompt 16, 32 generated tokens in steps of 8.
 # Budget 480 KiB: LBS capacity 5/3/3/2 beams at steps 0-3 (balanced [4,4] with one beam prefetched,
-# then [3,3,2], [3,3,2], [2,2,2,2]); layer-wise keeps L = floor(60 / (s+1)) = 3 -> 2 -> 1 layers
-# (evictions at s = 20 and s = 30).
+# then [3,3,2], [3,3,2], [2,2,2,2]); layer-wise keeps L = floor(60 / s_end) = 2, 1, 1, 1 layers at
+# the step ends s_end = 24, 32, 40, 48 (evictions 4 -> 2 at step 0, from the prefill, and 2 -> 1).
 WORK = ["beams=8", "prompt_len=16", "gen_len=32", "step=8", "seed=7", "system.record_tree=true"]
 BUDGET = 480 * KV
 SYSTEMS = ["in_gpu", "layerwise", "lbs", "lbs_intertoken", "lbs_interbeam", "lbs_prefetch"]
@@ -35,6 +35,7 @@ SYSTEMS = ["in_gpu", "layerwise", "lbs", "lbs_intertoken", "lbs_interbeam", "lbs
 
 def _run(compose_cfg, tmp_path, system, *extra, budget=BUDGET):
     over = ["backend=torch", "backend.device=cpu", f"system={system}", *MODEL, *WORK, *extra]
+    tmp_path.mkdir(parents=True, exist_ok=True)
     if budget is not None:
         over.append(f"kv_budget={budget}")
     rec = run(compose_cfg(*over, output_dir=tmp_path / system))
@@ -72,13 +73,20 @@ def test_offloading_runs_move_exactly_the_planned_bytes(records):
         # per step, counted at every copy by the store, equal to the plan's prediction
         assert df.h2d_bytes.tolist() == df.plan_h2d_bytes.tolist(), s
         assert df.d2h_bytes.tolist() == df.plan_d2h_bytes.tolist(), s
+        assert df.peak_device_bytes.tolist() == df.plan_device_bytes.tolist(), s
         assert df.h2d_bytes.sum() > 0
         sm = records[s]["summary"]
-        assert sm["d2h_bytes"] == sm["plan_d2h_bytes"] + 16 * 4 * KV     # + the prompt's write-back
-        # layer-wise: + two layers in flight (staging), 8 beams x 48 tokens each
-        assert sm["peak_device_kv_bytes"] <= BUDGET + (2 * 8 * 48 * KV if s == "layerwise" else 0)
+        prompt_wb = 0 if s == "layerwise" else 16 * 4 * KV     # LBS writes the prompt to the host
+        assert sm["d2h_bytes"] == sm["plan_d2h_bytes"] + prompt_wb
+        # physical device memory: within the budget + the staging the plan declares (layer-wise:
+        # layers in flight and the step tail), per step and over the run
+        assert (df.peak_physical_bytes <= BUDGET + df.staging_bytes).all(), s
+        assert sm["peak_device_physical_bytes"] <= BUDGET + sm["max_staging_bytes"]
+        assert (sm["max_staging_bytes"] > 0) == (s == "layerwise")
     lw = records["layerwise"]["steps_df"]
-    assert lw.d2h_bytes.sum() > lw.tokens.sum() * 8 * KV      # evictions happened (3 -> 2 -> 1 layers)
+    # step 0: prefill's layers 2,3 evicted (8 beams x 16 tokens each) + tail of 2 layers (8 beams x 8);
+    # step 1: layer 1 evicted (8 x 24) + tail of 3 layers; steps 2-3: tails of 3 layers
+    assert lw.d2h_bytes.tolist() == [KV * x for x in (2 * 128 + 2 * 64, 192 + 3 * 64, 3 * 64, 3 * 64)]
     lbs = records["lbs"]["steps_df"]
     assert lbs.groups.tolist() == [2, 3, 3, 4]
     assert records["lbs"]["summary"]["h2d_bytes"] < 0.7 * records["lbs_intertoken"]["summary"]["h2d_bytes"]
@@ -95,14 +103,19 @@ def test_lbs_intertoken_bytes_equal_eq4_5(records):
     assert sm["h2d_bytes"] == eq5 == sm["eq5_lbs_bytes"] == 8 * 4 * KV * (16 + 24 + 32 + 40)
 
 
-def test_layerwise_bytes_equal_eq1_3_when_residency_is_constant(compose_cfg, tmp_path):
-    # Eq.1-3 assumptions: Eq.1 at s and the plan's s+1 give the same L for every token. 4 beams,
-    # prompt 64, 16 generated: budget 400 KiB -> L = floor(100 / s) = floor(100 / (s+1)) = 1 for s in 64..79.
-    rec = _run(compose_cfg, tmp_path, "layerwise", "beams=4", "prompt_len=64", "gen_len=16", budget=400 * KV)
+def test_layerwise_bytes_equal_eq1_3_at_step_1_and_less_the_step_tail_otherwise(compose_cfg, tmp_path):
+    """Eq.1-3 assumptions: Eq.1 at s and the plan's reading agree (4 beams, prompt 64, 16 generated,
+    budget 400 KiB: L = floor(100 / s) = 1 for s in 64..80). At step 1 every token loads each offloaded
+    layer's whole KV: exactly Eq.3. At step 8 the step's earlier tokens stay on the device: Eq.3 minus
+    3 layers x 4 beams x (0 + 1 + ... + 7) tokens per step. (Mutation caught: loading the tail from
+    the host, or counting it, breaks the second equality.)"""
     eq3 = dm_layerwise(num_layers=4, num_beams=4, kv=KV, mem_gpu=400 * KV, prompt_len=64, gen_len=16)
-    sm = rec["summary"]
-    assert sm["h2d_bytes"] == eq3 == sm["eq3_layerwise_bytes"]
     assert eq3 == 3 * 4 * KV * sum(range(64, 80))
+    for step, expect in ((1, eq3), (8, eq3 - 2 * 3 * 4 * KV * sum(range(8)))):
+        rec = _run(compose_cfg, tmp_path / str(step), "layerwise", "beams=4", "prompt_len=64", "gen_len=16",
+                   f"step={step}", budget=400 * KV)
+        sm = rec["summary"]
+        assert sm["h2d_bytes"] == expect and sm["eq3_layerwise_bytes"] == eq3, step
 
 
 def test_same_seed_same_search_under_every_scheduler(records):
@@ -117,10 +130,15 @@ def test_same_seed_same_search_under_every_scheduler(records):
         assert r["summary"]["best_cum_logprob"] == pytest.approx(ref["summary"]["best_cum_logprob"], abs=1e-9)
 
 
-def test_timings_are_recorded(records):
+def test_timings_threads_and_warmup_are_recorded(records):
     for s in SYSTEMS:
         sm = records[s]["summary"]
         assert sm["compute_s"] > 0 and sm["e2e_s"] >= sm["compute_s"]
+        assert records[s]["threads"]["torch_threads"] == 1 and sm["warmup_s"] > 0   # excluded, recorded
+        assert "thread_time" in sm["time_basis"]                          # CPU: the engine thread's CPU time
+        assert sm["cuda_max_memory_allocated_bytes"] is None              # CPU run
+        # end to end = the prefill + every step's wall time (compute + I/O stall) + planning/expansion
+        assert sm["e2e_s"] > records[s]["steps_df"].latency_s.sum() > 0
     assert records["layerwise"]["summary"]["io_stall_s"] > 0
     assert records["in_gpu"]["summary"]["io_stall_s"] == 0
 
@@ -171,7 +189,7 @@ def _setup(small_model, kind, exec_budget, plan_budget, beams=4, prompt=8, gen=8
     geom = KVGeometry.from_model(cfg)
     sched = Scheduler(kind, geom, plan_budget, prompt_len=prompt, gen_len=gen, **kw)
     tree = BeamTree(prompt)
-    ex.prefill(tree, list(range(prompt)), offload=kind != "in_gpu")
+    ex.prefill(tree, list(range(prompt)), offload=sched.prefill_offload(beams))
     return ex, sched, tree, initial_beams(tree, beams, 0)
 
 
@@ -253,9 +271,11 @@ def test_each_step_moves_and_holds_what_its_plan_says(request, arch, kind, kw):
             new = select_and_expand(tree, beams, 4, 2)
             ex.expand(plan, tree, beams, new)
             beams = new
-    assert set(ex.store.host.segs) == set(tree.segments)          # dead segments freed on the host
     if kind == "lbs":
+        assert set(ex.store.host.segs) == set(tree.segments)      # dead segments freed on the host
         assert seen_prefetch > 0
+    else:                               # layer-wise keeps dense per-beam host layers, no segments
+        assert not ex.store.host.segs and set(ex.lw.host.layers) == {1}
     ex.close()
 
 

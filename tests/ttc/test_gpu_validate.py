@@ -1,0 +1,73 @@
+"""scripts/gpu_validate.py's CPU dry run (TINY=1): every code path of the GPU run on a tiny model,
+through the same shell wrapper as the device call; and the deadline, inside runs and in the script."""
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.run import run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_dry_run_finishes_inside_estimates_and_deadline_and_packs_flat_files(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = dict(os.environ, TINY="1", OUT=str(out), WORK=str(work), PY=sys.executable, DEADLINE_S="300")
+    p = subprocess.run(["bash", "scripts/gpu_validate.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert all(f.is_file() for f in out.iterdir())                      # nothing but flat files comes back
+    for f in ("results.csv", "estimates.csv", "ceilings.json", "copy_bw.csv", "cpu-measured.yaml",
+              "ordering.json", "summary.json", "runs.tar.gz", "log.txt", "groups_bw.csv"):
+        assert (out / f).exists(), f
+    log = (out / "log.txt").read_text()
+    assert log.index("estimates (s):") < log.index(": ok real")          # estimates printed first
+    est, res = pd.read_csv(out / "estimates.csv"), pd.read_csv(out / "results.csv")
+    assert len(est) == len(res) == 13
+    budgeted = est[~est.config.str.startswith(("hf_offload", "in_gpu"))]
+    assert len(budgeted) == 11 and budgeted.offloads.all()             # every budgeted run offloads
+    ran = res[res.status == "ok"]
+    assert len(ran) == 12 and set(res.status) == {"ok", "refused"}       # hf_offload needs CUDA
+    assert ran.within_estimate.all() and (ran.h2d_real == ran.h2d_sim).all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["total_s"] < 300
+    assert json.loads((out / "ordering.json").read_text())["ok"]
+    with tarfile.open(out / "runs.tar.gz") as tf:
+        names = tf.getnames()
+    recs = [n for n in names if n.endswith("run.json") and "/real-" in n]
+    assert len(recs) == 12                                              # hf_offload refused before work
+    # every real run carried the script's hard deadline
+    rec = json.loads((work / "runs" / "real-lbs-b16-s16" / "run.json").read_text())
+    assert rec["config"]["system"]["deadline"] == pytest.approx(summary["deadline_s"] + summary["started_at"], abs=1)
+
+
+def test_past_the_deadline_configurations_are_skipped_and_outputs_still_packed(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_validate
+    rc = gpu_validate.main(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--tiny",
+                            "--deadline-s", "0"])
+    assert rc == 0
+    res = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert len(res) == 13 and res.status.str.startswith("skipped").all()
+    assert not (tmp_path / "out" / "ordering.json").exists()
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "finished"
+
+
+def test_a_run_stops_at_its_deadline_between_steps_recorded_as_timeout(compose_cfg, tmp_path, monkeypatch):
+    """system.deadline: the run stops after the step during which it passed; the record says
+    timeout with the steps done (a re-run does not skip it). (Mutation caught: the check removed.)"""
+    from systems.ttc import runner
+    clock = iter([0.0, 0.0, 2000.0, 2000.0])
+    monkeypatch.setattr(runner, "_now", lambda: next(clock))
+    rec = run(compose_cfg("backend=torch", "backend.device=cpu", "system=layerwise", "model=tiny-opt",
+                          "model.num_layers=2", "beams=4", "prompt_len=8", "gen_len=16", "step=4",
+                          "kv_budget=128KiB", "system.deadline=1000"))
+    assert rec["status"] == "timeout" and "after 2 of 4 steps" in rec["message"]
+    assert rec["summary"]["steps_done"] == 2
+    from harness.records import load_valid_record
+    assert load_valid_record(Path(rec["config"]["output_dir"])) is None

@@ -1,0 +1,60 @@
+"""LBS reports label every value by its own record: a sweep that mixes the simulated backend and the
+real engine shows both, each row / line / bar with its source, and never divides a measured time by
+a simulated one."""
+import pytest
+
+from harness.report import gather_runs
+from harness.run import run
+from systems.ttc import report
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+JOB = ["model=tiny-opt", "model.num_layers=2", "model.vocab_size=500", "beams=4", "prompt_len=8", "gen_len=8",
+       "step=4", "kv_budget=96KiB", "hardware=cpu"]
+
+
+@pytest.fixture(scope="module")
+def mixed_sweep(tmp_path_factory):
+    """Four jobs of one sweep folder: layer-wise and LBS, each on the simulated backend and on the
+    real CPU engine."""
+    from hydra import compose, initialize_config_dir
+    from tests.conftest import ROOT
+    sweep = tmp_path_factory.mktemp("mixed")
+    for system in ("layerwise", "lbs"):
+        for backend in ("sim", "torch"):
+            with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+                cfg = compose("config", overrides=[f"system={system}", f"backend={backend}", *JOB, "tracking=none",
+                                                   "progress=false", f"output_dir={sweep / f'{system}-{backend}'}"]
+                              + (["backend.device=cpu"] if backend == "torch" else []))
+            assert run(cfg, multirun=True)["status"] == "ok"
+    return sweep, gather_runs(sweep)
+
+
+def test_speedup_table_shows_both_sources_each_against_its_own_baseline(mixed_sweep):
+    """(Mutation caught: the speedup baseline looked up without the source, so the measured LBS run
+    is divided by the simulated layer-wise time.)"""
+    sweep, runs = mixed_sweep
+    rng = report._speedup_report(sweep, runs, "fig9", "LBS Fig.9 - test")
+    text = (sweep / "fig9.md").read_text()
+    assert "(simulated and measured: each value labelled)" in text.splitlines()[0]
+    tab = report._speedups(report._tidy(runs))
+    assert sorted(tab.source.unique()) == ["measured", "simulated"]
+    for src, label in (("simulated", "(sim)"), ("measured", "(measured)")):
+        d = tab[tab.source == src].set_index("system")
+        assert d.loc["lbs", "speedup"] == pytest.approx(d.loc["layerwise", "e2e_s"] / d.loc["lbs", "e2e_s"])
+        row = next(l for l in text.splitlines() if f"| {src} " in l.replace("|  ", "| "))
+        assert row.count(label) == 2                                      # both values, their own label
+    assert set(rng.ours_is) == {"simulated", "measured"}
+    assert (sweep / "fig9.png").exists()
+
+
+def test_breakdown_table_and_title_label_each_row(mixed_sweep):
+    sweep, runs = mixed_sweep
+    report.fig11(sweep, runs, None)
+    text = (sweep / "fig11.md").read_text()
+    assert "(simulated and measured: each value labelled)" in text.splitlines()[0]
+    rows = [l for l in text.splitlines() if "| tiny-opt" in l]
+    assert len(rows) == 4 and sum("| simulated " in r for r in rows) == 2 and sum("| measured " in r for r in rows) == 2
+    sim_only = runs[runs.simulated.astype(bool)]
+    report.fig11(sweep, sim_only, None)
+    assert "(simulated)" in (sweep / "fig11.md").read_text().splitlines()[0]
