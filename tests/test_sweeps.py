@@ -49,6 +49,7 @@ def test_sweep_goes_on_past_an_error_and_exits_1_after_the_counts(tmp_path):
     err = runs[runs["status"] == "error"].iloc[0]
     assert Path(err["run_dir"]).name == "beams=4,system=in_gpu,workload.beam_width=8"
     assert "beams=4 is not allowed: a positive multiple of beam_width=8" in err["message"]
+    assert not list(tmp_path.rglob(".hydra"))         # run.json holds each job's config (sweeper point 4)
 
 
 # --- jobs that fail outside their run: the sweeper records them ---------------------------------
