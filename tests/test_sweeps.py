@@ -160,3 +160,18 @@ def test_killed_sweep_driver_then_rerun_leaves_one_valid_record_per_job(tmp_path
     assert {job: after[job] for job in before} == before          # recorded before the kill: skipped
     runs = pd.read_parquet(sweep_dir / "runs.parquet")
     assert len(runs) == 25 and runs["run_dir"].is_unique
+
+
+def test_memoised_composition_gives_hydras_error_for_a_value_the_config_refuses():
+    """A job served from the composition cache whose value does not fit the field's type goes
+    through Hydra, which names the override (what an unmemoised sweep says). Mutation: without the
+    fallback in MemoConfigLoader.load_sweep_config, OmegaConf's ValidationError escapes instead."""
+    from hydra.errors import ConfigCompositionException
+
+    from harness.compose import MemoConfigLoader
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        master = compose("config", overrides=["tracking=none"], return_hydra_config=True)
+        memo = MemoConfigLoader.wrap(GlobalHydra.instance().config_loader())
+        memo.load_sweep_config(master, ["tracking=none", "workload.beam_width=2"])     # cached
+        with pytest.raises(ConfigCompositionException, match="Error merging override workload.beam_width=two"):
+            memo.load_sweep_config(master, ["tracking=none", "workload.beam_width=two"])
