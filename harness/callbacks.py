@@ -5,6 +5,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -31,15 +32,18 @@ class SweepReport(Callback):
         self.driver = (socket.gethostname(), os.getpid())
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """In the job's process (this object travels to workers with Hydra's context): when the
-        sweep's driver on this host is gone (``kill -9``), exit before the job runs. Without it the
-        orphaned joblib workers run the rest of their chunk of jobs beside a re-run of the sweep."""
+        """In the job's process (this object travels to workers with Hydra's context): a process
+        the sweep's driver started itself (a joblib worker, a submitit-local job) watches the driver
+        and exits within a second of its death (``kill -9``). Without it, orphaned joblib workers
+        run the rest of their chunk of jobs beside a re-run of the sweep, then idle for minutes.
+        The interrupted job has no record, so the re-run runs it (Ray workers and SLURM jobs are
+        not the driver's children: Ray ends its own, SLURM jobs outlive the driver by design)."""
         if self.driver is None or self.driver[0] != socket.gethostname() or self.driver[1] == os.getpid():
             return
-        if not _alive(self.driver[1]):
-            print(f"the sweep's driver (pid {self.driver[1]}) is gone: this worker stops before the job "
-                  f"{' '.join(config.hydra.overrides.task)}", file=sys.stderr, flush=True)
-            os._exit(3)
+        if os.getppid() == self.driver[1]:
+            _watch_driver(self.driver[1])
+        if _watched == self.driver[1] and not _alive(self.driver[1]):
+            _driver_gone(self.driver[1])
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.utils import get_method
@@ -109,6 +113,28 @@ class SweepReport(Callback):
                 tr.log_image(png.stem, png)
         finally:
             tr.finish()
+
+
+_watched: Optional[int] = None      # the driver pid this process watches (one watcher thread per process)
+
+
+def _watch_driver(pid: int) -> None:
+    global _watched
+    if _watched != pid:
+        _watched = pid
+        threading.Thread(target=_watch, args=(pid,), name="sweep-driver-watch", daemon=True).start()
+
+
+def _watch(pid: int) -> None:
+    while _alive(pid):
+        time.sleep(1.0)
+    _driver_gone(pid)
+
+
+def _driver_gone(pid: int) -> None:
+    print(f"the sweep's driver (pid {pid}) is gone: its worker {os.getpid()} stops (jobs without a record "
+          f"run again when the sweep is re-run)", file=sys.stderr, flush=True)
+    os._exit(3)
 
 
 def _alive(pid: int) -> bool:

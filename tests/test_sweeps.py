@@ -115,10 +115,10 @@ def _group_alive(pgid: int) -> bool:
 @pytest.mark.slow
 def test_killed_sweep_driver_then_rerun_leaves_one_valid_record_per_job(tmp_path):
     """The sweep's driver is killed (SIGKILL) after a few of its 25 jobs; its worker processes stop
-    at their next job (they would otherwise run the rest of their chunk beside the re-run and then
+    within seconds (they would otherwise run the rest of their chunk beside the re-run and then
     idle for minutes). The same command again: 25 jobs, each with exactly one valid record, the jobs
     recorded before the kill not re-run, no temp file of a killed writer left, runs.parquet with 25
-    rows. Mutations: without SweepReport.on_job_start's driver check the workers outlive the driver
+    rows. Mutations: without SweepReport.on_job_start's driver watch the workers outlive the driver
     (fails at 'workers still running'); without the stale temp file clean-up the planted temp
     files stay."""
     cmd = [sys.executable, "run.py", "-m", "experiment=lbs_fig9", "model=opt-6.7b", "step=128",
