@@ -79,9 +79,9 @@ class FastBasicSweeper(Sweeper):
                 hydra_overrides.append("hydra.output_subdir=null")        # point 4 of the module doc
                 self.config.hydra.output_subdir = None
         jobs = self.jobs(arguments)
+        self.validate_batch_is_legal(jobs)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         atomic_write_bytes(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config).encode())
-        self.validate_batch_is_legal(jobs)
         self.launcher = self._instantiate_launcher(len(jobs))
         size = self.max_batch_size if self.max_batch_size and self.max_batch_size > 0 else max(1, len(jobs))
         returns = []
