@@ -175,3 +175,29 @@ def test_memoised_composition_gives_hydras_error_for_a_value_the_config_refuses(
         memo.load_sweep_config(master, ["tracking=none", "workload.beam_width=2"])     # cached
         with pytest.raises(ConfigCompositionException, match="Error merging override workload.beam_width=two"):
             memo.load_sweep_config(master, ["tracking=none", "workload.beam_width=two"])
+
+
+def test_memoised_composition_keeps_the_schemas_and_struct_mode():
+    """A config served from the cache (a pickled copy) is typed and closed like Hydra's: each
+    group's node has its schema's type, unknown keys are refused, values are validated. Mutation:
+    caching ``OmegaConf.to_container`` and re-creating the config loses the schemas (fails here)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ValidationError
+
+    from harness.compose import MemoConfigLoader
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        loader = GlobalHydra.instance().config_loader()
+        master = compose("config", overrides=["tracking=none"], return_hydra_config=True)
+        memo = MemoConfigLoader.wrap(loader)
+        memo.load_sweep_config(master, ["tracking=none", "beams=4"])
+        hits = MemoConfigLoader.hits
+        got = memo.load_sweep_config(master, ["tracking=none", "beams=8"])
+        want = loader.load_sweep_config(master, ["tracking=none", "beams=8"])
+    assert MemoConfigLoader.hits == hits + 1
+    assert {k: OmegaConf.get_type(got, k) for k in got} == {k: OmegaConf.get_type(want, k) for k in want}
+    assert OmegaConf.is_struct(got) and OmegaConf.is_struct(got.workload)
+    with pytest.raises(ConfigAttributeError):
+        got.workload.beamz = 4
+    with pytest.raises(ValidationError):
+        got.workload.beam_width = "two"
