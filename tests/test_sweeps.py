@@ -178,9 +178,9 @@ def test_memoised_composition_gives_hydras_error_for_a_value_the_config_refuses(
 
 
 def test_memoised_composition_keeps_the_schemas_and_struct_mode():
-    """A config served from the cache (a pickled copy) is typed and closed like Hydra's: each
-    group's node has its schema's type, unknown keys are refused, values are validated. Mutation:
-    caching ``OmegaConf.to_container`` and re-creating the config loses the schemas (fails here)."""
+    """A config served from the cache (a copy) is typed and closed like Hydra's: each group's node
+    has its schema's type, unknown keys are refused, values are validated. Mutation: caching
+    ``OmegaConf.to_container`` and re-creating the config loses the schemas (fails here)."""
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError, ValidationError
