@@ -19,7 +19,7 @@ serially, in the parent before launching. For the 225-job Fig.9 sweep that was m
    known): Hydra ships the sweep's context and restores its global state once per chunk instead of
    once per job (~80 ms of a ~0.5 s simulated job). joblib's own ``auto`` never batches jobs this long.
 4. Sweep jobs write no ``.hydra/`` copies of their config (``hydra.output_subdir=null`` is added
-   to the sweep's Hydra overrides, as if typed; ~20 % of a simulated job's CPU time): ``run.json``
+   to the sweep's Hydra overrides, as if typed; they cost ~15 % of a simulated job's CPU): ``run.json``
    holds the job's resolved config, the folder name its overrides, ``multirun.yaml`` the sweep's
    config. ``hydra.output_subdir=.hydra`` on the command line keeps them.
 5. A sweep goes on past failed jobs. A job whose task raised, or that a launcher lost (a worker
