@@ -36,8 +36,8 @@ def test_no_module_of_ours_uses_hydras_private_api():
 def test_sweep_goes_on_past_an_error_and_exits_1_after_the_counts(tmp_path):
     """4 jobs: beams=4 with beam width 8 is invalid only in combination (recorded as error, the
     sweep goes on), 64 beams do not fit in GPU memory (oom: a result, not an error). Exit 1, after
-    the count per status. Mutations: counting oom as error (the message says 3), exiting 0 on
-    errors, or a sweep that stops at the failed job (fewer records) fail here."""
+    the count per status. Mutations: counting oom as error (the message says 3) or exiting 0 on
+    errors fail here."""
     out = subprocess.run([sys.executable, "run.py", "-m", "system=in_gpu", "beams=4,64", "workload.beam_width=2,8",
                           "tracking=none", f"results_dir={tmp_path}", "sweep_name=t"],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
@@ -82,7 +82,7 @@ def stub_sweep(tmp_path, launcher):
 def test_job_whose_task_raised_is_recorded_as_error(tmp_path):
     """layerwise's task raised before writing a record: an error record with the exception; lbs
     completed and its record stays as it was. Mutation: dropping the sweeper's
-    ``_record_failed_job`` call (or calling it for completed jobs) fails here."""
+    ``_record_failed_job`` call fails here (and the next test)."""
     done = tmp_path / "sweeps/t/beams=4,system=lbs/run.json"
     records.atomic_write_json(done, {"status": "ok", "summary": {"x": 1}})
     failed = JobReturn(overrides=["system=layerwise", "beams=4"], status=JobStatus.FAILED)
