@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import sys
+import threading
 import time
+import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -13,20 +18,41 @@ log = logging.getLogger(__name__)
 
 
 class SweepReport(Callback):
-    """On multirun end: write ``runs.parquet`` (one row per job) in the sweep dir and, when the
-    config names ``report: module.function``, call ``report(sweep_dir, runs, cfg)``."""
+    """On multirun end: write ``runs.parquet`` (one row per job) in the sweep dir, print the count
+    per status and, when the config names ``report: module.function``, call
+    ``report(sweep_dir, runs, cfg)``. Last, exit 1 when any job's status is ``error`` (``oom`` is a
+    recorded result, not an error), so scripts and CI see a failed sweep. Hydra calls end hooks in
+    reverse order: listed first under ``hydra.callbacks``, this one runs after the others."""
 
     started_at: Optional[float] = None          # time.time() at multirun start
+    driver: Optional[Tuple[str, int]] = None    # (host, pid) of the sweep's driver process
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.started_at = time.time()
+        self.driver = (socket.gethostname(), os.getpid())
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """In the job's process (this object travels to workers with Hydra's context): a process
+        the sweep's driver started itself (a joblib worker, a submitit-local job) watches the driver
+        and exits within a second of its death (``kill -9``). Without it, orphaned joblib workers
+        run the rest of their chunk of jobs beside a re-run of the sweep, then idle for minutes.
+        The interrupted job has no record, so the re-run runs it (Ray workers and SLURM jobs are
+        not the driver's children: Ray ends its own, SLURM jobs outlive the driver by design)."""
+        if self.driver is None or self.driver[0] != socket.gethostname() or self.driver[1] == os.getpid():
+            return
+        if os.getppid() == self.driver[1]:
+            _watch_driver(self.driver[1])
+        if _watched == self.driver[1] and not _alive(self.driver[1]):
+            _driver_gone(self.driver[1])
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.utils import get_method
 
-        from harness.records import atomic_write_parquet
+        from harness.records import atomic_write_parquet, remove_stale_temp_files
         from harness.report import gather_runs, run_report
         sweep_dir = Path(config.hydra.sweep.dir)
+        if self.started_at is not None:         # left by processes killed mid-write, e.g. an earlier driver
+            remove_stale_temp_files(sweep_dir, older_than=self.started_at)
         runs = gather_runs(sweep_dir)
         flat = runs.astype({c: str for c in runs.columns if runs[c].dtype == object})   # mixed-type columns
         if len(runs):
@@ -35,13 +61,27 @@ class SweepReport(Callback):
         by_status = ", ".join(f"{int(n)} {st}" for st, n in sorted(dict(counts).items(), key=lambda kv: kv[0] != "ok"))
         print(f"sweep {sweep_dir}: {len(runs)} records ({by_status or 'none'})")
         target = config.get("report")
+        report_failed = False
         if target:
-            run_report(get_method(target), sweep_dir, runs, config)     # with repeats: intervals
-            print(f"report written under {sweep_dir}")
+            try:
+                run_report(get_method(target), sweep_dir, runs, config)     # with repeats: intervals
+                print(f"report written under {sweep_dir}")
+            except Exception:
+                log.error("report %s failed: %s", target, traceback.format_exc())
+                report_failed = True
         if self._any_written_since_start(runs):
             self._mirror_to_wandb(config, sweep_dir, flat)
         elif len(runs):
             print("every job was already recorded: the sweep's W&B run is not logged again")
+        errors = int(dict(counts).get("error", 0))
+        if errors:
+            print(f"sweep failed: {errors} job(s) with status error (their message: the 'message' column of "
+                  f"{sweep_dir / 'runs.parquet'}); re-running the same command runs them again", file=sys.stderr)
+            sys.exit(1)
+        if report_failed:
+            print(f"sweep failed: its report ({target}) raised; the records and runs.parquet are written",
+                  file=sys.stderr)
+            sys.exit(1)
 
     def _any_written_since_start(self, runs) -> bool:
         """Whether this invocation wrote any record (False when every job was skipped as done)."""
@@ -73,3 +113,42 @@ class SweepReport(Callback):
                 tr.log_image(png.stem, png)
         finally:
             tr.finish()
+
+
+_watched: Optional[int] = None      # the driver pid this process watches (one watcher thread per process)
+
+
+def _watch_driver(pid: int) -> None:
+    global _watched
+    if _watched != pid:
+        _watched = pid
+        threading.Thread(target=_watch, args=(pid,), name="sweep-driver-watch", daemon=True).start()
+
+
+def _watch(pid: int) -> None:
+    while _alive(pid):
+        time.sleep(1.0)
+    _driver_gone(pid)
+
+
+def _driver_gone(pid: int) -> None:
+    print(f"the sweep's driver (pid {pid}) is gone: its worker {os.getpid()} stops (jobs without a record "
+          f"run again when the sweep is re-run)", file=sys.stderr, flush=True)
+    os._exit(3)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:                 # no /proc (macOS): ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from harness.gpus import text as _text
 
@@ -66,6 +66,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def remove_stale_temp_files(directory: Path, older_than: float) -> List[Path]:
+    """Delete the temp files of :func:`atomic_write_bytes` (``.<name>.<random>.tmp``) below
+    ``directory`` last modified before ``older_than`` (``time.time()``): what a process killed
+    mid-write (``kill -9``) leaves. Returns the deleted paths."""
+    stale = [p for p in Path(directory).rglob(".*.tmp") if p.is_file() and p.stat().st_mtime < older_than]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -118,7 +118,7 @@ def test_bad_input_exits_with_message(tmp_path):
 @pytest.mark.parametrize("launcher,target", [
     ("local", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
     ("slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"),
-    ("ray", "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"),
+    ("ray", "hydra_plugins.harness_ray_launcher.RayLauncher"),
 ])
 def test_launcher_configs_compose(launcher, target):
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):

@@ -1,64 +1,127 @@
-"""Hydra's basic sweeper with two costs of large simulated sweeps removed.
+"""The sweeper of ``run.py -m``: Hydra's basic (Cartesian) sweep, written on Hydra's public Sweeper
+interface, with the costs of large simulated sweeps removed and failed jobs recorded.
 
 A simulated job runs in ~0.15 s, but Hydra spends ~0.3-0.5 s composing each job's config (reading
-and merging ~27 YAML files and schemas) and the basic sweeper composes every job once more,
+and merging ~27 YAML files and schemas) and Hydra's basic sweeper composes every job once more,
 serially, in the parent before launching. For the 225-job Fig.9 sweep that was most of the time.
 
-1. ``validate_batch_is_legal`` composes and validates (``harness.run.validate``) a *covering set* of
-   the batch's jobs up front instead of every job: every value of every swept parameter appears in
-   at least one checked job (5 jobs of Fig.9's 225). A bad value stops the sweep before any work,
-   with the job's overrides and exit code 2. Values that are invalid only in combination are
-   found by the job itself in its worker and recorded as an invalid job (status error). With
+1. ``validate_batch_is_legal`` composes and validates (``harness.run.validate_config``) a
+   *covering set* of the sweep's jobs up front instead of every job: every value of every swept
+   parameter appears in at least one checked job (5 jobs of Fig.9's 225). A bad value stops the
+   sweep before any work, with the job's overrides and exit code 2. Values that are invalid only
+   in combination are found by the job itself and recorded as an invalid job (status error). With
    launchers that run jobs on other machines (SLURM, Ray) only Hydra's composition is checked up
    front: the submitting host may lack the devices a job's validation looks for.
 2. The launcher gets ``harness.compose.MemoConfigLoader``, which composes once per set of config
-   groups in each worker and applies plain value overrides to a copy (see that module).
+   groups in each process and applies plain value overrides to a copy (see that module).
 3. With the joblib launcher and ``batch_size: auto``, jobs go to the workers in chunks of about
-   1/4 of a worker's share (joblib ``batch_size``): Hydra ships the sweep's context and restores
-   its global state once per chunk instead of once per job (~80 ms of a ~0.5 s simulated job).
-   joblib's own ``auto`` never batches jobs this long.
+   1/4 of a worker's share (the launcher's ``batch_size`` option, set when the sweep's size is
+   known): Hydra ships the sweep's context and restores its global state once per chunk instead of
+   once per job (~80 ms of a ~0.5 s simulated job). joblib's own ``auto`` never batches jobs this long.
+4. Sweep jobs write no ``.hydra/`` copies of their config (``hydra.output_subdir=null`` is added
+   to the sweep's Hydra overrides, as if typed; they cost ~15 % of a simulated job's CPU): ``run.json``
+   holds the job's resolved config, the folder name its overrides, ``multirun.yaml`` the sweep's
+   config. ``hydra.output_subdir=.hydra`` on the command line keeps them.
+5. A sweep goes on past failed jobs. A job whose task raised, or that a launcher lost (a worker
+   process killed, a cluster job that died), and that left no record, is recorded as ``error``
+   in its job folder, so a re-run runs it again. ``harness.callbacks.SweepReport`` prints the
+   count per status at the end and exits 1 when any job's status is ``error``.
+
+Only Hydra's public plugin API is used (``hydra.plugins``, ``hydra.core``); tests/test_sweeps.py
+checks that no module of ours imports ``hydra._internal``.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
-from typing import List, Sequence
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
+from hydra.plugins.launcher import Launcher
+from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from harness.compose import MemoConfigLoader
 
+LOCAL_LAUNCHERS = ("JoblibLauncher", "BasicLauncher")     # run jobs on this host
 
-LOCAL_LAUNCHERS = ("JoblibLauncher", "BasicLauncher")
 
+class FastBasicSweeper(Sweeper):
+    """Cartesian product of the swept values (``a=1,2 b=x,y`` -> 4 jobs), jobs in order of the
+    parameters (config groups first in experiment files, so jobs sharing them run back to back);
+    ``params`` (``hydra.sweeper.params``) and ``max_batch_size`` as in Hydra's basic sweeper."""
 
-class FastBasicSweeper(BasicSweeper):
+    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, str]] = None) -> None:
+        self.max_batch_size = max_batch_size
+        self.params = dict(params or {})
+        self.hydra_context: Optional[HydraContext] = None
+        self.task_function: Optional[TaskFunction] = None
+        self.config: Optional[DictConfig] = None
+        self.launcher: Optional[Launcher] = None
+
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        hydra_context = HydraContext(config_loader=MemoConfigLoader.wrap(hydra_context.config_loader),
-                                     callbacks=hydra_context.callbacks)
-        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
-        joblib_cfg = getattr(self.launcher, "joblib", None)
-        if isinstance(joblib_cfg, dict) and joblib_cfg.get("batch_size", "auto") == "auto":
-            launch = self.launcher.launch
+        self.hydra_context = HydraContext(config_loader=MemoConfigLoader.wrap(hydra_context.config_loader),
+                                          callbacks=hydra_context.callbacks)
+        self.task_function = task_function
+        self.config = config
 
-            def launch_in_chunks(job_overrides, initial_job_idx):
-                n_jobs = int(joblib_cfg.get("n_jobs") or 1)
-                workers = max(1, os.cpu_count() + 1 + n_jobs if n_jobs < 0 else n_jobs)
-                joblib_cfg["batch_size"] = max(1, len(job_overrides) // (4 * workers))
-                try:
-                    return launch(job_overrides, initial_job_idx)
-                finally:
-                    joblib_cfg["batch_size"] = "auto"
-            self.launcher.launch = launch_in_chunks
+    def sweep(self, arguments: List[str]) -> List[Sequence[Any]]:
+        from harness.records import atomic_write_bytes
+        hydra_overrides = self.config.hydra.overrides.hydra
+        if not any(str(o).split("=", 1)[0].lstrip("+~") == "hydra.output_subdir" for o in hydra_overrides):
+            with read_write(self.config.hydra):
+                hydra_overrides.append("hydra.output_subdir=null")        # point 4 of the module doc
+                self.config.hydra.output_subdir = None
+        jobs = self.jobs(arguments)
+        self.validate_batch_is_legal(jobs)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        atomic_write_bytes(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config).encode())
+        self.launcher = self._instantiate_launcher(len(jobs))
+        size = self.max_batch_size if self.max_batch_size and self.max_batch_size > 0 else max(1, len(jobs))
+        returns = []
+        for start in range(0, len(jobs), size):
+            batch = jobs[start:start + size]
+            try:
+                results: Sequence[Any] = self.launcher.launch(batch, initial_job_idx=start)
+            except Exception as e:       # the launcher lost the batch: its jobs without a record are errors
+                print(f"launcher failed ({type(e).__name__}: {e}); jobs of this batch without a record "
+                      f"are recorded as error", file=sys.stderr)
+                results = [e] * len(batch)
+            for overrides, r in zip(batch, results):
+                failure = r if isinstance(r, Exception) else job_failure(r)
+                if failure is not None:
+                    self._record_failed_job(overrides, failure)
+            returns.append(results)
+        return returns
+
+    def jobs(self, arguments: List[str]) -> List[List[str]]:
+        """Every job's overrides: the Cartesian product of ``params`` and the command line's."""
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()] + list(arguments))
+        lists: Dict[str, List[str]] = {}
+        for o in overrides:
+            key = o.get_key_element()
+            if not o.is_sweep_override():
+                lists[key] = [f"{key}={o.get_value_element_as_str()}"]
+            elif o.is_discrete_sweep():
+                lists[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            else:
+                raise HydraException(f"{type(self).__name__} does not support sweep type {o.value_type.name} "
+                                     f"({o.input_line}); list the values (a=1,2,3) or use range(...)")
+        return [list(job) for job in itertools.product(*lists.values())]
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from harness.errors import ConfigError
         from harness.run import validate_config
-        local = type(self.launcher).__name__ in LOCAL_LAUNCHERS
+        local = self._launcher_name() in LOCAL_LAUNCHERS
         for job in covering_jobs(batch):
-            # Hydra's own check (what BasicSweeper does for every job): the job's config composes
+            # Hydra's own check (what its basic sweeper does for every job): the job's config composes
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
             if not local:
                 continue    # SLURM/Ray: jobs run elsewhere (a login node may lack the GPU they check for)
@@ -67,6 +130,53 @@ class FastBasicSweeper(BasicSweeper):
             except ConfigError as e:
                 print(f"error: {e}\n  (in the sweep job {' '.join(job)}; nothing was run)", file=sys.stderr)
                 sys.exit(2)
+
+    def _launcher_name(self) -> str:
+        return str(self.config.hydra.launcher.get("_target_", "")).rsplit(".", 1)[-1]
+
+    def _instantiate_launcher(self, n_jobs_in_sweep: int) -> Launcher:
+        """The configured launcher; joblib's ``batch_size: auto`` becomes chunks of ~1/4 of a
+        worker's share of the sweep (point 3 of the module doc)."""
+        launcher_cfg = self.config.hydra.launcher
+        auto = self._launcher_name() == "JoblibLauncher" and launcher_cfg.get("batch_size", "auto") == "auto"
+        if auto:
+            n_jobs = int(launcher_cfg.get("n_jobs") or 1)
+            workers = max(1, os.cpu_count() + 1 + n_jobs if n_jobs < 0 else n_jobs)
+            with read_write(launcher_cfg), open_dict(launcher_cfg):
+                launcher_cfg.batch_size = str(max(1, n_jobs_in_sweep // (4 * workers)))
+        try:
+            return Plugins.instance().instantiate_launcher(hydra_context=self.hydra_context,
+                                                           task_function=self.task_function, config=self.config)
+        finally:
+            if auto:
+                with read_write(launcher_cfg), open_dict(launcher_cfg):
+                    launcher_cfg.batch_size = "auto"
+
+    def _record_failed_job(self, overrides: Sequence[str], why: Any) -> None:
+        """An ``error`` record for a job that ended without writing one (a finished record stays)."""
+        from harness import records
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        outdir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+        rec_path = outdir / "run.json"
+        if rec_path.exists():
+            return
+        message = f"job failed outside its run ({type(why).__name__}: {why})"
+        records.atomic_write_json(rec_path, {
+            "record_version": records.RECORD_VERSION, "run_id": outdir.name, "status": "error",
+            "message": message, "system": cfg.system.name, "model": cfg.model.name,
+            "summary": {}, "config": {"overrides": list(overrides)}})
+        print(f"{' '.join(overrides)}: {message}; recorded as error in {rec_path}", file=sys.stderr)
+
+
+def job_failure(ret: JobReturn) -> Optional[BaseException]:
+    """The exception a job's task raised, or None when it completed."""
+    if ret.status == JobStatus.COMPLETED:
+        return None
+    try:
+        ret.return_value                  # re-raises the task's exception (and names the job on stderr)
+    except BaseException as e:            # noqa: B036 (whatever the task raised is the job's failure)
+        return e
+    return RuntimeError(f"job status {ret.status.name}")
 
 
 def covering_jobs(batch: Sequence[Sequence[str]]) -> List[Sequence[str]]:
