@@ -62,13 +62,22 @@ class SweepReport(Callback):
         print(f"sweep {sweep_dir}: {len(runs)} records ({by_status or 'none'})")
         target = config.get("report")
         report_failed = False
-        if target:
-            try:
+        t_report = time.time()
+        try:
+            if target:
                 run_report(get_method(target), sweep_dir, runs, config)     # with repeats: intervals
-                print(f"report written under {sweep_dir}")
-            except Exception:
-                log.error("report %s failed: %s", target, traceback.format_exc())
-                report_failed = True
+            else:                                # an ad-hoc sweep: a summary table (+ figure)
+                from harness.sweep_summary import write_summary
+                write_summary(sweep_dir, runs)
+            written = sorted(p.name for p in sweep_dir.iterdir()
+                             if p.is_file() and p.suffix in (".png", ".pdf", ".md", ".csv")
+                             and p.stat().st_mtime >= t_report - 1)
+            if written:
+                print(f"report: {', '.join(written)} in {sweep_dir}")
+        except Exception:
+            log.error("report %s failed: %s", target or "summary", traceback.format_exc())
+            print(f"report {target or 'summary'} failed: {traceback.format_exc().splitlines()[-1]}", file=sys.stderr)
+            report_failed = True
         if self._any_written_since_start(runs):
             self._mirror_to_wandb(config, sweep_dir, flat)
         elif len(runs):

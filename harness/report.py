@@ -43,7 +43,8 @@ def _flatten(prefix: str, obj: Any, out: Dict[str, Any]) -> None:
 
 def record_row(rec: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
     """One flat row for a run.json: status, system, model, simulated, run_dir, wall_s, finished_at
-    (ISO time, UTC), summary.*, config.*."""
+    (ISO time, UTC), git_sha, git_dirty, config_hash, overrides (the job's command line),
+    headline (the key of its first displayed metric), summary.*, config.*."""
     row: Dict[str, Any] = {
         "status": rec.get("status"), "message": rec.get("message", ""),
         "system": rec.get("system"), "model": rec.get("model"),
@@ -51,6 +52,11 @@ def record_row(rec: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
         "simulated": bool(rec.get("backend", {}).get("simulated")),
         "backend": rec.get("backend", {}).get("name"),
         "run_dir": str(run_dir), "wall_s": rec.get("wall_s"), "finished_at": rec.get("finished_at"),
+        "git_sha": (rec.get("git") or {}).get("sha"), "git_dirty": (rec.get("git") or {}).get("dirty"),
+        "config_hash": rec.get("config_hash"),
+        "overrides": " ".join(rec.get("overrides") or []),
+        "headline": (rec.get("headline") or {}).get("key"),
+        "headline_label": (rec.get("headline") or {}).get("label"),
     }
     _flatten("summary", rec.get("summary", {}), row)
     _flatten("config", rec.get("config", {}), row)

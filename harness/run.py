@@ -121,6 +121,14 @@ class OutputDirCheck(Callback):
             sys.exit(2)
 
 
+def task_overrides() -> Optional[List[str]]:
+    """The job's command-line overrides (Hydra's ``overrides.task``); None outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+    if not HydraConfig.initialized():
+        return None
+    return [str(o) for o in HydraConfig.get().overrides.task]
+
+
 def output_dir(cfg) -> Path:
     if cfg.get("output_dir"):
         return Path(cfg.output_dir)
@@ -214,11 +222,12 @@ def print_table(cfg, backend: Backend, res: RunResult, outdir: Path, ci: Optiona
     say(f"record: {outdir / 'run.json'}")
 
 
-def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
+def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[List[str]] = None) -> Dict[str, Any]:
     """Run one job from a composed config and return its record (also written to run.json).
 
     ``multirun``: whether the job belongs to a Hydra multirun (decides its W&B run, see
     ``tracking.sweep_jobs``, and one printed line instead of the table); None = ask Hydra.
+    ``overrides``: the job's command-line overrides, recorded (None = ask Hydra).
     Raises ConfigError (before any work and before any file is written) for bad input.
     """
     logs.quiet_engines(bool(cfg.get("verbose", False)))
@@ -232,11 +241,13 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None) -> Dict[str, Any]:
         if prev is not None:
             say(f"skipping: valid record exists ({outdir / 'run.json'}, status {prev['status']})")
             return prev
+    overrides = task_overrides() if overrides is None else overrides
     with logs.job_log(outdir):
-        return _run_job(cfg, runner, backend, multirun, outdir, cfg_dict, chash)
+        return _run_job(cfg, runner, backend, multirun, outdir, cfg_dict, chash, overrides)
 
 
-def _run_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg_dict: dict, chash: str) -> Dict[str, Any]:
+def _run_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg_dict: dict, chash: str,
+             overrides: Optional[List[str]]) -> Dict[str, Any]:
     """:func:`run` after validation and the resume check, with run.log open."""
     if not multirun:                  # sweep jobs say [SIMULATED] on their one line instead
         say(backend.reason)
@@ -256,6 +267,7 @@ def _run_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg_di
                     "label": backend.label, "reason": backend.reason},
         "seed": cfg.get("seed"),
         "config_hash": chash,
+        "overrides": overrides,
         "config": cfg_dict,
         "git": dict(records.git_info()),
         "packages": dict(records.package_versions()),
@@ -277,6 +289,8 @@ def _run_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg_di
     repeats = [_run_repeat(runner, cfg, backend, outdir, tracker, i, seed, len(seeds))
                for i, seed in enumerate(seeds)]
     res = _combine_repeats(repeats, rec)
+    if res.display:                      # the metric a sweep's one-line output and summary table show
+        rec["headline"] = {"label": res.display[0][0], "key": res.display[0][1]}
     rec.update(status=res.status, message=res.message, wall_s=time.perf_counter() - t0,
                finished_at=datetime.now(timezone.utc).isoformat(),
                summary=res.summary, tables=sorted(res.tables), **res.extra)
@@ -410,11 +424,11 @@ def _repeat_entry(r: Repeat, repeats: int) -> Dict[str, Any]:
 
 # --- process isolation for real-engine jobs in a sweep ------------------------------------------
 
-def _child(cfg_yaml: str, multirun: bool) -> None:
+def _child(cfg_yaml: str, multirun: bool, overrides: Optional[List[str]] = None) -> None:
     from harness.config import register_configs, register_resolvers
     register_resolvers()
     register_configs()
-    run(OmegaConf.create(cfg_yaml), multirun=multirun)
+    run(OmegaConf.create(cfg_yaml), multirun=multirun, overrides=overrides)
 
 
 def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
@@ -426,7 +440,8 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
     outdir = writable_output_dir(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["output_dir"] = str(outdir)
-    p = mp.get_context("spawn").Process(target=_child, args=(OmegaConf.to_yaml(resolved), in_multirun()))
+    p = mp.get_context("spawn").Process(target=_child, args=(OmegaConf.to_yaml(resolved), in_multirun(),
+                                                             task_overrides()))
     p.start()
     p.join()
     rec_path = outdir / "run.json"

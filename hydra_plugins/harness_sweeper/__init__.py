@@ -83,6 +83,7 @@ class FastBasicSweeper(Sweeper):
         sweep_dir = Path(self.config.hydra.sweep.dir)
         atomic_write_bytes(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config).encode())
         self.launcher = self._instantiate_launcher(len(jobs))
+        print(f"sweep: {len(jobs)} jobs -> {sweep_dir} ({type(self.launcher).__name__})", flush=True)
         size = self.max_batch_size if self.max_batch_size and self.max_batch_size > 0 else max(1, len(jobs))
         returns = []
         for start in range(0, len(jobs), size):
