@@ -61,3 +61,14 @@ def fake_nvml(tmp_path, monkeypatch):
         mod.configure(tmp_path / "nvml-state.json", [mod.gpu(*g) for g in gpus], **kw)
         return mod
     return make
+
+
+@pytest.fixture(autouse=True)
+def _torch_set_num_threads_restored():
+    """vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op for the rest of its process
+    (vllm/v1/worker/cpu_worker.py); tests that run vLLM in-process must not take thread control
+    away from the tests after them."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch.set_num_threads, "__name__", "") == "skip_set_num_threads":
+        torch.set_num_threads = torch._C.set_num_threads

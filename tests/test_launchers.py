@@ -49,6 +49,7 @@ def records(results_dir: Path) -> dict:
 def runs_table(results_dir: Path) -> pd.DataFrame:
     df = pd.read_parquet(results_dir / "sweeps/lbs_fig9/runs.parquet")
     df["job"] = df["run_dir"].map(lambda d: Path(d).name)
+    df["overrides"] = df["overrides"].str.replace(r" ?results_dir=\S+", "", regex=True)   # where, not what
     return df.drop(columns=WHERE_WHEN).sort_values("job").reset_index(drop=True)
 
 
