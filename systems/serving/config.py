@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
@@ -54,6 +54,20 @@ class DvfsConfig:
 
 
 @dataclass
+class ProfileErrorConfig:
+    """Error of the profiling pass that builds a controller's table on the simulated backend
+    (:class:`systems.serving.profiler.ProfileError`): every measured latency, energy and idle power
+    off by ``bias`` (relative, in [-0.5, 0.5]), each sample scattered with relative std ``noise``
+    (in [0, 0.3]). Default: no bias, 2 % noise -- measured A100 profiles scatter by 0.8 % (time)
+    and 1.4 % (energy) about a smooth fit over the clock (Perseus, shared/data/gpu_power;
+    ``python -m systems.serving.power_fit`` prints it), rounded up for NVML's 10-100 ms energy
+    counter updates on short windows (reference/beam.md §3.1). A real device's profile carries
+    its own error; this is not applied there."""
+    bias: float = 0.0
+    noise: float = 0.02
+
+
+@dataclass
 class ServingSystem:
     """One serving system. ``controller``: vanilla | window_dvfs | beam; the ``search_*`` flags give
     BEAM's ablations (DVFS only, +S1 chunk size, +S2 microbatches).
@@ -79,6 +93,10 @@ class ServingSystem:
     max_num_seqs: int = 256
     profile_tile: int = 64             # profiler: tile-quantised sampling step below profile_small_max
     profile_small_max: int = 512
+    profile_error: ProfileErrorConfig = field(default_factory=ProfileErrorConfig)
+    kv_budget: Any = None              # KV bytes per device ("7GiB"); None = memory - weights - reserve
+    cpu_kv_budget: Any = "256MiB"      # vLLM on CPU when kv_budget is None (a shared machine's RAM)
+    cpu_threads: int = 1               # vLLM: torch threads (1: stable step times on a shared CPU)
     dvfs: DvfsConfig = field(default_factory=DvfsConfig)
 
 

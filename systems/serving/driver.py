@@ -1,0 +1,271 @@
+"""The serving driver: the one place that calls controllers and accounts requests (no torch, no vLLM).
+
+It owns the events (arrivals, window ticks, finished iterations) and turns them into controller
+hooks (``on_arrival``, ``on_finish``, ``on_decode_only``, ``on_tick``), builds the
+:class:`EngineState` and :class:`WindowStats` a controller sees, logs every decision (with its
+wall-clock decision time), hands decisions to the executor, and does the per-request TTFT / TBT /
+SLO accounting from the executor's :class:`Iteration` reports. The simulator and the vLLM engine
+are executors (:class:`systems.serving.protocol.Executor`); neither calls a controller.
+
+Rules, one meaning on every backend:
+
+* Events at the same time: window tick, then arrivals, then the executor's work at that time.
+* A controller sees the oldest waiting prefills one by one up to ``max_waiting_view`` and the rest
+  as one entry (the newest's wait, their tokens), which bounds decision time under overload.
+* Window statistics: arrivals and prompt tokens of the window, and the time-mean number of decodes.
+* TTFT = first token - arrival; TBT = gap between consecutive tokens of a request (a recomputed
+  request's next token counts as a gap); a request's token after the run stopped does not exist.
+* After a finished iteration: ``on_finish`` if a request finished, else ``on_decode_only`` if a
+  request entered decode and no prefill waits.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import pandas as pd
+
+from systems.serving.protocol import EngineState, Executor, Iteration, WindowStats, iteration_shape
+
+DECISION_COLUMNS = ["time_s", "trigger", "request", "decision_us", "chunk", "microbatches", "clock_mhz",
+                    "feasible", "pred_ttft_s", "pred_tbt_s", "pred_energy_j"]
+ITERATION_COLUMNS = ["time_s", "latency_s", "tokens", "ctx_tokens", "attn_pairs", "prefill_tokens", "decodes",
+                     "budget", "clock_mhz", "energy_j"]
+
+
+@dataclass
+class ServeResult:
+    """What serving produced (SI units). requests: one row per request; gaps / gap_times: every
+    token gap (s) and when it was emitted; decisions: the decision log; iterations: one row per
+    finished iteration; timeline: 1-s bins (energy, power, tokens, arrivals, clock, knobs);
+    energy_j: None when not measured (``energy_reason`` says why)."""
+    requests: pd.DataFrame
+    gaps: np.ndarray
+    gap_times: np.ndarray
+    decisions: pd.DataFrame
+    iterations: pd.DataFrame
+    timeline: pd.DataFrame
+    energy_j: Optional[float]
+    energy_reason: str
+    makespan_s: float
+    preemptions: int
+
+
+class Driver:
+    """Run ``controller`` over ``requests`` on an executor.
+
+    Args:
+        controller: a :class:`systems.serving.controllers.Controller`.
+        requests: :class:`workloads.serving.Requests` (arrival s, input/output tokens).
+        t_stop: stop serving at this time (s); requests unfinished then miss their SLOs.
+        max_waiting_view: waiting prefills a controller sees one by one (see module docstring).
+    """
+
+    def __init__(self, controller, requests, t_stop: float = math.inf, max_waiting_view: int = 64):
+        self.ctl = controller
+        self.arr = requests.arrival_s.astype(float)
+        self.inp = requests.input_len.astype(np.int64)
+        self.out = requests.output_len.astype(np.int64)
+        self.N = len(requests)
+        self.t_stop = float(t_stop)
+        self.max_waiting_view = int(max_waiting_view)
+
+    # -- what a controller sees -------------------------------------------------------------------
+    def state(self, now: float) -> EngineState:
+        v, w, arr, need, pref = self.max_waiting_view, self.waiting, self.arr_l, self.need, self.pref
+        seen = [(now - arr[r], need[r] - pref[r]) for r in w[: v - 1]]
+        if len(w) >= v:                 # the rest as one entry: the newest's wait, all their tokens
+            rest = w[v - 1:]
+            seen.append((now - arr[rest[-1]], sum(need[r] - pref[r] for r in rest)))
+        return EngineState(now, seen, self.n_dec, self.chunk, self.m, self.clock)
+
+    def _call(self, hook, now: float, trigger: str, rid: int = -1, *args) -> None:
+        s = self.state(now)
+        t0 = time.perf_counter_ns()
+        d = hook(s, *args)
+        us = (time.perf_counter_ns() - t0) / 1e3
+        if d is None:
+            self.dec_rows.append((now, trigger, rid, us, None, None, None, None, None, None, None))
+            return
+        self.dec_rows.append((now, trigger, rid, us, d.chunk, d.microbatches, d.clock_mhz, d.feasible,
+                              d.pred_ttft_s, d.pred_tbt_s, d.pred_energy_j))
+        self.chunk, self.m, self.clock = int(d.chunk), int(d.microbatches), float(d.clock_mhz)
+        self.knobs.append((now, self.chunk, self.m, self.clock))
+        self.ex.apply(d, now)
+
+    # -- events -----------------------------------------------------------------------------------
+    def _decodes_until(self, now: float) -> None:
+        if now > self.d_t:
+            self.d_int += self.n_dec * (now - self.d_t)
+            self.d_t = now
+
+    def _tick(self, t: float) -> None:
+        self._decodes_until(t)
+        span = t - self.win_t0
+        win = WindowStats(self.win_arr, self.win_tok, self.d_int / max(span, 1e-9), span)
+        self.win_arr = self.win_tok = 0
+        self.d_int, self.win_t0 = 0.0, t
+        self._call(self.ctl.on_tick, t, "tick", -1, win)
+
+    def _arrival(self, now: float) -> None:
+        r = self.next_arr
+        self.next_arr += 1
+        n = self.inp_l[r]
+        self.ex.add(r, n, self.out_l[r], now)
+        self.waiting.append(r)
+        self.in_wait[r] = True
+        self.win_arr += 1
+        self.win_tok += n
+        self._call(self.ctl.on_arrival, now, "arrival", r)
+
+    def _token(self, r: int, t: float) -> None:
+        gap = t - self.last[r]
+        self.gaps.append(gap)
+        self.gap_t.append(t)
+        self.gap_sum[r] += gap
+        if gap > self.gap_max[r]:
+            self.gap_max[r] = gap
+        self.last[r] = t
+        self.gen[r] += 1
+
+    def _account(self, it: Iteration) -> None:
+        """Book one finished iteration: prefill progress, first tokens, token gaps, finishes."""
+        t = it.t_end
+        self._decodes_until(t)
+        in_wait, gen = self.in_wait, self.gen
+        for r in it.preempted:          # evicted: back to the queue's front, recomputing all its tokens
+            if not in_wait[r]:
+                self.n_dec -= 1
+                in_wait[r] = True
+                self.waiting.insert(0, r)
+            self.need[r] = self.inp_l[r] + gen[r]
+            self.pref[r] = 0
+        pf = 0
+        for r, ntok, _ in it.scheduled:
+            if in_wait[r]:
+                self.pref[r] += ntok
+                pf += ntok
+        entered = 0
+        for r in it.emitted:
+            if in_wait[r]:              # its prefill (or recompute) completed with this token
+                in_wait[r] = False
+                self.waiting.remove(r)
+                self.n_dec += 1
+                entered += 1
+                if gen[r] == 0:
+                    self.first[r] = self.last[r] = t
+                    gen[r] = 1
+                    continue
+            self._token(r, t)
+        self.tok_bin[int(t)] += len(it.emitted)
+        for r in it.finished:
+            self.fin[r] = t
+            self.n_dec -= 1
+        self.n_done += len(it.finished)
+        n, ctx, pairs = iteration_shape(it.scheduled)
+        self.it_rows.append((t, it.latency_s, n, ctx, pairs, pf, n - pf, it.budget, it.clock_mhz, it.energy_j))
+        if it.finished:
+            self._call(self.ctl.on_finish, t, "finish")
+        elif entered and not self.waiting:
+            self._call(self.ctl.on_decode_only, t, "decode_only")
+
+    # -- main loop ----------------------------------------------------------------------------------
+    def run(self, ex: Executor, progress: Optional[Callable[[float], None]] = None) -> ServeResult:
+        """Serve every request on ``ex`` (or until ``t_stop``) and return what happened."""
+        N = self.N
+        self.ex = ex
+        self.arr_l, self.inp_l, self.out_l = self.arr.tolist(), self.inp.tolist(), self.out.tolist()
+        self.need, self.pref, self.gen = list(self.inp_l), [0] * N, [0] * N
+        self.first, self.last, self.fin = [math.nan] * N, [math.nan] * N, [math.nan] * N
+        self.gap_sum, self.gap_max = [0.0] * N, [0.0] * N
+        self.in_wait = [False] * N
+        self.waiting: List[int] = []
+        self.gaps: List[float] = []
+        self.gap_t: List[float] = []
+        self.dec_rows: list = []
+        self.it_rows: list = []
+        self.knobs: list = []
+        self.tok_bin: Dict[int, int] = defaultdict(int)
+        self.n_dec = self.n_done = self.next_arr = 0
+        self.d_int = self.d_t = self.win_t0 = 0.0
+        self.win_arr = self.win_tok = 0
+        d0 = self.ctl.initial()
+        self.chunk, self.m, self.clock = int(d0.chunk), int(d0.microbatches), float(d0.clock_mhz)
+        self.knobs.append((0.0, self.chunk, self.m, self.clock))
+        ex.apply(d0, 0.0)
+        period = self.ctl.period_s
+        next_tick = period if period else math.inf
+        arr = self.arr_l
+        while self.next_arr < N or ex.busy():
+            ta = arr[self.next_arr] if self.next_arr < N else math.inf
+            until = min(ta, next_tick, self.t_stop)
+            it = ex.advance(until)
+            if it is not None:
+                self._account(it)
+                if progress is not None:
+                    progress(it.t_end)
+                continue
+            now = ex.now
+            if now >= self.t_stop or until == math.inf:      # stopped, or stuck with nothing to wait for
+                break
+            while True:                 # events due by now, in time order (ticks first at a tie)
+                ta = arr[self.next_arr] if self.next_arr < N else math.inf
+                if next_tick <= now and next_tick <= ta:
+                    self._tick(next_tick)
+                    next_tick += period
+                elif ta <= now:
+                    self._arrival(now)
+                else:
+                    break
+        totals = ex.close(ex.now)
+        return self._result(totals, ex.now)
+
+    # -- result tables ------------------------------------------------------------------------------
+    def _result(self, totals, t_end: float) -> ServeResult:
+        gen = np.asarray(self.gen)
+        req = pd.DataFrame({
+            "arrival_s": self.arr, "input_len": self.inp, "output_len": self.out,
+            "first_token_s": self.first, "finish_s": self.fin, "generated": gen,
+            "ttft_s": np.asarray(self.first) - self.arr,
+            "tbt_mean_s": np.where(gen > 1, np.asarray(self.gap_sum) / np.maximum(gen - 1, 1), np.nan),
+            "tbt_max_s": np.where(gen > 1, self.gap_max, np.nan),
+        })
+        dec = pd.DataFrame(self.dec_rows, columns=DECISION_COLUMNS)
+        its = pd.DataFrame(self.it_rows, columns=ITERATION_COLUMNS)
+        tl = self._timeline(totals, t_end)
+        return ServeResult(req, np.asarray(self.gaps), np.asarray(self.gap_t), dec, its, tl, totals.energy_j,
+                           totals.energy_reason, t_end, totals.preemptions)
+
+    def _timeline(self, totals, t_end: float) -> pd.DataFrame:
+        """1-s bins: energy (J) and power (W) of the executor (None when not measured), tokens emitted,
+        arrivals and their prompt tokens, the clock in force (time-weighted) and the knobs (last value)."""
+        nb = int(math.ceil(t_end)) + 1
+        tl = pd.DataFrame({"time_s": np.arange(nb, dtype=float)})
+        if totals.energy_j is not None:
+            tl["energy_j"] = [totals.energy_bins.get(i, 0.0) for i in range(nb)]
+            tl["power_w"] = tl["energy_j"]                      # 1-s bins: J per s
+        else:
+            tl["energy_j"] = tl["power_w"] = np.nan
+        tl["tokens"] = [self.tok_bin.get(i, 0) for i in range(nb)]
+        a = np.minimum(self.arr.astype(int), nb - 1)
+        tl["arrivals"] = np.bincount(a, minlength=nb)[:nb]
+        tl["input_tokens"] = np.bincount(a, weights=self.inp, minlength=nb)[:nb]
+        ck = np.asarray(totals.clock_log or [(0.0, self.clock)], float)
+        ends = np.append(ck[1:, 0], max(t_end, ck[-1, 0]) + 1)
+        f_bin = np.zeros(nb)
+        for (lo, fv), hi in zip(ck, ends):
+            for i in range(int(lo), min(int(math.ceil(hi)), nb)):
+                ov = min(hi, i + 1.0) - max(lo, float(i))
+                if ov > 0:
+                    f_bin[i] += fv * ov
+        tl["clock_mhz"] = f_bin
+        kn = pd.DataFrame(self.knobs, columns=["time_s", "chunk", "microbatches", "clock_target_mhz"])
+        kn["bin"] = kn["time_s"].astype(int)
+        last = kn.groupby("bin")[["chunk", "microbatches"]].last().reindex(range(nb)).ffill()
+        tl["chunk"] = last["chunk"].to_numpy()
+        tl["microbatches"] = last["microbatches"].to_numpy()
+        return tl

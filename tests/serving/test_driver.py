@@ -1,0 +1,161 @@
+"""The serving driver on scripted iterations from a fake executor: controller hooks, the states
+they see, the decision log, and the TTFT/TBT/SLO accounting -- computed by hand."""
+import math
+from dataclasses import dataclass, field
+from typing import List
+
+import numpy as np
+import pytest
+
+from systems.serving.driver import Driver
+from systems.serving.metrics import summarize
+from systems.serving.protocol import Decision, ExecutorTotals, Iteration
+from workloads.serving import Requests
+
+
+class FakeExecutor:
+    """Plays scripted iterations at their times, whatever it is told; records what it was told."""
+
+    def __init__(self, script: List[Iteration]):
+        self.script, self.now = list(script), 0.0
+        self.added, self.applied = [], []
+
+    def add(self, rid, input_len, output_len, now):
+        self.added.append((rid, input_len, output_len, now))
+
+    def apply(self, d, now):
+        self.applied.append((now, d.chunk, d.microbatches, d.clock_mhz))
+
+    def busy(self):
+        return bool(self.script)
+
+    def advance(self, until):
+        if self.script and self.script[0].t_end < until:
+            it = self.script.pop(0)
+            self.now = it.t_end
+            return it
+        self.now = until
+        return None
+
+    def close(self, now):
+        return ExecutorTotals(123.0, "", {0: 123.0}, [(0.0, 1410.0)], 0)
+
+
+@dataclass
+class Recorder:
+    """A controller that records every hook call and the state it saw."""
+    period_s: float = 0.5
+    calls: list = field(default_factory=list)
+
+    def initial(self):
+        return Decision(128, 1, 1410.0, "init")
+
+    def _rec(self, name, st, win=None):
+        self.calls.append((name, round(st.now, 9), [(round(w, 9), t) for w, t in st.waiting], st.num_decodes,
+                           st.chunk, st.clock_mhz, win))
+
+    def on_arrival(self, st):
+        self._rec("arrival", st)
+        if not self.calls[:-1]:                       # the first arrival: a decision with a TTFT prediction
+            return Decision(64, 1, 900.0, "s1", True, 0.45, 0.1, 5.0)
+        return None
+
+    def on_finish(self, st):
+        self._rec("finish", st)
+
+    def on_decode_only(self, st):
+        self._rec("decode_only", st)
+
+    def on_tick(self, st, win):
+        self._rec("tick", st, (win.arrivals, win.input_tokens, round(win.mean_decodes, 9), win.duration_s))
+        return Decision(32, 1, 1005.0, "window")
+
+
+def it(t, scheduled, emitted=(), finished=(), preempted=()):
+    return Iteration(t, 0.01, 1.0, list(scheduled), list(emitted), list(finished), list(preempted), 0, 0.0)
+
+
+REQ = Requests(np.array([0.0, 0.2, 0.3]), np.array([100, 60, 40]), np.array([3, 2, 2]))
+SCRIPT = [
+    it(0.25, [(0, 64, 0)]),                                           # r0's first chunk
+    it(0.5, [(0, 36, 64), (1, 28, 0)], emitted=[0]),                  # r0 prefilled: first token at 0.5
+    it(0.7, [(0, 1, 100), (1, 32, 28), (2, 40, 0)], emitted=[0, 1, 2]),   # r0 decodes; r1, r2 first tokens
+    it(0.9, [(0, 1, 101), (1, 1, 60), (2, 1, 40)], emitted=[0, 1, 2], finished=[0, 1, 2]),
+]
+
+
+def test_hooks_states_and_decisions_follow_the_events():
+    """Mutations caught: the iteration finishing at a tick's time booked before the tick (advance
+    to just past the event time), the waiting view folded with the oldest's wait instead of the
+    newest's, decode_only fired while prefills wait, a decision not handed to the executor,
+    finished requests left in the decode count."""
+    ctl, ex = Recorder(), FakeExecutor(SCRIPT)
+    res = Driver(ctl, REQ, max_waiting_view=2).run(ex)
+    assert [c[0] for c in ctl.calls] == ["arrival", "arrival", "arrival", "tick", "decode_only", "finish"]
+    a0, a1, a2, tick, dec_only, fin = ctl.calls
+    assert a0[1:5] == (0.0, [(0.0, 100)], 0, 128)
+    assert a1[1:5] == (0.2, [(0.2, 100), (0.0, 60)], 0, 64)          # the first arrival's decision is in force
+    # r0 has 36 tokens left after its first chunk; r1 and r2 are folded into one entry (view of 2):
+    # the newest's wait (0 s) and their tokens (60 + 40)
+    assert a2[1:4] == (0.3, [(0.3, 36), (0.0, 100)], 0)
+    # tick at 0.5 comes before the iteration finishing at 0.5: r0 still waits; window [0, 0.5)
+    assert tick[1:4] == (0.5, [(0.5, 36), (0.2, 100)], 0)
+    assert tick[6] == (3, 200, 0.0, 0.5)
+    assert dec_only[1:4] == (0.7, [], 3)                              # r1 and r2 entered decode, none waits
+    assert fin[1:4] == (0.9, [], 0)
+    assert ex.added == [(0, 100, 3, 0.0), (1, 60, 2, 0.2), (2, 40, 2, 0.3)]
+    assert ex.applied == [(0.0, 128, 1, 1410.0), (0.0, 64, 1, 900.0), (0.5, 32, 1, 1005.0)]
+    d = res.decisions
+    assert list(d.trigger) == ["arrival", "arrival", "arrival", "tick", "decode_only", "finish"]
+    assert list(d.request) == [0, 1, 2, -1, -1, -1]
+    assert d.chunk.iloc[0] == 64 and math.isnan(d.chunk.iloc[1]) and d.clock_mhz.iloc[3] == 1005.0
+    assert (d.decision_us >= 0).all()
+
+
+def test_ttft_tbt_and_slo_accounting_by_hand():
+    """TTFT = first token - arrival; TBT = gaps between a request's tokens; attainment against the
+    SLOs. Mutations caught: the first token stamped at the iteration's start instead of its end,
+    the first token counted as a gap."""
+    res = Driver(Recorder(), REQ).run(FakeExecutor(SCRIPT))
+    r = res.requests
+    assert r.ttft_s.tolist() == pytest.approx([0.5, 0.5, 0.4])
+    assert r.first_token_s.tolist() == pytest.approx([0.5, 0.7, 0.7])
+    assert r.finish_s.tolist() == pytest.approx([0.9, 0.9, 0.9])
+    assert r.generated.tolist() == [3, 2, 2]
+    assert r.tbt_mean_s.tolist() == pytest.approx([0.2, 0.2, 0.2])
+    assert sorted(res.gaps.round(9)) == [0.2, 0.2, 0.2, 0.2]
+    assert res.makespan_s == 0.9 and res.energy_j == 123.0
+    s = summarize(res, slo_ttft=0.45, slo_tbt=0.25)
+    assert s["completed"] == 3 and s["slo_ttft_attainment"] == pytest.approx(1 / 3)
+    assert s["slo_tbt_attainment"] == 1.0 and s["output_tokens"] == 7
+    assert s["throughput_tok_s"] == pytest.approx(7 / 0.9)
+    assert s["pred_ttft_mape_pct"] == pytest.approx(10.0)           # predicted 0.45 s, r0 took 0.5 s
+    its = res.iterations
+    assert its.prefill_tokens.tolist() == [64, 64, 72, 0] and its.decodes.tolist() == [0, 0, 1, 3]
+    assert res.timeline.tokens.sum() == 7
+
+
+def test_a_preempted_request_recomputes_and_its_next_token_is_a_gap():
+    """A preempted decode goes back to the queue's front with prompt + output to recompute; the
+    token after the recompute is a TBT gap, not a second first token. Mutations caught: recompute
+    target without the output tokens, the preempted request left in the decode count."""
+    req = Requests(np.array([0.0]), np.array([10]), np.array([3]))
+    script = [it(1.0, [(0, 10, 0)], emitted=[0]), it(2.0, [(0, 1, 10)], emitted=[0]),
+              it(3.0, [(0, 6, 0)], preempted=[0]), it(4.0, [(0, 6, 6)], emitted=[0], finished=[0])]
+    ctl = Recorder(period_s=3.5)
+    res = Driver(ctl, req).run(FakeExecutor(script))
+    tick = [c for c in ctl.calls if c[0] == "tick"][0]
+    assert tick[1:4] == (3.5, [(3.5, 6)], 0)                          # waiting again, 12 - 6 tokens left
+    r = res.requests.iloc[0]
+    assert r.ttft_s == 1.0 and r.generated == 3 and r.finish_s == 4.0
+    assert sorted(res.gaps.tolist()) == [1.0, 2.0]
+    assert ctl.calls[-1][0] == "finish" and ctl.calls[-1][3] == 0
+
+
+def test_run_stops_at_t_stop_and_unfinished_requests_miss():
+    req = Requests(np.array([0.0, 0.1]), np.array([10, 10]), np.array([2, 2]))
+    script = [it(1.0, [(0, 10, 0)], emitted=[0]), it(50.0, [(0, 1, 10)], emitted=[0], finished=[0])]
+    res = Driver(Recorder(period_s=None), req, t_stop=20.0).run(FakeExecutor(script))
+    assert res.requests.finish_s.isna().all() and res.makespan_s == 20.0
+    s = summarize(res, 1.0, 0.2)
+    assert s["completed"] == 0 and s["slo_ttft_attainment"] == 0.5
