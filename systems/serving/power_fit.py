@@ -9,8 +9,11 @@
   the compute-bound fraction our latency model gives for that decode batch on the ``h100`` profile
   (grid search over P_max and beta; the measured power saturates at the 700 W limit).
 
+* The scatter of single measured points (:func:`profile_scatter`), the source of the default
+  profiling error (``system.profile_error.noise``, systems/serving/config.py).
+
 ``python -m systems.serving.power_fit /path/to/shared/data/gpu_power`` prints the parameters and fit
-quality (MAPE, %) that ``conf/hardware/a100-80gb.yaml`` records under ``power:``.
+quality (MAPE, %) that ``conf/hardware/a100-80gb.yaml`` records under ``power:``, and the scatter.
 """
 from __future__ import annotations
 
@@ -57,6 +60,28 @@ def fit_perseus(gpu_power_dir: Path, f_max: float = 1410.0) -> Dict[str, float]:
     return {"act_a_w": round(a, 2), "act_b_w": round(b, 2), "act_alpha": round(alpha, 2),
             "power_mape_pct": round(100 * err, 2), "time_mape_pct": round(100 * float(np.mean(t_err)), 2),
             "clock_scaled_share": round(float(np.median(shares)), 3), "n_rows": int(len(df))}
+
+
+def profile_scatter(gpu_power_dir: Path) -> Dict[str, float]:
+    """How far one measured profile point sits from a smooth curve over the clock, Perseus A100.
+
+    Per (model, stage, instruction) over the 38 locked clocks: time fitted as ``c/f + d``, energy as
+    a cubic in f; returns the standard deviation (%) of the relative residuals (time_scatter_pct,
+    energy_scatter_pct) and n_rows. It bounds a profile's per-sample noise from above (it also holds
+    any misfit of the curves); the artifact's stages 1-6 are copies, so run-to-run spread itself is
+    not in the data.
+    """
+    df = pd.concat([pd.read_csv(Path(gpu_power_dir) / "perseus_a100_sxm" / n).assign(model=n.split("+")[0])
+                    for n in ("gpt3-175b+a100_sxm_bf16.csv", "bloom+a100_sxm_bf16.csv")], ignore_index=True)
+    t_res, e_res = [], []
+    for _, g in df.groupby(["model", "stage", "instruction"]):
+        f, t, e = (g[k].to_numpy(float) for k in ("frequency", "time", "energy"))
+        A = np.stack([1.0 / f, np.ones_like(f)], axis=1)
+        t_res.extend((A @ np.linalg.lstsq(A, t, rcond=None)[0] - t) / t)
+        B = np.stack([np.ones_like(f), f, f ** 2, f ** 3], axis=1)
+        e_res.extend((B @ np.linalg.lstsq(B, e, rcond=None)[0] - e) / e)
+    return {"time_scatter_pct": round(100 * float(np.std(t_res)), 2),
+            "energy_scatter_pct": round(100 * float(np.std(e_res)), 2), "n_rows": int(len(df))}
 
 
 def fit_mem_beta(gpu_power_dir: Path, model_cfg, h100_cfg, ctx_tokens: float = 512.0) -> Dict[str, float]:
@@ -111,6 +136,7 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     d = Path(argv[0]) if argv else Path(__file__).resolve().parents[3] / "shared" / "data" / "gpu_power"
     print("perseus A100:", fit_perseus(d))
+    print("perseus A100 point scatter (profile_error.noise source):", profile_scatter(d))
     print("ml.energy H100:", fit_mem_beta(d, load_conf("model", "llama-3.1-8b"), load_conf("hardware", "h100")))
 
 

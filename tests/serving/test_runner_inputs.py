@@ -37,12 +37,35 @@ def test_main_command_runs_simulated_and_says_so(tmp_path):
     (("workload=poisson", "rate=0"), r"workload.rate=0"),
     (("workload=ttc_beam",), r"a serving workload"),
     (("hardware=cpu", "tp=1", "pp=1"), r"not allowed for the simulated serving backend"),
+    (("system.profile_error.bias=0.6",), r"system.profile_error.bias=0.6 is not allowed: a relative error in \[-0.5, 0.5\]"),
+    (("system.profile_error.noise=-0.1",), r"system.profile_error.noise=-0.1 is not allowed: .* in \[0, 0.3\]"),
+    (("kv_budget=1MiB",), r"kv_budget='1MiB' is not allowed: at least the longest request's KV per device"),
+    (("kv_budget=lots",), r"kv_budget='lots' is not a size"),
+    (("workload=azure_code", "workload.start_s=90000"), r"no requests in \[90000.0, 90600.0\) s \(allowed: a slice"),
 ])
 def test_bad_input_fails_before_work(compose_cfg, tmp_path, overrides, match):
     cfg = compose_cfg("system=beam", *overrides, output_dir=tmp_path / "x")
     with pytest.raises(ConfigError, match=match):
         run(cfg)
     assert not (tmp_path / "x" / "run.json").exists()
+
+
+def test_kv_budget_is_kv_bytes_per_device(compose_cfg, tmp_path):
+    """kv_budget reaches the simulator as a KV capacity per stage (bytes / KV bytes of a token on one
+    GPU); unset, it is memory - weights on the GPU - the hardware's reserve; weights that do not fit
+    are a recorded oom. Mutation caught: the default budget ignoring the weights."""
+    from harness.model_facts import kv_bytes_per_token, kv_reserve_bytes, weight_bytes
+    set_ = run(compose_cfg("system=vanilla", "workload=ablation", "workload.duration_s=5", "kv_budget=1GiB",
+                           output_dir=tmp_path / "set"))
+    cfg = compose_cfg("system=vanilla", "workload=ablation", "workload.duration_s=5", output_dir=tmp_path / "default")
+    derived = run(cfg)
+    per_token = kv_bytes_per_token(cfg.model) / 8
+    assert set_["summary"]["kv_budget_bytes"] == 1 << 30
+    assert set_["summary"]["kv_capacity_tokens"] == pytest.approx((1 << 30) / per_token)
+    hw = cfg.hardware
+    assert derived["summary"]["kv_budget_bytes"] == hw.memory_bytes - weight_bytes(cfg.model) // 8 - kv_reserve_bytes(hw)
+    oom = run(compose_cfg("system=vanilla", "workload=ablation", "tp=1", "pp=1", output_dir=tmp_path / "oom"))
+    assert oom["status"] == "oom" and "weights need" in oom["message"]
 
 
 def test_malformed_trace_names_the_line(compose_cfg, tmp_path):
