@@ -25,3 +25,47 @@ def test_reference_table_is_well_formed():
     assert set(ref.figure) >= {"fig1", "fig7", "fig10", "tab1", "tab2"}
     f7 = ref[(ref.figure == "fig7") & ref.config.str.contains("system=beam")]
     assert set(f7.metric) >= {"energy_vs_vanilla", "energy_vs_window_dvfs", "slo_ttft_attainment", "slo_tbt_attainment"}
+
+
+def test_labels_come_from_each_record_and_slos_are_stated(compose_cfg, tmp_path):
+    """A sweep mixing a simulated and a measured record (a copy marked measured, as a vLLM run is):
+    each row says which it is, the title says the table is mixed and states the SLOs. Mutation
+    caught: the label taken from the first row for all."""
+    import json
+    import shutil
+    sweep = tmp_path / "sweep"
+    run(compose_cfg("system=beam", "workload=ablation", "workload.duration_s=5", output_dir=sweep / "sim"))
+    shutil.copytree(sweep / "sim", sweep / "real")
+    rec = json.loads((sweep / "real" / "run.json").read_text())
+    rec["backend"]["simulated"] = False
+    (sweep / "real" / "run.json").write_text(json.dumps(rec))
+    runs = gather_runs(sweep).sort_values("run_dir")
+    tab = report.tab1(sweep, runs, None)
+    assert list(tab["values"]) == ["measured", "simulated"]
+    md = (sweep / "beam_tab1.md").read_text()
+    assert "simulated and measured: each row says which" in md and "SLOs TTFT 1 s, TBT 200 ms" in md
+    t2 = report.tab2(sweep, runs, None)
+    assert list(t2.system) == ["beam (measured)", "beam (sim)"]
+
+
+def test_sensitivity_report_against_vanilla(compose_cfg, tmp_path):
+    """Energy of each profile error against vanilla's; vanilla must not depend on the table."""
+    import json
+    sweep = tmp_path / "sens"
+    for s in ("vanilla", "beam"):
+        for b in (-0.2, 0.0):
+            run(compose_cfg(f"system={s}", "workload=ablation", "workload.duration_s=8",
+                            f"system.profile_error.bias={b}", output_dir=sweep / f"{s}{b}"))
+    runs = gather_runs(sweep)
+    tab = report.sensitivity(sweep, runs, None).set_index("bias")
+    e = runs.set_index(["system", "config.system.profile_error.bias"])["summary.energy_j"]
+    assert tab.loc[-0.2, "energy_vs_vanilla"] == pytest.approx(e["beam", -0.2] / e["vanilla", 0.0], abs=1e-3)
+    assert list(tab.system) == ["beam (sim)"] * 2
+    assert (sweep / "beam_sensitivity.png").exists()
+    assert "SLOs TTFT 1 s, TBT 200 ms" in (sweep / "beam_sensitivity.md").read_text()
+    p = sweep / "vanilla-0.2" / "run.json"
+    rec = json.loads(p.read_text())
+    rec["summary"]["energy_j"] *= 1.01
+    p.write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match="vanilla's energy differs"):
+        report.sensitivity(sweep, gather_runs(sweep), None)
