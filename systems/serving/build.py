@@ -214,6 +214,12 @@ def display_rows():
     ]
 
 
+def stop_time(req, w) -> float:
+    """When serving stops (s), on every backend: after the last arrival, half the workload's
+    duration but at least 120 s to drain; requests unfinished then miss their SLOs."""
+    return float(req.arrival_s[-1]) + max(120.0, 0.5 * float(w.duration_s))
+
+
 def serve(driver, ex, ctx, desc: str):
     """Run ``driver`` on ``ex`` with a progress bar over serving seconds."""
     total = driver.t_stop if math.isfinite(driver.t_stop) else float(driver.arr[-1])

@@ -149,8 +149,9 @@ class StageModel:
         e = self.busy_power(f_mhz, r) * t_k + self.idle_power(f_mhz) * t_other
         return t_k + t_other, e
 
-    def step1(self, n: float, f: float, ctx_tokens: float = 0.0, attn_pairs: float = 0.0):
-        """Scalar :meth:`step` in plain floats (the simulator's hot path); same formula."""
+    def step1(self, n: float, f: float, ctx_tokens: float = 0.0, attn_pairs: float = 0.0, seqs: int = 1):
+        """Scalar :meth:`step` in plain floats (the simulator's hot path); same formula. ``seqs``
+        (sequences in the batch) is not a term of this model: its matmuls count every token."""
         tile = self.power.tile_tokens
         t_sm = ((2.0 * self.weight_params_gpu * (-(-n // tile) * tile) + self.attn_flops_pair_gpu * attn_pairs)
                 / self.flops_rate * (self.f_max / f))

@@ -109,7 +109,7 @@ def sim_measure(cost, ctx: float, small_max: int, max_decodes: Optional[int] = N
             if sh is None:
                 batch = [(i, 1, ctx - 1) for i in range(k)] if k <= dec_max else [(0, k, 0)]
                 sh = shapes[k] = iteration_shape(batch)
-            lat[idx], en[idx] = cost.step1(sh[0], float(fb[idx]), sh[1], sh[2])
+            lat[idx], en[idx] = cost.step1(sh[0], float(fb[idx]), sh[1], sh[2], sh[3])
         return lat, en
     return measure
 
@@ -163,7 +163,7 @@ class TableCost:
         self.L, self.E, self.idle_w, self.n_max = table.L, table.E, table.idle_w, table.n_max
         self.col = {float(f): i for i, f in enumerate(table.clocks)}
 
-    def step1(self, n, f, ctx_tokens=0.0, attn_pairs=0.0):
+    def step1(self, n, f, ctx_tokens=0.0, attn_pairs=0.0, seqs=1):
         i, k = self.col[float(f)], min(max(int(n), 1), self.n_max)
         return float(self.L[k, i]), float(self.E[k, i])
 

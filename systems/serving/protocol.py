@@ -71,12 +71,14 @@ class Iteration:
     clock_mhz: float = 0.0
 
 
-def iteration_shape(scheduled) -> Tuple[int, float, float]:
-    """(new tokens n, KV tokens read, attention pairs) of a batch of (request, tokens, context) items.
+def iteration_shape(scheduled) -> Tuple[int, float, float, int]:
+    """(new tokens n, KV tokens read, attention pairs, sequences) of a batch of (request, tokens,
+    context) items.
 
     A request's ``t`` new tokens after ``c`` cached ones read ``c + t`` KV tokens and form
-    ``t c + t (t + 1) / 2`` causal query-key pairs (a decode: t = 1, c + 1 pairs). These are the
-    inputs of the stage latency model (:meth:`systems.serving.gpu_model.StageModel.step1`).
+    ``t c + t (t + 1) / 2`` causal query-key pairs (a decode: t = 1, c + 1 pairs); every request in
+    the batch is one sequence (vLLM computes one row of logits per sequence). These are the inputs
+    of an :class:`IterationCost`.
     """
     n = 0
     ctx = pairs = 0.0
@@ -84,7 +86,7 @@ def iteration_shape(scheduled) -> Tuple[int, float, float]:
         n += t
         ctx += c + t
         pairs += t * c + t * (t + 1) / 2.0
-    return n, ctx, pairs
+    return n, ctx, pairs, len(scheduled)
 
 
 @dataclass
@@ -132,8 +134,10 @@ class IterationCost(Protocol):
     has_energy: bool
     follows_clock: bool
 
-    def step1(self, n: float, f: float, ctx_tokens: float = 0.0, attn_pairs: float = 0.0) -> Tuple[float, float]:
-        """(latency s, energy J per GPU) of an iteration of ``n`` new tokens at clock ``f``."""
+    def step1(self, n: float, f: float, ctx_tokens: float = 0.0, attn_pairs: float = 0.0,
+              seqs: int = 1) -> Tuple[float, float]:
+        """(latency s, energy J per GPU) of an iteration of ``n`` new tokens of ``seqs`` sequences
+        at clock ``f`` (see :func:`iteration_shape`)."""
 
     def idle1(self, f: float) -> float:
         """Power (W per GPU) of a stage waiting at clock ``f``."""

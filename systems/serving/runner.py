@@ -5,7 +5,8 @@ log, request accounting); they differ only in the executor and in where the cont
 profiled -- on the backend the controller runs on, never from the simulator's cost model:
 
 * simulated: :class:`systems.serving.simulator.SimExecutor`, charged by the hardware profile's
-  StageModel;
+  StageModel (or, with ``system.latency_profile``, by iteration latencies measured on vLLM-CPU:
+  :mod:`systems.serving.calibrate`; clock decisions are then recorded, not applied, as there);
   the table is a profiling pass through the same iteration cost seen with ``system.profile_error``.
 * real: :mod:`systems.serving.vllm_engine` (vLLM in-process stepping, measured table).
 
@@ -20,7 +21,7 @@ from harness.errors import ConfigError, RunOOM, bad
 from harness.run import RunResult
 from systems.serving.build import (build_table, configured_kv_budget, controller_for, display_rows,
                                    kv_budget_bytes, parallelism, profile_context, requests_for, serve,
-                                   slo_check, table_grid, window_profile)
+                                   slo_check, stop_time, table_grid, window_profile)
 from systems.serving.config import CONTROLLERS, TRACE_FORMATS, WORKLOAD_KINDS
 
 PROFILE_BIAS_RANGE = (-0.5, 0.5)
@@ -79,6 +80,14 @@ def validate(cfg) -> None:
         if fc is not None and not (hw.clock_min_mhz <= fc <= hw.clock_max_mhz):
             raise bad("system.fixed_clock_mhz", fc, f"a clock in [{hw.clock_min_mhz}, {hw.clock_max_mhz}] MHz "
                                                     f"(hardware {hw.name})")
+    if s.get("latency_profile"):
+        from systems.serving.calibrate import load_profile
+        prof = load_profile(s.latency_profile)
+        if prof.model != cfg.model.name:
+            raise bad("system.latency_profile", s.latency_profile,
+                      f"a profile of model={cfg.model.name} (this one was measured with {prof.model})")
+        if (tp, pp) != (1, 1):
+            raise bad("tp/pp", (tp, pp), "tp=1 pp=1 with system.latency_profile (it was measured on one device)")
     try:
         req = requests_for(w)
     except TraceError as e:
@@ -152,7 +161,11 @@ def run_sim(cfg, ctx) -> RunResult:
     if kv_cap < longest:
         raise RunOOM(f"KV budget {budget / 2**20:.1f} MiB per GPU holds {kv_cap:.0f} tokens < the longest request's "
                      f"{longest} tokens")
-    cost = stage
+    if s.get("latency_profile"):
+        from systems.serving.calibrate import load_profile
+        cost = load_profile(s.latency_profile).cost()
+    else:
+        cost = stage
     table, truth = sim_profile(cfg, stage, cost)
     ctl = controller_for(cfg, table)
     if s.controller == "window_dvfs":
@@ -162,7 +175,7 @@ def run_sim(cfg, ctx) -> RunResult:
         print(f"note: {note}")
     ex = SimExecutor(cost, pp, tp, delay_s=float(s.dvfs.delay_s), max_num_seqs=int(s.max_num_seqs),
                      kv_capacity_tokens=kv_cap)
-    drv = Driver(ctl, req, t_stop=float(req.arrival_s[-1]) + max(120.0, 0.5 * float(w.duration_s)))
+    drv = Driver(ctl, req, t_stop=stop_time(req, w))
     res = serve(drv, ex, ctx, f"{s.name} (simulated s)")
     summ = summarize(res, float(w.slo_ttft_s), float(w.slo_tbt_s))
     n_max, _ = table_grid(s)
@@ -172,7 +185,7 @@ def run_sim(cfg, ctx) -> RunResult:
         **{f"table_{k}": v for k, v in table_error(table, truth, range(1, n_max + 1, 7)).items()},
         table_samples=len(table.samples), table_cells=int(table.L.size),
         slo_infeasible=bool(note), workload_note=req.note,
-        executor="simulator",
+        executor="simulator (measured vLLM-CPU latency profile)" if s.get("latency_profile") else "simulator",
     )
     return RunResult(status="ok", message=note, summary=summ, display=display_rows(),
                      tables={"requests": res.requests, "decisions": res.decisions, "iterations": res.iterations,

@@ -240,8 +240,8 @@ class SimExecutor:
             self.slot_ready[j] = self.heap[0][0] if self.heap else math.inf
             return
         f = self._clock_at(t)
-        n, ctx, pairs = iteration_shape(scheduled)
-        lat, e_gpu = self.cost.step1(n, f, ctx, pairs)
+        n, ctx, pairs, seqs = iteration_shape(scheduled)
+        lat, e_gpu = self.cost.step1(n, f, ctx, pairs, seqs)
         p_idle = self.cost.idle1(f)
         g, stage_free = self.g, self.stage_free
         e_it = 0.0

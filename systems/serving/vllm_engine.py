@@ -150,9 +150,8 @@ class VllmServer:
                 ts.append(dt)
         return ts
 
-    def probe_prefill(self, n: int, rng: np.random.Generator, vocab: int, reps: int = 3) -> float:
-        """Median time (s) of a step that prefills one ``n``-token prompt (the first of reps + 1 is a
-        warm-up)."""
+    def probe_prefill(self, n: int, rng: np.random.Generator, vocab: int, reps: int = 3) -> List[float]:
+        """Times (s) of ``reps`` steps that each prefill one fresh ``n``-token prompt (after a warm-up)."""
         self.set_budget(self.max_chunk)
         ts = []
         for r in range(reps + 1):
@@ -160,25 +159,54 @@ class VllmServer:
             t = self._timed_steps(lambda per: len(per) == 1 and per[0][1] == n)
             ts += t if r else []
         self.step_log.clear()
-        return float(np.median(ts))
+        return ts
 
-    def probe_decode(self, n: int, ctx: int, rng: np.random.Generator, vocab: int, reps: int = 3) -> float:
-        """Median time (s) of a decode step of ``n`` sequences reading ``ctx`` KV tokens each."""
+    def probe_decode(self, n: int, ctx: int, rng: np.random.Generator, vocab: int, reps: int = 3) -> List[float]:
+        """Times (s) of ``reps`` decode steps of ``n`` sequences reading about ``ctx`` KV tokens each
+        (after a warm-up step)."""
         self.set_budget(self.max_chunk)
+        fill = -(-n * ctx // self.max_chunk) + reps + 3          # steps until all are decoding, and reps
         for i in range(n):
-            self.add(f"probe-d{n}-{i}", rng.integers(10, vocab - 1, max(ctx - 1, 1)).tolist(), reps + 2)
+            self.add(f"probe-d{n}-{i}", rng.integers(10, vocab - 1, max(ctx - 1, 1)).tolist(), fill)
         ts = self._timed_steps(lambda per: len(per) == n and all(t == 1 for _, t, _ in per))
         self.step_log.clear()
-        return float(np.median(ts[1:reps + 1] if len(ts) > 1 else ts))
+        return ts[1:reps + 1]
+
+    def probe_mixed(self, b: int, ctx: int, n: int, rng: np.random.Generator, vocab: int,
+                    reps: int = 3) -> List[float]:
+        """Times (s) of ``reps`` steps holding ``b`` decodes (about ``ctx`` KV tokens each) and one
+        fresh ``n``-token prefill chunk (after a warm-up)."""
+        fill = -(-b * ctx // self.max_chunk) + 2 * (reps + 1) + 3
+        for i in range(b):
+            self.add(f"probe-m{b}-{i}", rng.integers(10, vocab - 1, max(ctx - 1, 1)).tolist(), fill)
+        self.set_budget(self.max_chunk)
+        while any(t > 1 for _, t, _ in (self.step_log[-1][2] if self.step_log else [(0, 2, 0)])):
+            self.step()                                          # until only decodes run
+        ts = []
+        for r in range(reps + 1):
+            self.add(f"probe-mp{n}-{r}", rng.integers(10, vocab - 1, n).tolist(), 1)
+            self.set_budget(b + n)
+            t0 = time.perf_counter()
+            self.step()
+            dt = time.perf_counter() - t0
+            per = self.step_log[-1][2]
+            if r and len(per) == b + 1 and sum(t for _, t, _ in per) == b + n:
+                ts.append(dt)
+        self.set_budget(self.max_chunk)
+        while self.busy():
+            self.step()
+        self.step_log.clear()
+        return ts
 
 
 def profile_latency(server: VllmServer, points: List[int], vocab: int, ctx: float, max_decodes: int,
                     reps: int = 3) -> dict:
-    """Measured iteration latency (s) at each token count: a decode batch of n sequences with
-    ``ctx`` context each for n <= max_decodes, one n-token prefill above (profiler.sim_measure's rule)."""
+    """Measured iteration latency (s, median of ``reps``) at each token count: a decode batch of n
+    sequences with ``ctx`` context each for n <= max_decodes, one n-token prefill above
+    (profiler.sim_measure's rule)."""
     rng = np.random.default_rng(1)
-    return {n: (server.probe_decode(n, int(ctx), rng, vocab, reps) if n <= max_decodes
-                else server.probe_prefill(n, rng, vocab, reps)) for n in points}
+    return {n: float(np.median(server.probe_decode(n, int(ctx), rng, vocab, reps) if n <= max_decodes
+                               else server.probe_prefill(n, rng, vocab, reps))) for n in points}
 
 
 class VllmExecutor:
@@ -253,8 +281,8 @@ def run_real(cfg, ctx) -> RunResult:
     from systems.serving.metrics import summarize
     from systems.serving.profiler import clock_scaled, sample_points
     from systems.serving.build import (build_table, controller_for, display_rows, kv_budget_bytes,
-                                       profile_context, requests_for, serve, slo_check, table_grid,
-                                       window_profile)
+                                       profile_context, requests_for, serve, slo_check, stop_time,
+                                       table_grid, window_profile)
     from harness.model_facts import kv_bytes_per_token, weight_bytes
     s, w, hw, m = cfg.system, cfg.workload, cfg.hardware, cfg.model
     req = requests_for(w)
@@ -266,6 +294,7 @@ def run_real(cfg, ctx) -> RunResult:
     server = VllmServer(mdir, m.dtype, n_max, int(s.max_num_seqs), budget, max(max_len, n_max + 8),
                         int(cfg.seed or 0), int(s.cpu_threads))
     init_s = time.perf_counter() - t_init
+    load0 = os.getloadavg()
     act = None
     try:
         stage = StageModel(m, hw, 1, 1)
@@ -298,7 +327,7 @@ def run_real(cfg, ctx) -> RunResult:
         server.probe_decode(min(4, int(s.max_num_seqs)), 64, rng, m.vocab_size, reps=2)   # warm-up, excluded
         warmup_s = time.perf_counter() - t_warm
         ex = VllmExecutor(server, prompts, act, meter)
-        res = serve(Driver(ctl, req, t_stop=float(w.duration_s) * 3 + 60), ex, ctx, f"{s.name} (wall s)")
+        res = serve(Driver(ctl, req, t_stop=stop_time(req, w)), ex, ctx, f"{s.name} (wall s)")
     finally:
         server.close()
         if act is not None:
@@ -306,7 +335,8 @@ def run_real(cfg, ctx) -> RunResult:
     summ = summarize(res, float(w.slo_ttft_s), float(w.slo_tbt_s))
     its = res.iterations
     summ.update(engine_init_s=init_s, profile_s=profile_s, warmup_s=warmup_s, warmup="one decode probe, excluded",
-                cpu_threads=server.threads, gpus=1, tp=1, pp=1, kv_budget_bytes=budget,
+                cpu_threads=server.threads, load_before=list(load0), load_after=list(os.getloadavg()),
+                gpus=1, tp=1, pp=1, kv_budget_bytes=budget,
                 vllm_kv_cache_bytes=server.engine.vllm_config.cache_config.kv_cache_memory_bytes,
                 distinct_budgets=int(its["budget"].nunique()) if len(its) else 0,
                 clocks_actuated=bool(act.actuate and act.available), clock_requests=len(act.log),

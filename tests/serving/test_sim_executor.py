@@ -20,7 +20,7 @@ class LinearCost:
     has_energy = True
     follows_clock = False
 
-    def step1(self, n, f, ctx_tokens=0.0, attn_pairs=0.0):
+    def step1(self, n, f, ctx_tokens=0.0, attn_pairs=0.0, seqs=1):
         return 0.01 * n, 2.0 * n
 
     def idle1(self, f):

@@ -39,6 +39,29 @@ def test_chunk_size_changes_between_steps(server):
         server.step()
 
 
+def test_probes_time_the_iterations_they_name(server):
+    """The calibration probes time steps of the batch they say: a prefill chunk, a decode batch,
+    decodes plus a chunk (the scheduler tap shows the batch)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    assert len(server.probe_prefill(48, rng, 1000, reps=2)) == 2
+    assert len(server.probe_decode(3, 40, rng, 1000, reps=2)) == 2
+    got = []
+    orig = server.step
+
+    def spy():
+        out = orig()
+        got.append(sorted(t for _, t, _ in server.step_log[-1][2]))
+        return out
+    server.step = spy
+    try:
+        ts = server.probe_mixed(2, 40, 24, rng, 1000, reps=2)
+    finally:
+        server.step = orig
+    assert len(ts) == 2 and got.count([1, 1, 24]) == 3          # the warm-up and two timed steps
+    assert not server.busy()
+
+
 def test_beam_on_real_vllm_records_decisions(compose_cfg, tmp_path, monkeypatch):
     """One real run, several promises: it is served by the driver with a VllmExecutor; the start
     clock is system.fixed_clock_mhz (same meaning as on the simulator); kv_budget reaches vLLM."""
