@@ -18,11 +18,12 @@ _REQ_CACHE: Dict[str, Any] = {}
 
 
 def requests_for(w):
-    """The workload's request stream (cached per resolved workload config)."""
+    """The workload's request stream (cached per resolved workload config: ``seed: ${seed}`` is
+    resolved, so jobs of a sweep sharing a worker process get their own seed's stream)."""
     from omegaconf import OmegaConf
 
     from workloads.serving import build_requests
-    key = OmegaConf.to_yaml(w)
+    key = OmegaConf.to_yaml(w, resolve=True)
     if key not in _REQ_CACHE:
         _REQ_CACHE.clear()
         _REQ_CACHE[key] = build_requests(w)

@@ -4,10 +4,10 @@ can be charged with (``system.latency_profile=PATH``).
     python -m systems.serving.calibrate model=tiny-llama [out=PATH] [threads=1] [reps=3] [rounds=3]
 
 Measures (vLLM in-process, random weights, torch threads fixed, a warm-up round excluded, then
-``rounds`` interleaved rounds of ``reps`` steps per point; a point's latency is the 25th
-percentile of its steps, see :func:`measure`): prefill chunks of n fresh tokens, decode batches of
-b sequences at three contexts, and mixed steps (b decodes + one chunk) -- the iterations a serving
-run is made of. Fits
+``rounds`` interleaved rounds of ``reps`` steps per point; a step's time is the engine thread's
+CPU time, a point's latency the median of its steps, see :func:`measure`): prefill chunks of n
+fresh tokens, decode batches of b sequences at three contexts, and mixed steps (b decodes + one
+chunk) -- the iterations a serving run is made of. Fits
 
     latency_s = base_s + per_token_s * n + per_kv_token_s * ctx + per_pair_s * pairs + per_seq_s * seqs
 
@@ -125,16 +125,14 @@ def grid():
     return pts
 
 
-QUANTILE = 0.25    # of a point's step times over all rounds: its latency in the profile
-
-
 def measure(server, vocab: int, reps: int, rounds: int) -> List[dict]:
     """The calibration grid on ``server`` (a :class:`systems.serving.vllm_engine.VllmServer`): one
     warm-up round (excluded), then ``rounds`` rounds over the whole grid, ``reps`` steps per point
     and round (rounds interleave the points, so a change of the machine's load does not become a
-    slope over the grid). A point's latency is the QUANTILE of its steps: other processes on a
-    shared machine add time to a step, never remove it, so a low quantile estimates the engine's
-    own cost; ``spread_pct`` records (max - min) / that."""
+    slope over the grid). A step is timed by the engine thread's CPU time (vLLM in-process with one
+    torch thread runs a step in this thread: CPU time equals wall time on an idle machine, and other
+    processes on a shared one delay the wall time but not the CPU time); a point's latency is the
+    median of its steps, ``spread_pct`` (max - min) / median."""
     rng = np.random.default_rng(0)
     probes = {"prefill": lambda n: server.probe_prefill(n, rng, vocab, reps),
               "decode": lambda b, ctx: server.probe_decode(b, ctx, rng, vocab, reps),
@@ -151,7 +149,7 @@ def measure(server, vocab: int, reps: int, rounds: int) -> List[dict]:
         if not t:
             continue
         n, ctx, pairs, seqs = iteration_shape(sched)
-        q = float(np.quantile(t, QUANTILE))
+        q = float(np.median(t))
         out.append({"kind": kind, "tokens": int(n), "ctx_tokens": float(ctx), "attn_pairs": float(pairs),
                     "seqs": int(seqs), "latency_s": q, "steps": len(t),
                     "spread_pct": round(100 * (max(t) - min(t)) / q, 1)})
@@ -164,8 +162,11 @@ def calibrate(model, out: Path, threads: int = 1, reps: int = 3, rounds: int = 3
     from systems.serving.vllm_engine import VllmServer, check_cpu_model, write_model_dir
     check_cpu_model(model)
     load0 = os.getloadavg()
-    server = VllmServer(write_model_dir(model, out.parent / f"model_{model.name}"), model.dtype, max_chunk=1024,
-                        max_num_seqs=max(DECODE_BATCH), kv_cache_bytes=256 << 20, max_model_len=2048, threads=threads)
+    engine = {"max_num_batched_tokens": 1024, "max_num_seqs": max(DECODE_BATCH), "kv_cache_bytes": 256 << 20,
+              "max_model_len": 2048, "block_size": 32, "enforce_eager": True}
+    server = VllmServer(write_model_dir(model, out.parent / f"model_{model.name}"), model.dtype,
+                        max_chunk=engine["max_num_batched_tokens"], max_num_seqs=engine["max_num_seqs"],
+                        kv_cache_bytes=engine["kv_cache_bytes"], max_model_len=engine["max_model_len"], threads=threads)
     try:
         samples = measure(server, int(model.vocab_size), reps, rounds)
     finally:
@@ -179,8 +180,9 @@ def calibrate(model, out: Path, threads: int = 1, reps: int = 3, rounds: int = 3
     import vllm
     prof = {
         "model": model.name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "vllm": vllm.__version__, "torch_threads": server.threads, "reps": reps, "rounds": rounds,
-        "warmup": "one round over the grid, excluded", "statistic": f"{QUANTILE:g} quantile of a point's steps",
+        "vllm": vllm.__version__, "engine": engine, "torch_threads": server.threads, "reps": reps, "rounds": rounds,
+        "warmup": "one round over the grid, excluded",
+        "statistic": "median over a point's steps of the engine thread's CPU time per step",
         "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()],
         "latency_model": "latency_s = base_s + per_token_s*n + per_kv_token_s*ctx + per_pair_s*pairs + per_seq_s*seqs",
         "coefficients": coef,

@@ -33,8 +33,8 @@ from systems.serving.protocol import EngineState, Executor, Iteration, WindowSta
 
 DECISION_COLUMNS = ["time_s", "trigger", "request", "decision_us", "chunk", "microbatches", "clock_mhz",
                     "feasible", "pred_ttft_s", "pred_tbt_s", "pred_energy_j"]
-ITERATION_COLUMNS = ["time_s", "latency_s", "tokens", "ctx_tokens", "attn_pairs", "seqs", "prefill_tokens",
-                     "decodes", "budget", "clock_mhz", "energy_j"]
+ITERATION_COLUMNS = ["time_s", "latency_s", "cpu_s", "tokens", "ctx_tokens", "attn_pairs", "seqs",
+                     "prefill_tokens", "decodes", "budget", "clock_mhz", "energy_j"]
 
 
 @dataclass
@@ -167,7 +167,8 @@ class Driver:
             self.n_dec -= 1
         self.n_done += len(it.finished)
         n, ctx, pairs, seqs = iteration_shape(it.scheduled)
-        self.it_rows.append((t, it.latency_s, n, ctx, pairs, seqs, pf, n - pf, it.budget, it.clock_mhz, it.energy_j))
+        self.it_rows.append((t, it.latency_s, it.cpu_s, n, ctx, pairs, seqs, pf, n - pf, it.budget, it.clock_mhz,
+                             it.energy_j))
         if it.finished:
             self._call(self.ctl.on_finish, t, "finish")
         elif entered and not self.waiting:

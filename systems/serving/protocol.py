@@ -59,6 +59,8 @@ class Iteration:
     completed, or a decode). finished: requests that completed. preempted: requests the executor
     evicted from the KV cache since its last report (they recompute their tokens later).
     budget: token budget in force (prefill chunk + decodes). clock_mhz: SM clock it ran at.
+    cpu_s: on a CPU device, the engine thread's CPU time for it (its own cost; ``latency_s`` - cpu_s
+    is time it waited for a core on a shared machine); None elsewhere.
     """
     t_end: float
     latency_s: float
@@ -69,6 +71,7 @@ class Iteration:
     preempted: List[int] = field(default_factory=list)
     budget: int = 0
     clock_mhz: float = 0.0
+    cpu_s: Optional[float] = None
 
 
 def iteration_shape(scheduled) -> Tuple[int, float, float, int]:

@@ -81,12 +81,14 @@ class VllmServer:
 
     Args: model_dir, dtype, max_chunk (the init token budget = the largest chunk ever used),
     max_num_seqs, kv_cache_bytes, max_model_len, seed, threads (torch's thread count, set before
-    vLLM binds it). ``step_log``: per step (budget, total scheduled, [(external id, tokens, tokens
-    already computed before them)], [preempted external ids]).
+    vLLM binds it), cpu (the device is this CPU: probes time a step by the engine thread's CPU
+    time, which a shared machine's other processes do not inflate; on a GPU, by wall time).
+    ``step_log``: per step (budget, total scheduled, [(external id, tokens, tokens already
+    computed before them)], [preempted external ids]).
     """
 
     def __init__(self, model_dir: Path, dtype: str, max_chunk: int, max_num_seqs: int, kv_cache_bytes: int,
-                 max_model_len: int, seed: int = 0, threads: int = 1):
+                 max_model_len: int, seed: int = 0, threads: int = 1, cpu: bool = True):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"     # before importing vllm (in-process worker)
         import torch
         torch.set_num_threads(int(threads))                    # vLLM makes later calls no-ops
@@ -98,6 +100,7 @@ class VllmServer:
                           enable_chunked_prefill=True, enable_prefix_caching=False, block_size=32, seed=seed)
         self.engine = LLMEngine.from_engine_args(args)
         self.max_chunk, self.max_num_seqs = max_chunk, max_num_seqs
+        self.probe_clock = time.thread_time if cpu else time.perf_counter
         self.threads = torch.get_num_threads()
         self.sched = self.engine.engine_core.engine_core.scheduler
         self.step_log: List[tuple] = []
@@ -140,12 +143,13 @@ class VllmServer:
 
     # -- probes: the iterations a profiling pass measures (same batches as profiler.sim_measure) ----
     def _timed_steps(self, want) -> List[float]:
-        """Step until idle; the durations (s) of steps whose schedule ``want(per)`` accepts."""
+        """Step until idle; the durations (s, ``probe_clock``) of steps whose schedule ``want(per)``
+        accepts."""
         ts = []
         while self.busy():
-            t0 = time.perf_counter()
+            t0 = self.probe_clock()
             self.step()
-            dt = time.perf_counter() - t0
+            dt = self.probe_clock() - t0
             if self.step_log and want(self.step_log[-1][2]):
                 ts.append(dt)
         return ts
@@ -186,9 +190,9 @@ class VllmServer:
         for r in range(reps + 1):
             self.add(f"probe-mp{n}-{r}", rng.integers(10, vocab - 1, n).tolist(), 1)
             self.set_budget(b + n)
-            t0 = time.perf_counter()
+            t0 = self.probe_clock()
             self.step()
-            dt = time.perf_counter() - t0
+            dt = self.probe_clock() - t0
             per = self.step_log[-1][2]
             if r and len(per) == b + 1 and sum(t for _, t, _ in per) == b + n:
                 ts.append(dt)
@@ -212,8 +216,8 @@ def profile_latency(server: VllmServer, points: List[int], vocab: int, ctx: floa
 class VllmExecutor:
     """vLLM as an executor (see the module docstring). ``now``: wall seconds since construction."""
 
-    def __init__(self, server: VllmServer, prompts: List[List[int]], actuator, meter):
-        self.server, self.prompts, self.act, self.meter = server, prompts, actuator, meter
+    def __init__(self, server: VllmServer, prompts: List[List[int]], actuator, meter, cpu: bool = True):
+        self.server, self.prompts, self.act, self.meter, self.cpu = server, prompts, actuator, meter, cpu
         self.chunk, self.clock = server.max_chunk, None
         self.clock_log: List[tuple] = []
         self.decoding: set = set()
@@ -245,9 +249,9 @@ class VllmExecutor:
             self.now = time.perf_counter() - self.start
             return None
         budget = self.server.set_budget(self.chunk + len(self.decoding))
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         outs = self.server.step()
-        t1 = time.perf_counter()
+        t1, cpu = time.perf_counter(), time.thread_time() - c0
         self.now = t1 - self.start
         _, _, per, pre = self.server.step_log[-1] if self.server.step_log else (0, 0, [], [])
         self.server.step_log.clear()
@@ -264,7 +268,7 @@ class VllmExecutor:
                 finished.append(r)
                 self.decoding.discard(r)
         return Iteration(self.now, t1 - t0, None, [(int(k), n, c) for k, n, c in per], emitted, finished,
-                         preempted, budget, self.clock or 0.0)
+                         preempted, budget, self.clock or 0.0, cpu if self.cpu else None)
 
     def close(self, now: float) -> ExecutorTotals:
         m = self.meter.end_window("serve")
@@ -291,8 +295,9 @@ def run_real(cfg, ctx) -> RunResult:
     budget = kv_budget_bytes(cfg, weight_bytes(m), real_cpu=ctx.backend.device == "cpu")
     mdir = write_model_dir(m, ctx.outdir / "model")
     t_init = time.perf_counter()
+    cpu = ctx.backend.device == "cpu"
     server = VllmServer(mdir, m.dtype, n_max, int(s.max_num_seqs), budget, max(max_len, n_max + 8),
-                        int(cfg.seed or 0), int(s.cpu_threads))
+                        int(cfg.seed or 0), int(s.cpu_threads), cpu)
     init_s = time.perf_counter() - t_init
     load0 = os.getloadavg()
     act = None
@@ -326,7 +331,7 @@ def run_real(cfg, ctx) -> RunResult:
         t_warm = time.perf_counter()
         server.probe_decode(min(4, int(s.max_num_seqs)), 64, rng, m.vocab_size, reps=2)   # warm-up, excluded
         warmup_s = time.perf_counter() - t_warm
-        ex = VllmExecutor(server, prompts, act, meter)
+        ex = VllmExecutor(server, prompts, act, meter, cpu)
         res = serve(Driver(ctl, req, t_stop=stop_time(req, w)), ex, ctx, f"{s.name} (wall s)")
     finally:
         server.close()

@@ -91,9 +91,9 @@ def test_the_simulator_charged_by_a_profile_and_the_report(compose_cfg, tmp_path
     r["backend"]["simulated"] = False
     (sweep / "real" / "run.json").write_text(json.dumps(r))
     pairs = fidelity._pair_rows(gather_runs(sweep), c)
-    assert len(pairs) == 1 and pairs["iteration MAPE %"].iloc[0] == pytest.approx(0.0, abs=1e-9)
+    assert len(pairs) == 1 and pairs["iteration MAPE % (wall)"].iloc[0] == pytest.approx(0.0, abs=1e-9)
     assert pairs["TTFT P90 err %"].iloc[0] == 0.0 and pairs["completed err %"].iloc[0] == 0.0
     fidelity.report(sweep, prof)
     md = (sweep / "fidelity.md").read_text()
-    assert "measured and simulated; SLOs TTFT 1 s, TBT 100 ms" in md and "per-iteration latency MAPE 0.0 %" in md
+    assert "measured and simulated; SLOs TTFT 1 s, TBT 100 ms" in md and "wall 0.0 %" in md
     assert (sweep / "fidelity.png").exists()

@@ -111,3 +111,12 @@ def test_decision_time_under_0_1_ms(compose_cfg, benchmark):
         per = benchmark.stats.stats.mean / (2 * len(states))
         benchmark.extra_info["us_per_decision"] = per * 1e6
         assert per < 1e-4, f"mean decision time {per * 1e6:.1f} us"
+
+
+def test_each_seed_gets_its_own_request_stream_in_one_process(compose_cfg):
+    """Sweep jobs share worker processes: the stream cache must key on the resolved seed (the
+    workload's ``seed: ${seed}``). Mutation caught: the key built from the unresolved config."""
+    from systems.serving.build import requests_for
+    a = requests_for(compose_cfg("system=beam", "workload=poisson", "seed=0").workload)
+    b = requests_for(compose_cfg("system=beam", "workload=poisson", "seed=1").workload)
+    assert len(a) != len(b) or not np.array_equal(a.arrival_s, b.arrival_s)
