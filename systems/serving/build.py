@@ -222,7 +222,9 @@ def stop_time(req, w) -> float:
 
 
 def serve(driver, ex, ctx, desc: str):
-    """Run ``driver`` on ``ex`` with a progress bar over serving seconds."""
+    """Run ``driver`` on ``ex`` with a progress bar over serving seconds (none with progress=false)."""
+    if not ctx.show_progress:
+        return driver.run(ex)
     total = driver.t_stop if math.isfinite(driver.t_stop) else float(driver.arr[-1])
     with ctx.progress(int(math.ceil(total)), desc) as bar:
         def progress(t):

@@ -122,16 +122,6 @@ class Driver:
         self.win_tok += n
         self._call(self.ctl.on_arrival, now, "arrival", r)
 
-    def _token(self, r: int, t: float) -> None:
-        gap = t - self.last[r]
-        self.gaps.append(gap)
-        self.gap_t.append(t)
-        self.gap_sum[r] += gap
-        if gap > self.gap_max[r]:
-            self.gap_max[r] = gap
-        self.last[r] = t
-        self.gen[r] += 1
-
     def _account(self, it: Iteration) -> None:
         """Book one finished iteration: prefill progress, first tokens, token gaps, finishes."""
         t = it.t_end
@@ -144,29 +134,38 @@ class Driver:
                 self.waiting.insert(0, r)
             self.need[r] = self.inp_l[r] + gen[r]
             self.pref[r] = 0
-        pf = 0
-        for r, ntok, _ in it.scheduled:
+        pf, sch = 0, it.scheduled
+        for i in range(it.n_decodes, len(sch)):
+            r, ntok, _ = sch[i]
             if in_wait[r]:
                 self.pref[r] += ntok
                 pf += ntok
         entered = 0
+        last, gaps, gap_sum, gap_max = self.last, self.gaps, self.gap_sum, self.gap_max
+        k0 = len(gaps)
         for r in it.emitted:
             if in_wait[r]:              # its prefill (or recompute) completed with this token
                 in_wait[r] = False
                 self.waiting.remove(r)
                 self.n_dec += 1
                 entered += 1
-                if gen[r] == 0:
-                    self.first[r] = self.last[r] = t
+                if gen[r] == 0:         # the first token: TTFT
+                    self.first[r] = last[r] = t
                     gen[r] = 1
                     continue
-            self._token(r, t)
+            gap = t - last[r]           # a token gap: TBT
+            gaps.append(gap)
+            gap_sum[r] += gap
+            if gap > gap_max[r]:
+                gap_max[r] = gap
+            last[r] = t
+            gen[r] += 1
+        self.gap_iter.append((t, len(gaps) - k0))
         self.tok_bin[int(t)] += len(it.emitted)
         for r in it.finished:
             self.fin[r] = t
             self.n_dec -= 1
-        self.n_done += len(it.finished)
-        n, ctx, pairs, seqs = iteration_shape(it.scheduled)
+        n, ctx, pairs, seqs = it.shape or iteration_shape(it.scheduled)
         self.it_rows.append((t, it.latency_s, it.cpu_s, n, ctx, pairs, seqs, pf, n - pf, it.budget, it.clock_mhz,
                              it.energy_j))
         if it.finished:
@@ -186,12 +185,12 @@ class Driver:
         self.in_wait = [False] * N
         self.waiting: List[int] = []
         self.gaps: List[float] = []
-        self.gap_t: List[float] = []
+        self.gap_iter: List[tuple] = []          # (time, gaps emitted then) per iteration
         self.dec_rows: list = []
         self.it_rows: list = []
         self.knobs: list = []
         self.tok_bin: Dict[int, int] = defaultdict(int)
-        self.n_dec = self.n_done = self.next_arr = 0
+        self.n_dec = self.next_arr = 0
         self.d_int = self.d_t = self.win_t0 = 0.0
         self.win_arr = self.win_tok = 0
         d0 = self.ctl.initial()
@@ -236,9 +235,13 @@ class Driver:
             "tbt_max_s": np.where(gen > 1, self.gap_max, np.nan),
         })
         dec = pd.DataFrame(self.dec_rows, columns=DECISION_COLUMNS)
-        its = pd.DataFrame(self.it_rows, columns=ITERATION_COLUMNS)
+        its = pd.DataFrame(np.array(self.it_rows, dtype=float).reshape(-1, len(ITERATION_COLUMNS)),
+                           columns=ITERATION_COLUMNS)          # None (not measured) -> NaN
+        its = its.astype({c: np.int64 for c in ("tokens", "seqs", "prefill_tokens", "decodes", "budget")})
         tl = self._timeline(totals, t_end)
-        return ServeResult(req, np.asarray(self.gaps), np.asarray(self.gap_t), dec, its, tl, totals.energy_j,
+        gi = np.array(self.gap_iter, dtype=float).reshape(-1, 2)
+        gap_t = np.repeat(gi[:, 0], gi[:, 1].astype(np.int64))
+        return ServeResult(req, np.asarray(self.gaps), gap_t, dec, its, tl, totals.energy_j,
                            totals.energy_reason, t_end, totals.preemptions)
 
     def _timeline(self, totals, t_end: float) -> pd.DataFrame:

@@ -47,7 +47,7 @@ class WindowStats:
     duration_s: float
 
 
-@dataclass
+@dataclass(slots=True)
 class Iteration:
     """One finished iteration (a microbatch that left the last pipeline stage), as an executor saw it.
 
@@ -60,7 +60,10 @@ class Iteration:
     evicted from the KV cache since its last report (they recompute their tokens later).
     budget: token budget in force (prefill chunk + decodes). clock_mhz: SM clock it ran at.
     cpu_s: on a CPU device, the engine thread's CPU time for it (its own cost; ``latency_s`` - cpu_s
-    is time it waited for a core on a shared machine); None elsewhere.
+    is time it waited for a core on a shared machine); None elsewhere. shape: its
+    :func:`iteration_shape`, when the executor computed it already (else the driver does).
+    n_decodes: the first n_decodes items of ``scheduled`` are decodes (an executor that lists them
+    first says so; the driver then books prefill progress from the rest only).
     """
     t_end: float
     latency_s: float
@@ -72,6 +75,8 @@ class Iteration:
     budget: int = 0
     clock_mhz: float = 0.0
     cpu_s: Optional[float] = None
+    shape: Optional[Tuple[int, float, float, int]] = None
+    n_decodes: int = 0
 
 
 def iteration_shape(scheduled) -> Tuple[int, float, float, int]:
@@ -88,7 +93,7 @@ def iteration_shape(scheduled) -> Tuple[int, float, float, int]:
     for _, t, c in scheduled:
         n += t
         ctx += c + t
-        pairs += t * c + t * (t + 1) / 2.0
+        pairs += t * c + t * (t + 1) * 0.5
     return n, ctx, pairs, len(scheduled)
 
 

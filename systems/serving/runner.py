@@ -182,7 +182,7 @@ def run_sim(cfg, ctx) -> RunResult:
     summ.update(
         gpus=tp * pp, tp=tp, pp=pp, kv_budget_bytes=budget, kv_capacity_tokens=kv_cap,
         profile_error_bias=float(s.profile_error.bias), profile_error_noise=float(s.profile_error.noise),
-        **{f"table_{k}": v for k, v in table_error(table, truth, range(1, n_max + 1, 7)).items()},
+        **{f"table_{k}": v for k, v in table_error(table, truth, range(1, n_max + 1, 13)).items()},
         table_samples=len(table.samples), table_cells=int(table.L.size),
         slo_infeasible=bool(note), workload_note=req.note,
         executor="simulator (measured vLLM-CPU latency profile)" if s.get("latency_profile") else "simulator",

@@ -132,7 +132,8 @@ class SimExecutor:
         for s in range(self.p):
             gap = t_end - self.stage_free[s]
             if gap > 0:
-                self._charge(self.stage_free[s], self.g * p_idle * gap)
+                self.energy += self.g * p_idle * gap
+                self.e_bin[int(self.stage_free[s])] += self.g * p_idle * gap
         self.now = t_end
         has = self.has_energy
         return ExecutorTotals(self.energy if has else None,
@@ -140,10 +141,6 @@ class SimExecutor:
                               dict(self.e_bin) if has else {}, list(self.clock_log), self.n_preempt)
 
     # -- engine internals ---------------------------------------------------------------------------
-    def _charge(self, t: float, joules: float) -> None:
-        self.energy += joules
-        self.e_bin[int(t)] += joules
-
     def _wake(self, now: float) -> None:
         """Idle slots may have work now."""
         for j in range(self.m):
@@ -214,6 +211,7 @@ class SimExecutor:
         scheduled = [(r, 1, inp[r] + gen[r] - 1) for r in decs]
         for r in decs:
             held[r] += 1
+            in_flight[r] = True
         self.kv_used += len(decs)
         budget, sched, need, started = self.chunk, self.sched, self.need, self.started
         for r in self.waiting:
@@ -239,44 +237,45 @@ class SimExecutor:
         if not scheduled:
             self.slot_ready[j] = self.heap[0][0] if self.heap else math.inf
             return
-        f = self._clock_at(t)
-        n, ctx, pairs, seqs = iteration_shape(scheduled)
-        lat, e_gpu = self.cost.step1(n, f, ctx, pairs, seqs)
+        f = self._clock_at(t) if self.pending else self.clock
+        shape = iteration_shape(scheduled)
+        lat, e_gpu = self.cost.step1(shape[0], f, shape[1], shape[2], shape[3])
         p_idle = self.cost.idle1(f)
-        g, stage_free = self.g, self.stage_free
-        e_it = 0.0
+        g, stage_free, e_bin = self.g, self.stage_free, self.e_bin
+        e_it, busy = 0.0, g * e_gpu
         prev = t
         for s in range(self.p):
             start = stage_free[s] if stage_free[s] > prev else prev
             gap = start - stage_free[s]
-            if gap > 0:
-                self._charge(stage_free[s], g * p_idle * gap)
+            if gap > 0:                                  # the stage waited: idle energy
+                e_bin[int(stage_free[s])] += g * p_idle * gap
                 e_it += g * p_idle * gap
             stage_free[s] = prev = start + lat
-            self._charge(start, g * e_gpu)
-            e_it += g * e_gpu
-        for r in decs:
-            in_flight[r] = True
+            e_bin[int(start)] += busy
+            e_it += busy
+        self.energy += e_it
         self.slot_busy[j] = True
         self.slot_ready[j] = prev
         self.seq += 1
-        heapq.heappush(self.heap, (prev, self.seq, j, len(decs), scheduled, lat, e_it, f, self.chunk + len(decs)))
+        heapq.heappush(self.heap, (prev, self.seq, j, len(decs), scheduled, lat, e_it, f, self.chunk + len(decs), shape))
 
     def _complete(self, item) -> Iteration:
         """A microbatch left the last stage: its tokens appear."""
-        t, _, j, n_dec, scheduled, lat, e_it, f, budget = item
+        t, _, j, n_dec, scheduled, lat, e_it, f, budget, shape = item
         self.now = t
         self.slot_busy[j] = False
         emitted, finished = [], []
-        for r, _, _ in scheduled[:n_dec]:
-            self.in_flight[r] = False
-            self.gen[r] += 1
+        in_flight, gen, out, slot, m = self.in_flight, self.gen, self.out, self.slot, self.m
+        for i in range(n_dec):
+            r = scheduled[i][0]
+            in_flight[r] = False
+            gen[r] += 1
             emitted.append(r)
-            if self.gen[r] >= self.out[r]:
+            if gen[r] >= out[r]:
                 self._release(r)
                 finished.append(r)
-            elif self.slot[r] >= self.m:                # its slot was retired by a smaller m
-                self.slot_dec[self.slot[r]].remove(r)
+            elif slot[r] >= m:                          # its slot was retired by a smaller m
+                self.slot_dec[slot[r]].remove(r)
                 self._assign(r)
         for r, ntok, _ in scheduled[n_dec:]:
             self.pref[r] += ntok
@@ -292,4 +291,4 @@ class SimExecutor:
         pre, self._preempted = self._preempted, []
         self._wake(t)
         return Iteration(t, lat, e_it if self.has_energy else None, scheduled, emitted,
-                         finished, pre, budget, f)
+                         finished, pre, budget, f, None, shape, n_dec)

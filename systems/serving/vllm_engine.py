@@ -34,7 +34,7 @@ import pandas as pd
 from harness.errors import ConfigError
 from harness.model_facts import CAUSAL_LM as ARCH   # architecture class per model type
 from harness.run import RunResult
-from systems.serving.protocol import Decision, ExecutorTotals, Iteration
+from systems.serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
 
 CPU_MAX_WEIGHT_BYTES = 2 << 30
 
@@ -258,6 +258,7 @@ class VllmExecutor:
         preempted = [int(k) for k in pre]
         for r in preempted:
             self.decoding.discard(r)
+        was_decoding = set(self.decoding)
         self.preemptions += len(preempted)
         emitted, finished = [], []
         for o in outs:
@@ -267,8 +268,11 @@ class VllmExecutor:
             if o.finished:
                 finished.append(r)
                 self.decoding.discard(r)
-        return Iteration(self.now, t1 - t0, None, [(int(k), n, c) for k, n, c in per], emitted, finished,
-                         preempted, budget, self.clock or 0.0, cpu if self.cpu else None)
+        sched = [(int(k), n, c) for k, n, c in per]
+        decodes = [x for x in sched if x[0] in was_decoding]          # listed first (Iteration.n_decodes)
+        sched = decodes + [x for x in sched if x[0] not in was_decoding]
+        return Iteration(self.now, t1 - t0, None, sched, emitted, finished, preempted, budget, self.clock or 0.0,
+                         cpu if self.cpu else None, iteration_shape(sched), len(decodes))
 
     def close(self, now: float) -> ExecutorTotals:
         m = self.meter.end_window("serve")
