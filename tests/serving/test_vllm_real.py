@@ -64,7 +64,9 @@ def test_probes_time_the_iterations_they_name(server):
 
 def test_beam_on_real_vllm_records_decisions(compose_cfg, tmp_path, monkeypatch):
     """One real run, several promises: it is served by the driver with a VllmExecutor; the start
-    clock is system.fixed_clock_mhz (same meaning as on the simulator); kv_budget reaches vLLM."""
+    clock is system.fixed_clock_mhz (same meaning as on the simulator); kv_budget reaches vLLM;
+    prompt tokens are booked as prefill progress (mutation caught: the executor's decode count
+    covering the whole batch, so the driver never books prefill progress)."""
     from systems.serving.driver import Driver
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0"
     seen, orig = [], Driver.run
@@ -97,3 +99,5 @@ def test_beam_on_real_vllm_records_decisions(compose_cfg, tmp_path, monkeypatch)
     assert clk.clock_mhz.iloc[0] == 900.0                   # the start clock
     r = pd.read_parquet(out / "requests.parquet")
     assert (r.generated == 8).all() and (r.ttft_s > 0).all()
+    # every prompt token was booked as prefill progress once, every other token as a decode
+    assert its.prefill_tokens.sum() == r.input_len.sum() and its.decodes.sum() == (r.generated - 1).sum()
