@@ -96,7 +96,6 @@ class ServingSystem:
     profile_error: ProfileErrorConfig = field(default_factory=ProfileErrorConfig)
     kv_budget: Any = None              # KV bytes per device ("7GiB"); None = memory - weights - reserve
     cpu_kv_budget: Any = "256MiB"      # vLLM on CPU when kv_budget is None (a shared machine's RAM)
-    cpu_threads: int = 1               # vLLM: torch threads (1: stable step times on a shared CPU)
     latency_profile: str = ""          # simulator: iteration latency measured on vLLM-CPU (systems.serving.calibrate)
     dvfs: DvfsConfig = field(default_factory=DvfsConfig)
 

@@ -17,8 +17,9 @@ the simulator's profiling pass) scaled over the hardware profile's clock menu by
 model, energies from its power model -- so the clock decisions are what BEAM would request on
 that GPU, recorded and never applied. Energy is measured with NVML windows when available, else
 recorded as unavailable (None, with the reason). The engine is one device: one pipeline stage, one
-microbatch. Timing: torch's thread count is fixed (``system.cpu_threads``, recorded) and the
-engine is warmed up before serving (excluded, recorded).
+microbatch. Timing: the harness fixes torch's thread count (``backend.threads``) and records the load;
+the thread count vLLM ran with is recorded (``vllm_torch_threads``), and the engine is warmed up
+before serving (excluded, ``harness.run.WARMUP_KEY``).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import pandas as pd
 
 from harness.errors import ConfigError
 from harness.model_facts import CAUSAL_LM as ARCH   # architecture class per model type
-from harness.run import RunResult
+from harness.run import WARMUP_KEY, RunResult
 from systems.serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
 
 CPU_MAX_WEIGHT_BYTES = 2 << 30
@@ -53,8 +54,6 @@ def validate_real(cfg, backend) -> None:
             v = cfg.get(k)
             if v is not None and int(v) != 1:
                 raise ConfigError(f"{k}={v} is not allowed for backend=vllm on CPU: one device (tp=1, pp=1)")
-    if int(cfg.system.cpu_threads) < 1:
-        raise ConfigError(f"system.cpu_threads={cfg.system.cpu_threads} is not allowed: an integer >= 1")
     if cfg.system.dvfs.actuate and backend.device != "cuda":
         raise ConfigError("system.dvfs.actuate=true is not allowed without an NVIDIA GPU")
 
@@ -81,7 +80,8 @@ class VllmServer:
 
     Args: model_dir, dtype, max_chunk (the init token budget = the largest chunk ever used),
     max_num_seqs, kv_cache_bytes, max_model_len, seed, threads (torch's thread count, set before
-    vLLM binds it), cpu (the device is this CPU: probes time a step by the engine thread's CPU
+    vLLM binds it; 0 = torch's default: harness.machine.set_threads), cpu (the device is this CPU:
+    probes time a step by the engine thread's CPU
     time, which a shared machine's other processes do not inflate; on a GPU, by wall time).
     ``step_log``: per step (budget, total scheduled, [(external id, tokens, tokens already
     computed before them)], [preempted external ids]).
@@ -91,7 +91,9 @@ class VllmServer:
                  max_model_len: int, seed: int = 0, threads: int = 1, cpu: bool = True):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"     # before importing vllm (in-process worker)
         import torch
-        torch.set_num_threads(int(threads))                    # vLLM makes later calls no-ops
+
+        from harness.machine import set_threads
+        set_threads(threads)                                   # vLLM makes later calls no-ops
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
         args = EngineArgs(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
@@ -301,9 +303,8 @@ def run_real(cfg, ctx) -> RunResult:
     t_init = time.perf_counter()
     cpu = ctx.backend.device == "cpu"
     server = VllmServer(mdir, m.dtype, n_max, int(s.max_num_seqs), budget, max(max_len, n_max + 8),
-                        int(cfg.seed or 0), int(s.cpu_threads), cpu)
+                        int(cfg.seed or 0), int(cfg.backend.get("threads", 1)), cpu)
     init_s = time.perf_counter() - t_init
-    load0 = os.getloadavg()
     act = None
     try:
         stage = StageModel(m, hw, 1, 1)
@@ -343,15 +344,15 @@ def run_real(cfg, ctx) -> RunResult:
             act.close()
     summ = summarize(res, float(w.slo_ttft_s), float(w.slo_tbt_s))
     its = res.iterations
-    summ.update(engine_init_s=init_s, profile_s=profile_s, warmup_s=warmup_s, warmup="one decode probe, excluded",
-                cpu_threads=server.threads, load_before=list(load0), load_after=list(os.getloadavg()),
-                gpus=1, tp=1, pp=1, kv_budget_bytes=budget,
+    summ.update(engine_init_s=init_s, profile_s=profile_s, warmup="one decode probe, excluded",
+                vllm_torch_threads=server.threads, gpus=1, tp=1, pp=1, kv_budget_bytes=budget,
                 vllm_kv_cache_bytes=server.engine.vllm_config.cache_config.kv_cache_memory_bytes,
                 distinct_budgets=int(its["budget"].nunique()) if len(its) else 0,
                 clocks_actuated=bool(act.actuate and act.available), clock_requests=len(act.log),
                 profile_points=len(pts), profile_latency_s={str(k): v for k, v in meas.items()},
                 profile_source="device (locked clocks)" if act.available else "measured latency x clock model",
                 slo_infeasible=bool(note), workload_note=req.note, executor="vLLM")
+    summ[WARMUP_KEY] = warmup_s
     msg = "; ".join(x for x in (note, res.energy_reason if res.energy_j is None else "") if x)
     return RunResult(status="ok", message=msg, summary=summ, display=display_rows(),
                      tables={"requests": res.requests, "decisions": res.decisions, "iterations": its,

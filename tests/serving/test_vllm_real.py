@@ -89,7 +89,7 @@ def test_beam_on_real_vllm_records_decisions(compose_cfg, tmp_path, monkeypatch)
     assert s["completed"] == s["requests"] > 0
     assert s["energy_j"] is None and "unavailable" in s["energy_unavailable_reason"]
     assert s["clocks_actuated"] is False and s["clock_requests"] >= 1
-    assert s["kv_budget_bytes"] == s["vllm_kv_cache_bytes"] == 24 << 20 and s["cpu_threads"] == 1
+    assert s["kv_budget_bytes"] == s["vllm_kv_cache_bytes"] == 24 << 20 and s["vllm_torch_threads"] == 1
     its = pd.read_parquet(out / "iterations.parquet")
     assert (its.tokens <= its.budget).all() and (its.budget <= 128 + 16).all() and len(its) == s["iterations"]
     dec = pd.read_parquet(out / "decisions.parquet")
