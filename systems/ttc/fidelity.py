@@ -81,14 +81,12 @@ def replay_in_sim(out_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
 def report_repeats(out_dir: Path, repeats: List[pd.DataFrame]) -> pd.DataFrame:
     """fidelity.md / fidelity_summary.csv / fidelity.png in ``out_dir`` from the runs of each repeat
     (the simulated side: the first repeat's real runs replayed). Returns the summary row."""
-    import matplotlib.pyplot as plt
-
-    from harness.report import save_figure, write_markdown
-    from systems.ttc.report import _tidy
+    from harness.report import write_markdown
+    from systems.ttc.report import tidy
     out_dir = Path(out_dir)
-    real = pd.concat([_tidy(r).assign(repeat=i) for i, r in enumerate(repeats)], ignore_index=True)
+    real = pd.concat([tidy(r).assign(repeat=i) for i, r in enumerate(repeats)], ignore_index=True)
     real = real[(~real.simulated) & (real.status == "ok")]
-    sim = _tidy(replay_in_sim(out_dir / "sim_replay", repeats[0]))
+    sim = tidy(replay_in_sim(out_dir / "sim_replay", repeats[0]))
     sim = sim[sim.status == "ok"].set_index(KEYS)
     if real.empty or sim.empty:
         write_markdown(pd.DataFrame(), out_dir / "fidelity.md", title="LBS fidelity: no pairs of real and simulated runs")
@@ -131,18 +129,40 @@ def report_repeats(out_dir: Path, repeats: List[pd.DataFrame]) -> pd.DataFrame:
                          "the mean; real_spread_max: the largest (slowest - fastest) / mean of a configuration):"
                          "\n\n" + summary.to_markdown(index=False, floatfmt=".3f"))
     summary.to_csv(out_dir / "fidelity_summary.csv", index=False)
-    fig, ax = plt.subplots(figsize=(4.5, 4))
-    ax.errorbar(both.e2e_s_real, both.e2e_s_sim, xerr=[0 * both.e2e_s_real, both.e2e_s_real_max - both.e2e_s_real],
-                fmt="o")
-    lim = [min(both.e2e_s_real.min(), both.e2e_s_sim.min()) * 0.8,
-           max(both.e2e_s_real_max.max(), both.e2e_s_sim.max()) * 1.2]
-    ax.plot(lim, lim, "k--", lw=1)
-    ax.set_xscale("log"); ax.set_yscale("log")
-    ax.set_xlabel("measured end-to-end s (real engine, CPU; fastest to slowest repeat)"); ax.set_ylabel("simulated s")
-    ax.set_title(f"fidelity: time MAPE {100 * summary.time_mape[0]:.1f} % ({len(repeats)} repeats)", fontsize=9)
-    save_figure(fig, out_dir, "fidelity")
+    _scatter(both, summary, len(repeats), out_dir)
     print(summary.to_string(index=False))
     return summary
+
+
+def _scatter(both: pd.DataFrame, summary: pd.DataFrame, repeats: int, out_dir: Path) -> None:
+    """Simulated vs measured end-to-end time, one marker and colour per system (legend), each point
+    labelled with its beam count; x error bar from the fastest to the slowest repeat."""
+    import matplotlib.pyplot as plt
+
+    from harness.report import save_figure
+    from systems.ttc.report import MARKER, SYSTEM_NAME, SYSTEM_ORDER, plain_log
+    fig, ax = plt.subplots(figsize=(6.2, 4.4), layout="constrained")
+    systems = sorted(both.system.unique(), key=lambda x: SYSTEM_ORDER.index(x) if x in SYSTEM_ORDER else 99)
+    for i, s in enumerate(systems):
+        d = both[both.system == s]
+        style = {k: v for k, v in MARKER.get(s, {"marker": "o"}).items() if k != "zorder"}
+        eb = ax.errorbar(d.e2e_s_real, d.e2e_s_sim, xerr=[0 * d.e2e_s_real, d.e2e_s_real_max - d.e2e_s_real],
+                         ls="none", label=SYSTEM_NAME.get(s, s), **style)
+        for r in d.itertuples():
+            ax.annotate(f"{r.beams} beams", (r.e2e_s_real, r.e2e_s_sim), xytext=(5, 10 * i - 10),
+                        textcoords="offset points", fontsize=7, color=eb[0].get_color())   # offset per system
+    lim = [min(both.e2e_s_real.min(), both.e2e_s_sim.min()) * 0.8,
+           max(both.e2e_s_real_max.max(), both.e2e_s_sim.max()) * 1.2]
+    ax.plot(lim, lim, "k--", lw=1, label="simulated = measured")
+    plain_log(ax, "xy", minor=True)
+    ax.tick_params(which="minor", labelsize=6)
+    ax.set_xlabel("measured end-to-end (s): real engine on this CPU,\nfastest repeat (bar: to the slowest)")
+    ax.set_ylabel("simulated end-to-end (s)")
+    ax.legend(fontsize=7, loc="upper left")
+    models = ", ".join(sorted(both.model.unique()))
+    ax.set_title(f"LBS simulator fidelity, {models} (measured vs simulated): time MAPE "
+                 f"{100 * summary.time_mape[0]:.1f} % ({repeats} repeat{'s' if repeats > 1 else ''})", fontsize=9)
+    save_figure(fig, out_dir, "fidelity")
 
 
 if __name__ == "__main__":
