@@ -117,21 +117,45 @@ def report_repeats(out_dir: Path, repeats: List[pd.DataFrame]) -> pd.DataFrame:
                             and (both.d2h_bytes_real == both.d2h_bytes_sim).all()
                             and both.bytes_same_every_repeat.all()),
     }])
-    cols = KEYS + ["repeats", "e2e_s_real", "e2e_s_real_mean", "e2e_s_real_max", "e2e_s_sim", "e2e_s_err",
-                   "compute_s_real", "compute_s_sim", "io_stall_s_real", "io_stall_s_sim", "h2d_bytes_real",
-                   "h2d_bytes_sim", "d2h_bytes_real", "d2h_bytes_sim"]
-    write_markdown(both[cols], out_dir / "fidelity.md",
+    write_markdown(_shown(both), out_dir / "fidelity.md",
                    title="LBS simulator fidelity (real CPU engine, fastest of the repeats, vs simulated with the "
                          "calibrated CPU profile)",
                    notes="A configuration's real time is its fastest repeat, the one least disturbed by other jobs "
                          "(the calibration's ceilings are likewise its fastest timing windows); the mean and the "
-                         "slowest are beside it. Summary (time_mape: of the fastest repeat; time_mape_of_mean: of "
-                         "the mean; real_spread_max: the largest (slowest - fastest) / mean of a configuration):"
-                         "\n\n" + summary.to_markdown(index=False, floatfmt=".3f"))
+                         "slowest are beside it; error = (simulated - measured) / measured. Summary (time MAPE: "
+                         "of the fastest repeat; of the mean; of each repeat; real spread: the largest (slowest - "
+                         "fastest) / mean of a configuration):\n\n"
+                         + summary.assign(**{c: 100 * summary[c] for c in PERCENT}, time_mape_each_repeat=[
+                             " / ".join(f"{100 * float(x):.1f}" for x in v.split()) for v in summary.time_mape_each_repeat])
+                         .rename(columns=SUMMARY_NAMES).to_markdown(index=False, floatfmt=".1f"))
     summary.to_csv(out_dir / "fidelity_summary.csv", index=False)
     _scatter(both, summary, len(repeats), out_dir)
     print(summary.to_string(index=False))
     return summary
+
+
+PERCENT = ["time_mape", "time_mape_of_mean", "compute_mape", "real_spread_max"]
+SUMMARY_NAMES = {"time_mape": "time MAPE (%)", "time_mape_of_mean": "time MAPE of the mean (%)",
+                 "time_mape_each_repeat": "time MAPE of each repeat (%)", "compute_mape": "compute MAPE (%)",
+                 "real_spread_max": "real spread, largest (%)", "bytes_exact": "bytes equal"}
+
+
+def _shown(both: pd.DataFrame) -> pd.DataFrame:
+    """The per-configuration table as shown: each column naming its unit (s, %, one byte unit)."""
+    from systems.ttc.display import byte_unit
+    byte_cols = ["h2d_bytes_real", "h2d_bytes_sim", "d2h_bytes_real", "d2h_bytes_sim"]
+    unit, size = byte_unit(both[byte_cols].to_numpy().ravel().tolist())
+    out = both[KEYS + ["repeats"]].copy()
+    for col, name in (("e2e_s_real", "real, fastest (s)"), ("e2e_s_real_mean", "real, mean (s)"),
+                      ("e2e_s_real_max", "real, slowest (s)"), ("e2e_s_sim", "simulated (s)")):
+        out[name] = both[col]
+    out["error (%)"] = 100 * both.e2e_s_err
+    for col, name in (("compute_s_real", "compute real (s)"), ("compute_s_sim", "compute sim (s)"),
+                      ("io_stall_s_real", "I/O stall real (s)"), ("io_stall_s_sim", "I/O stall sim (s)")):
+        out[name] = both[col]
+    for col, name in zip(byte_cols, ("host->device real", "host->device sim", "device->host real", "device->host sim")):
+        out[f"{name} ({unit})"] = both[col] / size
+    return out
 
 
 def _scatter(both: pd.DataFrame, summary: pd.DataFrame, repeats: int, out_dir: Path) -> None:

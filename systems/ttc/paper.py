@@ -122,7 +122,7 @@ def verdict_rows(figure: str, df: pd.DataFrame, ours: Callable[[PaperNumber, pd.
         d = df[df["source"] == src]
         for n in paper_numbers(figure):
             got = ours(n, d) if len(d) else None
-            lo, hi, what = got if got is not None else (None, None, "no run")
+            lo, hi, what = got if got is not None else (None, None, "no run gives this value")
             lo = None if lo is None or pd.isna(lo) else float(lo)
             hi = None if hi is None or pd.isna(hi) or hi == lo else float(hi)
             s = n.scale
