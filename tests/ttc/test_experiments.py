@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from omegaconf import OmegaConf
 
 from harness.config import HardwareConfig
