@@ -1,7 +1,7 @@
 """LBS reports against the paper: one verdict per paper number (harness/verdict.py's rule, written
 to verdicts.csv and shown in each table), and figures / tables whose labels and units cannot be
-misread. One small simulated sweep (OPT-6.7B on the RTX 4090 profile, 7 GiB KV, 17 jobs; ~8 s with the reports at load 5)
-feeds every report."""
+misread. One small simulated sweep (OPT-6.7B on the RTX 4090 profile, 7 GiB KV, 17 jobs; ~8 s
+with the reports at load 5) feeds every report."""
 import re
 
 import pandas as pd
