@@ -1,10 +1,11 @@
 """The printed table of an LBS-family run (``harness.run.RunResult.display``): label, summary key,
 formatter. Shared by ``systems.ttc.runner`` and ``systems.ttc.hf_offload``.
 
-One byte unit per table, chosen by magnitude (:func:`byte_unit`), so a 16 MiB budget and a 38 MiB
-peak read as 16.00 MiB and 38.1 MiB, never as 0.02 GiB beside 0.04 GiB. Transfers are host->device / device->host (the device is a GPU, or on a CPU
-run a second pool of CPU memory). The Eq. row says which of the paper's equations applies to the
-run's scheduler and whether it is a prediction or a bound.
+One byte unit per table, chosen by magnitude (:func:`byte_unit`), so a 16 MiB budget and a 39 MiB
+peak read as 16.00 MiB and 39.00 MiB, never as 0.02 GiB beside 0.04 GiB. Transfers are
+host->device / device->host (the device is a GPU, or on a CPU run a second pool of CPU memory).
+The Eq. row says which of the paper's equations applies to the run's scheduler and whether it is a
+prediction or a bound.
 """
 from __future__ import annotations
 

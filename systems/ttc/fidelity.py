@@ -125,9 +125,7 @@ def report_repeats(out_dir: Path, repeats: List[pd.DataFrame]) -> pd.DataFrame:
                          "slowest are beside it; error = (simulated - measured) / measured. Summary (time MAPE: "
                          "of the fastest repeat; of the mean; of each repeat; real spread: the largest (slowest - "
                          "fastest) / mean of a configuration):\n\n"
-                         + summary.assign(**{c: 100 * summary[c] for c in PERCENT}, time_mape_each_repeat=[
-                             " / ".join(f"{100 * float(x):.1f}" for x in v.split()) for v in summary.time_mape_each_repeat])
-                         .rename(columns=SUMMARY_NAMES).to_markdown(index=False, floatfmt=".1f"))
+                         + _shown_summary(summary).to_markdown(index=False, floatfmt=".1f"))
     summary.to_csv(out_dir / "fidelity_summary.csv", index=False)
     _scatter(both, summary, len(repeats), out_dir)
     print(summary.to_string(index=False))
@@ -138,6 +136,13 @@ PERCENT = ["time_mape", "time_mape_of_mean", "compute_mape", "real_spread_max"]
 SUMMARY_NAMES = {"time_mape": "time MAPE (%)", "time_mape_of_mean": "time MAPE of the mean (%)",
                  "time_mape_each_repeat": "time MAPE of each repeat (%)", "compute_mape": "compute MAPE (%)",
                  "real_spread_max": "real spread, largest (%)", "bytes_exact": "bytes equal"}
+
+
+def _shown_summary(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary row as shown: MAPEs and spread in %."""
+    each = [" / ".join(f"{100 * float(x):.1f}" for x in v.split()) for v in summary.time_mape_each_repeat]
+    return (summary.assign(**{c: 100 * summary[c] for c in PERCENT}, time_mape_each_repeat=each)
+            .rename(columns=SUMMARY_NAMES))
 
 
 def _shown(both: pd.DataFrame) -> pd.DataFrame:

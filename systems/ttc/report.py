@@ -273,7 +273,8 @@ def fig4(sweep_dir, runs, cfg):
     def ours(n, d):
         r = d[(d.system == "layerwise") & (d.beams == int(n.cfg["beams"]))]
         col = {"kv_share_of_memory": "kv_share", "io_share": "io_share"}[n.metric]
-        what = "KV / (KV + fp16 weights) at the full sequence" if col == "kv_share" else "layer-wise I/O stall / end-to-end"
+        what = ("KV / (KV + weights) at the full sequence" if col == "kv_share"
+                else "layer-wise I/O stall / end-to-end")
         return _span(r, col, what)
     table = _verdicts(sweep_dir, "fig4", lw, ours, "fig4.png")
     out = pd.DataFrame({
@@ -353,7 +354,8 @@ def fig7(sweep_dir, runs, cfg):
     pn = [find(nums, "h2d_gib", system=r.system, step=r.step) for r in df.itertuples()]
     mixed = df.source.nunique() > 1
     fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
-    lab = [f"{_name(s)}\nstep {st}" + (f"\n{src}" if mixed else "") for s, st, src in zip(df.system, df.step, df.source)]
+    lab = [f"{_name(s)}\nstep {st}" + (f"\n{src}" if mixed else "")
+           for s, st, src in zip(df.system, df.step, df.source)]
     x = np.arange(len(df))
     ax.bar(x - 0.27, df.eq_gib, 0.27, label="Eq.1-3 / Eq.4-5 evaluated")
     ax.bar(x, df.moved_gib, 0.27, label="moved by the scheduler" + sim_label(df.simulated))
@@ -376,8 +378,8 @@ def fig7(sweep_dir, runs, cfg):
                         "paper (GiB)": [n.value if n else np.nan for n in pn],
                         "verdict (moved vs paper)": [n.judge(v) if n else "" for n, v in zip(pn, df.moved_gib)],
                         "source": df.source})
-    write_markdown(out, sweep_dir / "fig7.md", title=title_label("LBS Fig.7 transfer volume, host->device", df.simulated),
-                   floatfmt=",.1f",
+    write_markdown(out, sweep_dir / "fig7.md", floatfmt=",.1f",
+                   title=title_label("LBS Fig.7 transfer volume, host->device", df.simulated),
                    notes="Eq.: layer-wise Eq.1-3, LBS Eq.4-5 (inter-token only). Layer-wise moves Eq.3's bytes minus "
                          "the step's own tokens, which stay on the device (README, 'How layer-wise executes').\n\n"
                          + table)
@@ -401,7 +403,8 @@ def fig10(sweep_dir, runs, cfg):
                     label=f"{_name(s)}{sim_label(d.simulated)}", **MARKER.get(s, {}))
     pr = [n for n in nums if n.metric == "normalised_volume"]
     if pr:
-        ax.plot([int(n.cfg["step"]) for n in pr], [100 * n.value for n in pr], "rx--", label="paper Fig.10a (inter-token)")
+        ax.plot([int(n.cfg["step"]) for n in pr], [100 * n.value for n in pr], "rx--",
+                label="paper Fig.10a (inter-token)")
     tot = find(nums, "total_reduction", system="lbs")
     if tot is not None:
         ax.axhline(100 * (1 - tot.value), color="tab:red", ls=":", lw=1,
@@ -425,7 +428,9 @@ def fig10(sweep_dir, runs, cfg):
     def ours(n, d):
         if n.metric == "normalised_volume":
             d = d[(d.step == int(n.cfg["step"])) & (d.model == n.cfg["model"]) & (d.beams == int(n.cfg["beams"]))]
-            return _span(d, "lbs_intertoken", "LBS inter-token bytes / layer-wise bytes") if "lbs_intertoken" in d else None
+            if "lbs_intertoken" not in d:
+                return None
+            return _span(d, "lbs_intertoken", "LBS inter-token bytes / layer-wise bytes")
         col = {"prefix_reuse_reduction": "prefix_reuse", "total_reduction": "total_reduction"}[n.metric]
         what = {"prefix_reuse": "inter-token / +inter-beam volume", "total_reduction": "1 - LBS / layer-wise volume"}
         return _span(d, col, what[col] + ", min-max over the sweep") if col in d else None
@@ -566,7 +571,8 @@ def fig12(sweep_dir, runs, cfg):
     table = _verdicts(sweep_dir, "fig12", df, lambda n, d: _span(
         d[d.system == n.cfg["system"]], "io_time_vs_layerwise",
         "I/O stall / layer-wise I/O stall, min-max over models x beams"), "fig12.png")
-    piv = df.pivot_table(index=["model", "beams", "source"], columns="system", values="io_time_vs_layerwise").reset_index()
+    piv = df.pivot_table(index=["model", "beams", "source"], columns="system",
+                         values="io_time_vs_layerwise").reset_index()
     out = piv[["model", "beams"]].copy()
     for s in systems:
         out[f"{_name(s)} (%)"] = 100 * piv[s]
