@@ -1,34 +1,85 @@
 """The printed table of an LBS-family run (``harness.run.RunResult.display``): label, summary key,
-formatter. Shared by ``systems.ttc.runner`` and ``systems.ttc.hf_offload``."""
+formatter. Shared by ``systems.ttc.runner`` and ``systems.ttc.hf_offload``.
+
+One byte unit per table, chosen by magnitude (:func:`byte_unit`), so a 16 MiB budget and a 39 MiB
+peak read as 16.00 MiB and 39.00 MiB, never as 0.02 GiB beside 0.04 GiB. Transfers are
+host->device / device->host (the device is a GPU, or on a CPU run a second pool of CPU memory).
+The Eq. row says which of the paper's equations applies to the run's scheduler and whether it is a
+prediction or a bound.
+"""
 from __future__ import annotations
 
+from typing import Any, Callable, List, Mapping, Tuple
+
+from harness.run import WARMUP_KEY
 from harness.units import GiB
 
+Rows = List[Tuple[str, str, Callable[[Any], str]]]
+BYTE_KEYS = ("h2d_bytes", "d2h_bytes", "eq_prediction_bytes", "eq3_layerwise_bytes", "eq5_lbs_bytes",
+             "kv_budget_bytes", "peak_device_kv_bytes", "max_staging_bytes", "peak_device_physical_bytes",
+             "cuda_max_memory_allocated_bytes")
+UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
+
+
 def size_text(v: float) -> str:
-    """Bytes as GiB, or MiB below 0.01 GiB."""
+    """Bytes as GiB, or MiB below 0.01 GiB (one value in a message; tables use :func:`display_rows`)."""
     return f"{v / GiB:,.2f} GiB" if v >= GiB / 100 or v == 0 else f"{v / 2**20:,.2f} MiB"
 
 
-_gib = size_text
-_s = lambda v: f"{v:,.3f} s"
-_pct = lambda v: f"{100 * v:.1f} %"
+def byte_unit(values) -> Tuple[str, int]:
+    """(name, bytes) of one unit for ``values`` (None and 0 ignored): the largest binary unit in which
+    the smallest value is >= 1, but at most one unit below the largest value's (so 16 MiB beside
+    5 GiB reads 16.00 MiB and 5,120 MiB; 96 KiB beside 5 GiB reads 0.0938 MiB)."""
+    vals = [abs(float(v)) for v in values if isinstance(v, (int, float)) and v]
+    if not vals:
+        return UNITS[0]
+    at = lambda x: next(i for i, (_, f) in enumerate(UNITS) if x >= f or f == 1)
+    return UNITS[min(at(min(vals)), at(max(vals)) + 1)]
 
-DISPLAY = [
-    ("end-to-end latency", "e2e_s", _s),
-    ("compute", "compute_s", _s),
-    ("I/O stall", "io_stall_s", _s),
-    ("other (plan, prune + expand)", "other_s", _s),
-    ("I/O share of latency", "io_share", _pct),
-    ("host->GPU", "h2d_bytes", _gib),
-    ("GPU->host", "d2h_bytes", _gib),
-    ("paper Eq. prediction, this scheduler (host->GPU)", "eq_prediction_bytes", _gib),
-    ("  Eq.1-3 layer-wise", "eq3_layerwise_bytes", _gib),
-    ("  Eq.4-5 LBS, inter-token only", "eq5_lbs_bytes", _gib),
-    ("groups per step (mean)", "groups_per_step", lambda v: f"{v:.2f}"),
-    ("peak device KV (+ layer-wise staging)", "peak_device_kv_bytes", _gib),
-    ("peak device KV tensors (physical)", "peak_device_physical_bytes", _gib),
-    ("peak CUDA memory allocated (all)", "cuda_max_memory_allocated_bytes", _gib),
-    ("KV budget", "kv_budget_bytes", _gib),
-    ("warm-up (excluded)", "warmup_s", _s),
-    ("energy", "energy_j", lambda v: f"{v:,.0f} J"),
-]
+
+def _number(x: float) -> str:
+    """Three significant digits at least; thousands separated; 0 as 0."""
+    if x == 0:
+        return "0"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.2f}" if abs(x) >= 1 else f"{x:.3g}"
+
+
+def eq_label(system) -> str:
+    """What ``eq_prediction_bytes`` is for this system (LBS paper Eq.1-5)."""
+    sched = system.get("scheduler")
+    if sched == "layerwise":
+        return "paper Eq.1-3 prediction, layer-wise (host->device)"
+    if sched == "lbs" and system.get("inter_beam", True):
+        return "paper Eq.4-5, inter-token only: an upper bound (prefix reuse moves less)"
+    if sched == "lbs":
+        return "paper Eq.4-5 prediction, inter-token only (host->device)"
+    if sched == "in_gpu":
+        return "paper Eq. prediction (in-GPU: nothing moves)"
+    return "paper Eq. prediction (none for this system)"
+
+
+def display_rows(summary: Mapping[str, Any], system) -> Rows:
+    """The table's rows for a run's ``summary`` and its ``system`` config (scheduler, inter_beam)."""
+    unit, size = byte_unit(summary.get(k) for k in BYTE_KEYS)
+    b = lambda v: f"{_number(v / size)} {unit}"
+    s = lambda v: f"{v:,.3f} s"
+    return [
+        ("end-to-end latency", "e2e_s", s),
+        ("compute", "compute_s", s),
+        ("I/O stall", "io_stall_s", s),
+        ("other (plan, prune + expand)", "other_s", s),
+        ("I/O share of latency", "io_share", lambda v: f"{100 * v:.1f} %"),
+        ("host->device", "h2d_bytes", b),
+        ("device->host", "d2h_bytes", b),
+        (eq_label(system), "eq_prediction_bytes", b),
+        ("  Eq.1-3 layer-wise (token by token)", "eq3_layerwise_bytes", b),
+        ("  Eq.4-5 LBS, inter-token only", "eq5_lbs_bytes", b),
+        ("groups per step (mean)", "groups_per_step", lambda v: f"{v:.2f}"),
+        ("KV budget", "kv_budget_bytes", b),
+        ("peak device KV (resident within the budget + staging)", "peak_device_kv_bytes", b),
+        ("  of which staging beyond the budget (largest step)", "max_staging_bytes", b),
+        ("peak device KV tensors (physical)", "peak_device_physical_bytes", b),
+        ("peak CUDA memory allocated (all)", "cuda_max_memory_allocated_bytes", b),
+        ("warm-up (excluded)", WARMUP_KEY, s),
+        ("energy", "energy_j", lambda v: f"{v:,.0f} J"),
+    ]

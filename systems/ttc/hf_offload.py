@@ -30,7 +30,7 @@ from transformers import DynamicCache
 from harness.errors import ConfigError
 from harness.run import RunContext, RunResult
 from systems.ttc import analytic
-from systems.ttc.display import DISPLAY
+from systems.ttc.display import display_rows
 from systems.ttc.model import shared_model
 from systems.ttc.torch_engine import gumbel_noise, log_probs, resolve_device
 from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
@@ -216,7 +216,7 @@ def run_hf_offload(cfg, ctx: RunContext) -> RunResult:
     bar.close()
     if not res["rows"]:
         return RunResult(status="timeout", message="system.deadline passed before the first step",
-                         display=DISPLAY)
+                         display=display_rows({}, cfg.system))
     df = pd.DataFrame(res["rows"])
     pre = res["prefill"]
     compute = float(df.compute_s.sum()) + pre["time_s"] - pre["io_stall_s"]
@@ -236,6 +236,6 @@ def run_hf_offload(cfg, ctx: RunContext) -> RunResult:
                "tokens_per_s": w.beams * w.gen_len / e2e if e2e > 0 else None,
                "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid), "energy_j": None}
     summary["steps_done"] = len(df)
-    return RunResult(status="timeout" if res["timed_out"] else "ok", summary=summary, display=DISPLAY,
+    return RunResult(status="timeout" if res["timed_out"] else "ok", summary=summary, display=display_rows(summary, cfg.system),
                      tables={"steps": df}, extra={"best_tokens": best.tokens, "hf_offload_kept": res["kept"]},
                      message="system.deadline passed" if res["timed_out"] else "")

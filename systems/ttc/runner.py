@@ -26,7 +26,7 @@ from harness.run import WARMUP_KEY, RunContext, RunResult
 from harness.units import parse_size
 from systems.ttc import analytic
 from systems.ttc.config import SCHEDULERS
-from systems.ttc.display import DISPLAY, size_text
+from systems.ttc.display import display_rows, size_text
 from systems.ttc.plan import KVGeometry, Scheduler
 from systems.ttc.protocol import Executor
 from systems.ttc.sim import SimExecutor
@@ -164,7 +164,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
                                       else pred["eq5_lbs_bytes"] if sysc.scheduler == "lbs" else 0)
     if sysc.scheduler == "in_gpu" and not scheduler.fits_whole_request(n_beams):
         summary["oom"] = True
-        return RunResult(status="oom", summary=summary, display=DISPLAY,
+        return RunResult(status="oom", summary=summary, display=display_rows(summary, sysc),
                          message=f"in_gpu: KV of {n_beams} beams at {w.prompt_len + w.gen_len} tokens "
                                  f"({size_text(scheduler.full_kv_bytes(n_beams))}) exceeds the KV "
                                  f"budget ({size_text(budget)})")
@@ -234,7 +234,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
             summary.update(ex.memory_peaks())
         ex.close()
     if not rows:
-        return RunResult(status=status, message=message, summary=summary, display=DISPLAY)
+        return RunResult(status=status, message=message, summary=summary, display=display_rows(summary, sysc))
 
     e2e = tot["compute_s"] + tot["io_stall_s"] + tot["other_s"]
     best = max(beams, key=lambda b: (b.cum_logprob, -b.uid))
@@ -266,5 +266,5 @@ def run(cfg, ctx: RunContext) -> RunResult:
         extra["replayed_tree"] = str(sysc.replay_tree)
     if real:                                  # the real engine's best path (token ids) for inspection
         extra["best_tokens"] = best.tokens
-    return RunResult(status=status, message=message, summary=summary, display=DISPLAY, tables=tables,
+    return RunResult(status=status, message=message, summary=summary, display=display_rows(summary, sysc), tables=tables,
                      extra=extra)

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from omegaconf import OmegaConf
 
 from harness.config import HardwareConfig
@@ -25,10 +24,10 @@ def test_two_job_sweep_draws_figure_and_resume_skips(tmp_path):
     out = _sweep(tmp_path, *args)
     assert out.returncode == 0, out.stderr[-3000:]
     sweep = tmp_path / "sweeps" / "lbs_fig4"
-    for f in ("fig4.png", "fig4.pdf", "fig4.md", "runs.parquet"):
+    for f in ("fig4.png", "fig4.pdf", "fig4.md", "runs.parquet", "verdicts.csv"):
         assert (sweep / f).exists(), f
     table = (sweep / "fig4.md").read_text()
-    assert "paper_kv_share_lower_bound" in table and "sim" in table
+    assert "paper KV share (%)" in table and "KV share verdict" in table and "simulated" in table
     recs = {p: json.loads(p.read_text()) for p in sweep.glob("*/run.json")}
     assert len(recs) == 2
     # interrupt: drop one job's record, then re-run the same sweep
@@ -117,11 +116,18 @@ def test_gpu_calibration_sets_efficiencies_to_one(tmp_path, monkeypatch):
     assert prof["measured"]["kernel_launch_s"] == fake["kernel_launch_s"]
 
 
-def test_fidelity_over_repeats_aggregates_each_configuration(compose_cfg, tmp_path):
+def test_fidelity_over_repeats_aggregates_each_configuration(compose_cfg, tmp_path, monkeypatch):
     """systems.ttc.fidelity: repeats of the real runs, the first repeat's trees replayed once on the
     simulated backend; per configuration the mean, min and max real time, the MAPE of the mean and
-    of each repeat, bytes exact in every repeat."""
+    of each repeat, bytes exact in every repeat. The scatter says which point is which: one legend
+    entry per system, each point labelled with its beam count. (Mutation caught: one unlabelled
+    errorbar series for all points, the scatter before this change.)"""
+    from harness import report as harness_report
     from harness.report import gather_runs
+    figs = {}
+    real_save = harness_report.save_figure
+    monkeypatch.setattr(harness_report, "save_figure",
+                        lambda fig, d, name: figs.setdefault(name, fig) and real_save(fig, d, name))
     from systems.ttc.fidelity import main, report_repeats
     common = ["backend=torch", "backend.device=cpu", "model=tiny-opt", "model.num_layers=2", "model.vocab_size=500",
               "beams=4", "prompt_len=8", "gen_len=8", "step=4", "kv_budget=96KiB", "hardware=cpu",
@@ -137,6 +143,10 @@ def test_fidelity_over_repeats_aggregates_each_configuration(compose_cfg, tmp_pa
     assert len(row.time_mape_each_repeat.split()) == 2 and row.time_mape >= 0 and row.real_spread_max >= 0
     assert row.time_mape_of_mean >= 0
     text = (tmp_path / "fidelity.md").read_text()
-    assert "e2e_s_real_mean" in text and "e2e_s_real_max" in text
+    assert "real, mean (s)" in text and "real, slowest (s)" in text and "host->device real (KiB)" in text
     assert len(list((tmp_path / "sim_replay").glob("*/run.json"))) == 2          # one replay per configuration
+    ax = figs["fidelity"].axes[0]
+    assert {"layer-wise", "LBS (full)"} <= set(ax.get_legend_handles_labels()[1])
+    assert sorted(t.get_text() for t in ax.texts) == ["4 beams", "4 beams"]
+    assert "measured" in ax.get_xlabel() and "simulated" in ax.get_ylabel()
     assert main(["repeats=0"]) == 2

@@ -31,20 +31,25 @@ def mixed_sweep(tmp_path_factory):
 
 
 def test_speedup_table_shows_both_sources_each_against_its_own_baseline(mixed_sweep):
-    """(Mutation caught: the speedup baseline looked up without the source, so the measured LBS run
-    is divided by the simulated layer-wise time.)"""
+    """Each source gets its own speedups and its own verdict rows. (Mutations caught: the speedup
+    baseline looked up without the source, so the measured LBS run is divided by the simulated
+    layer-wise time; verdict rows taken over both sources at once, labelled simulated.)"""
+    import pandas as pd
     sweep, runs = mixed_sweep
-    rng = report._speedup_report(sweep, runs, "fig9", "LBS Fig.9 - test")
+    tab = report._speedup_report(sweep, runs, "fig9", "LBS Fig.9 - test")
     text = (sweep / "fig9.md").read_text()
     assert "(simulated and measured: each value labelled)" in text.splitlines()[0]
-    tab = report._speedups(report._tidy(runs))
     assert sorted(tab.source.unique()) == ["measured", "simulated"]
     for src, label in (("simulated", "(sim)"), ("measured", "(measured)")):
         d = tab[tab.source == src].set_index("system")
         assert d.loc["lbs", "speedup"] == pytest.approx(d.loc["layerwise", "e2e_s"] / d.loc["lbs", "e2e_s"])
         row = next(l for l in text.splitlines() if f"| {src} " in l.replace("|  ", "| "))
         assert row.count(label) == 2                                      # both values, their own label
-    assert set(rng.ours_is) == {"simulated", "measured"}
+    v = pd.read_csv(sweep / "verdicts.csv")
+    at4 = v[v.quantity == "speedup over layer-wise (beams=4, hardware=rtx4090)"].set_index("simulated")
+    for simulated, src in ((True, "simulated"), (False, "measured")):
+        lbs = tab[(tab.source == src) & (tab.system == "lbs")].speedup.iloc[0]
+        assert at4.loc[simulated, "ours"] == pytest.approx(lbs)
     assert (sweep / "fig9.png").exists()
 
 

@@ -1,0 +1,177 @@
+"""LBS reports against the paper: one verdict per paper number (harness/verdict.py's rule, written
+to verdicts.csv and shown in each table), and figures / tables whose labels and units cannot be
+misread. One small simulated sweep (OPT-6.7B on the RTX 4090 profile, 7 GiB KV, 17 jobs; ~8 s
+with the reports at load 5) feeds every report."""
+import re
+
+import pandas as pd
+import pytest
+
+from harness import reproduce
+from harness.report import gather_runs, load_reference
+from harness.run import run
+from systems.ttc import report
+from systems.ttc.display import byte_unit, display_rows
+from systems.ttc.paper import paper_numbers
+
+JOBS = [("layerwise", b, 32) for b in (4, 8, 16, 64)] + [("layerwise", 64, 128)] \
+    + [("lbs", b, 32) for b in (4, 8, 16, 64)] + [("lbs", 64, 128)] \
+    + [("lbs_intertoken", 4, 32), ("lbs_intertoken", 64, 32), ("lbs_intertoken", 64, 128),
+       ("lbs_interbeam", 64, 32), ("lbs_interbeam", 64, 128), ("in_gpu", 4, 32), ("in_gpu", 64, 32)]
+# report -> (figure, the jobs it is given)
+REPORTS = {
+    "fig4": ("fig4", lambda r: (r.system == "layerwise") & (r.step == 32)),
+    "fig5": ("fig5", lambda r: (r.system == "layerwise") & (r.step == 32) & (r.beams > 4)),
+    "fig7": ("fig7", lambda r: r.system.isin(["layerwise", "lbs_intertoken"]) & (r.beams == 64)),
+    "fig9": ("fig9", lambda r: r.beams > 0),
+    "fig10": ("fig10", lambda r: (r.beams == 64) & (r.system != "in_gpu")),
+    "fig11": ("fig11", lambda r: r.system.isin(["layerwise", "lbs"]) & (r.step == 32) & (r.beams > 4)),
+    "fig12": ("fig12", lambda r: (r.step == 32) & (r.beams > 4) & (r.system != "in_gpu")),
+}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    from hydra import compose, initialize_config_dir
+
+    from tests.conftest import ROOT
+    d = tmp_path_factory.mktemp("lbs_paper")
+    for system, beams, step in JOBS:
+        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+            cfg = compose("config", overrides=[f"system={system}", f"beams={beams}", f"step={step}", "backend=sim",
+                                               "kv_budget=7GiB", "tracking=none", "progress=false",
+                                               f"output_dir={d / 'jobs' / f'{system}-{beams}-{step}'}"])
+        run(cfg, multirun=True)
+    runs = gather_runs(d / "jobs")
+    runs["beams"], runs["step"] = runs["config.workload.beams"].astype(int), runs["config.workload.step"].astype(int)
+    return d, runs, cfg
+
+
+@pytest.fixture(scope="module")
+def reports(sweep, tmp_path_factory):
+    """Every LBS report run on its slice of the sweep, each in results/sweeps/lbs_<name>; the
+    figures kept open for inspection: {name: (folder, {figure name: matplotlib figure})}."""
+    d, runs, cfg = sweep
+    out = {}
+    real_save = report.save_figure
+    for name, (_, pick) in REPORTS.items():
+        figs = {}
+
+        def keep(fig, sweep_dir, fname, figs=figs):
+            figs[fname] = fig
+            fig.canvas.draw()                     # tick labels are set at draw time
+            real_save(fig, sweep_dir, fname)
+        report.save_figure = keep
+        try:
+            folder = d / "results" / "sweeps" / f"lbs_{name}"
+            getattr(report, name)(folder, runs[pick(runs)].reset_index(drop=True), cfg)
+        finally:
+            report.save_figure = real_save
+        out[name] = (folder, figs)
+    return out
+
+
+def test_every_paper_number_gets_one_verdict(reports):
+    """verdicts.csv of each report: one row per paper number of its figure in lbs.csv (a min/max pair
+    is one range), the figure file as source, simulated from the records; REPRODUCTION.md lists them
+    all. (Mutations caught: a min/max pair kept as two rows; a paper number skipped when ours is
+    missing instead of 'no result'; simulated taken as False.)"""
+    total = 0
+    for name, (folder, _) in reports.items():
+        v = pd.read_csv(folder / "verdicts.csv")
+        ref = load_reference("lbs", REPORTS[name][0])
+        assert len(v) == (ref.bound != "max").sum() == len(paper_numbers(REPORTS[name][0])), name
+        assert set(v.source) == {f"{name}.png"} and (folder / f"{name}.png").exists()
+        assert v.simulated.all() and v.verdict.isin(["reproduced", "partly", "not reproduced", "no result"]).all()
+        assert "verdict" in (folder / f"{name}.md").read_text()
+        total += len(v)
+    root = next(iter(reports.values()))[0].parent.parent
+    md = reproduce.write_reproduction(root, reproduce.collect(root)).read_text()
+    assert f"of {total} paper numbers" in md and md.count("| lbs | ") == total
+    assert "[fig11.png](sweeps/lbs_fig11/fig11.png)" in md
+
+
+def test_verdicts_follow_the_rule_on_our_numbers(sweep, reports):
+    """Ours is recomputed from the records and judged by the one rule. (Mutations caught: the speedup
+    inverted (LBS time / layer-wise time); the Fig.9 range taken over every beam count, 4-8 included;
+    a lower bound (>=) judged as a point; fractions compared without the % scale on one side.)"""
+    _, runs, _ = sweep
+    e2e = runs.set_index(["system", "beams", "step"])["summary.e2e_s"]
+    v = pd.read_csv(reports["fig9"][0] / "verdicts.csv").set_index("quantity")
+    opt = v.loc["speedup over layer-wise (model=opt-6.7b, system=lbs, hardware=rtx4090)"]
+    ours = [e2e["layerwise", b, s] / e2e["lbs", b, s] for b, s in ((16, 32), (64, 32), (64, 128))]
+    assert (opt.ours, opt.ours_hi) == (pytest.approx(min(ours)), pytest.approx(max(ours)))
+    assert (opt.kind, opt.paper_value, opt.paper_hi) == ("range", 3.39, 9.72)
+    assert v.loc["speedup over layer-wise (model=llama-2-7b, system=lbs, hardware=rtx4090)"].verdict == "no result"
+    v10 = pd.read_csv(reports["fig10"][0] / "verdicts.csv").set_index("quantity")
+    reuse = v10.loc["volume cut by prefix reuse (system=lbs_interbeam)"]
+    assert reuse.kind == ">=" and reuse.ours > 2 and reuse.verdict == "reproduced"
+    v11 = pd.read_csv(reports["fig11"][0] / "verdicts.csv").set_index("quantity")
+    lbs64 = v11.loc["I/O share of latency (model=opt-6.7b, beams=64, step=32, system=lbs)"]
+    share = runs[(runs.system == "lbs") & (runs.beams == 64) & (runs.step == 32)]["summary.io_share"].iloc[0]
+    assert (lbs64.ours, lbs64.paper_value, lbs64.unit) == (pytest.approx(100 * share), 10.0, "%")
+
+
+def test_fig11_io_starts_at_zero_beside_the_papers_absolute_share(reports):
+    """The I/O segment is stacked first, from 0, so its top is the share the paper's marker gives;
+    ticks say 'beams' in words. (Mutations caught: I/O stacked on compute (the issue's misleading
+    figure); the paper marker drawn at 1 - share; ticks '64b layerwise'.)"""
+    ax = reports["fig11"][1]["fig11"].axes[0]
+    io = next(c for c in ax.containers if c.get_label().startswith("I/O stall"))
+    assert all(p.get_y() == 0 for p in io.patches)
+    marker = next(ln for ln in ax.lines if ln.get_label() == "paper I/O share (this config)")
+    ticks = [x.get_text() for x in ax.get_xticklabels()]
+    pairs = dict(zip(ticks, [p.get_height() for p in io.patches]))
+    lbs64 = [x for x, tk in zip(ax.get_xticks(), ticks) if tk == "LBS (full)\n64 beams"]
+    assert lbs64 and pytest.approx(0.10) in list(marker.get_ydata()) and lbs64[0] in list(marker.get_xdata())
+    assert pairs["LBS (full)\n64 beams"] < 0.15 and not any(re.search(r"\d+b ", tk) for tk in ticks)
+
+
+def test_speedup_figure_ticks_oom_and_paper_band(reports):
+    """Beam ticks are the beam counts; OOM is written in the panel, never a plotted point; the paper's
+    range is a band over the offloading beam counts (>= 16) only. (Mutations caught: 2^k tick labels;
+    OOM drawn as an x at a speedup value; the band drawn over all beams.)"""
+    fig = reports["fig9"][1]["fig9"]
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "8", "16", "64"]
+    assert not any("OOM" in ln.get_label() for a in fig.axes for ln in a.lines)
+    assert any(t.get_text() == "in-GPU (sim): OOM at 64 beams" for t in ax.texts)
+    v = pd.read_csv(reports["fig9"][0] / "verdicts.csv")
+    assert v.quantity.str.contains("beams=8").sum() == 1     # 'about 1x at 8 beams': every system that fits
+    band = next(c for c in ax.collections if c.get_label().startswith("paper: LBS range"))
+    xs = band.get_paths()[0].vertices[:, 0]
+    assert xs.min() == 16 and xs.max() == 64
+    assert ax.get_ylim()[0] == 0
+
+
+def test_tables_have_units_and_no_float_residue(reports):
+    """Column headers name their unit; a zero is 0, not 1.3e-15; the Fig.7 axis says host->device.
+    (Mutations caught: the residue mask removed from report.tidy; the y label 'host->GPU'.)"""
+    fig4 = (reports["fig4"][0] / "fig4.md").read_text()
+    header = fig4.splitlines()[2]
+    for col in ("KV share (%)", "end-to-end (s)", "I/O stall (s)", "I/O share (%)", "paper I/O share (%)"):
+        assert col in header
+    assert not re.search(r"\de-\d", fig4)
+    assert reports["fig7"][1]["fig7"].axes[0].get_ylabel() == "host->device (GiB)"
+    assert "moved (GiB)" in (reports["fig7"][0] / "fig7.md").read_text()
+
+
+def test_run_table_one_byte_unit_host_device_and_the_eq_bound(compose_cfg):
+    """The printed run table: one byte unit chosen by magnitude (16 MiB beside GiB of transfers reads
+    in MiB), host->device not host->GPU, the Eq. row naming the bound that applies to the system, and
+    the staging that lets the peak exceed the budget. (Mutations caught: per-value units (size_text);
+    the unit of the largest value only (budget 0.0156 GiB); the LBS Eq. row without 'upper bound'.)"""
+    rec = run(compose_cfg("system=layerwise", "model=tiny-opt", "backend=sim", "beams=16", "gen_len=256",
+                          "kv_budget=16MiB"))
+    rows = display_rows(rec["summary"], rec["config"]["system"])
+    text = {label: fmt(rec["summary"][key]) for label, key, fmt in rows if rec["summary"].get(key) is not None}
+    sizes = [t for t in text.values() if t.endswith("iB")]
+    assert len(sizes) >= 6 and all(t.endswith(" MiB") for t in sizes)
+    assert text["KV budget"] == "16.00 MiB"
+    assert any(k.startswith("host->device") for k in text) and not any("GPU" in k for k in text)
+    assert "  of which staging beyond the budget (largest step)" in text
+    lbs = {label for label, _, _ in display_rows({}, {"scheduler": "lbs", "inter_beam": True})}
+    assert any("upper bound" in label and "Eq.4-5" in label for label in lbs)
+    inter = {label for label, _, _ in display_rows({}, {"scheduler": "lbs", "inter_beam": False})}
+    assert any(label.startswith("paper Eq.4-5 prediction") for label in inter)
+    assert byte_unit([96 << 10, 5 << 30]) == ("MiB", 1 << 20) and byte_unit([7 << 30, 5000 << 30])[0] == "GiB"
