@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import html
 import os
+import re
 import subprocess
 import sys
 import time
@@ -76,7 +77,12 @@ def collect(results_dir: Path) -> pd.DataFrame:
         df = pd.read_csv(p)
         df.insert(0, "sweep", p.parent.name)
         frames.append(df)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+    if frames:                              # by paper, then figure in natural order (fig4 before fig10)
+        v = pd.concat(frames, ignore_index=True)
+        key = v["figure"].astype(str).str.extract(r"^(\D*)(\d*)")
+        v = v.assign(_f=key[0], _n=pd.to_numeric(key[1], errors="coerce"))
+        return v.sort_values(["paper", "_f", "_n", "sweep"], kind="stable").drop(columns=["_f", "_n"]).reset_index(drop=True)
+    return pd.DataFrame(
         columns=["sweep", "paper", "figure", "quantity", "paper_value", "kind", "paper_hi", "ours", "ours_hi",
                  "unit", "simulated", "source", "note", "verdict"])
 
@@ -137,7 +143,8 @@ def write_index(results_dir: Path) -> Path:
         for p in pngs:
             parts.append(f"<p><img src='sweeps/{html.escape(d.name)}/{html.escape(p.name)}' alt='{html.escape(p.stem)}'></p>")
         for p in mds:
-            parts.append(f"<h3>{html.escape(p.name)}</h3>" + markdown.markdown(p.read_text(), extensions=["tables"]))
+            body = re.sub(r"(?m)^#(?=#* )", "####", p.read_text())      # the table's own title below h3
+            parts.append(f"<h3>{html.escape(p.name)}</h3>" + markdown.markdown(body, extensions=["tables"]))
     parts.append("</body></html>")
     out = results_dir / "index.html"
     out.write_text("\n".join(parts))

@@ -18,7 +18,7 @@ def test_pages_from_verdicts(tmp_path):
     _sweep(tmp_path, "beam_fig7", [V.Row("beam", "fig7", "energy vs vanilla", 0.49, ours=0.496, unit="fraction"),
                                    V.Row("beam", "fig7", "TTFT attainment", 0.949, ours=None)], png=False)
     v = R.collect(tmp_path)
-    assert list(v["sweep"]) == ["beam_fig7", "beam_fig7", "lbs_fig9"]
+    assert list(v["sweep"]) == ["beam_fig7", "beam_fig7", "lbs_fig9"]      # by paper, then figure
     assert list(v["verdict"]) == ["reproduced", "no result", "partly"]
     md = R.write_reproduction(tmp_path, v).read_text()
     assert "**1 reproduced, 1 partly, 0 not reproduced, 1 no result** of 3 paper numbers." in md
@@ -30,3 +30,9 @@ def test_pages_from_verdicts(tmp_path):
 def test_bad_only_exits_2(capsys):
     assert R.main(["--only", "lbs_fig99", "--collect-only"]) == 2
     assert "not a paper experiment" in capsys.readouterr().err
+
+
+def test_rows_in_natural_figure_order(tmp_path):
+    for name, fig in (("lbs_fig10", "fig10"), ("lbs_3080ti", "3080ti"), ("lbs_fig4", "fig4")):
+        _sweep(tmp_path, name, [V.Row("lbs", fig, "q", 1.0, ours=1.0)], png=False)
+    assert list(R.collect(tmp_path)["figure"]) == ["3080ti", "fig4", "fig10"]
