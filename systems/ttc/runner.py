@@ -154,7 +154,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
                      f"({size_text(one_beam)})")
     sched_budget = budget
     scheduler = Scheduler(sysc.scheduler, geom, sched_budget, inter_beam=sysc.inter_beam,
-                          prefetch=sysc.prefetch, prompt_len=w.prompt_len, gen_len=w.gen_len)
+                          prefetch=sysc.prefetch, prompt_len=w.prompt_len, gen_len=w.gen_len,
+                          list_blocks=not ctx.backend.simulated)      # the simulator counts bytes only
     n_beams, beam_size = w.beams, w.beams // w.beam_width
     pred = analytic.predict(cfg.model, num_beams=n_beams, prompt_len=w.prompt_len, gen_len=w.gen_len,
                             step=w.step, mem_gpu=budget or 0, dtype_bytes=geom.dtype_bytes)
@@ -180,7 +181,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     tree = BeamTree(w.prompt_len)
     n_steps = math.ceil(w.gen_len / w.step)
     rows, group_rows, kept_log = [], [], []
-    deadline = sysc.get("deadline")
+    deadline, record_tree = sysc.get("deadline"), sysc.get("record_tree")
     status, message = "ok", ""
     try:
         if sysc.get("warmup", True):
@@ -199,8 +200,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
             plan = scheduler.plan(i, tree, beams, T)
             t_plan = clock() - t_plan
             o = ex.execute_step(plan, tree, beams)
-            for k, b in enumerate(beams):
-                b.cum_logprob += float(o.logprob_delta[k])
+            for k, (b, delta) in enumerate(zip(beams, o.logprob_delta.tolist())):
+                b.cum_logprob += delta
                 if o.tokens is not None:
                     b.tokens.extend(o.tokens[k])
                 tree.segments[b.leaf].length = T
@@ -211,7 +212,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
                 new = select_and_expand(tree, beams, beam_size, w.beam_width, keep_uids=keep)
                 exp = ex.expand(plan, tree, beams, new)
                 other += clock() - t0 if real else exp
-                kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
+                if record_tree:
+                    kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
                 beams = new
             for k in ("compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):
                 tot[k] += getattr(o, k)
@@ -256,7 +258,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     if group_rows:
         tables["groups"] = pd.DataFrame(group_rows)
     extra = {}
-    if cfg.system.get("record_tree"):
+    if record_tree:
         from harness.records import atomic_write_json
         atomic_write_json(ctx.outdir / "beam_tree.json", {"seed": cfg.seed, "beams": n_beams,
                                                           "beam_width": w.beam_width, "step": w.step,

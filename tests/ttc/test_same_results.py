@@ -5,9 +5,8 @@ bookkeeping, commit ca25943).
 
 Regenerate only for an intended change of results, and say so in the commit:
 ``python -m tests.ttc.test_same_results --write`` (from the repository root).
-(Mutations caught: a group's load counted from its beams' leaf segments instead of their prefixes;
-``np.unique`` dropped from an inter-beam group's blocks; tree.gc keeping every segment, which
-changes nothing and is caught by test_beam_tree_holds_only_live_segments instead.)"""
+(Mutations caught: the simulator reusing one group's compute time for groups of another size;
+children's uids hashed from c instead of c + 1; inter-beam loads counted as inter-token ones.)"""
 import hashlib
 import json
 import sys
