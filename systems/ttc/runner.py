@@ -17,7 +17,6 @@ import time
 from typing import Optional
 
 import numpy as np
-import pandas as pd
 
 from harness.config import plain
 from harness.errors import ConfigError, RunOOM, bad
@@ -240,23 +239,23 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     e2e = tot["compute_s"] + tot["io_stall_s"] + tot["other_s"]
     best = max(beams, key=lambda b: (b.cum_logprob, -b.uid))
-    steps_df = pd.DataFrame(rows)
     summary.update({
         "e2e_s": e2e, "compute_s": tot["compute_s"], "io_stall_s": tot["io_stall_s"], "other_s": tot["other_s"],
         "io_share": tot["io_stall_s"] / e2e if e2e > 0 else 0.0,
         "h2d_bytes": tot["h2d_bytes"], "d2h_bytes": tot["d2h_bytes"],
-        "plan_h2d_bytes": int(steps_df.plan_h2d_bytes.sum()), "plan_d2h_bytes": int(steps_df.plan_d2h_bytes.sum()),
-        "groups_per_step": float(steps_df.groups.mean()), "peak_device_kv_bytes": peak,
+        "plan_h2d_bytes": sum(r["plan_h2d_bytes"] for r in rows),
+        "plan_d2h_bytes": sum(r["plan_d2h_bytes"] for r in rows),
+        "groups_per_step": sum(r["groups"] for r in rows) / len(rows), "peak_device_kv_bytes": peak,
         "peak_device_physical_bytes": peak_phys if real else None,
-        "max_staging_bytes": int(steps_df.staging_bytes.max()),
+        "max_staging_bytes": max(r["staging_bytes"] for r in rows),
         "steps_done": len(rows),
         "tokens_per_s": n_beams * w.gen_len / e2e if e2e > 0 and status == "ok" else None,
         "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid),
         "energy_j": ex.energy_j(e2e, tot["compute_s"]),
     })
-    tables = {"steps": steps_df}
+    tables = {"steps": rows}                  # row dicts: written with pyarrow, no pandas import
     if group_rows:
-        tables["groups"] = pd.DataFrame(group_rows)
+        tables["groups"] = group_rows
     extra = {}
     if record_tree:
         from harness.records import atomic_write_json
