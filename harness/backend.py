@@ -25,9 +25,10 @@ class Backend:
 
 def no_nvidia_gpu() -> bool:
     """True when this machine certainly has no NVIDIA GPU: Linux without the NVIDIA driver's device
-    files (``/dev/nvidiactl``, ``/proc/driver/nvidia``) and without WSL's GPU device (``/dev/dxg``).
+    files (``/dev/nvidiactl``, ``/proc/driver/nvidia``) and without WSL's GPU device (``/dev/dxg``),
+    and no NVML module loaded already (one that is, a test's fake included, is asked instead).
     GPU checks then need neither NVML nor torch (a simulated run imports neither)."""
-    return sys.platform == "linux" and not any(
+    return sys.platform == "linux" and "pynvml" not in sys.modules and not any(
         os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg"))
 
 
