@@ -1,6 +1,5 @@
 """Greedy BeamSet (Alg.1) and balanced grouping on hand-built and random trees."""
 import random
-import time
 
 import numpy as np
 import pytest
