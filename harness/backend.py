@@ -1,6 +1,8 @@
 """Backend resolution: which engine runs a job, and whether its numbers are measured or simulated."""
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 from harness.errors import ConfigError
@@ -21,8 +23,20 @@ class Backend:
         return "simulated" if self.simulated else "measured"
 
 
+def no_nvidia_gpu() -> bool:
+    """True when this machine certainly has no NVIDIA GPU: Linux without the NVIDIA driver's device
+    files (``/dev/nvidiactl``, ``/proc/driver/nvidia``) and without WSL's GPU device (``/dev/dxg``),
+    and no NVML module loaded already (one that is, a test's fake included, is asked instead).
+    GPU checks then need neither NVML nor torch (a simulated run imports neither)."""
+    return sys.platform == "linux" and "pynvml" not in sys.modules and not any(
+        os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg"))
+
+
 def cuda_available() -> bool:
-    """True when a CUDA GPU is usable by torch. Checks NVML first so CPU machines stay fast."""
+    """True when a CUDA GPU is usable by torch. Looks for the driver, then NVML, then torch, so CPU
+    machines stay fast."""
+    if no_nvidia_gpu():
+        return False
     try:
         import pynvml
         pynvml.nvmlInit()

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from harness.backend import no_nvidia_gpu
 from harness.gpus import text as _text
 
 RECORD_VERSION = 1
@@ -82,12 +83,37 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False).encode())
 
 
-def atomic_write_parquet(path: Path, df) -> None:
-    """Write a pandas DataFrame to parquet atomically."""
+def atomic_write_parquet(path: Path, table) -> None:
+    """Write a table to parquet atomically: a pandas DataFrame, or a list of row dicts with the same
+    keys (columns typed as pandas would: int64, float64, else pyarrow's inference)."""
     import io
+
+    import pyarrow.parquet as pq
     buf = io.BytesIO()
-    df.to_parquet(buf, index=False)
+    if isinstance(table, list):
+        pq.write_table(_arrow_table(table), buf)
+    else:
+        table.to_parquet(buf, index=False)
     atomic_write_bytes(path, buf.getvalue())
+
+
+def _arrow_table(rows: List[Dict[str, Any]]):
+    """Row dicts -> a pyarrow Table. Numeric columns go through numpy into Arrow buffers: pyarrow's
+    own conversion of Python lists imports pandas (~0.3 s, more than a simulated run), which a run
+    whose tables are rows never needs."""
+    import numpy as np
+    import pyarrow as pa
+    names = list(rows[0]) if rows else []
+    arrays = []
+    for name in names:
+        values = [r.get(name) for r in rows]
+        col = np.asarray(values)
+        if col.dtype.kind in "iuf" and col.ndim == 1:
+            col = np.ascontiguousarray(col)
+            arrays.append(pa.Array.from_buffers(pa.from_numpy_dtype(col.dtype), len(col), [None, pa.py_buffer(col)]))
+        else:                        # bool, str, None: pyarrow's inference
+            arrays.append(pa.array(values))
+    return pa.Table.from_arrays(arrays, names=names)
 
 
 FIX_OUTPUT = "pass a writable results_dir=PATH (or hydra.run.dir=PATH / hydra.sweep.dir=PATH)"
@@ -162,6 +188,10 @@ def hardware_inventory() -> Dict[str, Any]:
     except (ValueError, OSError, AttributeError):
         pass
     inv["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if no_nvidia_gpu():
+        inv["gpus"] = []
+        inv["nvml"] = "unavailable: no NVIDIA driver on this machine"
+        return inv
     try:
         import pynvml as nv
         nv.nvmlInit()

@@ -29,7 +29,7 @@ from harness.backend import Backend, resolve_backend
 from harness.config import validate_common
 from harness.errors import ConfigError, RunOOM
 from harness.stats import aggregate, repeat_seeds
-from harness.tracking import NullTracker, job_gets_own_run, make_tracker
+from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class RunResult:
         a warm-up's wall time, excluded from the other timings).
     display: rows (label, key, formatter) for the printed table; values come from ``summary``,
         so the printed table and the record cannot disagree.
-    tables: name -> pandas DataFrame, each written as ``<name>.parquet``.
+    tables: name -> pandas DataFrame or list of row dicts, each written as ``<name>.parquet``.
     """
     status: str = "ok"                   # ok | oom | error
     message: str = ""
@@ -65,13 +65,26 @@ class RunContext:
     show_progress: bool = True
 
     def progress(self, total: int, desc: str):
-        """A tqdm bar (stderr) for steps done / total inside the job; none when stderr is not a
-        terminal (a log file would keep the bar's carriage returns glued to the next output)."""
-        import sys
-
+        """A tqdm bar (stderr) for steps done / total inside the job; none (a bar that draws nothing,
+        without importing tqdm) when stderr is not a terminal: a log file would keep the bar's
+        carriage returns glued to the next output."""
+        if not (self.show_progress and sys.stderr.isatty()):
+            return _NoBar()
         from tqdm import tqdm
-        return tqdm(total=total, desc=desc, disable=not (self.show_progress and sys.stderr.isatty()),
-                    leave=False, dynamic_ncols=True)
+        return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
+
+
+class _NoBar:
+    """The part of tqdm's interface runners use (update, close, ``with``), doing nothing."""
+
+    def update(self, n: int = 1) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc) -> None: ...
 
 
 def family_of(cfg) -> str:
@@ -276,9 +289,12 @@ def _run_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg_di
     }
     if warnings:
         rec["warnings"] = warnings
-    if job_gets_own_run(cfg.get("tracking"), backend.simulated, multirun):
-        tracker = make_tracker(cfg_dict, cfg.get("tracking"), outdir,
-                               name=f"{cfg.system.name}-{outdir.name}", group=cfg.get("sweep_name"),
+    tracking = cfg.get("tracking")
+    wandb_name, wandb_group = f"{cfg.system.name}-{outdir.name}", cfg.get("sweep_name")
+    own_run = job_gets_own_run(tracking, backend.simulated, multirun)
+    later = own_run and backend.simulated and not multirun      # mirrored after the job (harness.tracking)
+    if own_run and not later:
+        tracker = make_tracker(cfg_dict, tracking, outdir, name=wandb_name, group=wandb_group,
                                system_metrics=not backend.simulated)
     else:
         tracker = NullTracker()        # a row of the sweep's W&B run instead (harness.callbacks)
@@ -301,12 +317,12 @@ def _run_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg_di
             except Exception as e:   # a table that cannot be written must not lose the record
                 rec.setdefault("table_errors", {})[f"{rep.dir_name}/{name}"] = str(e)
     records.atomic_write_json(outdir / "run.json", rec)
-    try:
-        tracker.log_summary({"status": res.status, "simulated": backend.simulated, **res.summary})
-        for name, df in res.tables.items():
-            tracker.log_table(name, df)
-    finally:
-        tracker.finish(res.status)
+    if later:
+        mirror_log = mirror_later(outdir, tracking, wandb_name, wandb_group)
+        if mirror_log:
+            logs.log.info("W&B: the record is mirrored in the background (%s)", mirror_log)
+    else:
+        log_record(tracker, res.status, backend.simulated, res.summary, res.tables)
     (print_line if multirun else print_table)(cfg, backend, res, outdir, rec.get("summary_ci95"))
     return rec
 

@@ -1,14 +1,29 @@
 """Experiment tracking: W&B (offline by default) mirrors the local record; ``tracking=none`` disables.
 
 Local run.json/parquet files are the source of truth; a W&B failure never fails a run.
+
+A simulated single job takes well under a second; starting W&B takes longer (importing it ~1 s,
+``wandb.init`` ~0.7 s of CPU on a 2-core machine). So such a job writes its record, starts
+``python -m harness.tracking RUN_DIR`` as a detached process and returns: that process mirrors the
+record (config, summary, tables) into the job's W&B run (``RUN_DIR/wandb``, its output in
+``RUN_DIR/wandb/mirror.log``) a few seconds later. Real-engine jobs open their W&B run before the
+run (W&B samples the host/GPU meanwhile) and log into it in-process. The same command mirrors any
+record by hand: ``python -m harness.tracking RUN_DIR``.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any, Dict, Optional
 
 log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parent.parent
+MIRROR_LOG = Path("wandb") / "mirror.log"       # in the job's folder: the detached mirror's output
 
 
 class NullTracker:
@@ -30,9 +45,8 @@ class WandbTracker(NullTracker):
         import wandb
         os.environ.setdefault("WANDB_SILENT", "true")
         self.wandb = wandb
-        mode = os.environ.get("WANDB_MODE", tracking.mode)
         settings = dict(console="off", silent=True, **({} if system_metrics else LEAN_SETTINGS))
-        self.run = wandb.init(project=tracking.project, entity=tracking.entity, mode=mode,
+        self.run = wandb.init(project=tracking["project"], entity=tracking.get("entity"), mode=wandb_mode(tracking),
                               dir=str(outdir), config=cfg_dict, name=name, group=group,
                               job_type=cfg_dict.get("system", {}).get("name"), reinit="finish_previous",
                               settings=wandb.Settings(**settings))
@@ -42,9 +56,16 @@ class WandbTracker(NullTracker):
             if isinstance(v, (int, float, str, bool)) or v is None:
                 self.run.summary[k] = v
 
-    def log_table(self, name: str, df) -> None:
-        if df is not None and len(df):
-            self.run.log({name: self.wandb.Table(dataframe=df.head(10000))})
+    def log_table(self, name: str, table) -> None:
+        """A DataFrame or a list of row dicts (harness.run.RunResult.tables); its first 10,000 rows."""
+        if table is None or not len(table):
+            return
+        if isinstance(table, list):
+            cols = list(table[0])
+            self.run.log({name: self.wandb.Table(columns=cols, data=[[r.get(c) for c in cols]
+                                                                     for r in table[:10000]])})
+        else:
+            self.run.log({name: self.wandb.Table(dataframe=table.head(10000))})
 
     def log_image(self, name: str, path) -> None:
         self.run.log({name: self.wandb.Image(str(path))})
@@ -55,7 +76,12 @@ class WandbTracker(NullTracker):
 
 def tracking_on(tracking) -> bool:
     """Whether ``tracking`` (the config group) mirrors anything to W&B."""
-    return tracking is not None and tracking.name != "none" and tracking.mode != "disabled"
+    return tracking is not None and tracking["name"] != "none" and tracking["mode"] != "disabled"
+
+
+def wandb_mode(tracking) -> str:
+    """The W&B mode in effect: ``$WANDB_MODE`` when set, else ``tracking.mode``."""
+    return os.environ.get("WANDB_MODE", tracking["mode"])
 
 
 def job_gets_own_run(tracking, simulated: bool, in_multirun: bool) -> bool:
@@ -82,3 +108,56 @@ def make_tracker(cfg_dict: dict, tracking, outdir: Path, name: str, group: str |
     except Exception as e:  # tracking is a mirror: never let it fail the run
         log.warning("W&B tracking disabled for this run: %s", e)
         return NullTracker()
+
+
+def log_record(tracker, status: str, simulated: bool, summary: Dict[str, Any], tables: Dict[str, Any]) -> None:
+    """Mirror a finished job into ``tracker``: its summary (with status and whether simulated) and
+    tables, then finish the W&B run."""
+    try:
+        tracker.log_summary({"status": status, "simulated": simulated, **summary})
+        for name, table in tables.items():
+            tracker.log_table(name, table)
+    finally:
+        tracker.finish(status)
+
+
+def mirror_later(outdir: Path, tracking, name: str, group: Optional[str]) -> Optional[Path]:
+    """Start the detached process that mirrors the record in ``outdir`` into its own W&B run (module
+    doc); returns its log file, or None when W&B is disabled (``$WANDB_MODE=disabled``)."""
+    if wandb_mode(tracking) == "disabled":
+        return None
+    logfile = Path(outdir).resolve() / MIRROR_LOG
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "harness.tracking", str(logfile.parent.parent), "--name", name]
+    with open(logfile, "ab") as out:
+        subprocess.Popen(cmd + (["--group", group] if group else []), cwd=ROOT, stdin=subprocess.DEVNULL,
+                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return logfile
+
+
+def mirror(outdir: Path, name: Optional[str] = None, group: Optional[str] = None) -> None:
+    """Mirror the record in ``outdir`` (run.json and its parquet tables) into a new W&B run there,
+    named ``name`` (default ``<system>-<run_id>``) in ``group``, as its job would have."""
+    import pandas as pd
+    outdir = Path(outdir)
+    rec = json.loads((outdir / "run.json").read_text())
+    tables = {t: pd.read_parquet(outdir / f"{t}.parquet") for t in rec.get("tables", [])
+              if (outdir / f"{t}.parquet").exists()}
+    cfg = rec["config"]
+    tracker = make_tracker(cfg, cfg["tracking"], outdir, name=name or f"{rec['system']}-{rec['run_id']}", group=group)
+    log_record(tracker, rec["status"], rec["backend"]["simulated"], rec.get("summary") or {}, tables)
+    print(f"mirrored {outdir / 'run.json'} to W&B ({wandb_mode(cfg['tracking'])}) in {outdir / 'wandb'}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Mirror a run's record (run.json + tables) into a W&B run.")
+    ap.add_argument("run_dir", type=Path, help="the job's folder (holds run.json)")
+    ap.add_argument("--name", help="W&B run name (default: <system>-<run folder>)")
+    ap.add_argument("--group", help="W&B group (a single run's: its sweep_name)")
+    args = ap.parse_args(argv)
+    mirror(args.run_dir, args.name, args.group)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

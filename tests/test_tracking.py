@@ -75,3 +75,58 @@ def test_rerun_of_a_finished_sweep_does_not_log_it_again(tmp_path):
     sweep = _sweep(tmp_path)
     _sweep(tmp_path)                     # every job skipped: its valid record exists
     assert len(list(sweep.glob("wandb/offline-run-*"))) == 1
+
+
+# run.py, then the modules it loaded (written at exit): a simulated run needs none of these
+HEAVY = ("torch", "pynvml", "vllm", "pandas", "tqdm", "wandb")
+_RUN_AND_LIST = ("import atexit, json, runpy, sys\n"
+                 "out = sys.argv[1]\n"
+                 "atexit.register(lambda: open(out, 'w').write(json.dumps(sorted(sys.modules))))\n"
+                 "sys.argv = ['run.py'] + sys.argv[2:]\n"
+                 "runpy.run_path('run.py', run_name='__main__')\n")
+
+
+def _single_run(tmp_path, wandb_mode):
+    """A simulated single run as a user starts it (default tracking: W&B offline); returns its folder
+    and the heavy modules its process loaded."""
+    env = dict(os.environ, WANDB_MODE=wandb_mode, WANDB_SILENT="true")
+    modules = tmp_path / "modules.json"
+    out = subprocess.run([sys.executable, "-c", _RUN_AND_LIST, str(modules), "system=lbs", "beams=4", "gen_len=64",
+                          "progress=false", f"results_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    loaded = set(json.loads(modules.read_text()))
+    return run_dir, sorted(m for m in HEAVY if m in loaded)
+
+
+@pytest.mark.slow
+def test_a_simulated_single_run_is_mirrored_to_wandb_after_it_returns(tmp_path):
+    """The job returns once its record is written, having loaded neither W&B nor torch, NVML, pandas
+    or tqdm; a detached process then writes its W&B run with the record's tables (the same rows as
+    the parquet files). Mutations caught: no mirror started for a simulated single run (W&B logged
+    in-process as before); pandas imported by the TTC runner; NVML asked without the driver's files;
+    tqdm imported for a bar that is not drawn."""
+    import time
+
+    import pandas as pd
+    run_dir, heavy = _single_run(tmp_path, "offline")
+    assert heavy == []
+    log = run_dir / "wandb" / "mirror.log"
+    assert log.exists(), "no background mirror was started"
+    deadline = time.time() + 120
+    while "mirrored" not in log.read_text() and time.time() < deadline:
+        time.sleep(0.5)
+    assert "mirrored" in log.read_text(), log.read_text()
+    (wb,) = run_dir.glob("wandb/offline-run-*")
+    (steps,) = wb.glob("files/media/table/steps_*.table.json")
+    table = json.loads(steps.read_text())
+    want = pd.read_parquet(run_dir / "steps.parquet")
+    assert table["columns"] == list(want.columns) and len(table["data"]) == len(want) == 2
+
+
+def test_no_mirror_when_wandb_is_disabled(tmp_path):
+    """``WANDB_MODE=disabled``: no background process, no W&B folder. Mutation caught: the mirror
+    started whatever the mode."""
+    run_dir, _ = _single_run(tmp_path, "disabled")
+    assert (run_dir / "run.json").exists() and not (run_dir / "wandb").exists()

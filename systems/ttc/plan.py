@@ -34,8 +34,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from harness.model_facts import dtype_bytes
-from systems.ttc.beamset import beamset_groups, chunk_groups, group_capacity, group_sizes
-from systems.ttc.tree import Beam, BeamTree, path_matrix
+from systems.ttc.beamset import PrefixOrder, consecutive_groups, group_capacity, group_sizes, union_tokens
+from systems.ttc.tree import Beam, BeamTree
 
 
 
@@ -65,7 +65,8 @@ class KVGeometry:
 class GroupPlan:
     """One group of an LBS step. ``beams`` index the step's live beams (rating order)."""
     beams: List[int]
-    load_blocks: List[int]            # segment ids loaded host->device; repeats = per-beam loads
+    load_blocks: Optional[List[int]]  # segment ids loaded host->device, repeats = per-beam loads;
+                                      # None when the scheduler lists none (list_blocks=False)
     load_bytes: int                   # host->device bytes, all layers
     writeback_bytes: int              # device->host bytes (the step's new tokens)
     prefetch_beams: int = 0           # beams of the next group loaded into free slots meanwhile
@@ -106,14 +107,20 @@ def layers_resident(geom: KVGeometry, num_beams: int, budget: int, s):
 
 
 class Scheduler:
-    """Builds the plan of each step. ``budget`` in bytes (None = unlimited, in_gpu on a real GPU)."""
+    """Builds the plan of each step. ``budget`` in bytes (None = unlimited, in_gpu on a real GPU).
+
+    ``list_blocks``: LBS groups name the segments they load (``GroupPlan.load_blocks``), for an
+    executor that copies blocks; the simulator needs only their bytes (False: the plan of a step
+    then costs O(beams), not O(blocks)). The bytes are the same either way."""
 
     def __init__(self, kind: str, geom: KVGeometry, budget: Optional[int], *, inter_beam: bool = True,
-                 prefetch: bool = True, prompt_len: int, gen_len: int):
+                 prefetch: bool = True, prompt_len: int, gen_len: int, list_blocks: bool = True):
         self.kind, self.geom, self.budget = kind, geom, budget
         self.inter_beam, self.prefetch = inter_beam, prefetch
         self.prompt_len, self.gen_len = prompt_len, gen_len
+        self.list_blocks = list_blocks
         self._prev_L: Optional[int] = None
+        self._order = PrefixOrder()            # LBS inter-beam: DFS order of the beams, step to step
 
     # -- whole-request checks ------------------------------------------------------------------
     def full_kv_bytes(self, num_beams: int) -> int:
@@ -175,37 +182,51 @@ class Scheduler:
 
     def _plan_lbs(self, p: StepPlan, tree: BeamTree, beams: Sequence[Beam], start: int,
                   tokens: int) -> StepPlan:
-        g, n = self.geom, len(beams)
-        per_beam = (start + tokens) * g.kv_token
+        n, kv = len(beams), self.geom.kv_token
+        per_beam = (start + tokens) * kv
         cap = group_capacity(n, self.budget, per_beam)
         if cap < 1:
             from harness.errors import RunOOM
             raise RunOOM(f"step {p.step}: one beam's KV ({per_beam} B at {start + tokens} tokens) "
                          f"exceeds the KV budget ({self.budget} B)")
         sizes = group_sizes(n, cap, balanced=self.prefetch)
-        paths = path_matrix(tree, beams)
-        idx = beamset_groups(paths, sizes) if self.inter_beam else chunk_groups(n, sizes)
-        seg_len = {sid: tree.segments[sid].length for sid in np.unique(paths)}
+        if self.inter_beam:                   # each shared segment once per group
+            order, shared = self._order.update(tree, beams, start)
+            tokens_of = union_tokens(start, shared)
+        else:                                 # every beam its whole prefix, in rating order
+            order, shared = np.arange(n), np.zeros(n, dtype=np.int64)
+            tokens_of = lambda a, b: (b - a) * start        # noqa: E731
+        bounds = np.cumsum([0] + sizes).tolist()             # group i: DFS positions bounds[i]..bounds[i+1]-1
         groups = []
-        for members in idx:
-            blocks = ([int(x) for x in np.unique(paths[members])] if self.inter_beam
-                      else [int(x) for x in paths[members].ravel()])
-            load = sum(seg_len[b] for b in blocks) * g.kv_token
-            groups.append(GroupPlan(beams=members, load_blocks=blocks, load_bytes=load,
-                                    writeback_bytes=len(members) * tokens * g.kv_token))
+        for a, b, members in zip(bounds, bounds[1:], consecutive_groups(order, sizes)):
+            blocks = self._load_blocks(tree, beams, members, shared[a:b]) if self.list_blocks else None
+            groups.append(GroupPlan(beams=members, load_blocks=blocks, load_bytes=tokens_of(a, b) * kv,
+                                    writeback_bytes=len(members) * tokens * kv,
+                                    device_bytes=len(members) * per_beam))
         for i, gp in enumerate(groups):
-            gp.device_bytes = len(gp.beams) * per_beam
             if self.prefetch and i + 1 < len(groups):
-                nxt = groups[i + 1]
-                k = min(cap - len(gp.beams), len(nxt.beams))
+                # the next group's first k beams, loaded into this group's free slots meanwhile
+                k = min(cap - len(gp.beams), len(groups[i + 1].beams))
+                a = bounds[i + 1]
                 gp.prefetch_beams = k
-                # the share of the next group's load that belongs to its first k beams
-                first = nxt.beams[:k]
-                blocks = (np.unique(paths[first]) if self.inter_beam else paths[first].ravel()) if k else []
-                gp.prefetch_bytes = sum(seg_len[int(b)] for b in blocks) * g.kv_token
-                gp.device_bytes += k * start * g.kv_token
+                gp.prefetch_bytes = tokens_of(a, a + k) * kv
+                gp.device_bytes += k * start * kv
         p.capacity, p.groups = cap, groups
         p.h2d_bytes = sum(gp.load_bytes for gp in groups)
         p.d2h_bytes = sum(gp.writeback_bytes for gp in groups)
         p.device_bytes = max(gp.device_bytes for gp in groups)
         return p
+
+    def _load_blocks(self, tree: BeamTree, beams: Sequence[Beam], members: List[int], shared) -> List[int]:
+        """Segment ids a group loads, for executors that copy blocks (the real engine): per beam, root
+        -> leaf, the prefix segments from the first token it does not share with the group's previous
+        beam (inter-beam: each shared segment once; else ``shared`` is 0: every beam its whole prefix)."""
+        out: List[int] = []
+        for j, i in enumerate(members):
+            skip = int(shared[j]) if j else 0
+            own, node = [], beams[i].path.up
+            while node is not None and tree.segments[node.leaf].start >= skip:
+                own.append(node.leaf)
+                node = node.up
+            out.extend(reversed(own))
+        return out

@@ -17,7 +17,6 @@ import time
 from typing import Optional
 
 import numpy as np
-import pandas as pd
 
 from harness.config import plain
 from harness.errors import ConfigError, RunOOM, bad
@@ -154,7 +153,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
                      f"({size_text(one_beam)})")
     sched_budget = budget
     scheduler = Scheduler(sysc.scheduler, geom, sched_budget, inter_beam=sysc.inter_beam,
-                          prefetch=sysc.prefetch, prompt_len=w.prompt_len, gen_len=w.gen_len)
+                          prefetch=sysc.prefetch, prompt_len=w.prompt_len, gen_len=w.gen_len,
+                          list_blocks=not ctx.backend.simulated)      # the simulator counts bytes only
     n_beams, beam_size = w.beams, w.beams // w.beam_width
     pred = analytic.predict(cfg.model, num_beams=n_beams, prompt_len=w.prompt_len, gen_len=w.gen_len,
                             step=w.step, mem_gpu=budget or 0, dtype_bytes=geom.dtype_bytes)
@@ -180,7 +180,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
     tree = BeamTree(w.prompt_len)
     n_steps = math.ceil(w.gen_len / w.step)
     rows, group_rows, kept_log = [], [], []
-    deadline = sysc.get("deadline")
+    deadline, record_tree = sysc.get("deadline"), sysc.get("record_tree")
     status, message = "ok", ""
     try:
         if sysc.get("warmup", True):
@@ -199,8 +199,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
             plan = scheduler.plan(i, tree, beams, T)
             t_plan = clock() - t_plan
             o = ex.execute_step(plan, tree, beams)
-            for k, b in enumerate(beams):
-                b.cum_logprob += float(o.logprob_delta[k])
+            for k, (b, delta) in enumerate(zip(beams, o.logprob_delta.tolist())):
+                b.cum_logprob += delta
                 if o.tokens is not None:
                     b.tokens.extend(o.tokens[k])
                 tree.segments[b.leaf].length = T
@@ -211,7 +211,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
                 new = select_and_expand(tree, beams, beam_size, w.beam_width, keep_uids=keep)
                 exp = ex.expand(plan, tree, beams, new)
                 other += clock() - t0 if real else exp
-                kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
+                if record_tree:
+                    kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
                 beams = new
             for k in ("compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):
                 tot[k] += getattr(o, k)
@@ -238,25 +239,25 @@ def run(cfg, ctx: RunContext) -> RunResult:
 
     e2e = tot["compute_s"] + tot["io_stall_s"] + tot["other_s"]
     best = max(beams, key=lambda b: (b.cum_logprob, -b.uid))
-    steps_df = pd.DataFrame(rows)
     summary.update({
         "e2e_s": e2e, "compute_s": tot["compute_s"], "io_stall_s": tot["io_stall_s"], "other_s": tot["other_s"],
         "io_share": tot["io_stall_s"] / e2e if e2e > 0 else 0.0,
         "h2d_bytes": tot["h2d_bytes"], "d2h_bytes": tot["d2h_bytes"],
-        "plan_h2d_bytes": int(steps_df.plan_h2d_bytes.sum()), "plan_d2h_bytes": int(steps_df.plan_d2h_bytes.sum()),
-        "groups_per_step": float(steps_df.groups.mean()), "peak_device_kv_bytes": peak,
+        "plan_h2d_bytes": sum(r["plan_h2d_bytes"] for r in rows),
+        "plan_d2h_bytes": sum(r["plan_d2h_bytes"] for r in rows),
+        "groups_per_step": sum(r["groups"] for r in rows) / len(rows), "peak_device_kv_bytes": peak,
         "peak_device_physical_bytes": peak_phys if real else None,
-        "max_staging_bytes": int(steps_df.staging_bytes.max()),
+        "max_staging_bytes": max(r["staging_bytes"] for r in rows),
         "steps_done": len(rows),
         "tokens_per_s": n_beams * w.gen_len / e2e if e2e > 0 and status == "ok" else None,
         "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid),
         "energy_j": ex.energy_j(e2e, tot["compute_s"]),
     })
-    tables = {"steps": steps_df}
+    tables = {"steps": rows}                  # row dicts: written with pyarrow, no pandas import
     if group_rows:
-        tables["groups"] = pd.DataFrame(group_rows)
+        tables["groups"] = group_rows
     extra = {}
-    if cfg.system.get("record_tree"):
+    if record_tree:
         from harness.records import atomic_write_json
         atomic_write_json(ctx.outdir / "beam_tree.json", {"seed": cfg.seed, "beams": n_beams,
                                                           "beam_width": w.beam_width, "step": w.step,

@@ -134,10 +134,13 @@ class SimExecutor:
         else:  # lbs groups
             t, comp_total = 0.0, 0.0
             carried = 0.0          # bytes of this group already prefetched by the previous one
+            comp_of = {}           # compute seconds per group size (balanced groups: two sizes)
             for gp in plan.groups:
                 b = len(gp.beams)
                 load_s = c.h2d(gp.load_bytes - carried)
-                comp = float(np.sum(L * c.layer_decode(b, s)) + T * c.head(b))
+                if b not in comp_of:
+                    comp_of[b] = float(np.sum(L * c.layer_decode(b, s)) + T * c.head(b))
+                comp = comp_of[b]
                 pf_s = c.h2d(gp.prefetch_bytes)
                 wb_s = c.d2h(gp.writeback_bytes)
                 g_time = load_s + comp + max(0.0, pf_s - comp) + max(0.0, wb_s - comp)
