@@ -140,10 +140,7 @@ def validate(cfg) -> None:
     # the data set and every prompt: unknown file, malformed line, a prompt too long -> ConfigError
     t = texts(cfg)
     avg_prompt = sum(len(t.prompts[p.index]) for p in t.problems) / len(t.problems)
-    try:
-        _check_memory(cfg, _on_cpu(cfg), _real(cfg), avg_prompt)
-    except RunOOM:
-        pass            # weights alone exceed the simulated device: run() records status oom
+    _check_memory(cfg, _on_cpu(cfg), _real(cfg), avg_prompt)
 
 
 def _data_path(p: str) -> Path:
@@ -152,11 +149,14 @@ def _data_path(p: str) -> Path:
 
 
 def _check_memory(cfg, on_cpu: bool, real: bool, avg_prompt: float = 400.0) -> None:
-    """ConfigError before any work when the run's memory plan leaves an engine without room for
-    one ``max_model_len`` sequence (or M lacks a measured cost profile on a real CPU)."""
+    """The memory plan's bad input before any work: ConfigError for a bad ``kv_budget`` or M
+    without a measured cost profile on a real CPU. A plan that does not fit the device is not bad
+    input: :func:`build` raises RunOOM and the run is recorded as oom (a sweep goes on)."""
     mean, _ = step_model(cfg, on_cpu)
-    mp = MemoryPlan(cfg, on_cpu, real)
-    mp.check_fits(mp.per_run(int(cfg.workload.n), avg_prompt, mean))
+    try:
+        MemoryPlan(cfg, on_cpu, real).per_run(int(cfg.workload.n), avg_prompt, mean)
+    except RunOOM:
+        pass
 
 
 def score_source(cfg, backend) -> str:
@@ -307,6 +307,7 @@ def build(cfg, backend, workdir: Path) -> Built:
     avg_prompt = sum(len(x) for x in prompts.values()) / len(prompts)
     planner = MemoryPlan(cfg, on_cpu, not backend.simulated)
     alloc = planner.per_run(st.n, avg_prompt, mean)
+    planner.check_fits(alloc)              # RunOOM (recorded as oom) before any engine starts
     if backend.simulated:
         from systems.tts.sim import SimGenerator, SimVerifier, StepModel, TokenSource
         p_d = 1.0 / mean
