@@ -92,18 +92,25 @@ def synthetic_prm_values(seed: int, problem: int, tokens: Sequence[int], step_en
     return [synthetic_prm_score(seed, problem, tokens[:e]) if c else None for e, c in zip(step_ends, computed)]
 
 
+def step_probabilities(step_tokens_mean: float, steps_per_answer_mean: float) -> tuple[float, float]:
+    """Per-token probabilities (delimiter, end token) of the random-weight step model: a step ends at
+    either with probability 1/``step_tokens_mean`` per token (geometric step length, mean
+    ``step_tokens_mean`` tokens) and 1/``steps_per_answer_mean`` of those ends are the end token
+    (geometric number of steps per path, mean ``steps_per_answer_mean``). Both means > 1 (checked by
+    ``runner.validate``)."""
+    p_boundary = 1.0 / step_tokens_mean
+    p_end = p_boundary / steps_per_answer_mean
+    return p_boundary - p_end, p_end
+
+
 def step_logit_biases(vocab_size: int, temperature: float, step_tokens_mean: float,
                       steps_per_answer_mean: float) -> tuple[float, float]:
-    """Logit biases (delimiter, end token) giving a geometric step length with mean
-    ``step_tokens_mean`` and a per-token end probability 1/(step_tokens_mean * steps_per_answer_mean)
-    under flat logits (random weights). vLLM adds the bias before dividing by the temperature, so
-    the bias is ``T * ln w`` with ``w`` the wanted weight relative to one ordinary token.
-    Returns (bias_delimiter, bias_end) in logit units."""
-    p_d = 1.0 / max(step_tokens_mean, 1.0 + 1e-9)
-    p_e = 1.0 / max(step_tokens_mean * steps_per_answer_mean, 1.0 + 1e-9)
+    """Logit biases (delimiter, end token) giving the per-token probabilities of
+    :func:`step_probabilities` under flat logits (random weights). vLLM adds the bias before dividing
+    by the temperature, so the bias is ``T * ln w`` with ``w`` the wanted weight relative to one
+    ordinary token. Returns (bias_delimiter, bias_end) in logit units."""
+    p_d, p_e = step_probabilities(step_tokens_mean, steps_per_answer_mean)
     rest = 1.0 - p_d - p_e
-    if rest <= 0:
-        raise ValueError("step_tokens_mean too small")
     others = vocab_size - 2
     w_d, w_e = p_d * others / rest, p_e * others / rest
     t = max(temperature, 1e-5)
