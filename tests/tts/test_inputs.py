@@ -70,6 +70,12 @@ def test_kv_memory_too_small_is_a_recorded_oom_not_bad_input(compose_cfg):
             validate(compose_cfg("system=fasttts", f"kv_budget={bad_budget}"))
 
 
+@pytest.mark.parametrize("key", ["step_tokens_mean", "steps_per_answer_mean", "cpu_step_tokens_mean"])
+def test_step_model_means_above_one(compose_cfg, key):
+    with pytest.raises(ConfigError, match=rf"workload.{key}=1.0 is not allowed: > 1"):
+        validate(compose_cfg("system=fasttts", f"workload.{key}=1.0"))
+
+
 def test_real_backend_rejects_non_qwen2_prm(compose_cfg):
     with pytest.raises(ConfigError, match="backend=sim"):
         validate(compose_cfg("system=fasttts", "backend=vllm", "verifier=math-shepherd-7b"))
