@@ -109,7 +109,7 @@ class MemoryPlan:
 
     def __init__(self, cfg, on_cpu: bool, real: bool):
         s, w = cfg.system, cfg.workload
-        self.cfg, self.on_cpu = cfg, on_cpu
+        self.cfg, self.on_cpu, self.hw_name = cfg, on_cpu, str(cfg.hardware.name)
         self.gen, self.ver = shapes(cfg)
         self.budget = kv_budget(cfg, on_cpu)
         self.memory, self.offload = bool(s.memory), bool(s.offload) and not real
@@ -151,7 +151,7 @@ class MemoryPlan:
             a = search_allocation(self.gen, self.ver, self.dec_hw, self.budget, n, s_ver, s_ctx, s_dec,
                                   offload=self.offload, offload_bw=self.offload_bw, pre_hw=self.pre_hw)
         except MemoryTooSmall as e:
-            raise RunOOM(f"KV memory too small for M's plan on {self.cfg.hardware.name}: {e}") from None
+            raise RunOOM(f"KV memory too small for M's plan on {self.hw_name}: {e}") from None
         # the engine short of one max_model_len sequence takes it from the other one's share
         if not a.offload and a.ver_kv_bytes < self.floor_v:
             a = Allocation(a.b_pre, a.b_dec, a.gen_kv_bytes - (self.floor_v - a.ver_kv_bytes), self.floor_v, a.t_tot_s)
@@ -174,7 +174,7 @@ class MemoryPlan:
         """RunOOM (a recorded result) unless each engine holds one ``max_model_len`` sequence."""
         if a.gen_kv_bytes < self.floor_g or a.ver_kv_bytes < self.floor_v:
             how = "M's plan" if self.memory else self.split
-            raise RunOOM(f"KV memory too small on {self.cfg.hardware.name} ({how}): generator {a.gen_kv_bytes / 2**20:.1f} MiB "
+            raise RunOOM(f"KV memory too small on {self.hw_name} ({how}): generator {a.gen_kv_bytes / 2**20:.1f} MiB "
                               f"(needs >= {self.floor_g / 2**20:.1f} MiB for one {self.max_model_len}-token sequence), "
                               f"verifier {a.ver_kv_bytes / 2**20:.1f} MiB (needs >= {self.floor_v / 2**20:.1f} MiB); "
                               f"raise kv_budget or lower workload.max_model_len")

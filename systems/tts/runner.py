@@ -342,9 +342,11 @@ def build(cfg, backend, workdir: Path) -> Built:
         gen = replay.TokenRecorder(gen)
     hook = None
     if s.memory and s.replan == "per_iteration":        # the simulator only (validate_backend)
+        h2d_bw = float(cfg.hardware.h2d_bw)              # read once: no config access per iteration
+
         def hook(it, active, prompt_len):
             a = planner.per_iteration(len(active), prompt_len, sum(len(b.tokens) for b in active) / len(active), mean)
-            bw = float(cfg.hardware.h2d_bw) if a.offload else None
+            bw = h2d_bw if a.offload else None
             gen.configure(a.gen_kv_bytes, a.b_dec, bw)
             ver.configure(a.ver_kv_bytes, a.b_pre, bw)
     return Built(st, problems, prompts, gen, ver, hook, alloc, closer, planner, skipped)
