@@ -7,9 +7,9 @@ goal (<= 1: met).
 
 Each round runs the empty app and every case once as a user would (``python run.py ...`` in a fresh
 process, a temporary results folder), in shuffled order; a case's time beyond the app is
-median(case) - median(empty app) over the rounds. The load average is printed before and after:
-timings on a shared machine swing with it, so run it alone on a quiet machine. Exits 1 when a
-ratio is over 1.
+median(case) - median(empty app) over the rounds (and the same for CPU time, user + system, which
+swings less with other users' load). The load average is printed before and after: timings on a
+shared machine swing with it, so run it alone on a quiet machine. Exits 1 when a ratio is over 1.
 
 Cases live in one function per family (``fasttts_cases``, ...): each returns ``Case`` s.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 EMPTY_APP = "--empty-app"
@@ -53,19 +54,22 @@ CASES: Dict[str, Callable[[], List[Case]]] = {"fasttts": fasttts_cases}
 
 
 # --- measurement ---------------------------------------------------------------------------------------
-def _wall(cmd: List[str], env: Dict[str, str]) -> float:
+def _timed(cmd: List[str], env: Dict[str, str]) -> Tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system) of one command in a fresh process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}:\n{out.stderr[-2000:]}")
-    return wall
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def measure(cases: List[Case], rounds: int, tracking: bool) -> List[dict]:
     """Median process wall time of each case and of the empty app with each case's overrides."""
     py = sys.executable
-    times: Dict[str, Dict[str, List[float]]] = {c.name: {"case": [], "app": []} for c in cases}
+    times: Dict[str, Dict[str, List[Tuple[float, float]]]] = {c.name: {"case": [], "app": []} for c in cases}
     with tempfile.TemporaryDirectory(prefix="bench_sim_") as tmp:
         env = dict(os.environ, TTC_RESULTS_DIR=tmp, WANDB_MODE="offline", WANDB_DIR=tmp)
         for _ in range(rounds):
@@ -74,11 +78,13 @@ def measure(cases: List[Case], rounds: int, tracking: bool) -> List[dict]:
             for c, kind in runs:
                 over = c.overrides if not tracking else [o for o in c.overrides if not o.startswith("tracking=")]
                 cmd = [py, "run.py", *over] if kind == "case" else [py, str(Path(__file__)), EMPTY_APP, *over]
-                times[c.name][kind].append(_wall(cmd, env))
+                times[c.name][kind].append(_timed(cmd, env))
     out = []
     for c in cases:
-        case, app = statistics.median(times[c.name]["case"]), statistics.median(times[c.name]["app"])
-        out.append({"case": c, "wall_s": case, "app_s": app, "extra_s": case - app, "ratio": (case - app) / c.goal_s})
+        med = {k: [statistics.median(x[i] for x in times[c.name][k]) for i in (0, 1)] for k in ("case", "app")}
+        (case, case_cpu), (app, app_cpu) = med["case"], med["app"]
+        out.append({"case": c, "wall_s": case, "app_s": app, "extra_s": case - app, "ratio": (case - app) / c.goal_s,
+                    "extra_cpu_s": case_cpu - app_cpu})
     return out
 
 
@@ -98,7 +104,8 @@ def main() -> int:
     for r in results:
         c = r["case"]
         print(f"{c.name}: {r['wall_s']:.2f} s, empty Hydra app {r['app_s']:.2f} s, beyond it {r['extra_s']:.2f} s "
-              f"(goal {c.goal_s:g} s): ratio {r['ratio']:.2f} {'OK' if r['ratio'] <= 1 else 'OVER GOAL'}")
+              f"(goal {c.goal_s:g} s): ratio {r['ratio']:.2f} {'OK' if r['ratio'] <= 1 else 'OVER GOAL'} "
+              f"[CPU time beyond the app: {r['extra_cpu_s']:.2f} s]")
     return 0 if all(r["ratio"] <= 1 for r in results) else 1
 
 
