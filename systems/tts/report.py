@@ -35,14 +35,15 @@ N_AXIS = "n (paths per problem, search budget)"
 GOODPUT_AXIS = "precise goodput (tok/s)"
 
 
+TIDY = ["pair", "dataset", "n", "system", "R", "search", "hardware", "kv_budget", "goodput", "latency",
+        "gen_latency", "ver_latency", "simulated"]
+
+
 def tidy(runs: pd.DataFrame) -> pd.DataFrame:
-    """Successful runs with columns pair, dataset, n, system, R, search, hardware, kv_budget,
-    goodput, latency, gen_latency, ver_latency, simulated."""
-    if runs is None or not len(runs):
-        return pd.DataFrame()
+    """Successful runs with the columns ``TIDY`` (none: no rows, the same columns)."""
+    if runs is None or not len(runs) or not (runs["status"] == "ok").any():
+        return pd.DataFrame(columns=TIDY)
     df = runs[runs["status"] == "ok"].copy()
-    if not len(df):
-        return df
     g = lambda c, d=None: df[c] if c in df else d
     out = pd.DataFrame({
         "pair": [PAIRS.get((m, v), f"{m}+{v}") for m, v in zip(g("config.model.name"), g("config.verifier.name"))],
@@ -118,7 +119,7 @@ def _gains(df: pd.DataFrame, keys: List[str], variants: List[str], base: str = "
                         row[f"{v}/base{lab}"] = float(x.iloc[0]) / float(b.iloc[0]) if float(b.iloc[0]) > 0 else np.nan
         if len(row) > len(keys):
             rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=keys)
 
 
 def _gain_notes(t: pd.DataFrame, v: str) -> str:

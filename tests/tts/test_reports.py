@@ -131,3 +131,16 @@ def test_r_sweep_finds_the_papers_numbers(tmp_path):
         (12.5, 18.5, 23)
     assert t["verdict fasttts;R=0.0 (sim)"].iloc[0] == "reproduced"
     assert t["verdict fasttts;R=0.85 (sim)"].iloc[0] == "not reproduced"
+
+
+@pytest.mark.parametrize("name", sorted(REPORTS))
+def test_a_sweep_where_nothing_fit_still_reports(tmp_path, name):
+    """Every job oom (e.g. only the 7B+7B pair on a 24 GB card): the table is written and every paper
+    number reads 'no result'. Mutation caught: tidy returning a frame without its columns (the
+    reports raised KeyError: 'pair')."""
+    runs = pd.DataFrame([{"status": "oom", "system": "vllm_tts", "simulated": True}])
+    getattr(report, name)(tmp_path, runs, None)
+    table, figures = REPORTS[name]
+    assert (tmp_path / table).exists()
+    v = pd.read_csv(tmp_path / "verdicts.csv")
+    assert len(v) == _paper_numbers(figures) and set(v["verdict"]) == {"no result"}
