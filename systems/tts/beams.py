@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from array import array
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
@@ -21,6 +22,13 @@ def stable_hash(*parts) -> int:
         h.update(repr(p).encode())
         h.update(b"\x1f")
     return int.from_bytes(h.digest(), "little")
+
+
+def seeded_generator(entropy) -> np.random.Generator:
+    """The generator ``np.random.default_rng(entropy)`` returns (the same stream: PCG64 seeded by a
+    SeedSequence of ``entropy``), built without its per-call argument handling (a simulated run
+    makes two per request)."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
 
 
 def request_seed(seed: int, problem: int, iteration: int, uid: str) -> int:
@@ -78,9 +86,75 @@ def synthetic_prm_score(seed: int, problem: int, tokens: Sequence[int]) -> float
     (seed, problem, tokens). Like a causal PRM it depends only on the tokens up to the step, so
     tokens after it (speculative ones) cannot change it; unlike a random-weight PRM (every score
     ~0.5: ties) scores are distinct, so a score attached to the wrong path changes the selection."""
+    return synthetic_prm_values(seed, problem, tokens, [len(tokens)], [True])[0]
+
+
+class Lineage:
+    """Values kept by path name, problem-qualified (``GenRequest.path``: ``"3/0.1.2"``, whose parent
+    is ``"3/0.1"``): :meth:`get` returns the entry of the path or of its nearest ancestor that has
+    one. Everything is forgotten when the problem changes. For work a path can extend from its
+    parent's (block hashes, the synthetic PRM's hash): callers check the entry still applies."""
+
+    def __init__(self):
+        self.problem, self.seen = None, {}
+
+    def get(self, path: str):
+        problem, _, name = path.partition("/")
+        if problem != self.problem:
+            self.problem, self.seen = problem, {}
+        while name and path not in self.seen:
+            name = name.rpartition(".")[0]
+            path = f"{problem}/{name}"
+        return self.seen.get(path)
+
+    def put(self, path: str, value) -> None:
+        if path and path.partition("/")[0] == self.problem:
+            self.seen[path] = value
+
+
+class SyntheticPrm:
+    """:func:`synthetic_prm_values` for the items of one problem after another, hashing each path's
+    tokens once: the hash state at a path's last scored step is kept by path (:class:`Lineage`) and
+    a child's scores continue it (when the child's tokens start with the ones hashed; else from the
+    start). The values are :func:`synthetic_prm_values`'s."""
+
+    def __init__(self, seed: int):
+        self.seed, self.memo = seed, Lineage()
+
+    def values(self, problem: int, tokens: Sequence[int], step_ends: Sequence[int], computed: Sequence[bool],
+               path: str = "") -> List[Optional[float]]:
+        wanted = [e for e, c in zip(step_ends, computed) if c]
+        if not wanted:
+            return [None] * len(step_ends)
+        base = self.memo.get(path) if path else None
+        if base is not None and base[1] <= wanted[0] and tokens[:base[1]] == base[0][:base[1]]:
+            h, at = base[2].copy(), base[1]
+        else:
+            h, at = _prm_hasher(self.seed, problem), 0
+        got = _read_scores(h, tokens, at, wanted)
+        self.memo.put(path, (tokens, wanted[-1], h))
+        return [got[e] if c else None for e, c in zip(step_ends, computed)]
+
+
+def _prm_hasher(seed: int, problem: int):
     h = hashlib.blake2b(digest_size=8)
     h.update(f"prm|{seed}|{problem}|".encode())
-    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    return h
+
+
+def _read_scores(h, tokens: Sequence[int], at: int, wanted: Sequence[int]) -> dict:
+    """Feed ``h`` (holding tokens[:at]) the 64-bit ids of tokens[at:wanted[-1]], reading the score at
+    each end in ``wanted``; returns {end: score}, ``h`` left at the last end."""
+    start, got = at, {}
+    data = array("q", tokens[start:wanted[-1]]).tobytes()
+    for e in wanted:
+        h.update(data[8 * (at - start):8 * (e - start)])
+        at = e
+        got[e] = _score(h)                      # digest() leaves h as it is
+    return got
+
+
+def _score(h) -> float:
     return (int.from_bytes(h.digest(), "little") % (1 << 53)) / float(1 << 53)
 
 
@@ -88,22 +162,34 @@ def synthetic_prm_values(seed: int, problem: int, tokens: Sequence[int], step_en
                          computed: Sequence[bool]) -> List[Optional[float]]:
     """The verifier's values for one item scored by the synthetic PRM: step k's
     :func:`synthetic_prm_score` where the engine computed its position (``computed[k]``), else None
-    (a position served by the prefix cache was scored by an earlier call)."""
-    return [synthetic_prm_score(seed, problem, tokens[:e]) if c else None for e, c in zip(step_ends, computed)]
+    (a position served by the prefix cache was scored by an earlier call). One hash runs along the
+    path (blake2b of the 64-bit token ids after a ``prm|seed|problem|`` prefix), read at each step."""
+    wanted = [e for e, c in zip(step_ends, computed) if c]
+    if not wanted:
+        return [None] * len(step_ends)
+    got = _read_scores(_prm_hasher(seed, problem), tokens, 0, wanted)
+    return [got[e] if c else None for e, c in zip(step_ends, computed)]
+
+
+def step_probabilities(step_tokens_mean: float, steps_per_answer_mean: float) -> tuple[float, float]:
+    """Per-token probabilities (delimiter, end token) of the random-weight step model: a step ends at
+    either with probability 1/``step_tokens_mean`` per token (geometric step length, mean
+    ``step_tokens_mean`` tokens) and 1/``steps_per_answer_mean`` of those ends are the end token
+    (geometric number of steps per path, mean ``steps_per_answer_mean``). Both means > 1 (checked by
+    ``runner.validate``)."""
+    p_boundary = 1.0 / step_tokens_mean
+    p_end = p_boundary / steps_per_answer_mean
+    return p_boundary - p_end, p_end
 
 
 def step_logit_biases(vocab_size: int, temperature: float, step_tokens_mean: float,
                       steps_per_answer_mean: float) -> tuple[float, float]:
-    """Logit biases (delimiter, end token) giving a geometric step length with mean
-    ``step_tokens_mean`` and a per-token end probability 1/(step_tokens_mean * steps_per_answer_mean)
-    under flat logits (random weights). vLLM adds the bias before dividing by the temperature, so
-    the bias is ``T * ln w`` with ``w`` the wanted weight relative to one ordinary token.
-    Returns (bias_delimiter, bias_end) in logit units."""
-    p_d = 1.0 / max(step_tokens_mean, 1.0 + 1e-9)
-    p_e = 1.0 / max(step_tokens_mean * steps_per_answer_mean, 1.0 + 1e-9)
+    """Logit biases (delimiter, end token) giving the per-token probabilities of
+    :func:`step_probabilities` under flat logits (random weights). vLLM adds the bias before dividing
+    by the temperature, so the bias is ``T * ln w`` with ``w`` the wanted weight relative to one
+    ordinary token. Returns (bias_delimiter, bias_end) in logit units."""
+    p_d, p_e = step_probabilities(step_tokens_mean, steps_per_answer_mean)
     rest = 1.0 - p_d - p_e
-    if rest <= 0:
-        raise ValueError("step_tokens_mean too small")
     others = vocab_size - 2
     w_d, w_e = p_d * others / rest, p_e * others / rest
     t = max(temperature, 1e-5)

@@ -28,10 +28,13 @@ class MathWorkload:
     (``on_too_long=error``, exit 2 naming file, line and token count) or is skipped and recorded
     (``on_too_long=skip``).
 
-    Step-length model for random weights (no tokenizer, flat logits): the step delimiter token
-    (``step_delimiter_id``, Qwen2's "\\n\\n" = 271) gets a logit bias making its per-token
-    probability 1/``step_tokens_mean``; the end token (``eos_token_id``) gets a bias making a path
-    end after ``steps_per_answer_mean`` steps on average. Both are geometric, seeded per request.
+    Step-length model for random weights (no tokenizer, flat logits; ``beams.step_probabilities``):
+    the step delimiter token (``step_delimiter_id``, Qwen2's "\\n\\n" = 271) and the end token
+    (``eos_token_id``) get logit biases so that a step ends at one of them after ``step_tokens_mean``
+    tokens on average and a path ends after ``steps_per_answer_mean`` steps on average. Both are
+    geometric, seeded per request. (In the last iteration a path decodes to the end token without
+    the stop string, FastTTS §1.1: that step averages ``step_tokens_mean * steps_per_answer_mean``
+    tokens before the caps.)
     """
     name: str = MISSING
     kind: str = "math"

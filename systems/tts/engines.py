@@ -277,25 +277,27 @@ class TokenMap:
         self.ver_vocab, self.tag = ver_vocab, step_tag_id
         self.insert = not (self.same and step_tag_id == delimiter_id)
 
-    def _map(self, t: int) -> int:
-        if self.same:
-            return t
-        v = t % self.ver_vocab
-        return v if v != self.tag else (v + 1) % self.ver_vocab
+    def _map(self, tokens: List[int]) -> List[int]:
+        """Generator ids -> verifier ids (folded into its vocabulary, never onto the tag)."""
+        if self.same or not tokens:
+            return list(tokens)
+        import numpy as np
+        v = np.asarray(tokens, dtype=np.int64) % self.ver_vocab
+        v[v == self.tag] = (self.tag + 1) % self.ver_vocab
+        return v.tolist()
 
     def build(self, prompt: List[int], tokens: List[int], step_ends: List[int]):
         """Returns (verifier ids, position of each step's score)."""
+        end = step_ends[-1] if step_ends else 0
+        mapped = self._map(tokens[:end])
+        if not self.insert:                       # steps as they are; a step's score at its last token
+            return list(prompt) + mapped, [len(prompt) + e - 1 for e in step_ends]
         ids, pos, start = list(prompt), [], 0
         for end in step_ends:
-            step = [self._map(t) for t in tokens[start:end]]
-            if self.insert:
-                ids.extend(step[:-1])
-                pos.append(len(ids))
-                ids.append(self.tag)
-                ids.extend(step[-1:])
-            else:
-                ids.extend(step)
-                pos.append(len(ids) - 1)
+            ids.extend(mapped[start:end - 1])
+            pos.append(len(ids))
+            ids.append(self.tag)
+            ids.extend(mapped[max(start, end - 1):end])          # the step's last token (none if empty)
             start = end
         return ids, pos
 
@@ -311,7 +313,7 @@ class PrmScorer:
                  synthetic_seed: Optional[int] = None):
         self.v, self.map, self.prompts, self.synthetic_seed = verifier, token_map, prompts, synthetic_seed
 
-    def verify(self, pidx: int, items) -> VerifierOutput:
+    def verify(self, pidx: int, items, paths=None) -> VerifierOutput:
         from systems.tts.beams import synthetic_prm_values
         built = [self.map.build(self.prompts[pidx], toks, ends) for toks, ends in items]
         res = self.v.score([b[0] for b in built], [b[1] for b in built])

@@ -7,6 +7,10 @@
 - Prefix-cache hit rate per engine: cached prompt tokens / prompt tokens.
 - Speculative tokens: generated past a step boundary; kept = carried by surviving paths (child 0,
   counted once); wasted = generated - kept.
+- Steps: ``mean_step_tokens`` = mean over completed paths of tokens / steps. It mixes two kinds of
+  step: those ended by the stop string or the end token (``step_tokens_before_last``) and, for paths
+  still active in the last iteration, one step decoded to the end token without the stop string
+  (FastTTS §1.1; ``last_step_tokens``), which is several steps long.
 """
 from __future__ import annotations
 
@@ -18,8 +22,22 @@ import pandas as pd
 from systems.tts.search import ProblemResult
 
 
-def summarize(results: List[ProblemResult]) -> Dict[str, float]:
-    """Summary scalars over problems (see module docstring)."""
+def _step_lengths(results: List[ProblemResult], last_iteration: int):
+    """(lengths of the completed paths' steps ended by a boundary, lengths of the final steps of the
+    paths completed in iteration ``last_iteration``, decoded without the stop string)."""
+    ended, last = [], []
+    for r in results:
+        for b in r.completions:
+            steps = np.diff([0] + list(b.step_ends)).tolist()
+            if b.completed_iteration == last_iteration and b.finish != "budget" and steps:
+                last.append(steps.pop())
+            ended.extend(steps)
+    return ended, last
+
+
+def summarize(results: List[ProblemResult], last_iteration: int) -> Dict[str, float]:
+    """Summary scalars over problems (see module docstring); ``last_iteration``: the index of the
+    search's last iteration (decoded without the stop string)."""
     tok = [np.mean([len(b.tokens) for b in r.completions]) for r in results if r.completions]
     ct = [np.mean([b.completion_time_s for b in r.completions]) for r in results if r.completions]
     its = [rec for r in results for rec in r.iterations]
@@ -27,6 +45,7 @@ def summarize(results: List[ProblemResult]) -> Dict[str, float]:
     vp, vc = sum(i.ver_prompt_tokens for i in its), sum(i.ver_cached_tokens for i in its)
     sg, sk = sum(i.spec_generated for i in its), sum(i.spec_kept for i in its)
     steps = [len(b.tokens) / max(1, b.num_steps) for r in results for b in r.completions]
+    ended, last = _step_lengths(results, last_iteration)
     return {
         "goodput_tok_s": float(sum(tok) / sum(ct)) if ct and sum(ct) > 0 else None,
         "latency_s": float(np.mean([r.latency_s for r in results])),
@@ -37,6 +56,8 @@ def summarize(results: List[ProblemResult]) -> Dict[str, float]:
         "completions_per_problem": float(np.mean([len(r.completions) for r in results])),
         "iterations_per_problem": float(np.mean([len(r.iterations) for r in results])),
         "mean_step_tokens": float(np.mean(steps)) if steps else None,
+        "step_tokens_before_last": float(np.mean(ended)) if ended else None,
+        "last_step_tokens": float(np.mean(last)) if last else None,
         "gen_prefix_hit_rate": gc / gp if gp else None,
         "ver_prefix_hit_rate": vc / vp if vp else None,
         "gen_requests": int(sum(i.gen_requests for i in its)),

@@ -16,11 +16,16 @@ processes share, so on a CPU (real, or simulated with a CPU profile) the default
 ``system.cpu_kv_budget`` instead.
 
 Baseline (M off): a fixed split (the FastTTS artifact's ``gpu_memory_utilization`` pairs for the
-paper's model pairs with a derived budget, else ``gen_memory_share`` of M) and vLLM's default batch
-cap ``max_num_seqs``. M on: the roofline search of ``memory.py`` planned with a cost profile (the
+paper's model pairs with a derived budget, scaled to ``system.memory_fraction``: on an RTX 4090 at
+the paper's fractions exactly the artifact's pairs; else ``gen_memory_share`` of M) and vLLM's
+default batch cap ``max_num_seqs``. M on: the roofline search of ``memory.py`` planned with a cost profile (the
 hardware profile's rooflines: a GPU's datasheet, or this CPU's profile measured by
 ``systems.tts.calibrate``, never placeholder numbers), each engine keeping room for one
 ``max_model_len`` sequence (vLLM refuses to start otherwise).
+
+A plan that does not fit the device (weights beyond the memory share, an engine without room for one
+``max_model_len`` sequence) raises ``RunOOM``: a recorded result (status oom), never bad input; a
+value no configuration could accept (an unparsable or non-positive ``kv_budget``) is a ConfigError.
 """
 from __future__ import annotations
 
@@ -70,7 +75,7 @@ def kv_budget(cfg, on_cpu: bool) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if m <= 0:
-        raise ConfigError(f"KV memory too small: kv_budget={m} bytes")
+        raise ConfigError(f"kv_budget={m} bytes is not allowed: a positive size (bytes, or e.g. 2GiB)")
     return int(m)
 
 
@@ -104,7 +109,7 @@ class MemoryPlan:
 
     def __init__(self, cfg, on_cpu: bool, real: bool):
         s, w = cfg.system, cfg.workload
-        self.cfg, self.on_cpu = cfg, on_cpu
+        self.cfg, self.on_cpu, self.hw_name = cfg, on_cpu, str(cfg.hardware.name)
         self.gen, self.ver = shapes(cfg)
         self.budget = kv_budget(cfg, on_cpu)
         self.memory, self.offload = bool(s.memory), bool(s.offload) and not real
@@ -123,25 +128,30 @@ class MemoryPlan:
         cfg, s = self.cfg, self.cfg.system
         pair = AE_SPLITS.get((cfg.model.name, cfg.verifier.name))
         if pair and unset(s.kv_budget) and not self.on_cpu:
+            scale = float(s.memory_fraction) / (pair[0] + pair[1])        # 1 at the paper's fractions
             mem = float(cfg.hardware.memory_bytes)
-            g = default_kv_budget(pair[0] * mem, self.gen.weight_bytes, ACTIVATION_RESERVE * pair[0] * mem)
-            v = default_kv_budget(pair[1] * mem, self.ver.weight_bytes, ACTIVATION_RESERVE * pair[1] * mem)
+            gm, vm = pair[0] * scale * mem, pair[1] * scale * mem
+            g = default_kv_budget(gm, self.gen.weight_bytes, ACTIVATION_RESERVE * gm)
+            v = default_kv_budget(vm, self.ver.weight_bytes, ACTIVATION_RESERVE * vm)
+            self.split = (f"the baseline's fixed split ({pair[0] * scale:.2f} / {pair[1] * scale:.2f} of "
+                          f"{cfg.hardware.name}'s memory, FastTTS AE) minus each model's weights")
         else:
             g = int(self.budget * float(s.gen_memory_share))
             v = self.budget - g
+            self.split = f"the baseline's fixed split ({s.gen_memory_share:g} of the KV budget to the generator)"
         return Allocation(int(s.max_num_seqs), int(s.max_num_seqs), g, v, float("nan"))
 
     def plan(self, n: int, s_ver: float, s_ctx: float, s_dec: float) -> Allocation:
         """KV bytes and batch caps for ``n`` paths, verifier inputs of ``s_ver`` tokens, generator
-        sequences of ``s_ctx`` tokens decoding ``s_dec`` per step. Raises ConfigError when the
-        budget cannot hold one sequence per engine."""
+        sequences of ``s_ctx`` tokens decoding ``s_dec`` per step. Raises RunOOM when the budget
+        cannot hold one sequence per engine."""
         if not self.memory:
             return self.fixed
         try:
             a = search_allocation(self.gen, self.ver, self.dec_hw, self.budget, n, s_ver, s_ctx, s_dec,
                                   offload=self.offload, offload_bw=self.offload_bw, pre_hw=self.pre_hw)
         except MemoryTooSmall as e:
-            raise ConfigError(f"KV memory too small for the chosen batch: {e}") from None
+            raise RunOOM(f"KV memory too small for M's plan on {self.hw_name}: {e}") from None
         # the engine short of one max_model_len sequence takes it from the other one's share
         if not a.offload and a.ver_kv_bytes < self.floor_v:
             a = Allocation(a.b_pre, a.b_dec, a.gen_kv_bytes - (self.floor_v - a.ver_kv_bytes), self.floor_v, a.t_tot_s)
@@ -161,9 +171,10 @@ class MemoryPlan:
         return self.plan(active, ctx, min(self.max_model_len, ctx + step_mean), step_mean)
 
     def check_fits(self, a: Allocation) -> None:
-        """ConfigError unless each engine holds one ``max_model_len`` sequence."""
+        """RunOOM (a recorded result) unless each engine holds one ``max_model_len`` sequence."""
         if a.gen_kv_bytes < self.floor_g or a.ver_kv_bytes < self.floor_v:
-            raise ConfigError(f"KV memory too small for the chosen batch: generator {a.gen_kv_bytes / 2**20:.1f} MiB "
+            how = "M's plan" if self.memory else self.split
+            raise RunOOM(f"KV memory too small on {self.hw_name} ({how}): generator {a.gen_kv_bytes / 2**20:.1f} MiB "
                               f"(needs >= {self.floor_g / 2**20:.1f} MiB for one {self.max_model_len}-token sequence), "
                               f"verifier {a.ver_kv_bytes / 2**20:.1f} MiB (needs >= {self.floor_v / 2**20:.1f} MiB); "
                               f"raise kv_budget or lower workload.max_model_len")

@@ -23,13 +23,17 @@ class GenRequest:
     """One generator call: extend ``uid`` from ``prompt_ids`` (prompt + path so far) by one step of
     at most ``max_tokens`` tokens, sampled with ``seed``. ``stop_at_delimiter`` False = last
     iteration / best-of-N (decode to the end token or the cap). ``potential``: speculative potential
-    M_i (§4.1.1), larger = speculates longer under the cap."""
+    M_i (§4.1.1), larger = speculates longer under the cap. ``path``: the path's name in the search
+    tree, problem-qualified (``"3/0.1.2"``; its parent is ``"3/0.1"``), whose prompt extends the
+    parent's: the simulator hashes only the blocks past what it hashed for the parent (vLLM hashes
+    blocks itself)."""
     uid: str
     prompt_ids: List[int]
     max_tokens: int
     seed: int
     stop_at_delimiter: bool = True
     potential: int = 1
+    path: str = ""
 
 
 @dataclass
@@ -80,5 +84,6 @@ class Generator(Protocol):
 
 
 class Verifier(Protocol):
-    def verify(self, problem: int, items: Sequence[VerifyItem]) -> VerifierOutput:
-        """Score every step of every item of problem ``problem``."""
+    def verify(self, problem: int, items: Sequence[VerifyItem], paths: Optional[Sequence[str]] = None) -> VerifierOutput:
+        """Score every step of every item of problem ``problem``; ``paths``: each item's path name
+        (as ``GenRequest.path``), a hint for reusing the parent's work."""

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 from harness.errors import ConfigError, bad
 from harness.errors import RunOOM
 from harness.run import RunResult
-from systems.tts.beams import step_logit_biases
+from systems.tts.beams import step_logit_biases, step_probabilities
 from systems.tts.checkpoint import DELIMITER, is_local
 from systems.tts.config import AGGREGATIONS, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
 from systems.tts.memory import ModelShape, Roofline
@@ -97,6 +97,9 @@ def validate(cfg) -> None:
         raise bad("workload.num_iterations", w.num_iterations, ">= 1")
     if w.num_problems is not None and w.num_problems < 1:
         raise bad("workload.num_problems", w.num_problems, ">= 1 or null (all)")
+    for key in ("step_tokens_mean", "cpu_step_tokens_mean", "steps_per_answer_mean"):
+        if not float(w[key]) > 1.0:
+            raise bad(f"workload.{key}", w[key], "> 1 (the random-weight step model: tokens per step, steps per path)")
     if not 0.0 <= s.spec_truncation_ratio <= 1.0:
         raise bad("system.spec_truncation_ratio", s.spec_truncation_ratio, "in [0, 1]")
     if v.name == "none" or not v.vocab_size:
@@ -140,10 +143,7 @@ def validate(cfg) -> None:
     # the data set and every prompt: unknown file, malformed line, a prompt too long -> ConfigError
     t = texts(cfg)
     avg_prompt = sum(len(t.prompts[p.index]) for p in t.problems) / len(t.problems)
-    try:
-        _check_memory(cfg, _on_cpu(cfg), _real(cfg), avg_prompt)
-    except RunOOM:
-        pass            # weights alone exceed the simulated device: run() records status oom
+    _check_memory(cfg, _on_cpu(cfg), _real(cfg), avg_prompt)
 
 
 def _data_path(p: str) -> Path:
@@ -152,11 +152,14 @@ def _data_path(p: str) -> Path:
 
 
 def _check_memory(cfg, on_cpu: bool, real: bool, avg_prompt: float = 400.0) -> None:
-    """ConfigError before any work when the run's memory plan leaves an engine without room for
-    one ``max_model_len`` sequence (or M lacks a measured cost profile on a real CPU)."""
+    """The memory plan's bad input before any work: ConfigError for a bad ``kv_budget`` or M
+    without a measured cost profile on a real CPU. A plan that does not fit the device is not bad
+    input: :func:`build` raises RunOOM and the run is recorded as oom (a sweep goes on)."""
     mean, _ = step_model(cfg, on_cpu)
-    mp = MemoryPlan(cfg, on_cpu, real)
-    mp.check_fits(mp.per_run(int(cfg.workload.n), avg_prompt, mean))
+    try:
+        MemoryPlan(cfg, on_cpu, real).per_run(int(cfg.workload.n), avg_prompt, mean)
+    except RunOOM:
+        pass
 
 
 def score_source(cfg, backend) -> str:
@@ -307,10 +310,10 @@ def build(cfg, backend, workdir: Path) -> Built:
     avg_prompt = sum(len(x) for x in prompts.values()) / len(prompts)
     planner = MemoryPlan(cfg, on_cpu, not backend.simulated)
     alloc = planner.per_run(st.n, avg_prompt, mean)
+    planner.check_fits(alloc)              # RunOOM (recorded as oom) before any engine starts
     if backend.simulated:
         from systems.tts.sim import SimGenerator, SimVerifier, StepModel, TokenSource
-        p_d = 1.0 / mean
-        p_e = 1.0 / (mean * float(w.steps_per_answer_mean))
+        p_d, p_e = step_probabilities(mean, float(w.steps_per_answer_mean))
         recorded = replay.load(s.replay_tokens) if not unset(s.replay_tokens) else None
         tokens = TokenSource(StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size), recorded)
         gen = SimGenerator(gen_shape, Roofline.of(cfg.hardware, "decode"), tokens, kv_bytes=alloc.gen_kv_bytes,
@@ -339,9 +342,11 @@ def build(cfg, backend, workdir: Path) -> Built:
         gen = replay.TokenRecorder(gen)
     hook = None
     if s.memory and s.replan == "per_iteration":        # the simulator only (validate_backend)
+        h2d_bw = float(cfg.hardware.h2d_bw)              # read once: no config access per iteration
+
         def hook(it, active, prompt_len):
             a = planner.per_iteration(len(active), prompt_len, sum(len(b.tokens) for b in active) / len(active), mean)
-            bw = float(cfg.hardware.h2d_bw) if a.offload else None
+            bw = h2d_bw if a.offload else None
             gen.configure(a.gen_kv_bytes, a.b_dec, bw)
             ver.configure(a.ver_kv_bytes, a.b_pre, bw)
     return Built(st, problems, prompts, gen, ver, hook, alloc, closer, planner, skipped)
@@ -405,7 +410,7 @@ def run(cfg, ctx) -> RunResult:
         bar.close()
     finally:
         b.closer()
-    summ = metrics.summarize(results)
+    summ = metrics.summarize(results, (1 if st.search == "best_of_n" else st.num_iterations) - 1)
     acc, acc_table = grade(cfg, ctx.backend, problems, results, st.n)
     summ.update(acc)
     on_cpu = _on_cpu(cfg, ctx.backend)
@@ -415,20 +420,25 @@ def run(cfg, ctx) -> RunResult:
                 ver_kv_bytes=alloc.ver_kv_bytes, b_dec=alloc.b_dec, b_pre=alloc.b_pre,
                 offload=bool(alloc.offload), replan=str(cfg.system.replan), plan_profile=b.planner.profile,
                 problems_skipped=len(b.skipped), simulated=bool(ctx.backend.simulated))
-    f2, pct = (lambda x: f"{x:.2f}"), (lambda x: f"{100 * x:.1f} %")
-    display = [("goodput (tok/s)", "goodput_tok_s", f2), ("completion latency (s/problem)", "latency_s", f2),
-               ("  generator (s)", "gen_latency_s", f2), ("  verifier (s)", "ver_latency_s", f2),
-               ("mean completion time (s)", "completion_time_s", f2),
-               ("completion length (tokens)", "completion_tokens", lambda x: f"{x:.1f}"),
-               ("mean step (tokens)", "mean_step_tokens", lambda x: f"{x:.1f}"),
+    f1, f2, pct = (lambda x: f"{x:.1f}"), (lambda x: f"{x:.2f}"), (lambda x: f"{100 * x:.1f} %")
+    display = [("precise goodput (tok/s)", "goodput_tok_s", f2),
+               ("completion latency: search time per problem (s)", "latency_s", f2),
+               ("  of which generator (s)", "gen_latency_s", f2), ("  of which verifier (s)", "ver_latency_s", f2),
+               ("mean path completion time (s; goodput's denominator)", "completion_time_s", f2),
+               ("mean completed path (tokens)", "completion_tokens", f1),
+               ("mean step of completed paths (tokens)", "mean_step_tokens", f1),
+               ("  steps ended by the stop string or end token (tokens)", "step_tokens_before_last", f1),
+               ("  last-iteration step, decoded to the end token (tokens)", "last_step_tokens", f1),
+               ("  configured mean step, random weights (tokens)", "step_tokens_mean_model", f1),
                ("generator prefix-cache hit rate", "gen_prefix_hit_rate", pct),
                ("verifier prefix-cache hit rate", "ver_prefix_hit_rate", pct),
-               ("speculative tokens generated / kept", "spec_tokens_generated", str),
-               ("  kept", "spec_tokens_kept", str),
+               ("speculative tokens generated", "spec_tokens_generated", str),
+               ("speculative tokens kept by surviving paths", "spec_tokens_kept", str),
                ("steps from speculation (no generator call)", "gen_skipped", str),
-               ("decode batch B_dec / prefill batch B_pre", "b_dec", str), ("  B_pre", "b_pre", str),
+               ("generator decode batch cap B_dec (sequences)", "b_dec", str),
+               ("verifier prefill batch cap B_pre (sequences)", "b_pre", str),
                ("Top-1 accuracy (PRM-weighted vote)", "top1_acc", pct), (f"Pass@N (N={st.n})", "pass_at_n", pct),
-               ("problems", "problems", str), ("  skipped (prompt too long)", "problems_skipped", str)]
+               ("problems searched", "problems", str), ("problems skipped (prompt too long)", "problems_skipped", str)]
     tables = metrics.tables(results)
     if acc_table is not None:
         tables["accuracy"] = acc_table

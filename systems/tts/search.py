@@ -228,7 +228,7 @@ class Search:
                                        max_tokens=max(1, min(cap - len(b.spec), room)),
                                        seed=request_seed(st.seed, pidx, it, b.uid),
                                        stop_at_delimiter=not last,
-                                       potential=prev_potential.get(b.uid, 1)))
+                                       potential=prev_potential.get(b.uid, 1), path=f"{pidx}/{b.uid}"))
             res = self.gen.extend(reqs, SpeculationPolicy(st.speculative and not last, st.spec_max_beams))
             gen_t += res.time_s
             by_uid = {b.uid: b for b in active}
@@ -242,7 +242,7 @@ class Search:
                 new_tokens += o.step_len
                 b.finish = o.finish
             # ------------------------------------------------ verification (+ look-ahead)
-            items, owners = [], []
+            items, owners, paths = [], [], []
             for b in active:
                 toks, ends, ks = b.tokens, list(b.step_ends), list(keys[b.uid][1:])
                 if st.speculative and st.lookahead and not last:
@@ -254,7 +254,8 @@ class Search:
                 if any(k not in cache for k in ks):
                     items.append((toks, ends))
                     owners.append(ks)
-            vo = self.ver.verify(pidx, items) if items else VerifierOutput([], 0.0, cpu_s=0.0)
+                    paths.append(f"{pidx}/{b.uid}")
+            vo = self.ver.verify(pidx, items, paths) if items else VerifierOutput([], 0.0, cpu_s=0.0)
             ver_t += vo.time_s
             for ks, vs in zip(owners, vo.values):
                 for k, v in zip(ks, vs):

@@ -20,6 +20,7 @@ and the verifier is charged per batch as ceil(tokens / token budget) prefill pas
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -27,9 +28,51 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from systems.tts.beams import Lineage, SyntheticPrm, seeded_generator
 from systems.tts.memory import ModelShape, Roofline
 from systems.tts.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
 from systems.tts.speculation import SPECULATE, SpeculationPolicy
+
+
+def block_hashes(tokens: Sequence[int], block: int, base: Sequence[int] = (), base_hashes: Sequence[int] = ()) -> List[int]:
+    """Chained hashes of the full ``block``-token blocks of ``tokens`` (block j's covers blocks 0..j,
+    as vLLM's prefix-cache keys). ``base`` / ``base_hashes``: a token list hashed before and its
+    hashes; the leading blocks ``tokens`` shares with it (compared, not assumed) keep their hashes
+    and only the blocks after them are hashed: a path's hashes extend its parent's."""
+    B = block
+    k = min(len(tokens) // B, len(base_hashes))
+    if k and tokens[:k * B] != base[:k * B]:            # not a plain extension: the shared blocks
+        lo, hi = 0, k - 1                                # their count lies in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if tokens[:mid * B] == base[:mid * B]:
+                lo = mid
+            else:
+                hi = mid - 1
+        k = lo
+    out = list(base_hashes[:k])
+    h = out[-1] if out else 0
+    for j in range(k, len(tokens) // B):
+        h = hash((h, tuple(tokens[j * B:(j + 1) * B])))
+        out.append(h)
+    return out
+
+
+class PathHashes:
+    """The token lists a simulated engine hashed, by path name (``GenRequest.path``, a
+    ``beams.Lineage``): :meth:`hashes` of a path's new list extends the hashes of the path's own or
+    its nearest ancestor's last list (:func:`block_hashes` compares the tokens, so a wrong hint costs
+    time, never a different hash)."""
+
+    def __init__(self, block: int):
+        self.block, self.memo = block, Lineage()
+
+    def hashes(self, tokens: Sequence[int], path: str = "") -> List[int]:
+        base, hs = (self.memo.get(path) if path else None) or ((), ())
+        return block_hashes(tokens, self.block, base, hs)
+
+    def remember(self, path: str, tokens: Sequence[int], hs: List[int]) -> None:
+        self.memo.put(path, (tokens, hs))
 
 
 class BlockCache:
@@ -41,13 +84,6 @@ class BlockCache:
         self.ref: Dict[int, int] = {}                        # pinned hash -> pin count
         self.free: "OrderedDict[int, None]" = OrderedDict()  # cached, unpinned, LRU first
         self.reserved = 0                                    # blocks reserved for tokens not yet hashed
-
-    def hashes(self, tokens: Sequence[int]) -> List[int]:
-        out, h, B = [], 0, self.block
-        for j in range(len(tokens) // B):
-            h = hash((h, tuple(tokens[j * B:(j + 1) * B])))
-            out.append(h)
-        return out
 
     def hit_tokens(self, hs: List[int], length: int) -> int:
         """Tokens of a ``length``-token prompt with block hashes ``hs`` served from the cache: the
@@ -73,42 +109,44 @@ class BlockCache:
     def try_admit(self, hs: List[int], extra_blocks: int) -> bool:
         """Pin ``hs`` (inserting missing ones) and reserve ``extra_blocks``; evicts free blocks as
         needed. False (nothing changed) when pinned blocks leave no room."""
-        uniq = list(dict.fromkeys(hs))
-        to_pin = [h for h in uniq if h not in self.ref]
-        if len(self.ref) + len(to_pin) + self.reserved + extra_blocks > self.capacity:
+        ref, free = self.ref, self.free
+        uniq = dict.fromkeys(hs)
+        to_pin = sum(1 for h in uniq if h not in ref)
+        if len(ref) + to_pin + self.reserved + extra_blocks > self.capacity:
             return False
         for h in uniq:
-            if h in self.free:
-                del self.free[h]
-        over = len(self.ref) + len(self.free) + self.reserved + len(to_pin) + extra_blocks - self.capacity
+            free.pop(h, None)
+        over = len(ref) + len(free) + self.reserved + to_pin + extra_blocks - self.capacity
         if over > 0:
             self._evict(over)
+        get = ref.get
         for h in hs:
-            self.ref[h] = self.ref.get(h, 0) + 1
+            ref[h] = get(h, 0) + 1
         self.reserved += extra_blocks
         return True
 
     def release(self, pinned: List[int], reserved: int, produced: List[int]) -> None:
         """Unpin ``pinned``, drop the reservation, and cache the blocks filled while decoding."""
+        ref, free = self.ref, self.free
         self.reserved -= reserved
         for h in pinned:
-            c = self.ref.get(h)
+            c = ref.get(h)
             if c is None:
                 continue
             if c <= 1:
-                del self.ref[h]
-                self.free[h] = None
+                del ref[h]
+                free[h] = None
             else:
-                self.ref[h] = c - 1
+                ref[h] = c - 1
         for h in produced:
-            if h in self.ref:
+            if h in ref:
                 continue
-            if h in self.free:
-                self.free.move_to_end(h)
+            if h in free:
+                free.move_to_end(h)
                 continue
-            if self.used() >= self.capacity and not self._evict(1):
+            if len(ref) + len(free) + self.reserved >= self.capacity and not self._evict(1):
                 break
-            self.free[h] = None
+            free[h] = None
 
 
 # ------------------------------------------------------------------------------------- tokens
@@ -122,16 +160,20 @@ class StepModel:
     eos_id: int
     vocab_size: int
 
+    def __post_init__(self):
+        self.p_boundary = self.p_delim + self.p_eos
+        self.eos_share = self.p_eos / self.p_boundary
+        self.lo = min(1000, self.vocab_size // 4)         # avoid low ids and the special tokens at the top
+        self.small = self.vocab_size - 2 * self.lo < 2000  # small vocabularies: keep boundaries out of the body
+
     def chunk(self, rng: np.random.Generator) -> Tuple[int, bool]:
         """(tokens up to and including the next boundary, whether that boundary is the end token)."""
-        p = self.p_delim + self.p_eos
-        return int(rng.geometric(p)), bool(rng.random() < self.p_eos / p)
+        return int(rng.geometric(self.p_boundary)), bool(rng.random() < self.eos_share)
 
     def body(self, rng: np.random.Generator, n: int) -> List[int]:
-        lo = min(1000, self.vocab_size // 4)              # avoid low ids and the special tokens at the top
-        out = rng.integers(lo, self.vocab_size - lo, size=n).tolist()
-        if self.vocab_size - 2 * lo < 2000:               # small vocabularies: keep boundaries out of the body
-            out = [lo - 1 if t in (self.delimiter_id, self.eos_id) else t for t in out]
+        out = rng.integers(self.lo, self.vocab_size - self.lo, size=n).tolist()
+        if self.small:
+            out = [self.lo - 1 if t in (self.delimiter_id, self.eos_id) else t for t in out]
         return out
 
 
@@ -143,8 +185,8 @@ class TokenStream:
 
     def __init__(self, model: StepModel, seed: int, recorded: Sequence[int] = ()):
         self.m = model
-        self.rng_len = np.random.default_rng([seed, 0])
-        self.rng_body = np.random.default_rng([seed, 1])
+        self.rng_len = seeded_generator([seed, 0])
+        self.rng_body = seeded_generator([seed, 1])
         self.tokens: List[int] = list(recorded)           # materialised tokens
         self.ends: List[int] = []                         # exclusive end of every boundary token
         self.is_eos: List[bool] = []
@@ -251,45 +293,52 @@ class _Engine:
 
 
 class _Seq:
-    """A running request: its token stream, step end, progress and KV pins."""
-    __slots__ = ("r", "stream", "step_len", "finish", "done", "ctx", "hs", "extra", "cached", "spec_end")
+    """A running request: its token stream, step end, KV pins, the engine step it was admitted at
+    (``admitted``: its decoded tokens are the engine steps since) and the engine step at which its
+    step or speculation ends (``end``)."""
+    __slots__ = ("r", "stream", "step_len", "finish", "hs", "extra", "cached", "spec_end", "admitted", "end")
 
-    def __init__(self, r, stream, step_len, finish, hs, extra, cached):
+    def __init__(self, r, stream, step_len, finish, hs, extra, cached, admitted):
         self.r, self.stream, self.step_len, self.finish = r, stream, step_len, finish
         self.hs, self.extra, self.cached = hs, extra, cached
-        self.done, self.ctx, self.spec_end = 0, len(r.prompt_ids), None
-
-    def remaining(self) -> int:
-        return (self.spec_end if self.spec_end is not None else self.step_len) - self.done
+        self.spec_end, self.admitted, self.end = None, admitted, admitted + step_len
 
 
 class SimGenerator(_Engine):
     """Simulated generator engine (see module docstring). ``kv_bytes`` and ``max_num_seqs`` (the
     decode batch B_dec) come from the memory plan; ``block`` tokens per KV block and
     ``token_budget`` tokens per step are the real engine's ``block_size`` / ``max_num_batched_tokens``;
-    no sequence grows past ``max_model_len`` tokens."""
+    no sequence grows past ``max_model_len`` tokens.
+
+    Time advances from event to event (a step end, a speculation end, an admission): the running
+    sequences and their context are kept as totals and a heap of end steps, so an event costs the
+    sequences it ends, not all that run."""
 
     def __init__(self, model: ModelShape, hw: Roofline, tokens: TokenSource, *, kv_bytes: int, max_num_seqs: int,
                  block: int, token_budget: int, max_model_len: int):
         self.m, self.hw, self.tokens = model, hw, tokens
         self.block, self.token_budget, self.max_model_len = int(block), int(token_budget), int(max_model_len)
+        self.paths = PathHashes(self.block)
+        self._head = None                          # (queue head, its block hashes, stream, step end, finish)
         self.configure(kv_bytes, max_num_seqs)
 
-    def _admit(self, queue: deque, run: Dict[str, _Seq]) -> Tuple[List[Tuple[int, int]], bool]:
-        """Admit queued requests for this step. Returns (prefill chunks, whether admission stopped
-        at the token budget, so the next step admits again)."""
+    def _admit(self, queue: deque, run: Dict[str, _Seq], now: int) -> Tuple[List[Tuple[int, int]], bool]:
+        """Admit queued requests at engine step ``now``. Returns (prefill chunks, whether admission
+        stopped at the token budget, so the next step admits again)."""
         from harness.errors import RunOOM
         B, prefill = self.block, []
         budget = self.token_budget - len(run)              # running sequences decode one token each
         while queue and len(run) < self.max_num_seqs:
             r = queue[0]
-            hs = self.cache.hashes(r.prompt_ids)
+            if self._head is None or self._head[0] is not r:     # a request that waits keeps its hashes and stream
+                stream = self.tokens.stream(r)
+                self._head = (r, self.paths.hashes(r.prompt_ids, r.path), stream,
+                              *stream.boundary(0, r.max_tokens, eos_only=not r.stop_at_delimiter))
+            _, hs, stream, step_len, finish = self._head
             hit = self.cache.hit_tokens(hs, len(r.prompt_ids))
             new = len(r.prompt_ids) - hit
             if new > budget:
                 return prefill, True
-            stream = self.tokens.stream(r)
-            step_len, finish = stream.boundary(0, r.max_tokens, eos_only=not r.stop_at_delimiter)
             extra = math.ceil((len(r.prompt_ids) + step_len) / B) - len(hs)
             if not self.cache.try_admit(hs, extra):
                 if not run:
@@ -299,7 +348,7 @@ class SimGenerator(_Engine):
             queue.popleft()
             budget -= new
             prefill.append((new, hit))
-            run[r.uid] = _Seq(r, stream, step_len, finish, hs, extra, hit)
+            run[r.uid] = _Seq(r, stream, step_len, finish, hs, extra, hit, now)
         return prefill, False
 
     def extend(self, requests: List[GenRequest], policy: SpeculationPolicy) -> GenResult:
@@ -307,52 +356,79 @@ class SimGenerator(_Engine):
         ``policy`` decides every speculative step. ``time_s`` is the charged (simulated) time."""
         B = self.block
         queue = deque(requests)
-        run: Dict[str, _Seq] = {}
+        run: Dict[str, _Seq] = {}                 # admission order
+        spec: Dict[str, _Seq] = {}                # the running sequences that speculate
+        ends: List[Tuple[int, int, str]] = []     # heap of (end step, admission number, uid)
+        order: Dict[str, int] = {}
         outputs: Dict[str, GenOutput] = {}
-        t, steps = 0.0, 0
+        t, steps, ctx = 0.0, 0, 0                 # ctx: the running sequences' context tokens, summed
+
+        def finish(uid: str) -> None:
+            nonlocal ctx
+            s = run.pop(uid)
+            spec.pop(uid, None)
+            ctx -= len(s.r.prompt_ids) + steps - s.admitted
+            self._finish(s, steps - s.admitted, outputs)
+
         while queue or run:
             decodes = len(run)
-            dec_ctx = sum(s.ctx for s in run.values()) / decodes if decodes else 0.0
-            prefill, more = self._admit(queue, run)
+            dec_ctx = ctx / decodes if decodes else 0.0
+            prefill, more = self._admit(queue, run, steps)
             if not run:
                 raise RuntimeError(f"simulated generator: request {queue[0].uid} ({len(queue[0].prompt_ids)} prompt "
                                    f"tokens) exceeds the step's token budget ({self.token_budget})")
-            k = 1 if more else min(s.remaining() for s in run.values())
+            for uid in list(run)[decodes:]:                                   # admitted now
+                s = run[uid]
+                order[uid] = len(order)
+                ctx += len(s.r.prompt_ids)
+                heapq.heappush(ends, (s.end, order[uid], uid))
+            while ends[0][2] not in run or run[ends[0][2]].end != ends[0][0]:  # finished or re-timed
+                heapq.heappop(ends)
+            k = 1 if more else ends[0][0] - steps
             t += _t_step(self.m, self.hw, prefill, decodes, dec_ctx)      # first step (with prefill)
             if k > 1:
-                ctx = sum(s.ctx for s in run.values()) / len(run)
-                t += (k - 1) * _t_step(self.m, self.hw, [], len(run), ctx + k / 2.0)
+                t += (k - 1) * _t_step(self.m, self.hw, [], len(run), ctx / len(run) + k / 2.0)
             steps += k
-            for uid, s in list(run.items()):
-                s.ctx += k
-                s.done += k
-                if s.spec_end is not None:
-                    if s.done >= s.spec_end:                               # end token or cap: finished
-                        self._finish(run.pop(uid), outputs)
-                elif s.done >= s.step_len:
-                    if policy.at_step_end(s.r, s.finish, len(queue)) == SPECULATE:
-                        cap = min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids))
-                        s.spec_end, _ = s.stream.boundary(s.step_len, cap, eos_only=True)
-                        if s.spec_end <= s.done:
-                            self._finish(run.pop(uid), outputs)
+            ctx += k * len(run)
+            due = []
+            while ends and ends[0][0] <= steps:
+                end, _, uid = heapq.heappop(ends)
+                if uid in run and run[uid].end == end:
+                    due.append(uid)
+            for uid in sorted(due, key=order.__getitem__):                   # in admission order
+                s = run[uid]
+                if s.spec_end is not None:                                  # end token or cap: finished
+                    finish(uid)
+                elif policy.at_step_end(s.r, s.finish, len(queue)) == SPECULATE:
+                    cap = min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids))
+                    s.spec_end, _ = s.stream.boundary(s.step_len, cap, eos_only=True)
+                    if s.spec_end <= steps - s.admitted:
+                        finish(uid)
                     else:
-                        self._finish(run.pop(uid), outputs)
-            spec = {u: s.r.potential for u, s in run.items() if s.spec_end is not None}
+                        s.end = s.admitted + s.spec_end
+                        spec[uid] = s
+                        heapq.heappush(ends, (s.end, order[uid], uid))
+                else:
+                    finish(uid)
             if spec:
-                need = sum(math.ceil((len(s.r.prompt_ids) + s.done) / B) - len(s.hs) - s.extra
-                           for s in run.values() if s.spec_end is not None)
+                need = sum(math.ceil((len(s.r.prompt_ids) + steps - s.admitted) / B) - len(s.hs) - s.extra
+                           for s in spec.values())
                 pressure = need > self.cache.capacity - self.cache.used()
-                for uid in policy.to_abort(len(run) - len(spec), spec, len(queue), pressure):
-                    self._finish(run.pop(uid), outputs)
+                for uid in policy.to_abort(len(run) - len(spec), {u: s.r.potential for u, s in spec.items()},
+                                           len(queue), pressure):
+                    finish(uid)
         spec_total = sum(len(o.tokens) - o.step_len for o in outputs.values())
         return GenResult(outputs, t + self.swap_time(), steps, spec_total)
 
-    def _finish(self, s: _Seq, outputs: Dict[str, GenOutput]) -> None:
+    def _finish(self, s: _Seq, done: int, outputs: Dict[str, GenOutput]) -> None:
+        """End ``s`` after ``done`` decoded tokens: its step, or everything it decoded when it
+        speculated; cache the blocks it filled."""
         r = s.r
-        n = s.done if s.spec_end is not None else s.step_len
-        toks = s.stream.read(n)
-        produced = self.cache.hashes(list(r.prompt_ids) + toks)[len(s.hs):]
-        self.cache.release(s.hs, s.extra, produced)
+        toks = s.stream.read(done if s.spec_end is not None else s.step_len)
+        full = list(r.prompt_ids) + toks
+        hs = block_hashes(full, self.block, r.prompt_ids, s.hs)
+        self.paths.remember(r.path, full, hs)
+        self.cache.release(s.hs, s.extra, hs[len(s.hs):])
         outputs[r.uid] = GenOutput(toks, s.finish, s.step_len, s.cached, len(r.prompt_ids))
 
 
@@ -366,21 +442,24 @@ class SimVerifier(_Engine):
     def __init__(self, model: ModelShape, hw: Roofline, *, kv_bytes: int, max_num_seqs: int, block: int,
                  token_budget: int, token_map, prompts: Dict[int, List[int]], seed: int):
         self.m, self.hw, self.block, self.budget = model, hw, int(block), int(token_budget)
-        self.map, self.prompts, self.seed = token_map, prompts, seed
+        self.map, self.prompts, self.prm = token_map, prompts, SyntheticPrm(seed)
+        self.paths = PathHashes(self.block)
         self.configure(kv_bytes, max_num_seqs)
 
-    def verify(self, pidx: int, items: Sequence[Tuple[List[int], List[int]]]) -> VerifierOutput:
+    def verify(self, pidx: int, items: Sequence[Tuple[List[int], List[int]]],
+               paths: Optional[Sequence[str]] = None) -> VerifierOutput:
         from harness.errors import RunOOM
-        from systems.tts.beams import synthetic_prm_values
         prompt = self.prompts.get(pidx, [])
         t, cached, total, vals = 0.0, 0, 0, []
         B = self.block
         for i in range(0, len(items), self.max_num_seqs):
             batch = items[i:i + self.max_num_seqs]
             new_tokens, pinned, attn = 0, [], 0.0
-            for toks, ends in batch:
+            for j, (toks, ends) in enumerate(batch):
+                path = paths[i + j] if paths else ""
                 seq, pos = self.map.build(prompt, toks, ends)
-                hs = self.cache.hashes(seq)
+                hs = self.paths.hashes(seq, path)
+                self.paths.remember(path, seq, hs)
                 hit = self.cache.hit_tokens(hs, len(seq))
                 extra = math.ceil(len(seq) / B) - len(hs)
                 if not self.cache.try_admit(hs, extra):
@@ -398,7 +477,7 @@ class SimVerifier(_Engine):
                 attn += 2 * self.m.num_layers * self.m.hidden_size * new * (len(seq) + hit)
                 cached += hit
                 total += len(seq)
-                vals.append(synthetic_prm_values(self.seed, pidx, toks, ends, [p >= hit for p in pos]))
+                vals.append(self.prm.values(pidx, toks, ends, [p >= hit for p in pos], path))
             t += self._charge(new_tokens, attn)
             for h, e in pinned:
                 self.cache.release(h, e, [])

@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
-import numpy as np
-
+from systems.tts.beams import seeded_generator
 from systems.tts.protocol import GenRequest
 
 STOP = "stop"
@@ -100,5 +99,5 @@ def copy_keeps(length: int, r_mean: float, r_std: float, key: int) -> int:
     """Speculative tokens kept by a copy (not the original) of a surviving path: a fraction
     r ~ N(r_mean, r_std) clipped to [0, 1] (FastTTS §1.4: R = 0.85, sigma = 0.1), drawn from a
     generator seeded with ``key`` (the copy's identity), then :func:`truncate_keep`."""
-    r = float(np.clip(np.random.default_rng(key).normal(r_mean, r_std), 0.0, 1.0))
+    r = min(1.0, max(0.0, float(seeded_generator(key).normal(r_mean, r_std))))
     return truncate_keep(length, r)

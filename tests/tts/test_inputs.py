@@ -55,11 +55,25 @@ def test_token_spaces_not_matching_step_tag(compose_cfg):
     validate(compose_cfg("system=fasttts", "verifier=math-shepherd-7b", "backend=sim"))
 
 
-def test_kv_memory_too_small(compose_cfg):
-    with pytest.raises(ConfigError, match="KV memory too small"):
-        validate(compose_cfg(*REAL, "n=8", "kv_budget=4MiB"))
-    with pytest.raises(ConfigError, match="KV memory too small"):
-        validate(compose_cfg("system=fasttts", "kv_budget=100MiB"))          # M on, paper scale
+def test_kv_memory_too_small_is_a_recorded_oom_not_bad_input(compose_cfg):
+    """A plan that does not fit the device passes validation (a sweep goes on) and the run is
+    recorded as oom naming the engine short of memory; a kv_budget no configuration accepts stays
+    bad input. Mutation caught: check_fits raising ConfigError again (the issue-14 sweep abort)."""
+    from harness.run import run
+    validate(compose_cfg(*REAL, "n=8", "kv_budget=4MiB"))
+    for extra in (["system=vllm_tts", "kv_budget=4MiB"], ["system=fasttts", "kv_budget=100MiB"]):   # fixed split, M
+        rec = run(compose_cfg(*extra, "backend=sim", "n=8", "workload.num_problems=1"))
+        assert rec["status"] == "oom", rec["message"]
+        assert "KV memory too small on rtx4090" in rec["message"] and "generator" in rec["message"]
+    for bad_budget in ("0", "lots"):
+        with pytest.raises(ConfigError, match="kv_budget"):
+            validate(compose_cfg("system=fasttts", f"kv_budget={bad_budget}"))
+
+
+@pytest.mark.parametrize("key", ["step_tokens_mean", "steps_per_answer_mean", "cpu_step_tokens_mean"])
+def test_step_model_means_above_one(compose_cfg, key):
+    with pytest.raises(ConfigError, match=rf"workload.{key}=1.0 is not allowed: > 1"):
+        validate(compose_cfg("system=fasttts", f"workload.{key}=1.0"))
 
 
 def test_real_backend_rejects_non_qwen2_prm(compose_cfg):
@@ -123,3 +137,40 @@ def test_failure_mid_run_is_status_error_and_keeps_earlier_problems(compose_cfg,
     assert rec["status"] == "error" and "problem 1 (line 2): RuntimeError: engine died" in rec["message"]
     assert rec["summary"]["problems"] == 1
     assert set(pd.read_parquet(tmp_path / "run" / "iterations.parquet")["problem"]) == {0}
+
+
+def test_a_sweep_with_a_plan_that_does_not_fit_runs_to_the_end(tmp_path):
+    """``run.py -m`` over a KV budget too small for one sequence and one that fits: exit 0, the first
+    job recorded as oom with its reason, the second ok (issue 14: fasttts_gpus stopped with exit 2
+    before any work). Mutation caught: check_fits raising ConfigError (the sweep's up-front check
+    exits 2 and nothing is recorded)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "run.py", "-m", "system=vllm_tts", "kv_budget=4MiB,3GiB", "n=8",
+                          "workload.num_problems=1", "tracking=none", "progress=false", f"results_dir={tmp_path}",
+                          "sweep_name=fits", "hydra.launcher.n_jobs=1"], cwd=root, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, WANDB_MODE="disabled"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = {r["config"]["system"]["kv_budget"]: r for r in
+            (json.loads(p.read_text()) for p in (tmp_path / "sweeps" / "fits").glob("*/run.json"))}
+    assert recs["4MiB"]["status"] == "oom" and "KV memory too small" in recs["4MiB"]["message"]
+    assert recs["3GiB"]["status"] == "ok"
+
+
+def test_the_baseline_split_follows_memory_fraction(compose_cfg):
+    """The baseline's fixed split is the FastTTS artifact's pair scaled to ``system.memory_fraction``:
+    the artifact's own 0.20 / 0.20 at the paper's 40 % on an RTX 4090, 0.45 / 0.45 at fasttts_gpus'
+    90 % on a 12 GB RTX 4070 Ti (where 0.20 / 0.20 leaves the generator no room after its weights).
+    Mutation caught: the unscaled split (the 4070 Ti baseline recorded as oom)."""
+    from harness import model_facts as mf
+    from systems.tts.plan import ACTIVATION_RESERVE, MemoryPlan
+    for hw, frac, share in (("rtx4090", 0.4, 0.2), ("rtx4070ti", 0.9, 0.45)):
+        cfg = compose_cfg("system=vllm_tts", f"hardware={hw}", f"system.memory_fraction={frac}")
+        a = MemoryPlan(cfg, on_cpu=False, real=False).fixed
+        mem = share * cfg.hardware.memory_bytes
+        assert a.gen_kv_bytes == int(mem - mf.weight_bytes(cfg.model) - ACTIVATION_RESERVE * mem)
+        assert a.ver_kv_bytes == int(mem - mf.weight_bytes(cfg.verifier) - ACTIVATION_RESERVE * mem)

@@ -73,11 +73,27 @@ def test_truncation_bounds_and_potential():
 
 
 def test_step_bias_gives_wanted_probability():
+    """A step ends (delimiter or end token) with probability 1/16 per token, 1/4 of the ends are the
+    end token. Mutation caught: the old rule (delimiter at 1/mean on top of the end token: steps of
+    89 instead of 100 tokens and 9 instead of 8 steps per path at the paper's 100 / 8)."""
     import math
     V, T = 151936, 0.8
     bd, be = step_logit_biases(V, T, 16, 4)
     wd, we = math.exp(bd / T), math.exp(be / T)
-    assert wd / (V - 2 + wd + we) == pytest.approx(1 / 16) and we / (V - 2 + wd + we) == pytest.approx(1 / 64)
+    assert wd / (V - 2 + wd + we) == pytest.approx(3 / 64) and we / (V - 2 + wd + we) == pytest.approx(1 / 64)
+
+
+def test_simulated_step_model_has_the_configured_means():
+    """The simulator's step model (the same probabilities as vLLM's logit biases): steps of
+    step_tokens_mean = 100 tokens and paths of steps_per_answer_mean = 8 steps on average."""
+    import numpy as np
+    from systems.tts.beams import step_probabilities
+    from systems.tts.sim import StepModel
+    m = StepModel(*step_probabilities(100, 8), 271, 151643, 151936)
+    rng = np.random.default_rng(0)
+    draws = [m.chunk(rng) for _ in range(40000)]
+    assert np.mean([n for n, _ in draws]) == pytest.approx(100, rel=0.02)
+    assert 1 / np.mean([e for _, e in draws]) == pytest.approx(8, rel=0.05)
 
 
 def _sim_search(compose_cfg, system, *extra):

@@ -1,0 +1,80 @@
+"""Issue 18: the FastTTS simulator's speed-ups change no result, import nothing GPU- or torch-related,
+and touch no config on the per-iteration path.
+
+The records' summaries were stored with the code before the speed-ups (``python -m tests.tts.summaries``):
+the main command and a cross-section of ``fasttts_ablation`` (3 problems) must reproduce them exactly.
+``TTC_SAME_RESULTS=all`` compares every job of the experiment (113 jobs, minutes)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.tts.summaries import ROOT, STORED, jobs, summary
+
+STORED_SUMMARIES = json.loads(STORED.read_text())
+# every system and model pair (the 7B+7B pair: oom) at n = 8 and 64; n = 512 jobs take ~10 s each
+QUICK = ["main"] + [name for name in jobs() if name != "main" and (" n=8 " in name or " n=64 " in name)]
+JOBS = list(jobs()) if os.environ.get("TTC_SAME_RESULTS") == "all" else QUICK
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_summary_as_before_the_speedups(name):
+    """Mutations caught (each changed the main command's summary): a block hash extended from a
+    parent whose tokens differ (no comparison), the synthetic PRM's hash continued past a different
+    prefix, the running context total not reduced when a sequence ends."""
+    assert summary(jobs()[name]) == STORED_SUMMARIES[name]
+
+
+HEAVY = ("torch", "vllm", "transformers", "triton")
+
+
+def test_a_simulated_run_imports_nothing_gpu_or_torch_related(tmp_path):
+    """``python run.py`` for a simulated FastTTS run, in a fresh process: no torch, vLLM,
+    transformers or triton module is loaded by the end (NVML is the harness's: it reads the GPU
+    inventory of every run). Mutation caught: importing vllm at the top of ``systems/tts/engines.py``
+    (which the simulated run imports for its TokenMap)."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['run.py', 'system=fasttts', 'backend=sim', 'n=8', 'workload.num_problems=1', 'tracking=none',\n"
+        f"            'progress=false', 'results_dir={tmp_path}']\n"
+        "try:\n"
+        "    runpy.run_path('run.py', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_per_iteration_replanning_reads_no_config(compose_cfg, monkeypatch):
+    """With ``system.replan=per_iteration`` and the offload extension (chosen here: 256 long paths
+    in 300 MiB of KV on an RTX 4070 Ti) the hook and the search run with every config read raising:
+    they read plain values only (issue 18: an OmegaConf access cost 1.5 ms per iteration).
+    Mutation caught: reading ``cfg.hardware.h2d_bw`` inside the hook."""
+    import tempfile
+    from pathlib import Path
+
+    from omegaconf import DictConfig
+
+    from harness.backend import Backend
+    from systems.tts import runner
+    from systems.tts.beams import Beam
+    from systems.tts.search import Search
+    cfg = compose_cfg("system=fasttts", "backend=sim", "system.replan=per_iteration", "system.offload=true",
+                      "hardware=rtx4070ti", "kv_budget=300MiB", "n=256", "workload.num_problems=1",
+                      "workload.num_iterations=2")
+    bw = float(cfg.hardware.h2d_bw)
+    b = runner.build(cfg, Backend("sim", "sim", True, "test"), Path(tempfile.mkdtemp()))
+    p = b.problems[0]
+
+    def no_config(self, key):
+        raise AssertionError(f"config read on the per-iteration path: {key}")
+    monkeypatch.setattr(DictConfig, "__getattr__", no_config)
+    monkeypatch.setattr(DictConfig, "__getitem__", no_config)
+    b.hook(5, [Beam(str(i), tokens=[1000] * 1000) for i in range(256)], len(b.prompts[p.index]))
+    assert b.gen.offload_bw == bw and b.ver.offload_bw == bw          # the offload plan was applied
+    res = Search(b.settings, b.gen, b.ver, before_iteration=b.hook).run_problem(p.index, b.prompts[p.index])
+    assert len(res.iterations) == 2
