@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # real-engine studies (CPU here): module -> sweep folder it writes
 REAL = {"systems.ttc.fidelity": "lbs_fidelity", "systems.serving.fidelity": "serving_fidelity",
         "systems.tts.fidelity": "tts_fidelity"}
-NOT_PAPER = {"lbs_fidelity"}            # experiment files that are not paper figures
+NOT_PAPER = {"lbs_fidelity", "beam_fidelity", "beam_fidelity_sim"}   # not paper figures (--real runs them)
 
 
 def paper_experiments() -> List[str]:

@@ -12,9 +12,10 @@ A stream is a :class:`Requests` (arrays sorted by arrival): ``arrival_s`` (s fro
   token rate (BEAM's main trace: the 19:00-20:00 segment at about 1,800 tokens/s).
 
 Files are read from paths given by the user (relative paths from ``$TTC_DATA_DIR``, default
-``../shared/data`` beside the repository); nothing is copied into the repository. Malformed input
-or a value out of range (a token count < 1, a negative or non-finite time or rate) raises
-:class:`TraceError` naming the file, the line and the field. Naive trace timestamps are UTC, so
+``../shared/data`` beside the repository); nothing is copied into the repository. Each file is read
+whole by pyarrow / numpy; malformed input or a value out of range (a token count < 1, a negative
+or non-finite time or rate) is then read line by line, which raises :class:`TraceError` naming the
+file, the line and the field (see ``_read``). Naive trace timestamps are UTC, so
 arrivals do not depend on the host's time zone.
 """
 from __future__ import annotations
@@ -99,6 +100,55 @@ def rate_function(w) -> Tuple[Callable, float]:
 
 
 # -- trace files -------------------------------------------------------------------------------
+# Each format has a vectorised reader (pyarrow / numpy, the whole file at once) and a line-by-line
+# reader. :func:`_read` tries the first; when it meets anything it does not take as is (a parse
+# error, a value out of range, rows out of order) the line-by-line reader reads the file, and it
+# either reads it (an unusual but valid spelling, e.g. a token count written 7.0) or raises the
+# TraceError that names the file, the line and the field. Both give the same arrays for a valid
+# file (tests/serving/test_models_and_traces.py checks it on every shared trace).
+class _Unusual(Exception):
+    """The vectorised reader does not take this file as is (the line-by-line one decides)."""
+
+
+def _read(fast: Callable, by_line: Callable, path: Path):
+    import pyarrow as pa
+    try:
+        return fast(path)
+    except (_Unusual, pa.ArrowInvalid, ValueError, KeyError, TypeError):
+        return by_line(path)
+
+
+def _numpy(col, dtype) -> np.ndarray:
+    """A fixed-width pyarrow column (or array) without nulls as a numpy array, read through its
+    buffers (pyarrow's own ``to_numpy`` imports pandas, ~0.3 s). Raises _Unusual for one with nulls."""
+    if col.null_count:
+        raise _Unusual
+    size = np.dtype(dtype).itemsize
+    parts = [np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c), offset=c.offset * size)
+             for c in getattr(col, "chunks", [col])]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _strings(col) -> np.ndarray:
+    """A dictionary-encoded pyarrow string column as an object array of str (through its buffers)."""
+    return np.concatenate([np.array(c.dictionary.to_pylist(), dtype=object)[_numpy(c.indices, np.int32)]
+                           for c in col.chunks]) if col.num_chunks else np.zeros(0, dtype=object)
+
+
+def _whole_counts(x: np.ndarray, minimum: int = 1) -> np.ndarray:
+    """Token counts as int64; raises _Unusual unless every value is a finite whole number >= minimum."""
+    x = np.asarray(x, dtype=float)
+    if not (np.isfinite(x).all() and (x == np.floor(x)).all() and (x >= minimum).all()):
+        raise _Unusual
+    return x.astype(np.int64)
+
+
+def _sorted(t: np.ndarray) -> np.ndarray:
+    if len(t) == 0 or (np.diff(t) < 0).any():
+        raise _Unusual
+    return t
+
+
 def _fail(path: Path, line: int, what: str):
     raise TraceError(f"{path}:{line}: {what}")
 
@@ -124,22 +174,30 @@ def _utc_seconds(text: str) -> float:
     return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
 
 
-def load_azure(path) -> Requests:
-    """Azure LLM inference trace 2023 CSV (header ``TIMESTAMP,ContextTokens,GeneratedTokens``).
+AZURE_HEADER = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
 
-    Arrivals are seconds from the first row; naive timestamps are read as UTC (identical arrivals
-    under any ``TZ``, also across a daylight-saving change). Raises TraceError (file:line: field)
-    for a missing file, a wrong header, a bad timestamp, a token count that is not an integer >= 1,
-    or rows out of time order.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: trace file not found; {missing_hint()}")
+
+def _azure_fast(path: Path):
+    """(seconds, context, generated) of an Azure CSV, parsed by pyarrow: timestamps to the
+    microsecond (as datetime does), naive = UTC."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    with open(path) as f:
+        if [h.strip() for h in f.readline().split(",")] != AZURE_HEADER:
+            raise _Unusual
+    types = {"TIMESTAMP": pa.timestamp("ns"), "ContextTokens": pa.float64(), "GeneratedTokens": pa.float64()}
+    tb = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(column_types=types, include_columns=AZURE_HEADER))
+    us = _numpy(tb.column("TIMESTAMP"), np.int64) // 1000       # datetime keeps 6 digits, truncated
+    return (_sorted(us.astype(float) / 1e6), _whole_counts(_numpy(tb.column("ContextTokens"), np.float64)),
+            _whole_counts(_numpy(tb.column("GeneratedTokens"), np.float64)))
+
+
+def _azure_by_line(path: Path):
     ts, ins, outs = [], [], []
     with open(path, newline="") as f:
         rd = csv.reader(f)
         header = next(rd, None)
-        if header is None or [h.strip() for h in header[:3]] != ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]:
+        if header is None or [h.strip() for h in header[:3]] != AZURE_HEADER:
             _fail(path, 1, f"header {header!r}, expected TIMESTAMP,ContextTokens,GeneratedTokens")
         for i, row in enumerate(rd, start=2):
             if len(row) < 3:
@@ -155,17 +213,41 @@ def load_azure(path) -> Requests:
             ts.append(t), ins.append(a), outs.append(b)
     if not ts:
         raise TraceError(f"{path}: no rows")
-    t = np.asarray(ts)
-    return Requests(t - t[0], np.asarray(ins, np.int64), np.asarray(outs, np.int64), note=f"azure {path.name}")
+    return np.asarray(ts), np.asarray(ins, np.int64), np.asarray(outs, np.int64)
 
 
-def load_mooncake(path) -> Requests:
-    """Mooncake JSONL (``timestamp`` ms from the trace start, ``input_length``, ``output_length`` per
-    line). Raises TraceError (file:line: field) for a line that is not such an object, a timestamp
-    that is negative or not finite, a length that is not an integer >= 1, or lines out of order."""
+def load_azure(path) -> Requests:
+    """Azure LLM inference trace 2023 CSV (header ``TIMESTAMP,ContextTokens,GeneratedTokens``).
+
+    Arrivals are seconds from the first row; naive timestamps are read as UTC (identical arrivals
+    under any ``TZ``, also across a daylight-saving change). Raises TraceError (file:line: field)
+    for a missing file, a wrong header, a bad timestamp, a token count that is not an integer >= 1,
+    or rows out of time order.
+    """
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: trace file not found; {missing_hint()}")
+    t, ins, outs = _read(_azure_fast, _azure_by_line, path)
+    return Requests(t - t[0], ins, outs, note=f"azure {path.name}")
+
+
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+
+
+def _mooncake_fast(path: Path):
+    """(ms, input, output) of a Mooncake JSONL, parsed by pyarrow (other fields ignored)."""
+    import pyarrow as pa
+    import pyarrow.json as pjson
+    schema = pa.schema([(f, pa.float64()) for f in MOONCAKE_FIELDS])
+    tb = pjson.read_json(path, parse_options=pjson.ParseOptions(explicit_schema=schema,
+                                                                 unexpected_field_behavior="ignore"))
+    t, a, b = (_numpy(tb.column(c), np.float64) for c in MOONCAKE_FIELDS)
+    if not (np.isfinite(t).all() and (t >= 0).all()):
+        raise _Unusual
+    return _sorted(t / 1e3), _whole_counts(a), _whole_counts(b)
+
+
+def _mooncake_by_line(path: Path):
     ts, ins, outs = [], [], []
     with open(path) as f:
         for i, line in enumerate(f, start=1):
@@ -186,8 +268,18 @@ def load_mooncake(path) -> Requests:
             ts.append(t), ins.append(a), outs.append(b)
     if not ts:
         raise TraceError(f"{path}: no requests")
-    t = np.asarray(ts)
-    return Requests(t - t[0], np.asarray(ins, np.int64), np.asarray(outs, np.int64), note=f"mooncake {path.name}")
+    return np.asarray(ts), np.asarray(ins, np.int64), np.asarray(outs, np.int64)
+
+
+def load_mooncake(path) -> Requests:
+    """Mooncake JSONL (``timestamp`` ms from the trace start, ``input_length``, ``output_length`` per
+    line). Raises TraceError (file:line: field) for a line that is not such an object, a timestamp
+    that is negative or not finite, a length that is not an integer >= 1, or lines out of order."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: trace file not found; {missing_hint()}")
+    t, ins, outs = _read(_mooncake_fast, _mooncake_by_line, path)
+    return Requests(t - t[0], ins, outs, note=f"mooncake {path.name}")
 
 
 # -- ServeGen --------------------------------------------------------------------------------
@@ -196,7 +288,7 @@ _INT_KEY = re.compile(r"([{,]\s*)(-?\d+)\s*:")
 
 def _pdf_literal(text: str) -> Dict[int, float]:
     """A ServeGen PDF string ``{value: probability, ...}`` (a Python dict literal) as a dict.
-    Parsed as JSON after quoting the int keys (fast); falls back to ``ast.literal_eval``."""
+    Parsed as JSON after quoting the int keys; falls back to ``ast.literal_eval``."""
     try:
         d = json.loads(_INT_KEY.sub(r'\1"\2":', text))
     except ValueError:
@@ -204,9 +296,32 @@ def _pdf_literal(text: str) -> Dict[int, float]:
     return {int(a): float(b) for a, b in d.items()}
 
 
+def _pdf_fast(text: str, minimum: int) -> Tuple[np.ndarray, np.ndarray]:
+    """A ServeGen PDF string as (token counts int64, probabilities) in the string's order, parsed by
+    numpy in one pass; raises _Unusual (or ValueError) for anything but ``{int: number, ...}`` with
+    counts >= ``minimum`` and probabilities finite, >= 0, not all 0."""
+    inner = text.strip()
+    if not (inner.startswith("{") and inner.endswith("}")):
+        raise _Unusual
+    inner = inner[1:-1]
+    n = inner.count(":")
+    if n == 0:
+        if inner.strip():
+            raise _Unusual
+        return np.zeros(0, np.int64), np.zeros(0)
+    flat = np.fromstring(inner.replace(":", ","), sep=",")
+    if len(flat) != 2 * n or inner.count(",") != n - 1:
+        raise _Unusual
+    p = flat[1::2]
+    if not (np.isfinite(p).all() and (p >= 0).all() and p.sum() > 0):
+        raise _Unusual
+    return _whole_counts(flat[0::2], minimum), p
+
+
 SERVEGEN_FIELDS = ("timestamp", "rate", "cv", "pattern", "shape", "scale")
 SERVEGEN_PATTERNS = ("Gamma", "Weibull", "")       # empty: the client is inactive in the window
 MIN_TOKENS = {"input_tokens": 1, "output_tokens": 0}   # 0 output tokens occur in the data (served as 1)
+Windows = Tuple[np.ndarray, ...]       # a client's windows: t, rate, cv, pattern, shape, scale (arrays)
 
 
 def _servegen_row(path: Path, line: int, text: str) -> tuple:
@@ -234,6 +349,33 @@ def _servegen_row(path: Path, line: int, text: str) -> tuple:
     return tuple(row)
 
 
+def _windows(rows) -> Windows:
+    cols = list(zip(*rows)) if rows else [()] * 6
+    return tuple(np.asarray(c, dtype=object if i == 3 else float) for i, c in enumerate(cols))
+
+
+def _servegen_trace_fast(path: Path) -> Windows:
+    """A ``chunk-*-trace.csv`` parsed by pyarrow (an empty number: the line reader's, which reads it as 0)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    types = {f: pa.dictionary(pa.int32(), pa.string()) if f == "pattern" else pa.float64() for f in SERVEGEN_FIELDS}
+    tb = pcsv.read_csv(path, read_options=pcsv.ReadOptions(column_names=list(SERVEGEN_FIELDS)),
+                       convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False))
+    cols = [_strings(tb.column(f)) if f == "pattern" else _numpy(tb.column(f), np.float64) for f in SERVEGEN_FIELDS]
+    for i in (0, 1, 2, 4, 5):
+        if not (np.isfinite(cols[i]).all() and (cols[i] >= 0).all()):
+            raise _Unusual
+    pat = cols[3]
+    if not np.isin(pat, SERVEGEN_PATTERNS).all() or ((cols[1] > 0) & (pat != "") & ~(cols[4] > 0)).any():
+        raise _Unusual
+    return tuple(cols)
+
+
+def _servegen_trace_by_line(path: Path) -> Windows:
+    with open(path) as f:
+        return _windows([_servegen_row(path, i, line) for i, line in enumerate(f, start=1)])
+
+
 def _line_of(text: str, *keys: str) -> int:
     """Line (1-based) of the JSON key path ``keys`` in ``text`` (each key searched after the last)."""
     pos = 0
@@ -242,9 +384,8 @@ def _line_of(text: str, *keys: str) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def _servegen_dataset(path: Path) -> Dict[int, Dict[str, Dict[int, float]]]:
-    """A ``chunk-*-dataset.json``: {window start s: {input_tokens|output_tokens: PDF}}. A PDF's token
-    counts must be integers >= 1 (output: >= 0) and its probabilities finite, >= 0, not all 0."""
+def _dataset_raw(path: Path):
+    """(text, {window start s: {field: PDF string}}) of a ``chunk-*-dataset.json``."""
     text = path.read_text()
     try:
         raw = json.loads(text)
@@ -255,12 +396,25 @@ def _servegen_dataset(path: Path) -> Dict[int, Dict[str, Dict[int, float]]]:
     if not ok:
         raise TraceError(f"{path}: not a ServeGen dataset (window start -> field -> dict-literal PDF)"
                          + (f": {keys}" if keys else ""))
+    return text, {keys[k]: d for k, d in raw.items()}
+
+
+def _servegen_dataset_fast(path: Path):
+    _, raw = _dataset_raw(path)
+    return {k: {f: _pdf_fast(d[f], MIN_TOKENS[f]) for f in MIN_TOKENS if f in d} for k, d in raw.items()}
+
+
+def _servegen_dataset_by_line(path: Path):
+    """A ``chunk-*-dataset.json``: {window start s: {input_tokens|output_tokens: (counts, probabilities)}}.
+    A PDF's token counts must be integers >= 1 (output: >= 0) and its probabilities finite, >= 0,
+    not all 0."""
+    text, raw = _dataset_raw(path)
     out = {}
     for k, d in raw.items():
-        out[keys[k]] = {}
+        out[k] = {}
         for fld in (f for f in MIN_TOKENS if f in d):
             def fail(what):
-                raise TraceError(f"{path}:{_line_of(text, k, fld)}: window {k} {fld}: {what}")
+                raise TraceError(f"{path}:{_line_of(text, str(k), fld)}: window {k} {fld}: {what}")
             try:
                 pdf = _pdf_literal(d[fld])
             except (ValueError, SyntaxError, AttributeError, TypeError) as e:
@@ -272,13 +426,14 @@ def _servegen_dataset(path: Path) -> Dict[int, Dict[str, Dict[int, float]]]:
             if bad_p or (pdf and not sum(pdf.values()) > 0):
                 n, q = bad_p[0] if bad_p else next(iter(pdf.items()))
                 fail(f"probability {q!r} of {n} tokens is out of range: finite, >= 0, not all 0")
-            out[keys[k]][fld] = pdf
+            out[k][fld] = (np.fromiter(pdf.keys(), dtype=np.int64, count=len(pdf)),
+                           np.fromiter(pdf.values(), dtype=float, count=len(pdf)))
     return out
 
 
 @lru_cache(maxsize=4)
 def _servegen_clients(root: str):
-    """{client_id: (trace rows [(t, rate, cv, pattern, shape, scale)], dataset dict or None)}."""
+    """{client_id: (trace windows (t, rate, cv, pattern, shape, scale arrays), dataset or None)}."""
     root_p = Path(root)
     traces = sorted(root_p.glob("chunk-*-trace.csv"))
     if not traces:
@@ -287,17 +442,29 @@ def _servegen_clients(root: str):
     out = {}
     for tp in traces:
         cid = tp.name[len("chunk-"):-len("-trace.csv")]
-        with open(tp) as f:
-            rows = [_servegen_row(tp, i, line) for i, line in enumerate(f, start=1)]
         ds_path = root_p / f"chunk-{cid}-dataset.json"
-        out[cid] = (rows, _servegen_dataset(ds_path) if ds_path.is_file() else None)
+        out[cid] = (_read(_servegen_trace_fast, _servegen_trace_by_line, tp),
+                    _read(_servegen_dataset_fast, _servegen_dataset_by_line, ds_path) if ds_path.is_file() else None)
     return out
 
 
-def _pdf_arrays(pdf: Dict[int, float]):
-    v = np.fromiter(pdf.keys(), dtype=np.int64)
-    p = np.fromiter(pdf.values(), dtype=float)
+def _pdf_arrays(pdf):
+    v, p = pdf
     return v, p / p.sum()
+
+
+def _pooled(keys: list, weights: list) -> Tuple[np.ndarray, np.ndarray]:
+    """(token counts in order of first appearance, summed weights) of PDFs given as arrays; each
+    count's weights added in input order (np.bincount's loop)."""
+    k, w = np.concatenate(keys), np.concatenate(weights)
+    uniq, first, inv = np.unique(k, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    return uniq[order], np.bincount(inv, weights=w, minlength=len(uniq))[order]
+
+
+def _sequential_sum(x: np.ndarray) -> float:
+    """x[0] + x[1] + ... left to right (Python's ``sum``; numpy's ``sum`` adds pairwise)."""
+    return float(np.cumsum(x)[-1]) if len(x) else 0
 
 
 def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: float,
@@ -313,11 +480,11 @@ def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: 
     clients = _servegen_clients(str(Path(path)))
     t0, t1 = float(start_s), float(start_s) + float(duration_s)
     active = []       # (cid, win_start, win_len, rate, pattern, shape, scale)
-    for cid, (rows, _) in clients.items():
-        for (t, rate, cv, pat, shape, scale) in rows:
-            lo, hi = max(t, t0), min(t + 600.0, t1)
-            if hi > lo and rate > 0 and pat:
-                active.append((cid, lo, hi - lo, rate, pat, shape, scale))
+    for cid, ((t, rate, _, pat, shape, scale), _) in clients.items():
+        lo, hi = np.maximum(t, t0), np.minimum(t + 600.0, t1)
+        for i in np.flatnonzero((hi > lo) & (rate > 0) & (pat != "")):
+            active.append((cid, float(lo[i]), float(hi[i] - lo[i]), float(rate[i]), pat[i], float(shape[i]),
+                           float(scale[i])))
     if not active:
         raise TraceError(f"{path}: no active client windows in [{t0}, {t1}) s")
 
@@ -327,26 +494,26 @@ def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: 
             return None
         key = max(k for k in ds if k <= t) if any(k <= t for k in ds) else min(ds)
         d = ds[key]
-        if not d.get("input_tokens") or not d.get("output_tokens"):
+        if any(len(d.get(f, ((),))[0]) == 0 for f in MIN_TOKENS):
             return None
         return d["input_tokens"], d["output_tokens"]
 
-    # pooled PDFs (rate-weighted) for clients without data
-    pool_in: Dict[int, float] = {}
-    pool_out: Dict[int, float] = {}
+    # pooled PDFs (rate-weighted, in order of first appearance) for clients without data; every sum
+    # left to right, as the per-window dicts of the first version added them (same floats)
+    pool_parts = ([], []), ([], [])          # (token counts, weighted probabilities) per field
     mean_tok = {}
     for cid, lo, ln, rate, *_ in active:
         pd_ = pdfs_for(cid, lo)
         if pd_ is None:
             continue
         w = rate * ln
-        for src, dst in ((pd_[0], pool_in), (pd_[1], pool_out)):
-            for k, v in src.items():
-                dst[k] = dst.get(k, 0.0) + w * v
-        mean_tok[(cid, lo)] = sum(k * v for k, v in pd_[0].items()) + sum(k * v for k, v in pd_[1].items())
-    if not pool_in:
+        for (k, p), (keys, weights) in zip(pd_, pool_parts):
+            keys.append(k)
+            weights.append(w * p)
+        mean_tok[(cid, lo)] = _sequential_sum(pd_[0][0] * pd_[0][1]) + _sequential_sum(pd_[1][0] * pd_[1][1])
+    if not pool_parts[0][0]:
         raise TraceError(f"{path}: no client in the segment has token-length PDFs (chunk-*-dataset.json)")
-    pool = (_pdf_arrays(pool_in), _pdf_arrays(pool_out))
+    pool = tuple(_pdf_arrays(_pooled(keys, weights)) for keys, weights in pool_parts)
     pool_mean = float(pool[0][0] @ pool[0][1] + pool[1][0] @ pool[1][1])
     exp_tokens = sum(rate * ln * mean_tok.get((cid, lo), pool_mean) for cid, lo, ln, rate, *_ in active)
     scale_rate = (target_tokens_per_s * (t1 - t0) / exp_tokens) if target_tokens_per_s > 0 else 1.0

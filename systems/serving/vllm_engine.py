@@ -290,8 +290,8 @@ def run_real(cfg, ctx) -> RunResult:
     from systems.serving.gpu_model import StageModel
     from systems.serving.metrics import summarize
     from systems.serving.profiler import clock_scaled, sample_points
-    from systems.serving.build import (build_table, controller_for, display_rows, kv_budget_bytes,
-                                       profile_context, requests_for, serve, slo_check, stop_time,
+    from systems.serving.build import (CLOCK_NOT_APPLIED, build_table, controller_for, display_rows, kv_budget_bytes,
+                                       kv_capacity, profile_context, requests_for, serve, slo_check, stop_time,
                                        table_grid, window_profile)
     from harness.model_facts import kv_bytes_per_token, weight_bytes
     s, w, hw, m = cfg.system, cfg.workload, cfg.hardware, cfg.model
@@ -299,6 +299,7 @@ def run_real(cfg, ctx) -> RunResult:
     n_max, chunks = table_grid(s)
     max_len = int(req.input_len.max() + req.output_len.max() + 8)
     budget = kv_budget_bytes(cfg, weight_bytes(m), real_cpu=ctx.backend.device == "cpu")
+    kv_cap = kv_capacity(budget, kv_bytes_per_token(m), req)
     mdir = write_model_dir(m, ctx.outdir / "model")
     t_init = time.perf_counter()
     cpu = ctx.backend.device == "cpu"
@@ -329,7 +330,7 @@ def run_real(cfg, ctx) -> RunResult:
         profile_s = time.perf_counter() - t_prof
         ctl = controller_for(cfg, table, p=1, g=1)
         if s.controller == "window_dvfs":
-            ctl.load_profile = window_profile(cfg, table, req, budget / kv_bytes_per_token(m), 1, 1)
+            ctl.load_profile = window_profile(cfg, table, req, kv_cap, 1, 1)
         note = slo_check(table, 1, w)
         rng = np.random.default_rng(int(w.seed))
         prompts = [rng.integers(10, m.vocab_size - 1, int(n)).tolist() for n in req.input_len]
@@ -353,8 +354,10 @@ def run_real(cfg, ctx) -> RunResult:
                 profile_source="device (locked clocks)" if act.available else "measured latency x clock model",
                 slo_infeasible=bool(note), workload_note=req.note, executor="vLLM")
     summ[WARMUP_KEY] = warmup_s
-    msg = "; ".join(x for x in (note, res.energy_reason if res.energy_j is None else "") if x)
-    return RunResult(status="ok", message=msg, summary=summ, display=display_rows(),
+    applied = bool(act.actuate and act.available)
+    msg = "; ".join(x for x in (note, res.energy_reason if res.energy_j is None else "",
+                                "" if applied else CLOCK_NOT_APPLIED) if x)
+    return RunResult(status="ok", message=msg, summary=summ, display=display_rows(applied),
                      tables={"requests": res.requests, "decisions": res.decisions, "iterations": its,
                              "timeline": res.timeline,
                              "clock_requests": pd.DataFrame(act.log, columns=["time_s", "clock_mhz", "applied", "error"])})

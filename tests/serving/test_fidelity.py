@@ -73,14 +73,17 @@ FID = ("model=tiny-llama", "tp=1", "pp=1", "workload=poisson", "rate=2", "worklo
 
 def test_the_simulator_charged_by_a_profile_and_the_report(compose_cfg, tmp_path):
     """The simulator charged by a latency profile: every iteration takes the profile's latency, no
-    energy, clocks recorded only. The report pairs a measured run with its simulated twin; here the
+    energy, clocks recorded only (the run's message says so: the predictor's error then holds the
+clock scaling). The report pairs a measured run with its simulated twin; here the
     "measured" one is that same run (marked measured), so every error is 0. Mutations caught: the
-    replay dropping a term (sequences), the clock changing a profile's latency."""
+    replay dropping a term (sequences), the clock changing a profile's latency, the not-applied note
+dropped."""
     prof = write_profile(tmp_path / "p.yaml")
     sweep = tmp_path / "sweep"
     rec = run(compose_cfg("system=beam", *FID, f"system.latency_profile={prof}", output_dir=sweep / "sim"))
     assert rec["status"] == "ok" and rec["summary"]["energy_j"] is None
     assert "profile" in rec["summary"]["executor"]
+    assert "clocks are recorded and never applied" in rec["message"]       # why the predictor MAPE is large
     import pandas as pd
     its = pd.read_parquet(sweep / "sim" / "iterations.parquet")
     c = calibrate.load_profile(prof).cost()

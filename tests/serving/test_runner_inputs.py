@@ -1,4 +1,5 @@
 """The main command and bad input: clear errors before any work, or recorded outcomes."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,6 @@ def test_main_command_runs_simulated_and_says_so(tmp_path):
     (("hardware=cpu", "tp=1", "pp=1"), r"not allowed for the simulated serving backend"),
     (("system.profile_error.bias=0.6",), r"system.profile_error.bias=0.6 is not allowed: a relative error in \[-0.5, 0.5\]"),
     (("system.profile_error.noise=-0.1",), r"system.profile_error.noise=-0.1 is not allowed: .* in \[0, 0.3\]"),
-    (("kv_budget=1MiB",), r"kv_budget='1MiB' is not allowed: at least the longest request's KV per device"),
     (("kv_budget=lots",), r"kv_budget='lots' is not a size"),
     (("workload=azure_code", "workload.start_s=90000"), r"no requests in \[90000.0, 90600.0\) s \(allowed: a slice"),
 ])
@@ -66,6 +66,23 @@ def test_kv_budget_is_kv_bytes_per_device(compose_cfg, tmp_path):
     assert derived["summary"]["kv_budget_bytes"] == hw.memory_bytes - weight_bytes(cfg.model) // 8 - kv_reserve_bytes(hw)
     oom = run(compose_cfg("system=vanilla", "workload=ablation", "tp=1", "pp=1", output_dir=tmp_path / "oom"))
     assert oom["status"] == "oom" and "weights need" in oom["message"]
+
+
+def test_a_kv_budget_too_small_is_a_recorded_oom_also_in_a_sweep(tmp_path):
+    """A KV budget below the longest request's KV is a result (status oom with the sizes), not bad
+    input: a sweep over budgets records every job and exits 0 (issue 14: doesn't fit = a result).
+    Mutation caught: the check back in ``validate`` as a ConfigError (the sweep stops with exit 2
+    before any job)."""
+    import json
+    p = subprocess.run([sys.executable, "run.py", "-m", "system=vanilla", "workload=ablation", "workload.duration_s=5",
+                        "kv_budget=1MiB,1GiB", "tracking=none", "progress=false", f"results_dir={tmp_path}",
+                        "sweep_name=kv"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    recs = {r["config"]["kv_budget"]: r for r in (json.loads(f.read_text())
+                                                  for f in (tmp_path / "sweeps" / "kv").rglob("run.json"))}
+    assert recs["1GiB"]["status"] == "ok" and recs["1MiB"]["status"] == "oom"
+    assert re.search(r"KV budget 1\.0 MiB per device holds \d+ tokens < the longest request's 576 tokens",
+                     recs["1MiB"]["message"])
 
 
 def test_malformed_trace_names_the_line(compose_cfg, tmp_path):

@@ -1,0 +1,68 @@
+"""The BEAM paper's numbers for one figure (``results/reference/beam.csv``) and our verdict on each.
+
+beam.csv's ``bound`` column says what a number is (a point, a bound, the ends of a range) and unit
+``bool`` marks a qualitative claim (1 = it holds); the machinery is harness/paper.py's. Each BEAM
+report gives :class:`Ours` for every paper number of its figure (None = no result);
+:func:`verdicts` makes one :class:`harness.verdict.Row` each, :func:`write` writes them to the
+sweep's ``verdicts.csv`` and returns the markdown section that ends the report.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import pandas as pd
+
+from harness import paper as _paper
+from harness.paper import Ours, PaperNumber  # noqa: F401  (the BEAM reports' interface)
+from harness.verdict import Row
+from harness.verdict import write as write_csv
+
+PAPER = "beam"
+# what each beam.csv metric is, in words
+QUANTITY = {
+    "per_token_latency_reduction": "per-token latency, 1-token / 2,048-token batch",
+    "per_token_energy_reduction": "per-token energy, 1-token / 2,048-token batch",
+    "valley_shift": "the energy-optimal clock differs for 16- and 512-token batches",
+    "energy_vs_vanilla": "energy / vanilla's",
+    "energy_vs_window_dvfs": "energy / Window-DVFS's",
+    "slo_ttft_attainment": "TTFT SLO attainment",
+    "slo_tbt_attainment": "TBT SLO attainment",
+    "burst_reaction": "burst: BEAM raises the clock and resizes chunks; Window-DVFS misses TTFT and keeps power high after",
+    "all_miss_ttft_tokens_per_s": "offered load at which every system misses TTFT",
+    "energy_step": "energy change of this step (points of vanilla's energy)",
+    "beam_dominates_window_dvfs": "BEAM uses less energy than Window-DVFS at every TBT SLO",
+    "pp_heavy_more_efficient": "BEAM at TP2/PP4 uses less energy than at TP4/PP2",
+    "pred_tbt_mape": "predictor MAPE, TBT",
+    "pred_ttft_mape": "predictor MAPE, TTFT",
+    "decision_ms_max": "decision time (S1, S2)",
+    "actuation_ms": "DVFS actuation delay",
+}
+
+
+def numbers(figure: str) -> List[PaperNumber]:
+    """The paper numbers of ``figure`` in beam.csv's order, each min/max pair as one range."""
+    return _paper.numbers(PAPER, figure, QUANTITY)
+
+
+def value(figure: str, metric: str, **conds) -> Optional[float]:
+    """The paper's value (lower end of a range) of ``metric`` whose config has every ``conds``
+    item; None when the paper gives none."""
+    for n in numbers(figure):
+        if n.metric == metric and all(n.cfg.get(k) == str(v) for k, v in conds.items()):
+            return n.value
+    return None
+
+
+def verdicts(figure: str, df: pd.DataFrame, ours: Callable[[PaperNumber, pd.DataFrame], Optional[Ours]],
+             source_file: str) -> List[Row]:
+    """One Row per paper number of ``figure`` and per source of ours (``df["kind"]``: simulated |
+    measured): ``ours(number, that source's rows)``. ``source_file``: our figure or table file,
+    relative to the sweep folder."""
+    return _paper.verdict_rows(numbers(figure), df, ours, source_file, source_col="kind")
+
+
+def write(sweep_dir, rows: List[Row]) -> str:
+    """Write ``<sweep_dir>/verdicts.csv`` and return the rows as a markdown section."""
+    write_csv(Path(sweep_dir), rows)
+    return _paper.verdict_table(rows, PAPER)

@@ -1,0 +1,27 @@
+"""Issue 18: the serving simulator's speed-ups change no result.
+
+The records' summaries and table digests were stored with the code before the speed-ups
+(``python -m tests.serving.summaries``): the BEAM main command and the jobs of ``beam_fig10`` must
+reproduce them exactly. ``TTC_SAME_RESULTS=all`` also compares ``beam_fig8`` (Window-DVFS), a run
+with KV preemptions and a run per trace loader (12 jobs, about a minute)."""
+import json
+import os
+
+import pytest
+
+from tests.serving.summaries import STORED, jobs, summary
+
+STORED_SUMMARIES = json.loads(STORED.read_text())
+QUICK = ["main"] + [name for name in jobs() if name.startswith("beam_fig10 ")]
+JOBS = list(jobs()) if os.environ.get("TTC_SAME_RESULTS") == "all" else QUICK
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_summary_as_before_the_speedups(name):
+    """Mutations caught: listed in the commit that made the simulator faster (each changed the main
+    command's summary)."""
+    got = summary(jobs()[name])
+    want = STORED_SUMMARIES[name]
+    assert got["summary"] == want["summary"]
+    assert (got["status"], got["message"]) == (want["status"], want["message"])
+    assert got["tables"] == want["tables"]
