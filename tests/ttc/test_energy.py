@@ -109,3 +109,40 @@ def test_one_unmeasured_window_makes_the_run_unmeasured():
     ok = energy_summary([EnergyWindow(5.0, 1.0), EnergyWindow(3.0, 0.5)], 2.0, 10, "x")
     assert ok == {"energy_j": 8.0, "energy_io_stall_j": 1.5, "energy_per_token_j": 0.8, "avg_power_w": 4.0,
                   "energy_source": "x", "energy_unavailable_reason": None}
+
+
+def test_lbs_energy_experiment_draws_figure_table_and_sources(tmp_path):
+    """``experiment=lbs_energy`` cut to 16 beams, step 128, 256 tokens, 1 GiB KV budget (6 jobs, offloading): figure and table
+    written; each LBS row's ratio to layer-wise equals the records' J per token ratio; the note names
+    the measured data file behind the A100's power fit and marks the RTX 4090's as assumptions.
+    Mutations caught: the ratio inverted (layer-wise / LBS); energy columns taken in the records'
+    order instead of matched by job (rows misaligned after tidy's sort)."""
+    import json
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "run.py", "-m", "experiment=lbs_energy", "hydra.sweeper.params.beams=16",
+                          "hydra.sweeper.params.step=128", "gen_len=256", "kv_budget=1GiB", "tracking=none", f"results_dir={tmp_path}"],
+                         cwd=root, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    sweep = tmp_path / "sweeps" / "lbs_energy"
+    for f in ("lbs_energy.png", "lbs_energy.pdf", "lbs_energy.md"):
+        assert (sweep / f).exists(), f
+    recs = [json.loads(p.read_text()) for p in sweep.glob("*/run.json")]
+    assert len(recs) == 6
+    per_token = {(r["config"]["hardware"]["name"], r["config"]["system"]["name"], r["config"]["workload"]["beams"]):
+                 r["summary"].get("energy_per_token_j") for r in recs}
+    text = (sweep / "lbs_energy.md").read_text()
+    assert text.startswith("# Energy of KV offloading (lbs_energy) (simulated)")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+    head, body = rows[0], rows[1:]
+    col = {h: i for i, h in enumerate(head)}
+    for hw in ("rtx4090", "a100-80gb"):
+        r = next(b for b in body if b[col["hardware"]] == hw and b[col["beams"]] == "16" and b[col["system"]] == "LBS (full)")
+        ratio = per_token[(hw, "lbs", 16)] / per_token[(hw, "layerwise", 16)]
+        assert abs(ratio - 1) > 0.1 and float(r[col["LBS / layer-wise J per token"]]) == pytest.approx(ratio, rel=5e-3)
+        assert float(r[col["J / token"]]) == pytest.approx(per_token[(hw, "lbs", 16)], rel=5e-3)
+    note = text.split("Where the power parameters come from:", 1)[1]
+    a100, rtx = (next(line for line in note.splitlines() if f"**{hw}**" in line) for hw in ("a100-80gb", "rtx4090"))
+    assert "perseus_a100_sxm" in a100 and "least-squares fit" in a100
+    assert "assumption (no public RTX 4090 clock sweep)" in rtx
