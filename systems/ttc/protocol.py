@@ -68,7 +68,7 @@ class Executor(Protocol):
 
     def step_energy(self) -> EnergyWindow:
         """Close the energy window opened by the previous call (the first opens at the prefill's
-        start) and open the next; windows are contiguous, so their sum is the run's energy."""
+        start) and open the next at once (on NVML two counter reads apart), so their sum is the run's energy."""
 
     def close(self) -> None:
         """Release device memory; finish measurement windows."""

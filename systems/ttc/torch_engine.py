@@ -20,7 +20,8 @@ Satisfies :class:`systems.ttc.protocol.Executor`, like ``systems.ttc.sim.SimExec
   dense slots on the device; returns its wall seconds.
 - ``step_energy() -> EnergyWindow``: NVML energy (``harness.meters.EnergyMeter``) of the window since
   the previous call; windows open at the prefill's start (the warm-up is outside) and follow each
-  other, one per step (planning, decode, prune + expand), so they sum to the run's energy. On a CPU
+  other at once (two counter reads apart), one per step (planning, decode, prune + expand), so they
+  sum to the run's energy. On a CPU
   device, or where NVML cannot be read, every window is None with the reason (never 0).
 - ``close()``.
 

@@ -112,9 +112,10 @@ def test_one_unmeasured_window_makes_the_run_unmeasured():
 
 
 def test_lbs_energy_experiment_draws_figure_table_and_sources(tmp_path):
-    """``experiment=lbs_energy`` cut to 16 beams, step 128, 256 tokens, 1 GiB KV budget (6 jobs, offloading): figure and table
-    written; each LBS row's ratio to layer-wise equals the records' J per token ratio; the note names
-    the measured data file behind the A100's power fit and marks the RTX 4090's as assumptions.
+    """``experiment=lbs_energy`` cut to 16 beams, step 128, 256 tokens, 1 GiB KV budget (6 jobs, all
+    offloading): figure and table written; each LBS row's ratio to layer-wise equals the records' J
+    per token ratio; the note names the measured data file behind the A100's power fit and marks the
+    RTX 4090's as assumptions.
     Mutations caught: the ratio inverted (layer-wise / LBS); energy columns taken in the records'
     order instead of matched by job (rows misaligned after tidy's sort)."""
     import json
@@ -122,7 +123,8 @@ def test_lbs_energy_experiment_draws_figure_table_and_sources(tmp_path):
     import sys
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "run.py", "-m", "experiment=lbs_energy", "hydra.sweeper.params.beams=16",
-                          "hydra.sweeper.params.step=128", "gen_len=256", "kv_budget=1GiB", "tracking=none", f"results_dir={tmp_path}"],
+                          "hydra.sweeper.params.step=128", "gen_len=256", "kv_budget=1GiB", "tracking=none",
+                          f"results_dir={tmp_path}"],
                          cwd=root, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     sweep = tmp_path / "sweeps" / "lbs_energy"
@@ -138,7 +140,8 @@ def test_lbs_energy_experiment_draws_figure_table_and_sources(tmp_path):
     head, body = rows[0], rows[1:]
     col = {h: i for i, h in enumerate(head)}
     for hw in ("rtx4090", "a100-80gb"):
-        r = next(b for b in body if b[col["hardware"]] == hw and b[col["beams"]] == "16" and b[col["system"]] == "LBS (full)")
+        r = next(b for b in body
+                 if b[col["hardware"]] == hw and b[col["beams"]] == "16" and b[col["system"]] == "LBS (full)")
         ratio = per_token[(hw, "lbs", 16)] / per_token[(hw, "layerwise", 16)]
         assert abs(ratio - 1) > 0.1 and float(r[col["LBS / layer-wise J per token"]]) == pytest.approx(ratio, rel=5e-3)
         assert float(r[col["J / token"]]) == pytest.approx(per_token[(hw, "lbs", 16)], rel=5e-3)
@@ -146,3 +149,29 @@ def test_lbs_energy_experiment_draws_figure_table_and_sources(tmp_path):
     a100, rtx = (next(line for line in note.splitlines() if f"**{hw}**" in line) for hw in ("a100-80gb", "rtx4090"))
     assert "perseus_a100_sxm" in a100 and "least-squares fit" in a100
     assert "assumption (no public RTX 4090 clock sweep)" in rtx
+
+
+def test_real_engine_reads_one_nvml_window_per_step(compose_cfg, fake_nvml, monkeypatch, one_thread):
+    """The torch engine (tiny-opt on this CPU) given a fake NVML whose counter advances 1 J per read:
+    a window for the prefill and one per step (each 1 J: one read at its start, one at its end),
+    summed into the run's energy; no I/O-stall split (NVML does not give one). Mutations caught: the
+    runner reading only the prefill's window; a step window that is not reopened (the next step's
+    end finds no window)."""
+    from harness.meters import EnergyMeter
+    from systems.ttc import runner
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = fake_nvml([("GPU-a", "00000000:1A:00.0", "NVIDIA GeForce RTX 4090", 1000)])
+    make = runner._executor
+
+    def with_meter(cfg, ctx, budget):          # what the engine does on a CUDA device, with the fake
+        ex = make(cfg, ctx, budget)
+        ex._energy, ex.energy_source = EnergyMeter(nvml=nvml), "measured by NVML, one window per step"
+        return ex
+    monkeypatch.setattr(runner, "_executor", with_meter)
+    rec = run(compose_cfg("backend=torch", "system=lbs", "model=tiny-opt", "beams=4", "gen_len=8", "step=4",
+                          "prompt_len=16", "kv_budget=256KiB", "system.warmup=false"))
+    s = rec["summary"]
+    steps = pd.read_parquet(Path(rec["config"]["output_dir"]) / "steps.parquet")
+    assert rec["status"] == "ok" and steps.energy_j.tolist() == [1.0, 1.0]
+    assert s["energy_j"] == 3.0 and s["energy_per_token_j"] == 3.0 / (4 * 8)
+    assert s["energy_io_stall_j"] is None and s["energy_source"].startswith("measured by NVML")
