@@ -81,5 +81,15 @@ def display_rows(summary: Mapping[str, Any], system) -> Rows:
         ("peak device KV tensors (physical)", "peak_device_physical_bytes", b),
         ("peak CUDA memory allocated (all)", "cuda_max_memory_allocated_bytes", b),
         ("warm-up (excluded)", WARMUP_KEY, s),
-        ("energy", "energy_j", lambda v: f"{v:,.0f} J"),
-    ]
+        (energy_label(summary), "energy_j", lambda v: f"{v:,.0f} J"),
+        ("  of which waiting on PCIe (I/O stall)", "energy_io_stall_j", lambda v: f"{v:,.0f} J"),
+        ("energy per generated token", "energy_per_token_j", lambda v: f"{v:.3g} J"),
+        ("average power", "avg_power_w", lambda v: f"{v:,.1f} W"),
+    ] + ([("energy unavailable", "energy_unavailable_reason", str)]
+         if summary.get("energy_unavailable_reason") else [])
+
+
+def energy_label(summary: Mapping[str, Any]) -> str:
+    """The energy row's label: how the value was obtained (simulated power model or NVML)."""
+    src = summary.get("energy_source")
+    return f"energy ({src})" if src else "energy"

@@ -234,7 +234,9 @@ def run_hf_offload(cfg, ctx: RunContext) -> RunResult:
                "d2h_bytes": int(df.d2h_bytes.sum()) + pre["d2h_bytes"],
                "groups_per_step": 1.0, "peak_device_kv_bytes": int(df.peak_device_bytes.max()),
                "tokens_per_s": w.beams * w.gen_len / e2e if e2e > 0 else None,
-               "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid), "energy_j": None}
+               "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid), "energy_j": None,
+               "energy_unavailable_reason": "not measured per step for hf_offload (gpu_energy_j: the run "
+                                            "window's NVML energy)"}
     summary["steps_done"] = len(df)
     return RunResult(status="timeout" if res["timed_out"] else "ok", summary=summary, display=display_rows(summary, cfg.system),
                      tables={"steps": df}, extra={"best_tokens": best.tokens, "hf_offload_kept": res["kept"]},

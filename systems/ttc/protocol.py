@@ -34,12 +34,24 @@ class StepOutcome:
     group_rows: List[dict] = field(default_factory=list)
 
 
+@dataclass
+class EnergyWindow:
+    """GPU energy of one window of a run (J): the prefill, or one step with its planning and prune +
+    expand. ``energy_j`` None = not measured (``reason`` says why; never recorded as 0).
+    ``io_stall_j``: the part drawn while waiting on PCIe (simulator only; None on a real GPU, whose
+    NVML counter does not split a window)."""
+    energy_j: Optional[float]
+    io_stall_j: Optional[float] = None
+    reason: str = ""
+
+
 @runtime_checkable
 class Executor(Protocol):
     """Carries out the plans of one run (LBS paper Alg.1 execution); see ``torch_engine``'s module doc."""
 
     simulated: bool
     clock: Callable[[], float]          # the time basis of measured seconds (real executors)
+    energy_source: Optional[str]        # how energy is obtained (simulated model / NVML), None = not at all
 
     def warmup(self, prompt_tokens: Sequence[int], num_beams: int) -> float:
         """Run the model once outside the measurement (lazy initialisation, kernel selection);
@@ -54,8 +66,9 @@ class Executor(Protocol):
     def expand(self, plan: "StepPlan", tree: "BeamTree", old: Sequence["Beam"], new: Sequence["Beam"]) -> float:
         """Prune + expand on the executor's side; returns its seconds."""
 
-    def energy_j(self, total_s: float, compute_s: float) -> Optional[float]:
-        """Energy of the run (J), None where it cannot be read."""
+    def step_energy(self) -> EnergyWindow:
+        """Close the energy window opened by the previous call (the first opens at the prefill's
+        start) and open the next at once (on NVML two counter reads apart), so their sum is the run's energy."""
 
     def close(self) -> None:
         """Release device memory; finish measurement windows."""

@@ -7,6 +7,9 @@ Real runs warm up before the measurement (``system.warmup``; its seconds recorde
 (``backend.threads``) and records the load average around the run. Times: a step's compute and I/O stall come from the executor; ``other_s`` is the
 time of planning the step and of selection + expansion (real, on the executor's clock: wall on
 CUDA, the engine thread's CPU time on CPU, recorded as ``time_basis``), or the simulator's charge.
+Energy: the executor's windows (:meth:`systems.ttc.protocol.Executor.step_energy`: NVML on a real
+GPU, the fitted power model on the simulator), per step in the steps table and summed by
+:func:`energy_summary`; unavailable is None with the reason, never 0.
 ``system.deadline`` (Unix seconds) stops a run between steps, recorded as status ``timeout`` with
 the steps done so far (``scripts/gpu_validate.py`` uses it to keep inside a device window).
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 
@@ -27,7 +30,7 @@ from systems.ttc import analytic
 from systems.ttc.config import SCHEDULERS
 from systems.ttc.display import display_rows, size_text
 from systems.ttc.plan import KVGeometry, Scheduler
-from systems.ttc.protocol import Executor
+from systems.ttc.protocol import EnergyWindow, Executor
 from systems.ttc.sim import SimExecutor
 from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
 
@@ -131,6 +134,22 @@ def _live_budget(ctx: RunContext) -> Optional[int]:
     return int(free * 0.9)
 
 
+def energy_summary(windows: List[EnergyWindow], e2e_s: float, tokens: int, source: Optional[str]) -> dict:
+    """The run's energy fields from its windows (prefill, then one per step done):
+
+    ``energy_j`` (J, their sum; None if any window was not measured), ``energy_io_stall_j`` (J drawn
+    waiting on PCIe; simulator only), ``energy_per_token_j`` (J per generated token: ``tokens`` =
+    beams x tokens decoded), ``avg_power_w`` (energy / end-to-end seconds), ``energy_source``, and
+    ``energy_unavailable_reason`` (None when measured)."""
+    missing = next((w.reason for w in windows if w.energy_j is None), None)
+    energy = None if missing is not None else sum(w.energy_j for w in windows)
+    stall = None if energy is None or any(w.io_stall_j is None for w in windows) else sum(w.io_stall_j for w in windows)
+    return {"energy_j": energy, "energy_io_stall_j": stall,
+            "energy_per_token_j": energy / tokens if energy is not None and tokens else None,
+            "avg_power_w": energy / e2e_s if energy is not None and e2e_s > 0 else None,
+            "energy_source": source if energy is not None else None, "energy_unavailable_reason": missing}
+
+
 _now = time.time                 # the deadline's clock (tests replace it)
 
 
@@ -186,6 +205,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
         if sysc.get("warmup", True):
             summary[WARMUP_KEY] = ex.warmup(prompt, n_beams)      # excluded from every time below
         pre = ex.prefill(tree, prompt, offload=scheduler.prefill_offload(n_beams))
+        windows = [ex.step_energy()]                             # the prefill's; then one per step
         tot = {"compute_s": pre.compute_s, "io_stall_s": pre.io_stall_s, "other_s": 0.0,
                "h2d_bytes": pre.h2d_bytes, "d2h_bytes": pre.d2h_bytes}
         peak, peak_phys = pre.peak_device_bytes, pre.peak_physical_bytes
@@ -214,6 +234,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
                 if record_tree:
                     kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
                 beams = new
+            windows.append(ex.step_energy())
             for k in ("compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):
                 tot[k] += getattr(o, k)
             tot["other_s"] += other
@@ -224,7 +245,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
                          "h2d_bytes": o.h2d_bytes, "d2h_bytes": o.d2h_bytes,
                          "plan_h2d_bytes": plan.h2d_bytes, "plan_d2h_bytes": plan.d2h_bytes,
                          "peak_device_bytes": o.peak_device_bytes, "plan_device_bytes": plan.device_bytes,
-                         "peak_physical_bytes": o.peak_physical_bytes, "staging_bytes": plan.staging_bytes})
+                         "peak_physical_bytes": o.peak_physical_bytes, "staging_bytes": plan.staging_bytes,
+                         "energy_j": windows[-1].energy_j, "io_stall_energy_j": windows[-1].io_stall_j})
             group_rows.extend(o.group_rows)
             bar.update(1)
         bar.close()
@@ -251,8 +273,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
         "steps_done": len(rows),
         "tokens_per_s": n_beams * w.gen_len / e2e if e2e > 0 and status == "ok" else None,
         "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid),
-        "energy_j": ex.energy_j(e2e, tot["compute_s"]),
     })
+    summary.update(energy_summary(windows, e2e, n_beams * sum(r["tokens"] for r in rows), ex.energy_source))
     tables = {"steps": rows}                  # row dicts: written with pyarrow, no pandas import
     if group_rows:
         tables["groups"] = group_rows

@@ -18,19 +18,25 @@ Cost model (per decoder layer, per forward launch; ``b`` beams, ``s`` cached tok
   segments, so expansion moves nothing. Layer-wise's reorder of its offloaded layers in host memory
   is not charged (the profiles have no host-memory bandwidth);
 - scores: synthetic, seeded per (seed, beam uid, step) so pruning is deterministic.
-- energy: coarse, ``idle_w * t + (tdp_w - idle_w) * t_compute`` (no power model is fitted for
-  this family; labelled simulated like everything here).
+- energy: the serving family's fitted power model (:mod:`systems.serving.gpu_model`, BEAM family) at
+  the profile's default clock ``f`` (the clock the latency model's peak rates stand for; the LBS
+  family does no DVFS). A kernel of time ``t_k = max(t_flops, t_bytes)`` draws
+  ``P_busy(f, r)`` with ``r = t_flops / t_k`` its compute-bound share (prefill near 1, decode near 0;
+  device copies ``r = 0``); launch gaps and I/O stalls (the GPU waits for PCIe) draw the
+  idle/blocking power ``P_idle(f)``. Copies hidden under compute add nothing beyond the kernel's
+  power (assumption: copy-engine power is not modelled). A profile without a ``power:`` model
+  records energy as unavailable with the reason, never 0 (:class:`systems.ttc.protocol.EnergyWindow`).
 """
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
 from harness.model_facts import dtype_bytes, layer_params
 from systems.ttc.plan import KVGeometry, StepPlan
-from systems.ttc.protocol import StepOutcome
+from systems.ttc.protocol import EnergyWindow, StepOutcome
 from systems.ttc.tree import Beam, BeamTree, mix64_array
 
 
@@ -46,36 +52,74 @@ def synthetic_logprobs(seed: int, uids: Sequence[int], step: int, tokens: int) -
     return -2.0 * tokens + np.sqrt(tokens) * z
 
 
-class CostModel:
-    """Roofline costs of one model on one hardware profile (seconds)."""
+class ClockPower:
+    """Power (W per GPU) at one clock from the serving family's fitted model (``StageModel.busy_power``
+    and ``idle_power``, systems/serving/gpu_model.py). ``clock_mhz``: the profile's default clock."""
 
-    def __init__(self, hw, m):
+    def __init__(self, hw, model):
+        from systems.serving.gpu_model import StageModel
+        self.stage = StageModel(model, hw, 1, 1)
+        self.clock_mhz = float(hw.clock_default_mhz or hw.clock_max_mhz)
+        self.idle_w = float(self.stage.idle_power(self.clock_mhz))    # P_idle(f): launch gaps, I/O stalls
+
+    def busy_w(self, compute_frac):
+        """P_busy(f, r) of kernels with compute-bound share ``r`` (scalar or array)."""
+        return self.stage.busy_power(self.clock_mhz, compute_frac)
+
+
+def clock_power(hw, model) -> Tuple[Optional[ClockPower], str]:
+    """(the profile's power model at its default clock, "") or (None, why energy is unavailable)."""
+    from systems.serving.gpu_model import POWER_KEYS
+    missing = [k for k in POWER_KEYS if k not in (hw.get("power") or {})]
+    if missing or not (hw.get("clock_default_mhz") or hw.get("clock_max_mhz")):
+        return None, (f"energy unavailable: hardware={hw.name} has no fitted power model (power: lacks "
+                      f"{missing or 'nothing'}; clock_default_mhz={hw.get('clock_default_mhz')})")
+    return ClockPower(hw, model), ""
+
+
+class CostModel:
+    """Roofline costs of one model on one hardware profile: seconds, and joules by ``power``
+    (a :class:`ClockPower`; None = energy not charged, every joule 0)."""
+
+    def __init__(self, hw, m, power: Optional[ClockPower] = None):
         self.hw, self.m = hw, m
         self.db = dtype_bytes(m.dtype)
         self.P = layer_params(m)
         self.geom = KVGeometry.from_model(m)
         self.peak = hw.peak_flops * hw.flops_efficiency
         self.bw = hw.mem_bw * hw.mem_efficiency
+        self.power = power
 
-    def layer_decode(self, b, s) -> np.ndarray:
-        """One layer, one token for ``b`` beams at cached lengths ``s`` (array) -> seconds."""
+    def _charge(self, t_flops, t_bytes, launches):
+        """(seconds, joules) of kernels taking ``max(t_flops, t_bytes)`` at ``P_busy(f, r)``,
+        ``r = t_flops / max(...)``, plus ``launches`` launch gaps at ``P_idle(f)``."""
+        t_k = np.maximum(t_flops, t_bytes)
+        t_l = launches * self.hw.launch_overhead_s
+        if self.power is None:
+            return t_k + t_l, 0.0 * t_k
+        e = self.power.busy_w(t_flops / np.maximum(t_k, 1e-30)) * t_k + self.power.idle_w * t_l
+        return t_k + t_l, e
+
+    def layer_decode(self, b, s):
+        """One layer, one token for ``b`` beams at cached lengths ``s`` (array) -> (seconds, joules)."""
         s = np.asarray(s, dtype=np.float64)
         qd = self.m.num_heads * self.m.head_dim
         flops = 2.0 * b * self.P + 4.0 * b * s * qd
         byts = self.P * self.db + b * (s + 1) * self.geom.kv_layer_token
-        return np.maximum(flops / self.peak, byts / self.bw) + self.hw.launch_overhead_s
+        return self._charge(flops / self.peak, byts / self.bw, 1)
 
-    def head(self, b) -> float:
-        """Final norm + LM head for ``b`` beams (one token)."""
+    def head(self, b):
+        """Final norm + LM head for ``b`` beams (one token) -> (seconds, joules)."""
         hv = self.m.hidden_size * self.m.vocab_size
-        return max(2.0 * b * hv / self.peak, hv * self.db / self.bw) + self.hw.launch_overhead_s
+        return self._charge(2.0 * b * hv / self.peak, hv * self.db / self.bw, 1)
 
-    def prefill(self, n_tokens: int) -> float:
+    def prefill(self, n_tokens: int):
+        """The prompt's forward -> (seconds, joules)."""
         qd = self.m.num_heads * self.m.head_dim
         flops = self.m.num_layers * (2.0 * n_tokens * self.P + 2.0 * n_tokens * n_tokens * qd)
         flops += 2.0 * self.m.hidden_size * self.m.vocab_size
         byts = self.m.num_layers * self.P * self.db
-        return max(flops / self.peak, byts / self.bw) + self.m.num_layers * self.hw.launch_overhead_s
+        return self._charge(flops / self.peak, byts / self.bw, self.m.num_layers)
 
     def h2d(self, nbytes) -> float:
         return nbytes / self.hw.h2d_bw
@@ -83,8 +127,13 @@ class CostModel:
     def d2h(self, nbytes) -> float:
         return nbytes / self.hw.d2h_bw
 
-    def d2d(self, nbytes) -> float:
-        return 2.0 * nbytes / self.bw
+    def d2d(self, nbytes):
+        """A device copy (read + write, memory-bound: r = 0) -> (seconds, joules)."""
+        return self._charge(0.0, 2.0 * np.asarray(nbytes, dtype=np.float64) / self.bw, 0)
+
+    def stall_j(self, seconds: float) -> float:
+        """Joules of waiting on PCIe for ``seconds``: ``P_idle(f)`` (0 without a power model)."""
+        return self.power.idle_w * seconds if self.power is not None else 0.0
 
 
 class SimExecutor:
@@ -94,20 +143,31 @@ class SimExecutor:
     clock = staticmethod(time.perf_counter)      # unused: the simulator charges, it does not measure
 
     def __init__(self, hw, model_cfg, seed: int):
-        self.cost = CostModel(hw, model_cfg)
+        power, self.energy_reason = clock_power(hw, model_cfg)
+        self.cost = CostModel(hw, model_cfg, power)
         self.geom = self.cost.geom
         self.seed = seed
         self.hw = hw
+        self.energy_source = (f"simulated power model at {power.clock_mhz:,.0f} MHz"
+                              if power is not None else None)
+        self._window = [0.0, 0.0]          # joules charged since the last step_energy(): all, I/O stall
 
     def warmup(self, prompt_tokens: Sequence[int], num_beams: int) -> float:
         """Nothing to warm up in a cost model."""
         return 0.0
 
+    def _charge(self, joules, stall_s: float = 0.0) -> None:
+        stall_j = self.cost.stall_j(stall_s)
+        self._window[0] += float(joules) + stall_j
+        self._window[1] += stall_j
+
     def prefill(self, tree: BeamTree, prompt_tokens: Sequence[int], offload: bool) -> StepOutcome:
         """Prefill the prompt (segment 0); written back to the host unless everything stays resident."""
         n = len(prompt_tokens)
         d2h = n * self.geom.kv_token if offload else 0
-        return StepOutcome(np.zeros(0), compute_s=self.cost.prefill(n), d2h_bytes=d2h,
+        t, e = self.cost.prefill(n)
+        self._charge(e)
+        return StepOutcome(np.zeros(0), compute_s=float(t), d2h_bytes=d2h,
                            io_stall_s=0.0, peak_device_bytes=n * self.geom.kv_token)
 
     def execute_step(self, plan: StepPlan, tree: BeamTree, beams: Sequence[Beam]) -> StepOutcome:
@@ -116,31 +176,36 @@ class SimExecutor:
         s = plan.start + np.arange(T)
         out = StepOutcome(synthetic_logprobs(self.seed, [b.uid for b in beams], plan.step, T))
         if plan.resident:
-            out.compute_s = float(np.sum(L * c.layer_decode(n, s)) + T * c.head(n))
+            (comp, e_comp), (head, e_head) = c.layer_decode(n, s), c.head(n)
+            out.compute_s = float(np.sum(L * comp) + T * head)
+            energy = np.sum(L * e_comp) + T * e_head
         elif plan.scheduler == "layerwise":
             Lr = plan.layers_resident                                 # [T]
             off = L - Lr
-            comp = c.layer_decode(n, s)                               # [T] one layer
-            comp_off = comp + c.d2d(n * np.arange(T) * self.geom.kv_layer_token)   # + the step tail
+            (comp, e_comp), (head, e_head) = c.layer_decode(n, s), c.head(n)      # [T] one layer
+            tail, e_tail = c.d2d(n * np.arange(T) * self.geom.kv_layer_token)    # the step tail
+            comp_off = comp + tail
             load = c.h2d(plan.layer_load_bytes)                       # [T] one offloaded layer
             t_res = Lr * comp
             # first offloaded layer prefetched during the resident layers, then pipelined
             t_off = np.where(off > 0, np.maximum(t_res, load) - t_res + (off - 1) * np.maximum(comp_off, load)
                              + comp_off, 0.0)
-            total = t_res + t_off + c.head(n)
-            out.compute_s = float(np.sum(Lr * comp + off * comp_off) + T * c.head(n))
+            total = t_res + t_off + head
+            out.compute_s = float(np.sum(Lr * comp + off * comp_off) + T * head)
             out.io_stall_s = (max(0.0, float(np.sum(total)) - out.compute_s)
                               + c.d2h(plan.evict_bytes) + c.d2h(plan.writeback_bytes))
+            energy = np.sum(Lr * e_comp + off * (e_comp + e_tail)) + T * e_head
         else:  # lbs groups
-            t, comp_total = 0.0, 0.0
+            t, comp_total, energy = 0.0, 0.0, 0.0
             carried = 0.0          # bytes of this group already prefetched by the previous one
-            comp_of = {}           # compute seconds per group size (balanced groups: two sizes)
+            comp_of = {}           # (compute s, J) per group size (balanced groups: two sizes)
             for gp in plan.groups:
                 b = len(gp.beams)
                 load_s = c.h2d(gp.load_bytes - carried)
                 if b not in comp_of:
-                    comp_of[b] = float(np.sum(L * c.layer_decode(b, s)) + T * c.head(b))
-                comp = comp_of[b]
+                    (cb, eb), (hb, ehb) = c.layer_decode(b, s), c.head(b)
+                    comp_of[b] = (float(np.sum(L * cb) + T * hb), float(np.sum(L * eb) + T * ehb))
+                comp, e_comp = comp_of[b]
                 pf_s = c.h2d(gp.prefetch_bytes)
                 wb_s = c.d2h(gp.writeback_bytes)
                 g_time = load_s + comp + max(0.0, pf_s - comp) + max(0.0, wb_s - comp)
@@ -149,8 +214,10 @@ class SimExecutor:
                                        "time_s": g_time})
                 t += g_time
                 comp_total += comp
+                energy += e_comp
                 carried = gp.prefetch_bytes
             out.compute_s, out.io_stall_s = comp_total, max(0.0, t - comp_total)
+        self._charge(energy, out.io_stall_s)
         out.h2d_bytes, out.d2h_bytes = plan.h2d_bytes, plan.d2h_bytes
         out.peak_device_bytes = plan.device_bytes
         return out
@@ -160,14 +227,22 @@ class SimExecutor:
         s = tree.prefix_tokens(new[0]) if new else 0
         n = len(new)
         if plan.resident:
-            return self.cost.d2d(n * s * self.geom.kv_token)
-        if plan.scheduler == "layerwise":
+            t, e = self.cost.d2d(n * s * self.geom.kv_token)
+        elif plan.scheduler == "layerwise":
             Lr = int(plan.layers_resident[-1])
-            return self.cost.d2d(n * s * Lr * self.geom.kv_layer_token)
-        return 0.0
+            t, e = self.cost.d2d(n * s * Lr * self.geom.kv_layer_token)
+        else:
+            return 0.0
+        self._charge(e)
+        return float(t)
 
-    def energy_j(self, total_s: float, compute_s: float) -> float:
-        return self.hw.idle_w * total_s + (self.hw.tdp_w - self.hw.idle_w) * compute_s
+    def step_energy(self) -> EnergyWindow:
+        """Joules charged since the previous call (prefill, then each step with its prune + expand)."""
+        joules, stall = self._window
+        self._window = [0.0, 0.0]
+        if self.energy_source is None:
+            return EnergyWindow(None, None, self.energy_reason)
+        return EnergyWindow(joules, stall)
 
     def close(self) -> None:
         pass

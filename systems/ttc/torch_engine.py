@@ -18,7 +18,12 @@ Satisfies :class:`systems.ttc.protocol.Executor`, like ``systems.ttc.sim.SimExec
 - ``expand(plan, tree, old, new) -> float``: after selection/expansion, frees dead host segments and
   (in_gpu, resident layers of layer-wise) copies each kept parent's KV into its extra children's
   dense slots on the device; returns its wall seconds.
-- ``close()``, ``energy_j(total_s, compute_s)`` (None where energy cannot be read).
+- ``step_energy() -> EnergyWindow``: NVML energy (``harness.meters.EnergyMeter``) of the window since
+  the previous call; windows open at the prefill's start (the warm-up is outside) and follow each
+  other at once (two counter reads apart), one per step (planning, decode, prune + expand), so they
+  sum to the run's energy. On a CPU
+  device, or where NVML cannot be read, every window is None with the reason (never 0).
+- ``close()``.
 
 Execution per scheduler:
 
@@ -73,7 +78,7 @@ from systems.ttc.kvstore import DeviceBuffer, KVBudgetExceeded, PlanMismatch, Ti
 from systems.ttc.layerwise_exec import LayerwiseExec
 from systems.ttc.model import shared_model
 from systems.ttc.plan import StepPlan
-from systems.ttc.protocol import StepOutcome
+from systems.ttc.protocol import EnergyWindow, StepOutcome
 from systems.ttc.tree import Beam, BeamTree, mix64
 
 ROOT = -1          # key of the prompt's next-token distribution (parent of step-0 beams)
@@ -151,11 +156,13 @@ class TorchExecutor:
         self.prompt_kv: Optional[DeviceBuffer] = None       # prefill KV kept for fan-out
         self.res: Optional[DeviceBuffer] = None             # resident: [L, 2, N, H, cap, D]
         self.lw: Optional[LayerwiseExec] = None
-        self._energy = None
+        self._energy, self.energy_reason = None, ("energy unavailable: CPU device (NVML meters NVIDIA "
+                                                  "GPUs only)")
         if self.device.type == "cuda":
             from harness.meters import EnergyMeter
-            self._energy = EnergyMeter([self.device.index or 0])
-        self._energy_j = None
+            meter = EnergyMeter([self.device.index or 0])
+            self._energy, self.energy_reason = (meter, "") if meter.available else (None, meter.reason)
+        self.energy_source = "measured by NVML, one window per step" if self._energy else None
 
     @property
     def cuda(self) -> bool:
@@ -218,8 +225,8 @@ class TorchExecutor:
         """Prefill the prompt (segment 0). ``offload``: write its KV to the host (d2h counted) and
         release the device copy; else it stays on the device for the first step to fan out."""
         st = self.store
-        if self._energy is not None and self._energy.available:
-            self._energy.begin_window("run")
+        if self._energy is not None:
+            self._energy.begin_window("step")
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = self.clock()
@@ -463,9 +470,13 @@ class TorchExecutor:
             slot_of[b.uid] = s
         return moves, slot_of
 
-    def energy_j(self, total_s: float, compute_s: float) -> Optional[float]:
-        """Measured GPU energy of the run window (J), or None where it cannot be read."""
-        return self._energy_j
+    def step_energy(self) -> EnergyWindow:
+        """Measured GPU energy (J) of the window since the previous call; opens the next window."""
+        if self._energy is None:
+            return EnergyWindow(None, None, self.energy_reason)
+        m = self._energy.end_window("step", sync=self.sync)
+        self._energy.begin_window("step")
+        return EnergyWindow(m.energy_j, None, m.reason)
 
     def memory_peaks(self) -> Dict[str, Optional[int]]:
         """Peak device memory of the run: ``peak_device_physical_bytes`` (the store's live KV
@@ -474,9 +485,8 @@ class TorchExecutor:
                 if self.cuda else None}
 
     def close(self) -> None:
-        if self._energy is not None and self._energy.available and "run" in self._energy._open:
-            m = self._energy.end_window("run", sync=self.sync)
-            self._energy_j = m.energy_j
+        if self._energy is not None:
+            self._energy._open.pop("step", None)       # the window after the last step measures nothing
         for b in list(self.store.dev.live):
             b.free()
         self.res, self.lw, self.prompt_kv = None, None, None
