@@ -88,13 +88,14 @@ class LbsOverflowGenerator:
         self.problem = None
         self.h2d_bytes = self.d2h_bytes = 0
         self.groups = self.calls = self.grouped_calls = 0
+        self.io_stall_s = 0.0                  # copy time not hidden behind the groups' compute
 
     def configure(self, kv_bytes: int, max_num_seqs: int, offload_bw=None) -> None:
         """Re-size the engine (``system.replan=per_iteration``); see ``sim._Engine.configure``."""
         self.inner.configure(kv_bytes, max_num_seqs, offload_bw)
 
     def stats(self) -> Dict[str, float]:
-        return dict(lbs_h2d_bytes=int(self.h2d_bytes), lbs_d2h_bytes=int(self.d2h_bytes),
+        return dict(lbs_h2d_bytes=int(self.h2d_bytes), lbs_d2h_bytes=int(self.d2h_bytes), lbs_io_stall_s=self.io_stall_s,
                     lbs_groups_per_call=self.groups / max(1, self.calls), lbs_grouped_calls=int(self.grouped_calls))
 
     def _reserve(self, r: GenRequest) -> int:
@@ -123,8 +124,10 @@ class LbsOverflowGenerator:
             if i + 1 < len(groups):
                 k = prefetch_count(cap, len(members), len(groups[i + 1]))
                 prefetch = self._missing([hs[j] for j in groups[i + 1][:k]])
-            t += group_time(max(0, load - carried) / self.h2d_bw, res.time_s, prefetch / self.h2d_bw,
-                            written / self.d2h_bw)
+            g = group_time(max(0, load - carried) / self.h2d_bw, res.time_s, prefetch / self.h2d_bw,
+                           written / self.d2h_bw)
+            t += g
+            self.io_stall_s += g - res.time_s
             carried = prefetch
             self.h2d_bytes += load
             self.d2h_bytes += written

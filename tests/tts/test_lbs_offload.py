@@ -106,8 +106,8 @@ def test_offload_extension_is_charged_with_a_per_run_plan(compose_cfg):
 
 def test_study_is_not_a_paper_experiment_and_reports(compose_cfg, tmp_path):
     """``fasttts_offload`` composes, is left out of harness.reproduce's paper experiments, and its
-    report writes the table and the figure from a sweep's records (n=8, one problem, all four
-    systems, tiny models)."""
+    report writes the table (rows in system order, ratios to vllm_tts) and the figure from a sweep's
+    records (n=8, one problem, every system of the study, tiny models)."""
     from harness.report import gather_runs
     from harness.reproduce import paper_experiments
     from harness.run import run
@@ -121,9 +121,11 @@ def test_study_is_not_a_paper_experiment_and_reports(compose_cfg, tmp_path):
                               "kv_budget=40MiB", "workload.num_problems=1", "workload.num_iterations=3",
                               output_dir=sweep / system))
         assert rec["status"] == "ok", rec["message"]
-    t = report_offload(sweep, gather_runs(sweep), None)
-    assert len(t) == 1 and t["goodput fasttts_lbs/base (sim)"].iloc[0] > 0
-    assert t["lbs groups per call"].iloc[0] >= 1
+    t = report_offload(sweep, gather_runs(sweep), None).set_index("system")
+    assert list(t.index) == SYSTEMS and (t["values"] == "simulated").all()
+    assert t.loc["vllm_tts", "goodput / vllm_tts (x)"] == 1 and t.loc["fasttts_lbs", "goodput / vllm_tts (x)"] > 0
+    assert t.loc["fasttts_lbs", "LBS groups per generator call"] >= 1
+    assert t.loc["vllm_tts_lbs", "verifier (s)"] == t.loc["vllm_tts", "verifier (s)"]    # the same search
     md = (sweep / "fasttts_offload.md").read_text()
     assert "(simulated)" in md.splitlines()[0] and "no verdicts" in md
     assert (sweep / "fasttts_offload.png").exists() and not (sweep / "verdicts.csv").exists()
