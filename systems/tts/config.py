@@ -14,6 +14,7 @@ AGGREGATIONS = ("last", "min", "prod", "mean")
 SCORE_SOURCES = ("auto", "prm", "synthetic")
 PRM_KINDS = ("head", "lm")               # verifier.prm_kind (harness.config.VerifierConfig)
 ON_TOO_LONG = ("error", "skip")          # workload.on_too_long
+KV_OVERFLOW = ("recompute", "lbs")       # system.kv_overflow
 
 
 @dataclass

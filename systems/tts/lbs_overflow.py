@@ -37,9 +37,6 @@ from systems.tts.protocol import GenOutput, GenRequest, GenResult
 from systems.ttc.beamset import consecutive_groups, group_capacity, group_sizes, prefetch_count
 from systems.ttc.sim import group_time
 
-KV_OVERFLOW = ("recompute", "lbs")     # system.kv_overflow
-
-
 # ------------------------------------------------------------------------------------- policy
 def prefix_order(hash_lists: Sequence[Sequence[int]]) -> List[int]:
     """Indices of the requests in depth-first order of their prefixes: lexicographic order of their
@@ -78,8 +75,6 @@ class LbsOverflowGenerator:
         ``step_mean`` expected tokens of a step ended by the delimiter, ``answer_mean`` of a step
         decoded to the end token (the last iteration)."""
 
-    simulated = True
-
     def __init__(self, inner, *, h2d_bw: float, d2h_bw: float, step_mean: float, answer_mean: float):
         self.inner, self.h2d_bw, self.d2h_bw = inner, float(h2d_bw), float(d2h_bw)
         self.step_mean, self.answer_mean = float(step_mean), float(answer_mean)
@@ -95,13 +90,20 @@ class LbsOverflowGenerator:
         self.inner.configure(kv_bytes, max_num_seqs, offload_bw)
 
     def stats(self) -> Dict[str, float]:
-        return dict(lbs_h2d_bytes=int(self.h2d_bytes), lbs_d2h_bytes=int(self.d2h_bytes), lbs_io_stall_s=self.io_stall_s,
+        """The run's summary fields: bytes host->device and device->host, I/O stall (s), LBS groups per
+        generator call, calls that needed more than one group."""
+        return dict(lbs_h2d_bytes=int(self.h2d_bytes), lbs_d2h_bytes=int(self.d2h_bytes),
+                    lbs_io_stall_s=self.io_stall_s,
                     lbs_groups_per_call=self.groups / max(1, self.calls), lbs_grouped_calls=int(self.grouped_calls))
 
     def _reserve(self, r: GenRequest) -> int:
+        """Tokens a request is expected to add (the step model's mean, capped at its max_tokens)."""
         return int(min(r.max_tokens, self.step_mean if r.stop_at_delimiter else self.answer_mean))
 
     def extend(self, requests: List[GenRequest], policy) -> GenResult:
+        """Run the requests to the end of their steps, group by group (module docstring); ``policy``
+        (the speculation policy) decides inside each group. ``time_s``: the groups' simulated seconds,
+        copies included (``systems.ttc.sim.group_time``). Raises RunOOM when no request fits."""
         if not requests:
             return self.inner.extend(requests, policy)
         problem = requests[0].path.partition("/")[0]

@@ -21,11 +21,10 @@ from harness.errors import RunOOM
 from harness.run import RunResult
 from systems.tts.beams import step_logit_biases, step_probabilities
 from systems.tts.checkpoint import DELIMITER, is_local
-from systems.tts.config import AGGREGATIONS, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
+from systems.tts.config import AGGREGATIONS, KV_OVERFLOW, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
 from systems.tts.memory import ModelShape, Roofline
 from systems.tts import replay
 from systems.tts.plan import REPLANS, MemoryPlan, kv_budget, unset
-from systems.tts.lbs_overflow import KV_OVERFLOW
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 log = logging.getLogger(__name__)

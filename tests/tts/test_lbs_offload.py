@@ -156,7 +156,8 @@ class _FixedEngine:
     def __init__(self, capacity_blocks: int):
         from types import SimpleNamespace
         from systems.tts.sim import BlockCache, PathHashes
-        self.m, self.cache, self.paths = SimpleNamespace(kv_bytes_per_token=1.0), BlockCache(capacity_blocks, 4), PathHashes(4)
+        self.m = SimpleNamespace(kv_bytes_per_token=1.0)
+        self.cache, self.paths = BlockCache(capacity_blocks, 4), PathHashes(4)
 
     def extend(self, requests, policy):
         from systems.tts.protocol import GenOutput, GenResult
