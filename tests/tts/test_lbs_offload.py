@@ -121,8 +121,10 @@ def test_study_is_not_a_paper_experiment_and_reports(compose_cfg, tmp_path):
     from harness.run import run
     from systems.tts.offload_report import SYSTEMS, report_offload
     assert "fasttts_offload" not in paper_experiments()
+    from harness.run import validate
     cfg = compose_cfg("experiment=fasttts_offload")
-    assert cfg.report == "systems.tts.offload_report.report_offload"
+    assert cfg.report == "systems.tts.offload_report.report_offload" and cfg.workload.num_problems == 2
+    validate(cfg)
     sweep = tmp_path / "sweep"
     for system in SYSTEMS:
         rec = run(compose_cfg(f"system={system}", "model=tiny-qwen2", "verifier=tiny-prm", "backend=sim", "n=8",
