@@ -453,6 +453,11 @@ def run(cfg, ctx) -> RunResult:
                ("verifier prefill batch cap B_pre (sequences)", "b_pre", str),
                ("Top-1 accuracy (PRM-weighted vote)", "top1_acc", pct), (f"Pass@N (N={st.n})", "pass_at_n", pct),
                ("problems searched", "problems", str), ("problems skipped (prompt too long)", "problems_skipped", str)]
+    if hasattr(b.gen, "stats"):
+        gb = lambda x: f"{x / 1e9:.2f}"                       # noqa: E731
+        display += [("kv_overflow=lbs: LBS groups per generator call", "lbs_groups_per_call", f2),
+                    ("  KV host->device (GB)", "lbs_h2d_bytes", gb), ("  KV device->host (GB)", "lbs_d2h_bytes", gb),
+                    ("  I/O stall: copies not hidden behind compute (s)", "lbs_io_stall_s", f2)]
     tables = metrics.tables(results)
     if acc_table is not None:
         tables["accuracy"] = acc_table
