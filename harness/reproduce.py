@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # real-engine studies (CPU here): module -> sweep folder it writes
 REAL = {"systems.ttc.fidelity": "lbs_fidelity", "systems.serving.fidelity": "serving_fidelity",
         "systems.tts.fidelity": "tts_fidelity"}
-NOT_PAPER = {"lbs_fidelity", "beam_fidelity", "beam_fidelity_sim"}   # not paper figures (--real runs them)
+NOT_PAPER = {"lbs_fidelity", "beam_fidelity", "beam_fidelity_sim",    # not paper figures (--real runs them)
+             "fasttts_offload", "lbs_energy"}                           # cross-paper studies: no paper numbers
 
 
 def paper_experiments() -> List[str]:

@@ -50,6 +50,12 @@ def group_sizes(num_beams: int, capacity: int, balanced: bool = True) -> List[in
     return [base + (1 if i < extra else 0) for i in range(r)]
 
 
+def prefetch_count(capacity: int, size: int, next_size: int) -> int:
+    """Beams of the next group loaded into a group's free slots while it computes (LBS prefetch):
+    ``min(capacity - size, next_size)`` of the next group's first beams (0 when none follow)."""
+    return max(0, min(capacity - size, next_size))
+
+
 def greedy_beamset(block_sets: Sequence[FrozenSet[int]], weights: Mapping[int, int],
                    sizes: Sequence[int]) -> List[List[int]]:
     """Alg.1 greedy BeamSet (reference). ``block_sets[i]``: block ids of beam i; ``weights``:

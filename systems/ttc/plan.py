@@ -34,7 +34,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from harness.model_facts import dtype_bytes
-from systems.ttc.beamset import PrefixOrder, consecutive_groups, group_capacity, group_sizes, union_tokens
+from systems.ttc.beamset import (PrefixOrder, consecutive_groups, group_capacity, group_sizes, prefetch_count,
+                                 union_tokens)
 from systems.ttc.tree import Beam, BeamTree
 
 
@@ -206,7 +207,7 @@ class Scheduler:
         for i, gp in enumerate(groups):
             if self.prefetch and i + 1 < len(groups):
                 # the next group's first k beams, loaded into this group's free slots meanwhile
-                k = min(cap - len(gp.beams), len(groups[i + 1].beams))
+                k = prefetch_count(cap, len(gp.beams), len(groups[i + 1].beams))
                 a = bounds[i + 1]
                 gp.prefetch_beams = k
                 gp.prefetch_bytes = tokens_of(a, a + k) * kv

@@ -52,6 +52,14 @@ def synthetic_logprobs(seed: int, uids: Sequence[int], step: int, tokens: int) -
     return -2.0 * tokens + np.sqrt(tokens) * z
 
 
+def group_time(load_s: float, compute_s: float, prefetch_s: float, writeback_s: float) -> float:
+    """Seconds of one LBS group (LBS paper Alg.1 with prefetch): its load not prefetched by the group
+    before (``load_s``) is waited for, then it computes while the next group's first beams are
+    prefetched (``prefetch_s``, one copy engine) and its new tokens are written back (``writeback_s``,
+    the other): either copy shows only where it outlasts the compute."""
+    return load_s + compute_s + max(0.0, prefetch_s - compute_s) + max(0.0, writeback_s - compute_s)
+
+
 class ClockPower:
     """Power (W per GPU) at one clock from the serving family's fitted model (``StageModel.busy_power``
     and ``idle_power``, systems/serving/gpu_model.py). ``clock_mhz``: the profile's default clock."""
@@ -208,7 +216,7 @@ class SimExecutor:
                 comp, e_comp = comp_of[b]
                 pf_s = c.h2d(gp.prefetch_bytes)
                 wb_s = c.d2h(gp.writeback_bytes)
-                g_time = load_s + comp + max(0.0, pf_s - comp) + max(0.0, wb_s - comp)
+                g_time = group_time(load_s, comp, pf_s, wb_s)
                 out.group_rows.append({"step": plan.step, "beams": b, "load_bytes": gp.load_bytes,
                                        "prefetch_bytes": gp.prefetch_bytes, "compute_s": comp,
                                        "time_s": g_time})

@@ -14,6 +14,7 @@ AGGREGATIONS = ("last", "min", "prod", "mean")
 SCORE_SOURCES = ("auto", "prm", "synthetic")
 PRM_KINDS = ("head", "lm")               # verifier.prm_kind (harness.config.VerifierConfig)
 ON_TOO_LONG = ("error", "skip")          # workload.on_too_long
+KV_OVERFLOW = ("recompute", "lbs")       # system.kv_overflow
 
 
 @dataclass
@@ -71,6 +72,10 @@ class TTSSystem:
     replan: when the memory plan is made: ``per_run`` (once, before the engines start; the only
         choice vLLM can honour) or ``per_iteration`` (before every iteration; simulator only).
     offload: the §4.3.2 extension (simulated backend only).
+    kv_overflow: what the generator does with KV beyond its share (simulated backend only):
+        ``recompute`` (vLLM: requests wait for free blocks, evicted prefix blocks are recomputed) or
+        ``lbs`` (the host holds every path's KV and each step runs in LBS groups with prefetch;
+        ``systems/tts/lbs_overflow.py``, a cross-paper study).
     memory_fraction: share of device memory both engines may use (0.9; 0.4 for the 1.5B+1.5B
         memory-constrained setting). kv_budget: KV bytes per device, shared by both engines
         (overrides the derived default, ``plan.kv_budget``). cpu_kv_budget: the default on a real
@@ -84,6 +89,7 @@ class TTSSystem:
     memory: bool = False
     replan: str = "per_run"              # per_run | per_iteration (simulator only)
     offload: bool = False
+    kv_overflow: str = "recompute"       # recompute | lbs (simulated backend only)
     spec_truncation_ratio: float = 0.85
     spec_truncation_std: float = 0.1
     spec_max_beams: int = 256            # AE cap on speculative sequences

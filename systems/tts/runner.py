@@ -21,7 +21,7 @@ from harness.errors import RunOOM
 from harness.run import RunResult
 from systems.tts.beams import step_logit_biases, step_probabilities
 from systems.tts.checkpoint import DELIMITER, is_local
-from systems.tts.config import AGGREGATIONS, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
+from systems.tts.config import AGGREGATIONS, KV_OVERFLOW, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
 from systems.tts.memory import ModelShape, Roofline
 from systems.tts import replay
 from systems.tts.plan import REPLANS, MemoryPlan, kv_budget, unset
@@ -80,6 +80,8 @@ def validate(cfg) -> None:
         raise bad("system.search", s.search, f"one of {', '.join(SEARCHES)}")
     if s.replan not in REPLANS:
         raise bad("system.replan", s.replan, f"one of {', '.join(REPLANS)}")
+    if s.kv_overflow not in KV_OVERFLOW:
+        raise bad("system.kv_overflow", s.kv_overflow, f"one of {', '.join(KV_OVERFLOW)}")
     if not unset(s.replay_tokens):
         if cfg.backend.name != "sim":
             raise bad("system.replay_tokens", s.replay_tokens, "only with backend=sim (the simulator replays a "
@@ -179,6 +181,9 @@ def validate_backend(cfg, backend) -> None:
     if backend.simulated and cfg.system.score_source == "prm":
         raise bad("system.score_source", "prm", "auto or synthetic with a simulated backend (it runs no PRM: its "
                   "verifier returns the synthetic content-keyed scores)")
+    if cfg.system.kv_overflow == "lbs" and not backend.simulated:
+        raise bad("system.kv_overflow", "lbs", f"recompute with backend={backend.name} (lbs runs on the simulated "
+                  f"backend only: vLLM's KV cache is its own)")
     if cfg.system.replan == "per_iteration" and not backend.simulated:
         raise ConfigError(f"system.replan=per_iteration is not allowed with backend={backend.name}: vLLM allocates "
                           f"each engine's KV cache once, at start-up (kv_cache_memory_bytes), and cannot resize it "
@@ -322,6 +327,13 @@ def build(cfg, backend, workdir: Path) -> Built:
         ver = SimVerifier(ver_shape, Roofline.of(cfg.hardware, "prefill"), kv_bytes=alloc.ver_kv_bytes,
                           max_num_seqs=alloc.b_pre, block=int(s.block_size), token_budget=ver_token_budget(cfg),
                           token_map=tmap, prompts=vprompts, seed=int(cfg.seed))
+        if alloc.offload:        # §4.3.2: each engine's KV swapped in and out around every call
+            gen.configure(alloc.gen_kv_bytes, alloc.b_dec, float(cfg.hardware.h2d_bw))
+            ver.configure(alloc.ver_kv_bytes, alloc.b_pre, float(cfg.hardware.h2d_bw))
+        if s.kv_overflow == "lbs":
+            from systems.tts.lbs_overflow import LbsOverflowGenerator
+            gen = LbsOverflowGenerator(gen, h2d_bw=float(cfg.hardware.h2d_bw), d2h_bw=float(cfg.hardware.d2h_bw),
+                                       step_mean=mean, answer_mean=mean * float(w.steps_per_answer_mean))
         closer = lambda: None
     else:
         from systems.tts.engines import VllmGenerator, VllmVerifier
@@ -420,6 +432,8 @@ def run(cfg, ctx) -> RunResult:
                 ver_kv_bytes=alloc.ver_kv_bytes, b_dec=alloc.b_dec, b_pre=alloc.b_pre,
                 offload=bool(alloc.offload), replan=str(cfg.system.replan), plan_profile=b.planner.profile,
                 problems_skipped=len(b.skipped), simulated=bool(ctx.backend.simulated))
+    if hasattr(b.gen, "stats"):               # kv_overflow=lbs: bytes moved, groups per generator call
+        summ.update(b.gen.stats())
     f1, f2, pct = (lambda x: f"{x:.1f}"), (lambda x: f"{x:.2f}"), (lambda x: f"{100 * x:.1f} %")
     display = [("precise goodput (tok/s)", "goodput_tok_s", f2),
                ("completion latency: search time per problem (s)", "latency_s", f2),
@@ -439,6 +453,11 @@ def run(cfg, ctx) -> RunResult:
                ("verifier prefill batch cap B_pre (sequences)", "b_pre", str),
                ("Top-1 accuracy (PRM-weighted vote)", "top1_acc", pct), (f"Pass@N (N={st.n})", "pass_at_n", pct),
                ("problems searched", "problems", str), ("problems skipped (prompt too long)", "problems_skipped", str)]
+    if hasattr(b.gen, "stats"):
+        gb = lambda x: f"{x / 1e9:.2f}"                       # noqa: E731
+        display += [("kv_overflow=lbs: LBS groups per generator call", "lbs_groups_per_call", f2),
+                    ("  KV host->device (GB)", "lbs_h2d_bytes", gb), ("  KV device->host (GB)", "lbs_d2h_bytes", gb),
+                    ("  I/O stall: copies not hidden behind compute (s)", "lbs_io_stall_s", f2)]
     tables = metrics.tables(results)
     if acc_table is not None:
         tables["accuracy"] = acc_table

@@ -127,6 +127,8 @@ def test_lbs_energy_experiment_draws_figure_table_and_sources(tmp_path):
                           f"results_dir={tmp_path}"],
                          cwd=root, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+    from harness.reproduce import paper_experiments
+    assert "lbs_energy" not in paper_experiments()     # a cross-paper study: no paper numbers, no verdicts
     sweep = tmp_path / "sweeps" / "lbs_energy"
     for f in ("lbs_energy.png", "lbs_energy.pdf", "lbs_energy.md"):
         assert (sweep / f).exists(), f
