@@ -69,3 +69,23 @@ def test_data_dir_order(monkeypatch, tmp_path):
 def test_cli_bad_mirror_exits_2(tmp_path, capsys):
     assert F.main(["--from", str(tmp_path / "nope"), "--dest", str(tmp_path)]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_math_workloads_read_the_fetched_copy(monkeypatch, tmp_path, compose_cfg):
+    """A user outside this team: no ``../shared/data``, TTC_DATA_DIR unset, the files fetched into the
+    cache folder. Every math workload's configured path finds its file there (before, the YAML pointed
+    at ``../shared/data`` relative to the working directory and ignored the fetch cache).
+    Mutation caught: the YAML path back to ``${oc.env:TTC_DATA_DIR,../shared/data}/math/...``."""
+    from systems.tts.runner import _data_path
+    import workloads.data as D
+    cache = tmp_path / "cache"
+    monkeypatch.delenv("TTC_DATA_DIR", raising=False)
+    monkeypatch.setattr(D, "SHARED", tmp_path / "no-shared-mirror")
+    monkeypatch.setattr(D, "CACHE", cache)
+    monkeypatch.chdir(tmp_path)
+    for name in ("aime24", "amc23", "math500"):
+        f = cache / "math" / name / "test.jsonl"
+        f.parent.mkdir(parents=True)
+        f.write_text('{"problem": "1+1?", "answer": "2"}\n')
+        cfg = compose_cfg("system=fasttts", f"workload={name}")
+        assert _data_path(cfg.workload.path) == f

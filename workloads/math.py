@@ -52,8 +52,9 @@ def load_problems(path: str | Path, limit: Optional[int] = None) -> List[Problem
     """
     p = Path(path)
     if not p.is_file():
+        from workloads.data import missing_hint
         raise ConfigError(f"workload.path={str(path)!r} is not allowed: no such dataset file "
-                          f"(set TTC_DATA_DIR or pass workload.path=/path/to/test.jsonl)")
+                          f"(pass workload.path=/path/to/test.jsonl, or {missing_hint()})")
     out: List[Problem] = []
     with p.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):

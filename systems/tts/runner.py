@@ -9,7 +9,6 @@ for Top-1 / Pass@N (``accuracy.py``).
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import traceback
 from pathlib import Path
@@ -26,7 +25,6 @@ from systems.tts.memory import ModelShape, Roofline
 from systems.tts import replay
 from systems.tts.plan import REPLANS, MemoryPlan, kv_budget, unset
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 log = logging.getLogger(__name__)
 
 
@@ -149,8 +147,9 @@ def validate(cfg) -> None:
 
 
 def _data_path(p: str) -> Path:
-    path = Path(os.path.expanduser(str(p)))
-    return path if path.is_absolute() else ROOT / path
+    """``workload.path``: absolute as is, relative under the data folder (workloads.data.data_dir)."""
+    from workloads.data import resolve
+    return resolve(p)
 
 
 def _check_memory(cfg, on_cpu: bool, real: bool, avg_prompt: float = 400.0) -> None:
