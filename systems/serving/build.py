@@ -244,12 +244,16 @@ def stop_time(req, w) -> float:
 
 
 def serve(driver, ex, ctx, desc: str):
-    """Run ``driver`` on ``ex`` with a progress bar over serving seconds (none with progress=false)."""
+    """Run ``driver`` on ``ex`` with a progress bar over serving seconds (none with progress=false).
+    The bar is any object with tqdm's ``update`` (the harness's bar that draws nothing has no more)."""
     if not ctx.show_progress:
         return driver.run(ex)
     total = driver.t_stop if math.isfinite(driver.t_stop) else float(driver.arr[-1])
     with ctx.progress(int(math.ceil(total)), desc) as bar:
-        def progress(t):
-            if int(t) > bar.n:
-                bar.update(int(t) - bar.n)
+        shown = 0
+
+        def progress(t):                    # the driver calls it once per serving second reached
+            nonlocal shown
+            bar.update(int(t) - shown)
+            shown = int(t)
         return driver.run(ex, progress=progress)

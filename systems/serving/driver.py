@@ -175,7 +175,8 @@ class Driver:
 
     # -- main loop ----------------------------------------------------------------------------------
     def run(self, ex: Executor, progress: Optional[Callable[[float], None]] = None) -> ServeResult:
-        """Serve every request on ``ex`` (or until ``t_stop``) and return what happened."""
+        """Serve every request on ``ex`` (or until ``t_stop``) and return what happened.
+        ``progress``: called with the serving time (s) when an iteration reaches a new whole second."""
         N = self.N
         self.ex = ex
         self.arr_l, self.inp_l, self.out_l = self.arr.tolist(), self.inp.tolist(), self.out.tolist()
@@ -200,14 +201,16 @@ class Driver:
         period = self.ctl.period_s
         next_tick = period if period else math.inf
         arr = self.arr_l
+        next_second = 1.0               # progress: called when serving reaches each next whole second
         while self.next_arr < N or ex.busy():
             ta = arr[self.next_arr] if self.next_arr < N else math.inf
             until = min(ta, next_tick, self.t_stop)
             it = ex.advance(until)
             if it is not None:
                 self._account(it)
-                if progress is not None:
+                if progress is not None and it.t_end >= next_second:
                     progress(it.t_end)
+                    next_second = math.floor(it.t_end) + 1.0
                 continue
             now = ex.now
             if now >= self.t_stop or until == math.inf:      # stopped, or stuck with nothing to wait for

@@ -159,3 +159,36 @@ def test_run_stops_at_t_stop_and_unfinished_requests_miss():
     assert res.requests.finish_s.isna().all() and res.makespan_s == 20.0
     s = summarize(res, 1.0, 0.2)
     assert s["completed"] == 0 and s["slo_ttft_attainment"] == 0.5
+
+
+def test_progress_bar_advances_once_per_serving_second():
+    """build.serve draws serving seconds on the harness's bar, which may be one that draws nothing
+    (tqdm's ``update`` only: stderr not a terminal). Mutations caught: reading the bar's ``n``
+    (AttributeError on the harness's no-op bar: the main command failed in a log), calling the
+    progress hook every iteration, updating by the time instead of the seconds since the last."""
+    from types import SimpleNamespace
+
+    from systems.serving.build import serve
+
+    class Bar:
+        def __init__(self):
+            self.updates = []
+
+        def update(self, n=1):
+            self.updates.append(n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    bar = Bar()
+    ctx = SimpleNamespace(show_progress=True, progress=lambda total, desc: bar)
+    req = Requests(np.array([0.0]), np.array([10]), np.array([5]))
+    script = [it(0.4, [(0, 10, 0)], emitted=[0]), it(1.2, [(0, 1, 10)], emitted=[0]),
+              it(1.7, [(0, 1, 11)], emitted=[0]), it(3.4, [(0, 1, 12)], emitted=[0]),
+              it(3.9, [(0, 1, 13)], emitted=[0], finished=[0])]
+    res = serve(Driver(Recorder(period_s=None), req, t_stop=10.0), FakeExecutor(script), ctx, "serving")
+    assert bar.updates == [1, 2]                  # 1.2 s: second 1 reached; 3.4 s: seconds 2 and 3
+    assert res.requests.generated.tolist() == [5]
