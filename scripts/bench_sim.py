@@ -115,8 +115,25 @@ def lbs_linear_cases() -> List[LinearCase]:
                        ([*LBS_LONG, "gen_len=2048"], 256 * 64), ([*LBS_LONG, "gen_len=8192"], 256 * 256))]
 
 
+# --- BEAM serving (engineer M) -------------------------------------------------------------------------
+SERVING_MAIN = ["system=beam", "model=llama-3.3-70b", "hardware=a100-80gb", "tp=2", "pp=4", "workload=servegen"]
+
+
+def serving_cases() -> List[Case]:
+    """The README's simulated BEAM main command (ServeGen 19:00-20:00, LLaMA-3.3-70B on 8 simulated
+    A100s, tp=2 pp=4: about 8,000 requests, 83,000 iterations, 18,000 decisions); W&B off."""
+    return [Case("serving main command, tracking=none", [*SERVING_MAIN, "tracking=none"], 1.0)]
+
+
+def serving_runner_cases() -> List[RunnerCase]:
+    """The same config's runner alone (request stream, profiling pass, serving, tables; no start-up):
+    what the simulator itself costs."""
+    return [RunnerCase("serving runner, main command", SERVING_MAIN, 1.0)]
+
+
 CASES: Dict[str, Callable[[], list]] = {"fasttts": fasttts_cases, "lbs": lbs_cases, "startup": startup_cases,
-                                        "lbs-runner": lbs_runner_cases, "lbs-linear": lbs_linear_cases}
+                                        "lbs-runner": lbs_runner_cases, "lbs-linear": lbs_linear_cases,
+                                        "serving": serving_cases, "serving-runner": serving_runner_cases}
 
 
 # --- measurement: process cases ------------------------------------------------------------------------
