@@ -168,8 +168,8 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
             ex = SimExecutor(cost, p, g, max_num_seqs=int(s.max_num_seqs), kv_capacity_tokens=kv_cap)
             r = Driver(ctl, sub, t_stop=float(sub.arrival_s[-1]) + 30.0).run(ex).requests
             with np.errstate(invalid="ignore"):           # a percentile between two misses (inf) is inf
-                ttft[i, j] = float(np.percentile(r.ttft_s.fillna(np.inf), 90))
-            tb = r.tbt_mean_s.dropna()
+                ttft[i, j] = float(np.percentile(np.nan_to_num(r["ttft_s"], nan=np.inf), 90))
+            tb = r["tbt_mean_s"][~np.isnan(r["tbt_mean_s"])]
             tbt[i, j] = float(np.percentile(tb, 90)) if len(tb) else 0.0
     prof = {"loads": loads, "clocks": table.clocks[ci], "ttft_p90": ttft, "tbt_p90": tbt}
     path.parent.mkdir(parents=True, exist_ok=True)
