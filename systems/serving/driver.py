@@ -249,7 +249,7 @@ class Driver:
         tl = self._timeline(totals, t_end)
         gi = np.array(self.gap_iter, dtype=float).reshape(-1, 2)
         gap_t = np.repeat(gi[:, 0], gi[:, 1].astype(np.int64))
-        return ServeResult(req, np.asarray(self.gaps), gap_t, dec, its, tl, totals.energy_j,
+        return ServeResult(req, np.fromiter(self.gaps, float, len(self.gaps)), gap_t, dec, its, tl, totals.energy_j,
                            totals.energy_reason, t_end, totals.preemptions)
 
     def _timeline(self, totals, t_end: float) -> Columns:
@@ -293,7 +293,11 @@ def column(values: list) -> np.ndarray:
     """A table column from Python values, typed as pandas types a column of rows: numbers with
     None -> float64 with NaN; else numpy's type (int64, float64, bool, str), or object (all None,
     bools with None)."""
-    if any(v is None for v in values) and not all(v is None for v in values) and \
-            all(v is None or (isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))) for v in values):
-        return np.array([np.nan if v is None else v for v in values], dtype=float)
-    return np.asarray(values) if values else np.array([], dtype=object)
+    arr = np.asarray(values) if values else np.array([], dtype=object)
+    if arr.dtype != object:
+        return arr
+    kinds = set(map(type, values))
+    if type(None) in kinds and len(kinds) > 1 and \
+            all(issubclass(k, numbers.Real) and not issubclass(k, (bool, np.bool_)) for k in kinds - {type(None)}):
+        return np.array(values, dtype=float)                    # None -> NaN
+    return arr
