@@ -8,6 +8,7 @@ memory - weights on the device - the hardware's reserve (vLLM on CPU: ``system.c
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -17,17 +18,54 @@ from harness.errors import ConfigError, bad
 _REQ_CACHE: Dict[str, Any] = {}
 
 
-def requests_for(w):
+def cache_dir(cfg) -> Path:
+    """Where serving runs keep what they compute once and reuse: ``results_dir``/cache."""
+    return Path(cfg.get("results_dir", "results")) / "cache"
+
+
+def requests_for(w, cache: Optional[Path] = None):
     """The workload's request stream (cached per resolved workload config: ``seed: ${seed}`` is
-    resolved, so jobs of a sweep sharing a worker process get their own seed's stream)."""
+    resolved, so jobs of a sweep sharing a worker process get their own seed's stream). With
+    ``cache`` (a folder), a trace's stream is also stored there and read back by later runs while
+    the config, the trace files (path, size, mtime) and the loaders' source stay the same."""
     from omegaconf import OmegaConf
 
     from workloads.serving import build_requests
     key = OmegaConf.to_yaml(w, resolve=True)
     if key not in _REQ_CACHE:
         _REQ_CACHE.clear()
-        _REQ_CACHE[key] = build_requests(w)
+        stored = cache is not None and w.kind in ("trace", "servegen")
+        _REQ_CACHE[key] = _stored_requests(key, w, cache) if stored else build_requests(w)
     return _REQ_CACHE[key]
+
+
+def _stored_requests(key: str, w, cache: Path):
+    """:func:`workloads.serving.build_requests` through a file in ``cache`` (see :func:`requests_for`)."""
+    import hashlib
+    import io
+
+    import workloads.data
+    import workloads.serving
+    from harness.records import atomic_write_bytes
+    root = workloads.data.resolve(w.path)
+    h = hashlib.sha1(key.encode())
+    for module in (workloads.serving, workloads.data):
+        h.update(Path(module.__file__).read_bytes())
+    for f in sorted(root.rglob("*")) if root.is_dir() else [root]:
+        try:
+            st = f.stat()
+        except OSError:                      # missing: build_requests names it
+            continue
+        h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode())
+    path = cache / f"requests_{h.hexdigest()[:16]}.npz"
+    if path.exists():
+        z = np.load(path)
+        return workloads.serving.Requests(z["arrival_s"], z["input_len"], z["output_len"], str(z["note"]))
+    req = workloads.serving.build_requests(w)
+    buf = io.BytesIO()
+    np.savez(buf, arrival_s=req.arrival_s, input_len=req.input_len, output_len=req.output_len, note=np.array(req.note))
+    atomic_write_bytes(path, buf.getvalue())
+    return req
 
 
 def parallelism(cfg):
@@ -133,7 +171,6 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
     """
     import hashlib
     import json as _json
-    from pathlib import Path
 
     from systems.serving.controllers import Controller
     from systems.serving.driver import Driver
@@ -149,7 +186,7 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
     key = _json.dumps(["v3-table", digest, list(map(float, loads / mean_rate)), p, g, int(s.default_chunk),
                        int(s.max_num_seqs), round(mean_rate, 1), int(req.input_len.sum()), int(req.output_len.sum()),
                        float(min(kv_cap, 1e18)), list(map(float, table.clocks[ci]))])
-    path = Path(cfg.get("results_dir", "results")) / "cache" / f"window_profile_{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+    path = cache_dir(cfg) / f"window_profile_{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
     if path.exists():
         z = np.load(path)
         return {k: z[k] for k in z.files}
