@@ -256,7 +256,7 @@ class SimExecutor:
         f = self._clock_at(t) if self.pending else self.clock
         shape = (n, float(ctx), float(pairs), len(scheduled))
         lat, e_gpu = self.cost.step1(n, f, shape[1], shape[2], shape[3])
-        p_idle = self.cost.idle1(f)
+        p_idle = None                                    # P_idle(f), asked when a stage waited
         g, stage_free, e_bin = self.g, self.stage_free, self.e_bin
         e_it, busy = 0.0, g * e_gpu
         prev = t
@@ -264,6 +264,8 @@ class SimExecutor:
             start = stage_free[s] if stage_free[s] > prev else prev
             gap = start - stage_free[s]
             if gap > 0:                                  # the stage waited: idle energy
+                if p_idle is None:
+                    p_idle = self.cost.idle1(f)
                 e_bin[int(stage_free[s])] += g * p_idle * gap
                 e_it += g * p_idle * gap
             stage_free[s] = prev = start + lat
