@@ -42,11 +42,10 @@ def requests_for(w, cache: Optional[Path] = None):
 def _stored_requests(key: str, w, cache: Path):
     """:func:`workloads.serving.build_requests` through a file in ``cache`` (see :func:`requests_for`)."""
     import hashlib
-    import io
+    import os
 
     import workloads.data
     import workloads.serving
-    from harness.records import atomic_write_bytes
     root = workloads.data.resolve(w.path)
     h = hashlib.sha1(key.encode())
     for module in (workloads.serving, workloads.data):
@@ -62,9 +61,11 @@ def _stored_requests(key: str, w, cache: Path):
         z = np.load(path)
         return workloads.serving.Requests(z["arrival_s"], z["input_len"], z["output_len"], str(z["note"]))
     req = workloads.serving.build_requests(w)
-    buf = io.BytesIO()
-    np.savez(buf, arrival_s=req.arrival_s, input_len=req.input_len, output_len=req.output_len, note=np.array(req.note))
-    atomic_write_bytes(path, buf.getvalue())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, arrival_s=req.arrival_s, input_len=req.input_len, output_len=req.output_len, note=np.array(req.note))
+    os.replace(tmp, path)                    # a job running beside reads the whole file or none
     return req
 
 
