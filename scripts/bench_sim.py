@@ -254,7 +254,8 @@ def runner_times(root: Path, overrides: List[str], rounds: int) -> List[float]:
 
 
 def runner_child(root: Path, rounds: int, overrides: List[str]) -> None:
-    """In the child: compose once, run ``rounds`` times, print the runner times as JSON."""
+    """In the child: compose once, run ``rounds`` times, print the runner times as JSON (records and
+    caches in a temporary folder, never the checkout's results/)."""
     sys.path.insert(0, str(root))
     from hydra import compose, initialize_config_dir
 
@@ -264,8 +265,8 @@ def runner_child(root: Path, rounds: int, overrides: List[str]) -> None:
     from harness.run import run
     with tempfile.TemporaryDirectory(prefix="bench_sim_runner_") as tmp:
         with initialize_config_dir(version_base="1.3", config_dir=str(root / "conf")):
-            cfg = compose("config", overrides=[f"output_dir={tmp}", "tracking=none", "progress=false", "backend=sim",
-                                               "resume=false", *overrides])
+            cfg = compose("config", overrides=[f"output_dir={tmp}", f"results_dir={tmp}", "tracking=none",
+                                               "progress=false", "backend=sim", "resume=false", *overrides])
         walls = [run(cfg, multirun=True, overrides=[])["repeat_runs"][0]["wall_s"] for _ in range(rounds)]
     print(json.dumps(walls))
 
