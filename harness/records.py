@@ -84,36 +84,60 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_write_parquet(path: Path, table) -> None:
-    """Write a table to parquet atomically: a pandas DataFrame, or a list of row dicts with the same
-    keys (columns typed as pandas would: int64, float64, else pyarrow's inference)."""
+    """Write a table to parquet atomically: a pandas DataFrame, a list of row dicts with the same
+    keys, or a dict of columns (name -> 1-D numpy array or list, equal lengths); rows and columns
+    typed as pandas would: int64, float64, bool, str, all-None (null), else pyarrow's inference."""
     import io
 
     import pyarrow.parquet as pq
     buf = io.BytesIO()
     if isinstance(table, list):
         pq.write_table(_arrow_table(table), buf)
+    elif isinstance(table, dict):
+        pq.write_table(_arrow_columns(table), buf)
     else:
         table.to_parquet(buf, index=False)
     atomic_write_bytes(path, buf.getvalue())
 
 
 def _arrow_table(rows: List[Dict[str, Any]]):
-    """Row dicts -> a pyarrow Table. Numeric columns go through numpy into Arrow buffers: pyarrow's
-    own conversion of Python lists imports pandas (~0.3 s, more than a simulated run), which a run
-    whose tables are rows never needs."""
+    """Row dicts -> a pyarrow Table (through :func:`_arrow_columns`)."""
+    names = list(rows[0]) if rows else []
+    return _arrow_columns({name: [r.get(name) for r in rows] for name in names})
+
+
+def _arrow_columns(columns: Dict[str, Any]):
+    """Columns -> a pyarrow Table, each column built from Arrow buffers: pyarrow's own conversion of
+    Python values (``pa.array``) imports pandas (~0.3 s, more than a simulated run), which a run
+    whose tables are numbers, flags and labels never needs."""
+    import pyarrow as pa
+    return pa.Table.from_arrays([_arrow_array(v) for v in columns.values()], names=list(columns))
+
+
+def _arrow_array(values):
+    """One column: numbers (int/uint/float numpy dtypes), bools, str or all None from buffers; bools
+    with None as a bool column with nulls; anything else by pyarrow's inference."""
     import numpy as np
     import pyarrow as pa
-    names = list(rows[0]) if rows else []
-    arrays = []
-    for name in names:
-        values = [r.get(name) for r in rows]
-        col = np.asarray(values)
-        if col.dtype.kind in "iuf" and col.ndim == 1:
-            col = np.ascontiguousarray(col)
-            arrays.append(pa.Array.from_buffers(pa.from_numpy_dtype(col.dtype), len(col), [None, pa.py_buffer(col)]))
-        else:                        # bool, str, None: pyarrow's inference
-            arrays.append(pa.array(values))
-    return pa.Table.from_arrays(arrays, names=names)
+    col = values if isinstance(values, np.ndarray) else np.asarray(values)
+    n = len(col)
+    if col.ndim == 1 and col.dtype.kind in "iuf":
+        col = np.ascontiguousarray(col)
+        return pa.Array.from_buffers(pa.from_numpy_dtype(col.dtype), n, [None, pa.py_buffer(col)])
+    items = col.tolist()
+    if all(v is None for v in items):
+        return pa.nulls(n)
+    if all(isinstance(v, str) for v in items):
+        data = [v.encode() for v in items]
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum([len(b) for b in data], out=offsets[1:])
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+    if all(v is None or isinstance(v, (bool, np.bool_)) for v in items):
+        valid = np.array([v is not None for v in items])
+        bits = np.array([bool(v) for v in items])
+        mask = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        return pa.Array.from_buffers(pa.bool_(), n, [mask, pa.py_buffer(np.packbits(bits, bitorder="little"))])
+    return pa.array(items)
 
 
 FIX_OUTPUT = "pass a writable results_dir=PATH (or hydra.run.dir=PATH / hydra.sweep.dir=PATH)"

@@ -46,7 +46,8 @@ class RunResult:
         a warm-up's wall time, excluded from the other timings).
     display: rows (label, key, formatter) for the printed table; values come from ``summary``,
         so the printed table and the record cannot disagree.
-    tables: name -> pandas DataFrame or list of row dicts, each written as ``<name>.parquet``.
+    tables: name -> pandas DataFrame, list of row dicts or dict of columns (name -> numpy array),
+        each written as ``<name>.parquet``.
     """
     status: str = "ok"                   # ok | oom | error
     message: str = ""

@@ -57,7 +57,11 @@ class WandbTracker(NullTracker):
                 self.run.summary[k] = v
 
     def log_table(self, name: str, table) -> None:
-        """A DataFrame or a list of row dicts (harness.run.RunResult.tables); its first 10,000 rows."""
+        """A DataFrame, a list of row dicts or a dict of columns (harness.run.RunResult.tables); its
+        first 10,000 rows."""
+        if isinstance(table, dict):
+            import pandas as pd
+            table = pd.DataFrame(table)
         if table is None or not len(table):
             return
         if isinstance(table, list):

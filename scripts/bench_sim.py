@@ -115,8 +115,25 @@ def lbs_linear_cases() -> List[LinearCase]:
                        ([*LBS_LONG, "gen_len=2048"], 256 * 64), ([*LBS_LONG, "gen_len=8192"], 256 * 256))]
 
 
+# --- BEAM serving (engineer M) -------------------------------------------------------------------------
+SERVING_MAIN = ["system=beam", "model=llama-3.3-70b", "hardware=a100-80gb", "tp=2", "pp=4", "workload=servegen"]
+
+
+def serving_cases() -> List[Case]:
+    """The README's simulated BEAM main command (ServeGen 19:00-20:00, LLaMA-3.3-70B on 8 simulated
+    A100s, tp=2 pp=4: about 8,000 requests, 83,000 iterations, 18,000 decisions); W&B off."""
+    return [Case("serving main command, tracking=none", [*SERVING_MAIN, "tracking=none"], 1.0)]
+
+
+def serving_runner_cases() -> List[RunnerCase]:
+    """The same config's runner alone (request stream, profiling pass, serving, tables; no start-up):
+    what the simulator itself costs."""
+    return [RunnerCase("serving runner, main command", SERVING_MAIN, 1.0)]
+
+
 CASES: Dict[str, Callable[[], list]] = {"fasttts": fasttts_cases, "lbs": lbs_cases, "startup": startup_cases,
-                                        "lbs-runner": lbs_runner_cases, "lbs-linear": lbs_linear_cases}
+                                        "lbs-runner": lbs_runner_cases, "lbs-linear": lbs_linear_cases,
+                                        "serving": serving_cases, "serving-runner": serving_runner_cases}
 
 
 # --- measurement: process cases ------------------------------------------------------------------------
@@ -237,7 +254,8 @@ def runner_times(root: Path, overrides: List[str], rounds: int) -> List[float]:
 
 
 def runner_child(root: Path, rounds: int, overrides: List[str]) -> None:
-    """In the child: compose once, run ``rounds`` times, print the runner times as JSON."""
+    """In the child: compose once, run ``rounds`` times, print the runner times as JSON (records and
+    caches in a temporary folder, never the checkout's results/)."""
     sys.path.insert(0, str(root))
     from hydra import compose, initialize_config_dir
 
@@ -247,8 +265,8 @@ def runner_child(root: Path, rounds: int, overrides: List[str]) -> None:
     from harness.run import run
     with tempfile.TemporaryDirectory(prefix="bench_sim_runner_") as tmp:
         with initialize_config_dir(version_base="1.3", config_dir=str(root / "conf")):
-            cfg = compose("config", overrides=[f"output_dir={tmp}", "tracking=none", "progress=false", "backend=sim",
-                                               "resume=false", *overrides])
+            cfg = compose("config", overrides=[f"output_dir={tmp}", f"results_dir={tmp}", "tracking=none",
+                                               "progress=false", "backend=sim", "resume=false", *overrides])
         walls = [run(cfg, multirun=True, overrides=[])["repeat_runs"][0]["wall_s"] for _ in range(rounds)]
     print(json.dumps(walls))
 

@@ -25,3 +25,36 @@ def test_tests_write_to_temporary_folders(compose_cfg):
     cfg = compose_cfg()
     assert cfg.results_dir == os.environ["TTC_RESULTS_DIR"] and "ttc-tests-" in cfg.results_dir
     assert "ttc-tests-" in os.environ["WANDB_DIR"]
+
+
+def test_columns_and_rows_are_written_without_pandas_as_pandas_writes_them(tmp_path):
+    """A table given as a dict of columns or as row dicts is written from Arrow buffers (numbers,
+    bools, bools with None, all None, text) in a process that never imports pandas, and reads back
+    as the same DataFrame pandas writes itself. Mutations caught: text or flags through
+    ``pa.array`` (imports pandas), a bool column's validity bitmap dropped (None read as False),
+    string offsets shifted by one."""
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+    import pandas as pd
+    cols = {"t": [0.5, np.nan, 2.0], "n": [1, 2, 3], "ok": [True, None, False], "flag": [True, False, True],
+            "none": [None, None, None], "trigger": ["arrival", "", "décision"]}
+    code = ("import json, sys, numpy as np\nfrom pathlib import Path\nfrom harness import records\n"
+            "cols = json.loads(sys.argv[1]); out = Path(sys.argv[2])\n"
+            "arrays = {k: (np.array(v, dtype=float) if k == 't' else np.asarray(v)) for k, v in cols.items()}\n"
+            "records.atomic_write_parquet(out / 'cols.parquet', arrays)\n"
+            "rows = [dict(zip(arrays, r)) for r in zip(*(a.tolist() for a in arrays.values()))]\n"
+            "records.atomic_write_parquet(out / 'rows.parquet', rows)\n"
+            "print('pandas' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(cols).replace("NaN", "null"), str(tmp_path)],
+                         capture_output=True, text=True, cwd=str(records.Path(records.__file__).parent.parent))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+    want = pd.DataFrame({**cols, "t": np.array(cols["t"], dtype=float)})
+    want.to_parquet(tmp_path / "pandas.parquet", index=False)
+    expect = pd.read_parquet(tmp_path / "pandas.parquet")
+    for name in ("cols", "rows"):
+        got = pd.read_parquet(tmp_path / f"{name}.parquet")
+        pd.testing.assert_frame_equal(got, expect)

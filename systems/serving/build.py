@@ -8,6 +8,7 @@ memory - weights on the device - the hardware's reserve (vLLM on CPU: ``system.c
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -17,17 +18,55 @@ from harness.errors import ConfigError, bad
 _REQ_CACHE: Dict[str, Any] = {}
 
 
-def requests_for(w):
+def cache_dir(cfg) -> Path:
+    """Where serving runs keep what they compute once and reuse: ``results_dir``/cache."""
+    return Path(cfg.get("results_dir", "results")) / "cache"
+
+
+def requests_for(w, cache: Optional[Path] = None):
     """The workload's request stream (cached per resolved workload config: ``seed: ${seed}`` is
-    resolved, so jobs of a sweep sharing a worker process get their own seed's stream)."""
+    resolved, so jobs of a sweep sharing a worker process get their own seed's stream). With
+    ``cache`` (a folder), a trace's stream is also stored there and read back by later runs while
+    the config, the trace files (path, size, mtime) and the loaders' source stay the same."""
     from omegaconf import OmegaConf
 
     from workloads.serving import build_requests
     key = OmegaConf.to_yaml(w, resolve=True)
     if key not in _REQ_CACHE:
         _REQ_CACHE.clear()
-        _REQ_CACHE[key] = build_requests(w)
+        stored = cache is not None and w.kind in ("trace", "servegen")
+        _REQ_CACHE[key] = _stored_requests(key, w, cache) if stored else build_requests(w)
     return _REQ_CACHE[key]
+
+
+def _stored_requests(key: str, w, cache: Path):
+    """:func:`workloads.serving.build_requests` through a file in ``cache`` (see :func:`requests_for`)."""
+    import hashlib
+    import os
+
+    import workloads.data
+    import workloads.serving
+    root = workloads.data.resolve(w.path)
+    h = hashlib.sha1(key.encode())
+    for module in (workloads.serving, workloads.data):
+        h.update(Path(module.__file__).read_bytes())
+    for f in sorted(root.rglob("*")) if root.is_dir() else [root]:
+        try:
+            st = f.stat()
+        except OSError:                      # missing: build_requests names it
+            continue
+        h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode())
+    path = cache / f"requests_{h.hexdigest()[:16]}.npz"
+    if path.exists():
+        z = np.load(path)
+        return workloads.serving.Requests(z["arrival_s"], z["input_len"], z["output_len"], str(z["note"]))
+    req = workloads.serving.build_requests(w)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, arrival_s=req.arrival_s, input_len=req.input_len, output_len=req.output_len, note=np.array(req.note))
+    os.replace(tmp, path)                    # a job running beside reads the whole file or none
+    return req
 
 
 def parallelism(cfg):
@@ -133,7 +172,6 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
     """
     import hashlib
     import json as _json
-    from pathlib import Path
 
     from systems.serving.controllers import Controller
     from systems.serving.driver import Driver
@@ -149,7 +187,7 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
     key = _json.dumps(["v3-table", digest, list(map(float, loads / mean_rate)), p, g, int(s.default_chunk),
                        int(s.max_num_seqs), round(mean_rate, 1), int(req.input_len.sum()), int(req.output_len.sum()),
                        float(min(kv_cap, 1e18)), list(map(float, table.clocks[ci]))])
-    path = Path(cfg.get("results_dir", "results")) / "cache" / f"window_profile_{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+    path = cache_dir(cfg) / f"window_profile_{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
     if path.exists():
         z = np.load(path)
         return {k: z[k] for k in z.files}
@@ -168,8 +206,8 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
             ex = SimExecutor(cost, p, g, max_num_seqs=int(s.max_num_seqs), kv_capacity_tokens=kv_cap)
             r = Driver(ctl, sub, t_stop=float(sub.arrival_s[-1]) + 30.0).run(ex).requests
             with np.errstate(invalid="ignore"):           # a percentile between two misses (inf) is inf
-                ttft[i, j] = float(np.percentile(r.ttft_s.fillna(np.inf), 90))
-            tb = r.tbt_mean_s.dropna()
+                ttft[i, j] = float(np.percentile(np.nan_to_num(r["ttft_s"], nan=np.inf), 90))
+            tb = r["tbt_mean_s"][~np.isnan(r["tbt_mean_s"])]
             tbt[i, j] = float(np.percentile(tb, 90)) if len(tb) else 0.0
     prof = {"loads": loads, "clocks": table.clocks[ci], "ttft_p90": ttft, "tbt_p90": tbt}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,12 +282,16 @@ def stop_time(req, w) -> float:
 
 
 def serve(driver, ex, ctx, desc: str):
-    """Run ``driver`` on ``ex`` with a progress bar over serving seconds (none with progress=false)."""
+    """Run ``driver`` on ``ex`` with a progress bar over serving seconds (none with progress=false).
+    The bar is any object with tqdm's ``update`` (the harness's bar that draws nothing has no more)."""
     if not ctx.show_progress:
         return driver.run(ex)
     total = driver.t_stop if math.isfinite(driver.t_stop) else float(driver.arr[-1])
     with ctx.progress(int(math.ceil(total)), desc) as bar:
-        def progress(t):
-            if int(t) > bar.n:
-                bar.update(int(t) - bar.n)
+        shown = 0
+
+        def progress(t):                    # the driver calls it once per serving second reached
+            nonlocal shown
+            bar.update(int(t) - shown)
+            shown = int(t)
         return driver.run(ex, progress=progress)

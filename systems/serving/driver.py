@@ -21,13 +21,13 @@ Rules, one meaning on every backend:
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
-import pandas as pd
 
 from systems.serving.protocol import EngineState, Executor, Iteration, WindowStats, iteration_shape
 
@@ -35,20 +35,23 @@ DECISION_COLUMNS = ["time_s", "trigger", "request", "decision_us", "chunk", "mic
                     "feasible", "pred_ttft_s", "pred_tbt_s", "pred_energy_j"]
 ITERATION_COLUMNS = ["time_s", "latency_s", "cpu_s", "tokens", "ctx_tokens", "attn_pairs", "seqs",
                      "prefill_tokens", "decodes", "budget", "clock_mhz", "energy_j"]
+INT_ITERATION_COLUMNS = ("tokens", "seqs", "prefill_tokens", "decodes", "budget")
+Columns = Dict[str, np.ndarray]         # a table: column name -> 1-D array, all of one length
 
 
 @dataclass
 class ServeResult:
-    """What serving produced (SI units). requests: one row per request; gaps / gap_times: every
-    token gap (s) and when it was emitted; decisions: the decision log; iterations: one row per
-    finished iteration; timeline: 1-s bins (energy, power, tokens, arrivals, clock, knobs);
+    """What serving produced (SI units). Tables are :data:`Columns` (name -> numpy array; written as
+    parquet by the harness, no pandas needed): requests: one row per request; decisions: the
+    decision log; iterations: one row per finished iteration; timeline: 1-s bins (energy, power,
+    tokens, arrivals, clock, knobs). gaps / gap_times: every token gap (s) and when it was emitted;
     energy_j: None when not measured (``energy_reason`` says why)."""
-    requests: pd.DataFrame
+    requests: Columns
     gaps: np.ndarray
     gap_times: np.ndarray
-    decisions: pd.DataFrame
-    iterations: pd.DataFrame
-    timeline: pd.DataFrame
+    decisions: Columns
+    iterations: Columns
+    timeline: Columns
     energy_j: Optional[float]
     energy_reason: str
     makespan_s: float
@@ -175,7 +178,8 @@ class Driver:
 
     # -- main loop ----------------------------------------------------------------------------------
     def run(self, ex: Executor, progress: Optional[Callable[[float], None]] = None) -> ServeResult:
-        """Serve every request on ``ex`` (or until ``t_stop``) and return what happened."""
+        """Serve every request on ``ex`` (or until ``t_stop``) and return what happened.
+        ``progress``: called with the serving time (s) when an iteration reaches a new whole second."""
         N = self.N
         self.ex = ex
         self.arr_l, self.inp_l, self.out_l = self.arr.tolist(), self.inp.tolist(), self.out.tolist()
@@ -200,14 +204,16 @@ class Driver:
         period = self.ctl.period_s
         next_tick = period if period else math.inf
         arr = self.arr_l
+        next_second = 1.0               # progress: called when serving reaches each next whole second
         while self.next_arr < N or ex.busy():
             ta = arr[self.next_arr] if self.next_arr < N else math.inf
             until = min(ta, next_tick, self.t_stop)
             it = ex.advance(until)
             if it is not None:
                 self._account(it)
-                if progress is not None:
+                if progress is not None and it.t_end >= next_second:
                     progress(it.t_end)
+                    next_second = math.floor(it.t_end) + 1.0
                 continue
             now = ex.now
             if now >= self.t_stop or until == math.inf:      # stopped, or stuck with nothing to wait for
@@ -227,34 +233,37 @@ class Driver:
     # -- result tables ------------------------------------------------------------------------------
     def _result(self, totals, t_end: float) -> ServeResult:
         gen = np.asarray(self.gen)
-        req = pd.DataFrame({
+        first = np.asarray(self.first, dtype=float)
+        req = {
             "arrival_s": self.arr, "input_len": self.inp, "output_len": self.out,
-            "first_token_s": self.first, "finish_s": self.fin, "generated": gen,
-            "ttft_s": np.asarray(self.first) - self.arr,
+            "first_token_s": first, "finish_s": np.asarray(self.fin, dtype=float), "generated": gen,
+            "ttft_s": first - self.arr,
             "tbt_mean_s": np.where(gen > 1, np.asarray(self.gap_sum) / np.maximum(gen - 1, 1), np.nan),
             "tbt_max_s": np.where(gen > 1, self.gap_max, np.nan),
-        })
-        dec = pd.DataFrame(self.dec_rows, columns=DECISION_COLUMNS)
-        its = pd.DataFrame(np.array(self.it_rows, dtype=float).reshape(-1, len(ITERATION_COLUMNS)),
-                           columns=ITERATION_COLUMNS)          # None (not measured) -> NaN
-        its = its.astype({c: np.int64 for c in ("tokens", "seqs", "prefill_tokens", "decodes", "budget")})
+        }
+        dec = {c: column(list(v)) for c, v in zip(DECISION_COLUMNS, zip(*self.dec_rows) if self.dec_rows
+                                                  else [()] * len(DECISION_COLUMNS))}
+        a = np.array(self.it_rows, dtype=float).reshape(-1, len(ITERATION_COLUMNS))    # None (not measured) -> NaN
+        its = {c: a[:, i].astype(np.int64) if c in INT_ITERATION_COLUMNS else a[:, i]
+               for i, c in enumerate(ITERATION_COLUMNS)}
         tl = self._timeline(totals, t_end)
         gi = np.array(self.gap_iter, dtype=float).reshape(-1, 2)
         gap_t = np.repeat(gi[:, 0], gi[:, 1].astype(np.int64))
-        return ServeResult(req, np.asarray(self.gaps), gap_t, dec, its, tl, totals.energy_j,
+        return ServeResult(req, np.fromiter(self.gaps, float, len(self.gaps)), gap_t, dec, its, tl, totals.energy_j,
                            totals.energy_reason, t_end, totals.preemptions)
 
-    def _timeline(self, totals, t_end: float) -> pd.DataFrame:
+    def _timeline(self, totals, t_end: float) -> Columns:
         """1-s bins: energy (J) and power (W) of the executor (None when not measured), tokens emitted,
-        arrivals and their prompt tokens, the clock in force (time-weighted) and the knobs (last value)."""
+        arrivals and their prompt tokens, the clock in force (time-weighted) and the knobs (the last
+        value set in the bin, else the bin before's)."""
         nb = int(math.ceil(t_end)) + 1
-        tl = pd.DataFrame({"time_s": np.arange(nb, dtype=float)})
+        tl = {"time_s": np.arange(nb, dtype=float)}
         if totals.energy_j is not None:
-            tl["energy_j"] = [totals.energy_bins.get(i, 0.0) for i in range(nb)]
-            tl["power_w"] = tl["energy_j"]                      # 1-s bins: J per s
+            tl["energy_j"] = np.array([totals.energy_bins.get(i, 0.0) for i in range(nb)], dtype=float)
         else:
-            tl["energy_j"] = tl["power_w"] = np.nan
-        tl["tokens"] = [self.tok_bin.get(i, 0) for i in range(nb)]
+            tl["energy_j"] = np.full(nb, np.nan)
+        tl["power_w"] = tl["energy_j"]                          # 1-s bins: J per s
+        tl["tokens"] = np.array([self.tok_bin.get(i, 0) for i in range(nb)], dtype=np.int64)
         a = np.minimum(self.arr.astype(int), nb - 1)
         tl["arrivals"] = np.bincount(a, minlength=nb)[:nb]
         tl["input_tokens"] = np.bincount(a, weights=self.inp, minlength=nb)[:nb]
@@ -267,9 +276,28 @@ class Driver:
                 if ov > 0:
                     f_bin[i] += fv * ov
         tl["clock_mhz"] = f_bin
-        kn = pd.DataFrame(self.knobs, columns=["time_s", "chunk", "microbatches", "clock_target_mhz"])
-        kn["bin"] = kn["time_s"].astype(int)
-        last = kn.groupby("bin")[["chunk", "microbatches"]].last().reindex(range(nb)).ffill()
-        tl["chunk"] = last["chunk"].to_numpy()
-        tl["microbatches"] = last["microbatches"].to_numpy()
+        kn = np.array([k[:3] for k in self.knobs], dtype=float).reshape(-1, 3)     # time, chunk, microbatches
+        bins = kn[:, 0].astype(int)
+        last = np.full(nb, -1)                                  # the bin's last knob setting, else -1
+        inside = bins < nb
+        np.maximum.at(last, bins[inside], np.flatnonzero(inside))
+        have = last >= 0
+        last = last[np.maximum.accumulate(np.where(have, np.arange(nb), 0))]      # else the bin before's
+        for i, c in ((1, "chunk"), (2, "microbatches")):
+            v = np.where(last >= 0, kn[last, i], np.nan)
+            tl[c] = v.astype(np.int64) if have.all() else v
         return tl
+
+
+def column(values: list) -> np.ndarray:
+    """A table column from Python values, typed as pandas types a column of rows: numbers with
+    None -> float64 with NaN; else numpy's type (int64, float64, bool, str), or object (all None,
+    bools with None)."""
+    arr = np.asarray(values) if values else np.array([], dtype=object)
+    if arr.dtype != object:
+        return arr
+    kinds = set(map(type, values))
+    if type(None) in kinds and len(kinds) > 1 and \
+            all(issubclass(k, numbers.Real) and not issubclass(k, (bool, np.bool_)) for k in kinds - {type(None)}):
+        return np.array(values, dtype=float)                    # None -> NaN
+    return arr

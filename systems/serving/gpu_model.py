@@ -103,6 +103,7 @@ class StageModel:
         self._ar_lat = 2 * self.layers * 8e-6 if self.tp > 1 else 0.0
         self._pp_s_per_token = self.act_bytes_token / ic if self.pp > 1 else 0.0
         self.f_knee = self.power.mem_knee_frac * self.f_max
+        self._clock_terms: dict = {}           # clock -> step1's terms that depend on it alone
 
     # -- latency ----------------------------------------------------------------------------------
     def parts(self, n_tokens, f_mhz, ctx_tokens=0.0, attn_pairs=0.0):
@@ -150,21 +151,33 @@ class StageModel:
         return t_k + t_other, e
 
     def step1(self, n: float, f: float, ctx_tokens: float = 0.0, attn_pairs: float = 0.0, seqs: int = 1):
-        """Scalar :meth:`step` in plain floats (the simulator's hot path); same formula. ``seqs``
-        (sequences in the batch) is not a term of this model: its matmuls count every token."""
-        tile = self.power.tile_tokens
-        t_sm = ((2.0 * self.weight_params_gpu * (-(-n // tile) * tile) + self.attn_flops_pair_gpu * attn_pairs)
-                / self.flops_rate * (self.f_max / f))
-        t_mem = ((self.read_bytes_gpu + self.kv_bytes_token_gpu * ctx_tokens) / self.bw
-                 * max(1.0, self.f_knee / f))
-        t_other = self.t_launch + self._ar_lat + (self._ar_s_per_token + self._pp_s_per_token) * n
-        t_k = max(t_sm, t_mem)
+        """Scalar :meth:`step` in plain floats (the simulator's hot path); same formula, its terms that
+        depend on the clock alone computed once per clock. ``seqs`` (sequences in the batch) is not a
+        term of this model: its matmuls count every token."""
+        c = self._clock_terms.get(f) or self._terms(f)
+        t_sm = (2.0 * self.weight_params_gpu * (-(-n // c[0]) * c[0]) + self.attn_flops_pair_gpu * attn_pairs) / c[1] * c[2]
+        t_mem = (self.read_bytes_gpu + self.kv_bytes_token_gpu * ctx_tokens) / self.bw * c[3]
+        t_other = c[4] + c[5] * n
+        t_k = t_sm if t_sm > t_mem else t_mem
+        r = t_sm / t_k
+        if r > 1.0:
+            r = 1.0
+        p = self.idle_w + c[6] * (c[7] + c[8] * r)
+        if p > c[9]:
+            p = c[9]
+        return t_k + t_other, p * t_k + c[10] * t_other
+
+    def _terms(self, f: float) -> tuple:
+        """The clock's terms of :meth:`step1`, each evaluated as the formula writes it: (tile, flops
+        rate, f_max / f, memory slow-down, launch + all-reduce latency, per-token communication,
+        P_active - P_idle, mem_beta, 1 - mem_beta, power limit, P_idle(f))."""
         pw = self.power
         pa = pw.act_a_w + pw.act_b_w * (f / self.f_max) ** pw.act_alpha
-        r = min(1.0, t_sm / t_k)
-        p = min(pw.limit_w, self.idle_w + (pa - self.idle_w) * (pw.mem_beta + (1 - pw.mem_beta) * r))
-        p_idle = self.idle_w + (pw.blocking_w - self.idle_w) * f / self.f_max
-        return t_k + t_other, p * t_k + p_idle * t_other
+        c = (pw.tile_tokens, self.flops_rate, self.f_max / f, max(1.0, self.f_knee / f), self.t_launch + self._ar_lat,
+             self._ar_s_per_token + self._pp_s_per_token, pa - self.idle_w, pw.mem_beta, 1 - pw.mem_beta, pw.limit_w,
+             self.idle1(f))
+        self._clock_terms[f] = c
+        return c
 
     def idle1(self, f: float) -> float:
         """Scalar :meth:`idle_power` (W per GPU)."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 import numpy as np
-import pandas as pd
+
+from systems.serving.driver import Columns
 
 
 def _pct(x: np.ndarray, q: float) -> Optional[float]:
@@ -19,36 +20,46 @@ def _pct(x: np.ndarray, q: float) -> Optional[float]:
     return float(np.percentile(x, q)) if len(x) else None
 
 
-def prediction_error(req: pd.DataFrame, dec: pd.DataFrame, gaps: np.ndarray, gap_times: np.ndarray) -> Dict[str, Any]:
+def _given(col: np.ndarray) -> np.ndarray:
+    """Where a column holds a value (not NaN; not None in a column of objects)."""
+    if col.dtype == object:
+        return np.array([v is not None and v == v for v in col.tolist()], dtype=bool)
+    return ~np.isnan(col.astype(float))
+
+
+def prediction_error(req: Columns, dec: Columns, gaps: np.ndarray, gap_times: np.ndarray) -> Dict[str, Any]:
     """MAPE (%) of the controller's predictions against what happened.
 
     TTFT: decisions at a request's arrival predict its TTFT. TBT: S2 decisions (no TTFT predicted)
     predict the TBT of the tokens emitted until the next decision (their mean gap).
     """
     out: Dict[str, Any] = {"pred_ttft_mape_pct": None, "pred_tbt_mape_pct": None}
-    if dec.empty:
+    if not len(dec["time_s"]):
         return out
-    a = dec[(dec.trigger == "arrival") & dec.pred_ttft_s.notna() & (dec.request >= 0)]
-    if len(a):
-        actual = req["ttft_s"].to_numpy()[a.request.to_numpy(int)]
+    trigger, has_ttft = dec["trigger"], _given(dec["pred_ttft_s"])
+    a = (trigger == "arrival") & has_ttft & (dec["request"] >= 0)
+    if a.any():
+        actual = req["ttft_s"][dec["request"][a].astype(int)]
+        pred = dec["pred_ttft_s"][a].astype(float)
         ok = np.isfinite(actual) & (actual > 0)
         if ok.any():
-            out["pred_ttft_mape_pct"] = float(100 * np.mean(np.abs(a.pred_ttft_s.to_numpy()[ok] - actual[ok]) / actual[ok]))
-    s2 = dec[dec.pred_tbt_s.notna() & dec.pred_ttft_s.isna() & (dec.trigger != "tick")]
-    if len(s2) and len(gaps):
+            out["pred_ttft_mape_pct"] = float(100 * np.mean(np.abs(pred[ok] - actual[ok]) / actual[ok]))
+    s2 = _given(dec["pred_tbt_s"]) & ~has_ttft & (trigger != "tick")
+    if s2.any() and len(gaps):
         order = np.argsort(gap_times, kind="stable")
         gt, gv = gap_times[order], gaps[order]
-        t = dec.time_s.to_numpy()
-        idx = np.searchsorted(t, s2.time_s.to_numpy(), side="right")
+        t = dec["time_s"]
+        s2_t = t[s2]
+        idx = np.searchsorted(t, s2_t, side="right")
         t_next = np.append(t, np.inf)[idx]
-        lo = np.searchsorted(gt, s2.time_s.to_numpy(), side="left")
+        lo = np.searchsorted(gt, s2_t, side="left")
         hi = np.searchsorted(gt, t_next, side="left")
         cs = np.concatenate([[0.0], np.cumsum(gv)])
         n = hi - lo
         ok = n > 0
         if ok.any():
             mean = (cs[hi[ok]] - cs[lo[ok]]) / n[ok]
-            out["pred_tbt_mape_pct"] = float(100 * np.mean(np.abs(s2.pred_tbt_s.to_numpy()[ok] - mean) / mean))
+            out["pred_tbt_mape_pct"] = float(100 * np.mean(np.abs(dec["pred_tbt_s"][s2].astype(float)[ok] - mean) / mean))
     return out
 
 
@@ -59,40 +70,41 @@ def summarize(res, slo_ttft: float, slo_tbt: float) -> Dict[str, Any]:
     iterations' stage time over the makespan."""
     req, gaps, dec, its = res.requests, res.gaps, res.decisions, res.iterations
     energy_j, makespan_s = res.energy_j, res.makespan_s
-    ttft = req["ttft_s"].to_numpy(float)
-    tbt_mean = req["tbt_mean_s"].to_numpy(float)
-    done = np.isfinite(req["finish_s"].to_numpy(float))
+    n_req, n_dec, n_its = len(req["arrival_s"]), len(dec["time_s"]), len(its["time_s"])
+    ttft = req["ttft_s"].astype(float)
+    tbt_mean = req["tbt_mean_s"].astype(float)
+    done = np.isfinite(req["finish_s"].astype(float))
     out_tok = int(req["generated"].sum())
-    one_token = req["output_len"].to_numpy() <= 1
+    one_token = req["output_len"] <= 1
     # a request meets the TBT SLO if it finished with mean TBT <= SLO (one-token requests have no TBT)
     tbt_ok = one_token | (done & (np.nan_to_num(tbt_mean, nan=np.inf) <= slo_tbt))
     tl = res.timeline
     busy = tl["time_s"] < makespan_s
     s: Dict[str, Any] = {
-        "requests": int(len(req)), "completed": int(done.sum()),
+        "requests": int(n_req), "completed": int(done.sum()),
         "makespan_s": float(makespan_s), "output_tokens": out_tok,
         "throughput_tok_s": out_tok / makespan_s if makespan_s > 0 else None,
         "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90), "ttft_p99_s": _pct(ttft, 99),
         "tbt_p50_s": _pct(gaps, 50), "tbt_p90_s": _pct(gaps, 90), "tbt_p99_s": _pct(gaps, 99),
         "tpot_p90_s": _pct(tbt_mean, 90),
         "slo_ttft_s": slo_ttft, "slo_tbt_s": slo_tbt, "slos": f"TTFT {slo_ttft:g} s, TBT {1e3 * slo_tbt:g} ms",
-        "slo_ttft_attainment": float(np.mean(np.nan_to_num(ttft, nan=np.inf) <= slo_ttft)) if len(req) else None,
-        "slo_tbt_attainment": float(np.mean(tbt_ok)) if len(req) else None,
+        "slo_ttft_attainment": float(np.mean(np.nan_to_num(ttft, nan=np.inf) <= slo_ttft)) if n_req else None,
+        "slo_tbt_attainment": float(np.mean(tbt_ok)) if n_req else None,
         "slo_tbt_token_attainment": float(np.mean(gaps <= slo_tbt)) if len(gaps) else None,
         "energy_j": energy_j,
         "energy_per_token_j": (energy_j / out_tok) if (energy_j is not None and out_tok) else None,
         "avg_power_w": (energy_j / makespan_s) if (energy_j is not None and makespan_s > 0) else None,
         "energy_unavailable_reason": res.energy_reason or None,
-        "decisions": int(len(dec)),
-        "decision_us_p50": _pct(dec["decision_us"].to_numpy(float), 50) if len(dec) else None,
-        "decision_us_p99": _pct(dec["decision_us"].to_numpy(float), 99) if len(dec) else None,
-        "iterations": int(len(its)),
-        "iteration_latency_p50_s": _pct(its["latency_s"].to_numpy(float), 50) if len(its) else None,
+        "decisions": int(n_dec),
+        "decision_us_p50": _pct(dec["decision_us"].astype(float), 50) if n_dec else None,
+        "decision_us_p99": _pct(dec["decision_us"].astype(float), 99) if n_dec else None,
+        "iterations": int(n_its),
+        "iteration_latency_p50_s": _pct(its["latency_s"].astype(float), 50) if n_its else None,
         "stage_utilization": float(its["latency_s"].sum()) / makespan_s if makespan_s > 0 else None,
         "preemptions": int(res.preemptions),
-        "mean_clock_mhz": float(tl.loc[busy, "clock_mhz"].mean()) if busy.any() else None,
-        "mean_chunk": float(tl.loc[busy, "chunk"].mean()) if busy.any() else None,
-        "mean_microbatches": float(tl.loc[busy, "microbatches"].mean()) if busy.any() else None,
+        "mean_clock_mhz": float(np.nanmean(tl["clock_mhz"][busy])) if busy.any() else None,
+        "mean_chunk": float(np.nanmean(tl["chunk"][busy])) if busy.any() else None,
+        "mean_microbatches": float(np.nanmean(tl["microbatches"][busy])) if busy.any() else None,
     }
     s.update(prediction_error(req, dec, gaps, res.gap_times))
     return s

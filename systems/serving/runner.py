@@ -20,9 +20,9 @@ import numpy as np
 
 from harness.errors import ConfigError, RunOOM, bad
 from harness.run import RunResult
-from systems.serving.build import (CLOCK_NOT_APPLIED, build_table, configured_kv_budget, controller_for, display_rows,
-                                   kv_budget_bytes, kv_capacity, parallelism, profile_context, requests_for, serve,
-                                   slo_check, stop_time, table_grid, window_profile)
+from systems.serving.build import (CLOCK_NOT_APPLIED, build_table, cache_dir, configured_kv_budget, controller_for,
+                                   display_rows, kv_budget_bytes, kv_capacity, parallelism, profile_context,
+                                   requests_for, serve, slo_check, stop_time, table_grid, window_profile)
 from systems.serving.config import CONTROLLERS, TRACE_FORMATS, WORKLOAD_KINDS
 
 PROFILE_BIAS_RANGE = (-0.5, 0.5)
@@ -89,7 +89,7 @@ def validate(cfg) -> None:
         if (tp, pp) != (1, 1):
             raise bad("tp/pp", (tp, pp), "tp=1 pp=1 with system.latency_profile (it was measured on one device)")
     try:
-        req = requests_for(w)
+        req = requests_for(w, cache_dir(cfg))
     except TraceError as e:
         raise ConfigError(f"workload {w.name!r}: {e}") from None
     if len(req) == 0:
@@ -149,7 +149,7 @@ def run_sim(cfg, ctx) -> RunResult:
         raise RunOOM(f"{cfg.model.name} weights need {stage.weight_bytes_gpu / 2**30:.1f} GiB per GPU at tp={tp} pp={pp}; "
                      f"{hw.name} has {hw.memory_bytes / 2**30:.1f} GiB with a reserve of "
                      f"{(hw.memory_bytes - stage.weight_bytes_gpu - budget) / 2**30:.1f} GiB")
-    req = requests_for(w)
+    req = requests_for(w, cache_dir(cfg))
     kv_cap = kv_capacity(budget, stage.kv_bytes_token_gpu, req)
     if s.get("latency_profile"):
         from systems.serving.calibrate import load_profile

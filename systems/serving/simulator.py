@@ -30,7 +30,7 @@ import math
 from collections import defaultdict
 from typing import Dict, List, Optional
 
-from systems.serving.protocol import Decision, ExecutorTotals, Iteration, IterationCost, iteration_shape
+from systems.serving.protocol import Decision, ExecutorTotals, Iteration, IterationCost
 
 
 class SimExecutor:
@@ -109,15 +109,19 @@ class SimExecutor:
     def advance(self, until: float) -> Optional[Iteration]:
         """Launch microbatches and finish them, in time order, until the next finished one (returned)
         or ``until``. A launch at time t comes after every completion at t and before events at t
-        from the driver (``until``)."""
+        from the driver (``until``). The next launch is the first active slot of the earliest ready
+        time."""
+        heap, ready, stage_free = self.heap, self.slot_ready, self.stage_free
         while True:
-            tc = self.heap[0][0] if self.heap else math.inf
-            j = min(range(self.m), key=self.slot_ready.__getitem__)
-            tl = max(self.slot_ready[j], self.stage_free[0])
+            tc = heap[0][0] if heap else math.inf
+            m = self.m
+            t_ready = min(ready) if len(ready) == m else min(ready[:m])
+            j = ready.index(t_ready)
+            tl = t_ready if t_ready > stage_free[0] else stage_free[0]
             if tc <= tl:
                 if tc >= until:
                     break
-                return self._complete(heapq.heappop(self.heap))
+                return self._complete(heapq.heappop(heap))
             if tl >= until:
                 break
             self._launch(j, tl)
@@ -203,16 +207,24 @@ class SimExecutor:
         return decs
 
     def _launch(self, j: int, t: float) -> None:
-        """Form slot j's microbatch at time t and send it through the stages."""
+        """Form slot j's microbatch at time t and send it through the stages. Its shape
+        (:func:`systems.serving.protocol.iteration_shape`) is summed as it is formed, in integers: a
+        decode after c cached tokens reads c + 1 KV tokens and forms c + 1 pairs."""
         in_flight, inp, gen, held = self.in_flight, self.inp, self.gen, self.held
         decs = [r for r in self.slot_dec[j] if not in_flight[r]]
         if decs and self.kv_used + len(decs) > self.kv_cap:
             decs = self._make_room(decs)
-        scheduled = [(r, 1, inp[r] + gen[r] - 1) for r in decs]
+        scheduled = []
+        ctx = 0
         for r in decs:
+            c = inp[r] + gen[r]
+            scheduled.append((r, 1, c - 1))
+            ctx += c
             held[r] += 1
             in_flight[r] = True
-        self.kv_used += len(decs)
+        n = n_dec = len(decs)
+        pairs = ctx
+        self.kv_used += n_dec
         budget, sched, need, started = self.chunk, self.sched, self.need, self.started
         for r in self.waiting:
             if budget <= 0:
@@ -229,8 +241,12 @@ class SimExecutor:
                 self.running.add(r)
                 self.n_adm += 1
                 self.adm[r] = self.n_adm
-            scheduled.append((r, ntok, sched[r]))
-            sched[r] += ntok
+            c = sched[r]
+            scheduled.append((r, ntok, c))
+            n += ntok
+            ctx += c + ntok
+            pairs += ntok * c + ntok * (ntok + 1) // 2
+            sched[r] = c + ntok
             held[r] += ntok
             self.kv_used += ntok
             budget -= ntok
@@ -238,9 +254,9 @@ class SimExecutor:
             self.slot_ready[j] = self.heap[0][0] if self.heap else math.inf
             return
         f = self._clock_at(t) if self.pending else self.clock
-        shape = iteration_shape(scheduled)
-        lat, e_gpu = self.cost.step1(shape[0], f, shape[1], shape[2], shape[3])
-        p_idle = self.cost.idle1(f)
+        shape = (n, float(ctx), float(pairs), len(scheduled))
+        lat, e_gpu = self.cost.step1(n, f, shape[1], shape[2], shape[3])
+        p_idle = None                                    # P_idle(f), asked when a stage waited
         g, stage_free, e_bin = self.g, self.stage_free, self.e_bin
         e_it, busy = 0.0, g * e_gpu
         prev = t
@@ -248,6 +264,8 @@ class SimExecutor:
             start = stage_free[s] if stage_free[s] > prev else prev
             gap = start - stage_free[s]
             if gap > 0:                                  # the stage waited: idle energy
+                if p_idle is None:
+                    p_idle = self.cost.idle1(f)
                 e_bin[int(stage_free[s])] += g * p_idle * gap
                 e_it += g * p_idle * gap
             stage_free[s] = prev = start + lat
@@ -257,33 +275,35 @@ class SimExecutor:
         self.slot_busy[j] = True
         self.slot_ready[j] = prev
         self.seq += 1
-        heapq.heappush(self.heap, (prev, self.seq, j, len(decs), scheduled, lat, e_it, f, self.chunk + len(decs), shape))
+        heapq.heappush(self.heap, (prev, self.seq, j, decs, scheduled, lat, e_it, f, self.chunk + n_dec, shape))
 
     def _complete(self, item) -> Iteration:
         """A microbatch left the last stage: its tokens appear."""
-        t, _, j, n_dec, scheduled, lat, e_it, f, budget, shape = item
+        t, _, j, decs, scheduled, lat, e_it, f, budget, shape = item
         self.now = t
         self.slot_busy[j] = False
-        emitted, finished = [], []
+        finished = []
         in_flight, gen, out, slot, m = self.in_flight, self.gen, self.out, self.slot, self.m
-        for i in range(n_dec):
-            r = scheduled[i][0]
+        for r in decs:
             in_flight[r] = False
             gen[r] += 1
-            emitted.append(r)
             if gen[r] >= out[r]:
                 self._release(r)
                 finished.append(r)
             elif slot[r] >= m:                          # its slot was retired by a smaller m
                 self.slot_dec[slot[r]].remove(r)
                 self._assign(r)
-        for r, ntok, _ in scheduled[n_dec:]:
-            self.pref[r] += ntok
-            if self.pref[r] >= self.need[r]:             # prefill (or recompute) done: a token
+        n_dec = len(decs)
+        emitted = decs[:]
+        pref, need = self.pref, self.need
+        for i in range(n_dec, len(scheduled)):
+            r, ntok, _ = scheduled[i]
+            pref[r] += ntok
+            if pref[r] >= need[r]:                       # prefill (or recompute) done: a token
                 self.waiting.remove(r)
-                self.gen[r] += 1
+                gen[r] += 1
                 emitted.append(r)
-                if self.gen[r] >= self.out[r]:
+                if gen[r] >= out[r]:
                     self._release(r)
                     finished.append(r)
                 else:

@@ -348,7 +348,7 @@ def run_real(cfg, ctx) -> RunResult:
     summ.update(engine_init_s=init_s, profile_s=profile_s, warmup="one decode probe, excluded",
                 vllm_torch_threads=server.threads, gpus=1, tp=1, pp=1, kv_budget_bytes=budget,
                 vllm_kv_cache_bytes=server.engine.vllm_config.cache_config.kv_cache_memory_bytes,
-                distinct_budgets=int(its["budget"].nunique()) if len(its) else 0,
+                distinct_budgets=len(np.unique(its["budget"])),
                 clocks_actuated=bool(act.actuate and act.available), clock_requests=len(act.log),
                 profile_points=len(pts), profile_latency_s={str(k): v for k, v in meas.items()},
                 profile_source="device (locked clocks)" if act.available else "measured latency x clock model",

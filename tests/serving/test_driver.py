@@ -106,10 +106,10 @@ def test_hooks_states_and_decisions_follow_the_events():
     assert ex.added == [(0, 100, 3, 0.0), (1, 60, 2, 0.2), (2, 40, 2, 0.3)]
     assert ex.applied == [(0.0, 128, 1, 1410.0), (0.0, 64, 1, 900.0), (0.5, 32, 1, 1005.0)]
     d = res.decisions
-    assert list(d.trigger) == ["arrival", "arrival", "arrival", "tick", "decode_only", "finish"]
-    assert list(d.request) == [0, 1, 2, -1, -1, -1]
-    assert d.chunk.iloc[0] == 64 and math.isnan(d.chunk.iloc[1]) and d.clock_mhz.iloc[3] == 1005.0
-    assert (d.decision_us >= 0).all()
+    assert list(d["trigger"]) == ["arrival", "arrival", "arrival", "tick", "decode_only", "finish"]
+    assert list(d["request"]) == [0, 1, 2, -1, -1, -1]
+    assert d["chunk"][0] == 64 and math.isnan(d["chunk"][1]) and d["clock_mhz"][3] == 1005.0
+    assert (d["decision_us"] >= 0).all()
 
 
 def test_ttft_tbt_and_slo_accounting_by_hand():
@@ -118,11 +118,11 @@ def test_ttft_tbt_and_slo_accounting_by_hand():
     the first token counted as a gap."""
     res = Driver(Recorder(), REQ).run(FakeExecutor(SCRIPT))
     r = res.requests
-    assert r.ttft_s.tolist() == pytest.approx([0.5, 0.5, 0.4])
-    assert r.first_token_s.tolist() == pytest.approx([0.5, 0.7, 0.7])
-    assert r.finish_s.tolist() == pytest.approx([0.9, 0.9, 0.9])
-    assert r.generated.tolist() == [3, 2, 2]
-    assert r.tbt_mean_s.tolist() == pytest.approx([0.2, 0.2, 0.2])
+    assert r["ttft_s"].tolist() == pytest.approx([0.5, 0.5, 0.4])
+    assert r["first_token_s"].tolist() == pytest.approx([0.5, 0.7, 0.7])
+    assert r["finish_s"].tolist() == pytest.approx([0.9, 0.9, 0.9])
+    assert r["generated"].tolist() == [3, 2, 2]
+    assert r["tbt_mean_s"].tolist() == pytest.approx([0.2, 0.2, 0.2])
     assert sorted(res.gaps.round(9)) == [0.2, 0.2, 0.2, 0.2]
     assert res.makespan_s == 0.9 and res.energy_j == 123.0
     s = summarize(res, slo_ttft=0.45, slo_tbt=0.25)
@@ -131,8 +131,8 @@ def test_ttft_tbt_and_slo_accounting_by_hand():
     assert s["throughput_tok_s"] == pytest.approx(7 / 0.9)
     assert s["pred_ttft_mape_pct"] == pytest.approx(10.0)           # predicted 0.45 s, r0 took 0.5 s
     its = res.iterations
-    assert its.prefill_tokens.tolist() == [64, 64, 72, 0] and its.decodes.tolist() == [0, 0, 1, 3]
-    assert res.timeline.tokens.sum() == 7
+    assert its["prefill_tokens"].tolist() == [64, 64, 72, 0] and its["decodes"].tolist() == [0, 0, 1, 3]
+    assert res.timeline["tokens"].sum() == 7
 
 
 def test_a_preempted_request_recomputes_and_its_next_token_is_a_gap():
@@ -146,8 +146,8 @@ def test_a_preempted_request_recomputes_and_its_next_token_is_a_gap():
     res = Driver(ctl, req).run(FakeExecutor(script))
     tick = [c for c in ctl.calls if c[0] == "tick"][0]
     assert tick[1:4] == (3.5, [(3.5, 6)], 0)                          # waiting again, 12 - 6 tokens left
-    r = res.requests.iloc[0]
-    assert r.ttft_s == 1.0 and r.generated == 3 and r.finish_s == 4.0
+    r = {c: v[0] for c, v in res.requests.items()}
+    assert r["ttft_s"] == 1.0 and r["generated"] == 3 and r["finish_s"] == 4.0
     assert sorted(res.gaps.tolist()) == [1.0, 2.0]
     assert ctl.calls[-1][0] == "finish" and ctl.calls[-1][3] == 0
 
@@ -156,6 +156,84 @@ def test_run_stops_at_t_stop_and_unfinished_requests_miss():
     req = Requests(np.array([0.0, 0.1]), np.array([10, 10]), np.array([2, 2]))
     script = [it(1.0, [(0, 10, 0)], emitted=[0]), it(50.0, [(0, 1, 10)], emitted=[0], finished=[0])]
     res = Driver(Recorder(period_s=None), req, t_stop=20.0).run(FakeExecutor(script))
-    assert res.requests.finish_s.isna().all() and res.makespan_s == 20.0
+    assert np.isnan(res.requests["finish_s"]).all() and res.makespan_s == 20.0
     s = summarize(res, 1.0, 0.2)
     assert s["completed"] == 0 and s["slo_ttft_attainment"] == 0.5
+
+
+def test_progress_bar_advances_once_per_serving_second():
+    """build.serve draws serving seconds on the harness's bar, which may be one that draws nothing
+    (tqdm's ``update`` only: stderr not a terminal). Mutations caught: reading the bar's ``n``
+    (AttributeError on the harness's no-op bar: the main command failed in a log), calling the
+    progress hook every iteration, updating by the time instead of the seconds since the last."""
+    from types import SimpleNamespace
+
+    from systems.serving.build import serve
+
+    class Bar:
+        def __init__(self):
+            self.updates = []
+
+        def update(self, n=1):
+            self.updates.append(n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    bar = Bar()
+    ctx = SimpleNamespace(show_progress=True, progress=lambda total, desc: bar)
+    req = Requests(np.array([0.0]), np.array([10]), np.array([5]))
+    script = [it(0.4, [(0, 10, 0)], emitted=[0]), it(1.2, [(0, 1, 10)], emitted=[0]),
+              it(1.7, [(0, 1, 11)], emitted=[0]), it(3.4, [(0, 1, 12)], emitted=[0]),
+              it(3.9, [(0, 1, 13)], emitted=[0], finished=[0])]
+    res = serve(Driver(Recorder(period_s=None), req, t_stop=10.0), FakeExecutor(script), ctx, "serving")
+    assert bar.updates == [1, 2]                  # 1.2 s: second 1 reached; 3.4 s: seconds 2 and 3
+    assert res.requests["generated"].tolist() == [5]
+
+
+@pytest.mark.parametrize("values", [[1, None, 3], [1.5, None], [True, None], [None, None], [1, 2], [0.5, 2.0],
+                                    [True, False], ["tick", "arrival"], [np.int64(4), None]])
+def test_decision_columns_are_typed_as_pandas_types_rows(values):
+    """The decision log's columns (dicts of numpy arrays, written without pandas) keep the types the
+    old DataFrame of rows had, so the parquet files read back the same. Mutations caught: numbers
+    with None left as objects (no NaN), bools with None turned into floats."""
+    import pandas as pd
+
+    from systems.serving.driver import column
+    want = pd.DataFrame([(v,) for v in values])[0]
+    got = column(values)
+    assert (got.dtype.kind in "OUT") == (want.dtype.kind in "OUT" or str(want.dtype) == "str")
+    if got.dtype.kind in "fiub":
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want.to_numpy(dtype=got.dtype, na_value=np.nan))
+    else:
+        assert got.tolist() == want.tolist()
+
+
+class Stepper(Recorder):
+    """Recorder whose window ticks set chunk 10, 20, 30, ... and microbatches 2, 3, 4, ..."""
+
+    def on_tick(self, st, win):
+        k = sum(c[0] == "tick" for c in self.calls) + 1
+        self._rec("tick", st)
+        return Decision(10 * k, k + 1, 1005.0, "window")
+
+
+def test_timeline_knobs_are_the_last_set_in_each_second_and_carried_on():
+    """1-s bins of the timeline: a bin's chunk and microbatches are the last set in it (the first
+    arrival's decision replaces the initial one at 0 s), a bin where nothing was set keeps the one
+    before. Mutations caught: the first setting of a bin instead of the last, bins without a
+    setting left empty (NaN)."""
+    req = Requests(np.array([0.0]), np.array([10]), np.array([4]))
+    script = [it(0.5, [(0, 10, 0)], emitted=[0]), it(1.6, [(0, 1, 10)], emitted=[0]),
+              it(3.1, [(0, 1, 11)], emitted=[0]), it(5.2, [(0, 1, 12)], emitted=[0], finished=[0])]
+    res = Driver(Stepper(period_s=1.3), req, t_stop=5.5).run(FakeExecutor(script))
+    tl = res.timeline
+    # knobs: 0 s 128/1 (initial), 0 s 64/1 (arrival), 1.3 s 10/2, 2.6 s 20/3, 3.9 s 30/4, 5.2 s 40/5;
+    # nothing set in second 4
+    assert tl["time_s"].tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert tl["chunk"].tolist() == [64, 10, 20, 30, 30, 40, 40]
+    assert tl["microbatches"].tolist() == [1, 2, 3, 4, 4, 5, 5]
