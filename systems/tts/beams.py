@@ -12,7 +12,6 @@ from array import array
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-import numpy as np
 
 
 def stable_hash(*parts) -> int:
@@ -22,13 +21,6 @@ def stable_hash(*parts) -> int:
         h.update(repr(p).encode())
         h.update(b"\x1f")
     return int.from_bytes(h.digest(), "little")
-
-
-def seeded_generator(entropy) -> np.random.Generator:
-    """The generator ``np.random.default_rng(entropy)`` returns (the same stream: PCG64 seeded by a
-    SeedSequence of ``entropy``), built without its per-call argument handling (a simulated run
-    makes two per request)."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
 
 
 def request_seed(seed: int, problem: int, iteration: int, uid: str) -> int:

@@ -28,9 +28,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from systems.tts.beams import Lineage, SyntheticPrm, seeded_generator
+from systems.tts.beams import Lineage, SyntheticPrm
 from systems.tts.memory import ModelShape, Roofline
 from systems.tts.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
+from systems.tts.seeding import generators
 from systems.tts.speculation import SPECULATE, SpeculationPolicy
 
 
@@ -180,13 +181,13 @@ class StepModel:
 class TokenStream:
     """The tokens one request samples, position 0 = its first generated token: ``recorded``
     tokens first (replay), then chunks of the step model, each ending at a boundary. Chunk
-    lengths are drawn ahead (cheap) and body tokens only when read, both from generators seeded
-    with the request's seed, so a stream is the same however far it is read."""
+    lengths are drawn ahead (cheap) and body tokens only when read, from ``rng_len`` and ``rng_body``
+    (``np.random.default_rng([seed, 0])`` and ``([seed, 1])`` of the request's seed:
+    :meth:`TokenSource.prepare`), so a stream is the same however far it is read."""
 
-    def __init__(self, model: StepModel, seed: int, recorded: Sequence[int] = ()):
-        self.m = model
-        self.rng_len = seeded_generator([seed, 0])
-        self.rng_body = seeded_generator([seed, 1])
+    def __init__(self, model: StepModel, rng_len: np.random.Generator, rng_body: np.random.Generator,
+                 recorded: Sequence[int] = ()):
+        self.m, self.rng_len, self.rng_body = model, rng_len, rng_body
         self.tokens: List[int] = list(recorded)           # materialised tokens
         self.ends: List[int] = []                         # exclusive end of every boundary token
         self.is_eos: List[bool] = []
@@ -233,13 +234,23 @@ class TokenStream:
 
 class TokenSource:
     """Token streams of requests: sampled from ``model`` with each request's seed, or, for uids in
-    ``recorded`` (uid -> tokens a real engine produced), those tokens first."""
+    ``recorded`` (uid -> tokens a real engine produced), those tokens first. :meth:`prepare` builds
+    the streams of a batch of requests together (their generators' seeding vectorised); :meth:`stream`
+    hands each out once, or builds one not prepared."""
 
     def __init__(self, model: StepModel, recorded: Optional[Dict[str, Sequence[int]]] = None):
         self.model, self.recorded = model, recorded or {}
+        self.ready: Dict[str, TokenStream] = {}
+
+    def prepare(self, requests: Sequence[GenRequest]) -> None:
+        gens = generators([e for r in requests for e in ([r.seed, 0], [r.seed, 1])])
+        self.ready = {r.uid: TokenStream(self.model, gens[2 * i], gens[2 * i + 1], self.recorded.get(r.uid, ()))
+                      for i, r in enumerate(requests)}
 
     def stream(self, r: GenRequest) -> TokenStream:
-        return TokenStream(self.model, r.seed, self.recorded.get(r.uid, ()))
+        s = self.ready.pop(r.uid, None)
+        return s if s is not None else TokenStream(self.model, *generators([[r.seed, 0], [r.seed, 1]]),
+                                                   self.recorded.get(r.uid, ()))
 
 
 # ------------------------------------------------------------------------------------- costs
@@ -355,6 +366,7 @@ class SimGenerator(_Engine):
         """Run the requests to the end of their steps (list order = admission order); the
         ``policy`` decides every speculative step. ``time_s`` is the charged (simulated) time."""
         B = self.block
+        self.tokens.prepare(requests)
         queue = deque(requests)
         run: Dict[str, _Seq] = {}                 # admission order
         spec: Dict[str, _Seq] = {}                # the running sequences that speculate
