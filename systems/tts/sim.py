@@ -222,14 +222,25 @@ class TokenStream:
             i += 1
 
     def read(self, n: int) -> List[int]:
-        """The first ``n`` tokens."""
-        while len(self.tokens) < n:
-            if not self.pending:
-                self._draw()
-            end, eos = self.pending.popleft()
-            self.tokens.extend(self.m.body(self.rng_body, end - len(self.tokens) - 1))
-            self.tokens.append(self.m.eos_id if eos else self.m.delimiter_id)
-        return self.tokens[:n]
+        """The first ``n`` tokens. The body tokens of every chunk to materialise are drawn in one
+        call: ``integers(size=a)`` then ``integers(size=b)`` is ``integers(size=a + b)``, state included
+        (numpy's bounded integers keep no buffer between calls; tested)."""
+        toks = self.tokens
+        if len(toks) < n:
+            chunks, end = [], len(toks)
+            while end < n:
+                if not self.pending:
+                    self._draw()
+                end, eos = self.pending.popleft()
+                chunks.append((end, eos))
+            body = self.m.body(self.rng_body, end - len(toks) - len(chunks))
+            at = 0
+            for end, eos in chunks:
+                k = end - len(toks) - 1
+                toks.extend(body[at:at + k])
+                toks.append(self.m.eos_id if eos else self.m.delimiter_id)
+                at += k
+        return toks[:n]
 
 
 class TokenSource:
