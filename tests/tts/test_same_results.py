@@ -1,8 +1,9 @@
 """Issue 18: the FastTTS simulator's speed-ups change no result, import nothing GPU- or torch-related,
 and touch no config on the per-iteration path.
 
-The records' summaries were stored with the code before the speed-ups (``python -m tests.tts.summaries``):
-the main command and a cross-section of ``fasttts_ablation`` (3 problems) must reproduce them exactly.
+The records' summaries were stored with the code before the speed-ups (``python -m tests.tts.summaries``),
+their tables' digests with the code before the second round of them (commit 4aa0cb0, ``--tables``):
+the main command and a cross-section of ``fasttts_ablation`` (3 problems) must reproduce both exactly.
 ``TTC_SAME_RESULTS=all`` compares every job of the experiment (113 jobs, minutes)."""
 import json
 import os
@@ -11,9 +12,10 @@ import sys
 
 import pytest
 
-from tests.tts.summaries import ROOT, STORED, jobs, summary
+from tests.tts.summaries import ROOT, STORED, STORED_TABLES, jobs, summary
 
 STORED_SUMMARIES = json.loads(STORED.read_text())
+STORED_DIGESTS = json.loads(STORED_TABLES.read_text())
 # every system and model pair (the 7B+7B pair: oom) at n = 8 and 64; n = 512 jobs take ~10 s each
 QUICK = ["main"] + [name for name in jobs() if name != "main" and (" n=8 " in name or " n=64 " in name)]
 JOBS = list(jobs()) if os.environ.get("TTC_SAME_RESULTS") == "all" else QUICK
@@ -23,8 +25,11 @@ JOBS = list(jobs()) if os.environ.get("TTC_SAME_RESULTS") == "all" else QUICK
 def test_summary_as_before_the_speedups(name):
     """Mutations caught (each changed the main command's summary): a block hash extended from a
     parent whose tokens differ (no comparison), the synthetic PRM's hash continued past a different
-    prefix, the running context total not reduced when a sequence ends."""
-    assert summary(jobs()[name]) == STORED_SUMMARIES[name]
+    prefix, the running context total not reduced when a sequence ends. Caught by the tables' digests
+    only (not in the summary): the survivors' content keys recorded as their roots' keys."""
+    tables: dict = {}
+    assert summary(jobs()[name], tables) == STORED_SUMMARIES[name]
+    assert tables == STORED_DIGESTS[name]
 
 
 HEAVY = ("torch", "vllm", "transformers", "triton")
