@@ -78,7 +78,8 @@ class PathHashes:
 
 class BlockCache:
     """Prefix cache of KV blocks: ``capacity`` blocks; pinned blocks (running requests) are never
-    evicted, free cached blocks are evicted least-recently-used first. O(1) per block."""
+    evicted, free cached blocks are evicted least-recently-used first (``ref`` and ``free`` are
+    disjoint). O(1) per block."""
 
     def __init__(self, capacity_blocks: int, block: int):
         self.capacity, self.block = int(capacity_blocks), int(block)
@@ -111,13 +112,12 @@ class BlockCache:
         """Pin ``hs`` (inserting missing ones) and reserve ``extra_blocks``; evicts free blocks as
         needed. False (nothing changed) when pinned blocks leave no room."""
         ref, free = self.ref, self.free
-        uniq = dict.fromkeys(hs)
-        to_pin = sum(1 for h in uniq if h not in ref)
-        if len(ref) + to_pin + self.reserved + extra_blocks > self.capacity:
+        new = set(hs).difference(ref)                # to pin: free cached ones or missing
+        if len(ref) + len(new) + self.reserved + extra_blocks > self.capacity:
             return False
-        for h in uniq:
+        for h in new:
             free.pop(h, None)
-        over = len(ref) + len(free) + self.reserved + to_pin + extra_blocks - self.capacity
+        over = len(ref) + len(free) + self.reserved + len(new) + extra_blocks - self.capacity
         if over > 0:
             self._evict(over)
         get = ref.get
