@@ -32,14 +32,16 @@ def test_summary_as_before_the_speedups(name):
     assert tables == STORED_DIGESTS[name]
 
 
-HEAVY = ("torch", "vllm", "transformers", "triton")
+HEAVY = ("torch", "vllm", "transformers", "triton", "pandas")
 
 
 def test_a_simulated_run_imports_nothing_gpu_or_torch_related(tmp_path):
     """``python run.py`` for a simulated FastTTS run, in a fresh process: no torch, vLLM,
-    transformers or triton module is loaded by the end (NVML is the harness's: it reads the GPU
-    inventory of every run). Mutation caught: importing vllm at the top of ``systems/tts/engines.py``
-    (which the simulated run imports for its TokenMap)."""
+    transformers, triton or pandas module is loaded by the end (NVML is the harness's: it reads the
+    GPU inventory of every run; pandas cost ~0.6 s of start-up: the tables are row dicts). Mutations
+    caught: importing vllm at the top of ``systems/tts/engines.py`` (which the simulated run imports
+    for its TokenMap); pandas imported by ``systems/tts/metrics.py``; a str column left to pyarrow's
+    inference (``harness.records._arrow_column``), which imports pandas."""
     code = (
         "import runpy, sys\n"
         f"sys.argv = ['run.py', 'system=fasttts', 'backend=sim', 'n=8', 'workload.num_problems=1', 'tracking=none',\n"
