@@ -51,10 +51,16 @@ def block_hashes(tokens: Sequence[int], block: int, base: Sequence[int] = (), ba
             else:
                 hi = mid - 1
         k = lo
-    out = list(base_hashes[:k])
+    return extend_hashes(tokens, block, base_hashes[:k])
+
+
+def extend_hashes(tokens: Sequence[int], block: int, hashes: Sequence[int]) -> List[int]:
+    """:func:`block_hashes` of ``tokens`` given ``hashes``, those of its leading blocks (assumed, not
+    compared): only the blocks after them are hashed."""
+    out = list(hashes)
     h = out[-1] if out else 0
-    for j in range(k, len(tokens) // B):
-        h = hash((h, tuple(tokens[j * B:(j + 1) * B])))
+    for j in range(len(out), len(tokens) // block):
+        h = hash((h, tuple(tokens[j * block:(j + 1) * block])))
         out.append(h)
     return out
 
@@ -449,7 +455,7 @@ class SimGenerator(_Engine):
         r = s.r
         toks = s.stream.read(done if s.spec_end is not None else s.step_len)
         full = list(r.prompt_ids) + toks
-        hs = block_hashes(full, self.block, r.prompt_ids, s.hs)
+        hs = extend_hashes(full, self.block, s.hs)              # s.hs: the prompt's, and full extends it
         self.paths.remember(r.path, full, hs)
         self.cache.release(s.hs, s.extra, hs[len(s.hs):])
         outputs[r.uid] = GenOutput(toks, s.finish, s.step_len, s.cached, len(r.prompt_ids))
