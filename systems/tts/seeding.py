@@ -40,17 +40,20 @@ def _words(entropy: Entropy) -> List[int]:
     return out
 
 
-class _Hash:
-    """SeedSequence's ``hashmix`` over uint32 arrays, its multiplier advancing with each call."""
+def _consts(init: int, mult: int, n: int) -> np.ndarray:
+    """The first ``n + 1`` values of SeedSequence's hash constant (``init``, times ``mult`` each call),
+    as a column of uint32."""
+    out = [init]
+    for _ in range(n):
+        out.append(out[-1] * mult & _M32)
+    return np.array(out, np.uint32)[:, None]
 
-    def __init__(self, init: int, mult: int):
-        self.const, self.mult = init, mult
 
-    def __call__(self, v: np.ndarray) -> np.ndarray:
-        v = v ^ np.uint32(self.const)
-        self.const = self.const * self.mult & _M32
-        v = v * np.uint32(self.const)
-        return v ^ (v >> np.uint32(16))
+def _hashmix(v: np.ndarray, c_in: np.ndarray, c_out: np.ndarray) -> np.ndarray:
+    """SeedSequence's ``hashmix`` of ``v`` with the constant before (``c_in``) and after (``c_out``)
+    its update; each row of ``v`` with its own constants (uint32 arrays, broadcast)."""
+    v = (v ^ c_in) * c_out
+    return v ^ (v >> np.uint32(16))
 
 
 def _mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -60,21 +63,25 @@ def _mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def state_words(entropy: np.ndarray) -> np.ndarray:
     """``SeedSequence(row).generate_state(4, np.uint64)`` of every row of ``entropy`` ((n, L) uint32
-    words, as :func:`_words` gives them): an (n, 4) uint64 array."""
+    words, as :func:`_words` gives them): an (n, 4) uint64 array. The pool's words are rows of a
+    (4, n) array; the hashes one mixing step takes (its constants in sequence) are computed together."""
     n, length = entropy.shape
-    hashmix = _Hash(_INIT_A, _MULT_A)
-    zero = np.zeros(n, np.uint32)
-    pool = [hashmix(entropy[:, i] if i < length else zero) for i in range(_POOL)]
-    for src in range(_POOL):
-        for dst in range(_POOL):
-            if src != dst:
-                pool[dst] = _mix(pool[dst], hashmix(pool[src]))
+    extra = max(0, length - _POOL)
+    a = _consts(_INIT_A, _MULT_A, _POOL + _POOL * (_POOL - 1) + extra * _POOL)
+    words = np.zeros((_POOL, n), np.uint32)
+    words[:min(length, _POOL)] = entropy[:, :_POOL].T
+    pool = _hashmix(words, a[:_POOL], a[1:_POOL + 1])
+    k = _POOL                                         # constants used so far
+    for src in range(_POOL):                          # every other word mixed with src's hash, in order
+        dst = [d for d in range(_POOL) if d != src]
+        pool[dst] = _mix(pool[dst], _hashmix(pool[src], a[k:k + 3], a[k + 1:k + 4]))
+        k += 3
     for src in range(_POOL, length):
-        for dst in range(_POOL):
-            pool[dst] = _mix(pool[dst], hashmix(entropy[:, src]))
-    out = _Hash(_INIT_B, _MULT_B)
-    w = [out(pool[i % _POOL]).astype(np.uint64) for i in range(2 * _POOL)]
-    return np.stack([w[2 * i] | (w[2 * i + 1] << np.uint64(32)) for i in range(_POOL)], axis=1)
+        pool = _mix(pool, _hashmix(entropy[:, src], a[k:k + _POOL], a[k + 1:k + _POOL + 1]))
+        k += _POOL
+    b = _consts(_INIT_B, _MULT_B, 2 * _POOL)
+    out = _hashmix(np.concatenate([pool, pool]), b[:-1], b[1:]).astype(np.uint64)   # words 0..7 of the state
+    return (out[0::2] | (out[1::2] << np.uint64(32))).T.copy()
 
 
 class _Given(ISeedSequence):

@@ -12,7 +12,7 @@ def test_bulk_generators_are_default_rngs():
     edge cases of SeedSequence's word assembly (0, 2**32 - 1, 2**32: one or two words, more words than
     its pool of 4, mixed lengths in one batch) give the generator ``default_rng`` gives: same state,
     same draws of every distribution the simulator takes (geometric, random, integers, normal).
-    Mutations caught: the pool's cross-mix skipped for src == dst dropped (mixing a word with itself),
+    Mutations caught: the pool's cross-mix taking its destinations in reverse order (constants paired wrongly),
     the output words paired high-first, the zero word of 0 left out (0 -> no words)."""
     rnd = random.Random(7)
     ents = ([[rnd.randrange(2 ** 31 - 1), rnd.randrange(2)] for _ in range(200)]
