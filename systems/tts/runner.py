@@ -8,6 +8,7 @@ for Top-1 / Pass@N (``accuracy.py``).
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import tempfile
@@ -390,6 +391,9 @@ def run(cfg, ctx) -> RunResult:
     b = build(cfg, ctx.backend, workdir)
     st, problems, prompts, alloc = b.settings, b.problems, b.prompts, b.alloc
     results, status, message = [], "ok", ""
+    gc_on = gc.isenabled()
+    if ctx.backend.simulated:      # millions of short-lived lists, no cycles: the collector's passes over the
+        gc.disable()               # live search tree cost 15-20 % of a simulated run's CPU; on again after
     try:
         bar = ctx.progress(len(problems) * (1 if st.search == "best_of_n" else st.num_iterations),
                            f"{cfg.system.name} n={st.n}")
@@ -409,6 +413,8 @@ def run(cfg, ctx) -> RunResult:
         bar.close()
     finally:
         b.closer()
+        if gc_on:
+            gc.enable()
     summ = metrics.summarize(results, (1 if st.search == "best_of_n" else st.num_iterations) - 1)
     acc, acc_table = grade(cfg, ctx.backend, problems, results, st.n)
     summ.update(acc)
