@@ -223,7 +223,7 @@ class Search:
                     skipped += 1
                     continue
                 room = st.max_model_len - len(prompt) - len(b.tokens) - len(b.spec)
-                reqs.append(GenRequest(uid=f"p{pidx}.i{it}.{b.uid}", prompt_ids=prompt + b.tokens + b.spec,
+                reqs.append(GenRequest(uid=f"p{pidx}.i{it}.{b.uid}", prompt_ids=[*prompt, *b.tokens, *b.spec],
                                        max_tokens=max(1, min(cap - len(b.spec), room)),
                                        seed=request_seed(st.seed, pidx, it, b.uid),
                                        stop_at_delimiter=not last,
@@ -247,7 +247,7 @@ class Search:
                 if st.speculative and st.lookahead and not last:
                     cut = _first_boundary(b.spec, bounds)
                     if cut is not None:
-                        toks = b.tokens + b.spec[:cut]
+                        toks = [*b.tokens, *b.spec[:cut]]
                         ends.append(len(toks))
                         ks.append(stable_hash(ks[-1], tuple(b.spec[:cut])))
                 if any(k not in cache for k in ks):

@@ -454,7 +454,7 @@ class SimGenerator(_Engine):
         speculated; cache the blocks it filled."""
         r = s.r
         toks = s.stream.read(done if s.spec_end is not None else s.step_len)
-        full = list(r.prompt_ids) + toks
+        full = [*r.prompt_ids, *toks]
         hs = extend_hashes(full, self.block, s.hs)              # s.hs: the prompt's, and full extends it
         self.paths.remember(r.path, full, hs)
         self.cache.release(s.hs, s.extra, hs[len(s.hs):])
