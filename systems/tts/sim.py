@@ -85,11 +85,18 @@ class PathHashes:
 class BlockCache:
     """Prefix cache of KV blocks: ``capacity`` blocks; pinned blocks (running requests) are never
     evicted, free cached blocks are evicted least-recently-used first (``ref`` and ``free`` are
-    disjoint). O(1) per block."""
+    disjoint).
+
+    A request pins a chain (:func:`block_hashes`: block j's parent is block j - 1, block 0 at the
+    root), so pinned blocks are closed under ancestors and ``ref[h]`` counts the chains ending at h
+    plus h's pinned children: pinning or releasing a chain costs the blocks it pins or frees (and a
+    binary search), not its length. The pins, free order and answers are those of counting every
+    block of every chain (tested), barring a 64-bit collision of two blocks' hashes, which the cache
+    assumes away anyway."""
 
     def __init__(self, capacity_blocks: int, block: int):
         self.capacity, self.block = int(capacity_blocks), int(block)
-        self.ref: Dict[int, int] = {}                        # pinned hash -> pin count
+        self.ref: Dict[int, int] = {}                        # pinned hash -> chains ending there + pinned children
         self.free: "OrderedDict[int, None]" = OrderedDict()  # cached, unpinned, LRU first
         self.reserved = 0                                    # blocks reserved for tokens not yet hashed
 
@@ -114,11 +121,23 @@ class BlockCache:
             n += 1
         return n
 
+    def pinned_prefix(self, hs: List[int]) -> int:
+        """How many leading blocks of the chain ``hs`` are pinned (a pinned block's ancestors are)."""
+        ref, lo, hi = self.ref, 0, len(hs)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hs[mid] in ref:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def try_admit(self, hs: List[int], extra_blocks: int) -> bool:
-        """Pin ``hs`` (inserting missing ones) and reserve ``extra_blocks``; evicts free blocks as
-        needed. False (nothing changed) when pinned blocks leave no room."""
+        """Pin the chain ``hs`` (inserting missing blocks) and reserve ``extra_blocks``; evicts free
+        blocks as needed. False (nothing changed) when pinned blocks leave no room."""
         ref, free = self.ref, self.free
-        new = set(hs).difference(ref)                # to pin: free cached ones or missing
+        k = self.pinned_prefix(hs)
+        new = hs[k:]                                  # to pin: free cached ones or missing
         if len(ref) + len(new) + self.reserved + extra_blocks > self.capacity:
             return False
         for h in new:
@@ -126,25 +145,28 @@ class BlockCache:
         over = len(ref) + len(free) + self.reserved + len(new) + extra_blocks - self.capacity
         if over > 0:
             self._evict(over)
-        get = ref.get
-        for h in hs:
-            ref[h] = get(h, 0) + 1
+        for h in new:                                 # each: one pinned child, or (the last) the chain's end
+            ref[h] = 1
+        if k:                                         # the deepest pinned block: a new child, or the end again
+            ref[hs[k - 1]] += 1
         self.reserved += extra_blocks
         return True
 
     def release(self, pinned: List[int], reserved: int, produced: List[int]) -> None:
-        """Unpin ``pinned``, drop the reservation, and cache the blocks filled while decoding."""
+        """Unpin the chain ``pinned``, drop the reservation, and cache the blocks filled while
+        decoding. The blocks no other chain holds are freed, root first."""
         ref, free = self.ref, self.free
         self.reserved -= reserved
-        for h in pinned:
-            c = ref.get(h)
-            if c is None:
-                continue
-            if c <= 1:
-                del ref[h]
-                free[h] = None
-            else:
-                ref[h] = c - 1
+        j = len(pinned) - 1
+        while j >= 0:
+            c = ref[pinned[j]] - 1
+            if c:
+                ref[pinned[j]] = c
+                break
+            del ref[pinned[j]]
+            j -= 1
+        for h in pinned[j + 1:]:
+            free[h] = None
         for h in produced:
             if h in ref:
                 continue

@@ -1,6 +1,7 @@
 """The simulator's prefix cache (systems/tts/sim.py BlockCache) against its definition, written the
-plain way: random admissions and releases leave the same pins, the same LRU order of free blocks and
-the same answers."""
+plain way (a pin count on every block of every pinned chain): random admissions and releases of
+chains (root-to-node paths of a random block tree, as ``block_hashes`` gives them, repeats included)
+leave the same pinned blocks, the same LRU order of free blocks and the same answers."""
 import random
 from collections import OrderedDict
 
@@ -32,9 +33,20 @@ class Reference:
 
 
 def test_admission_as_defined():
-    """Mutations caught: free blocks being pinned left in the LRU list (pop skipped), the blocks to
-    pin counted against the free list instead of the pinned ones, duplicates in ``hs`` pinned once."""
+    """Mutations caught: free blocks being pinned left in the LRU list (pop skipped), the deepest
+    pinned block not counting its new child (``if k:`` branch dropped), a release freeing its blocks
+    leaf first, the pinned prefix's binary search one short (``hi = mid - 1``)."""
     rnd = random.Random(11)
+    parent = {0: None}
+    for node in range(1, 300):                            # a random tree of blocks; chain = path to a node
+        parent[node] = rnd.randrange(node) if rnd.random() < 0.9 else None
+
+    def chain(node):
+        out = []
+        while node is not None:
+            out.append(node)
+            node = parent[node]
+        return out[::-1]
     for trial in range(60):
         cap = rnd.randrange(20, 80)
         c, ref = BlockCache(cap, 16), Reference(cap)
@@ -46,15 +58,13 @@ def test_admission_as_defined():
                 c.release(hs, extra, produced)
                 ref_release(ref, hs, extra, produced)
             else:
-                hs = [rnd.randrange(300) for _ in range(rnd.randrange(1, 12))]
-                if rnd.random() < 0.2:
-                    hs.append(hs[0])                      # a repeated block
+                hs = chain(rnd.randrange(300)) if held == [] or rnd.random() < 0.7 else list(rnd.choice(held)[0])
                 extra = rnd.randrange(3)
                 ok = c.try_admit(hs, extra)
                 assert ok == ref.try_admit(hs, extra)
                 if ok:
                     held.append((hs, extra))
-            assert c.ref == ref.ref and list(c.free) == list(ref.free) and c.reserved == ref.reserved
+            assert set(c.ref) == set(ref.ref) and list(c.free) == list(ref.free) and c.reserved == ref.reserved
             assert c.hit_tokens(hs, 16 * 8) == 16 * next((i for i, h in enumerate(hs[:7])
                                                           if h not in ref.ref and h not in ref.free), len(hs[:7]))
 
