@@ -102,13 +102,12 @@ class BlockCache:
 
     def hit_tokens(self, hs: List[int], length: int) -> int:
         """Tokens of a ``length``-token prompt with block hashes ``hs`` served from the cache: the
-        cached leading full blocks, at most ``length - 1`` tokens (vLLM recomputes the last token)."""
-        k = 0
-        for h in hs[:(length - 1) // self.block]:
-            if h in self.ref or h in self.free:
-                k += 1
-            else:
-                break
+        cached leading full blocks, at most ``length - 1`` tokens (vLLM recomputes the last token).
+        The pinned ones lead (:meth:`pinned_prefix`); free cached ones may follow."""
+        n = min((length - 1) // self.block, len(hs))
+        k = self.pinned_prefix(hs, n)
+        while k < n and hs[k] in self.free:
+            k += 1
         return k * self.block
 
     def used(self) -> int:
@@ -121,9 +120,10 @@ class BlockCache:
             n += 1
         return n
 
-    def pinned_prefix(self, hs: List[int]) -> int:
-        """How many leading blocks of the chain ``hs`` are pinned (a pinned block's ancestors are)."""
-        ref, lo, hi = self.ref, 0, len(hs)
+    def pinned_prefix(self, hs: List[int], upto: Optional[int] = None) -> int:
+        """How many leading blocks of the chain ``hs`` (of its first ``upto`` <= len(hs)) are pinned (a
+        pinned block's ancestors are)."""
+        ref, lo, hi = self.ref, 0, len(hs) if upto is None else upto
         while lo < hi:
             mid = (lo + hi) // 2
             if hs[mid] in ref:

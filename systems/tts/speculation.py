@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
-from systems.tts.seeding import generators
 from systems.tts.protocol import GenRequest
+from systems.tts.seeding import generators
 
 STOP = "stop"
 SPECULATE = "speculate"

@@ -35,7 +35,8 @@ class Reference:
 def test_admission_as_defined():
     """Mutations caught: free blocks being pinned left in the LRU list (pop skipped), the deepest
     pinned block not counting its new child (``if k:`` branch dropped), a release freeing its blocks
-    leaf first, the pinned prefix's binary search one short (``hi = mid - 1``)."""
+    leaf first, the pinned prefix's binary search one short (``hi = mid - 1``), hits past the pinned
+    prefix looked up among pinned blocks instead of free ones."""
     rnd = random.Random(11)
     parent = {0: None}
     for node in range(1, 300):                            # a random tree of blocks; chain = path to a node
