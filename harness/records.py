@@ -107,31 +107,44 @@ def _arrow_table(rows: List[Dict[str, Any]]):
 
 
 def _arrow_columns(columns: Dict[str, Any]):
-    """Columns -> a pyarrow Table, each column built from Arrow buffers: pyarrow's own conversion of
-    Python values (``pa.array``) imports pandas (~0.3 s, more than a simulated run), which a run
-    whose tables are numbers, flags and labels never needs."""
+    """Columns (name -> list or numpy array) -> a pyarrow Table, each column the Arrow array pyarrow
+    would infer, built from Arrow buffers where it can: pyarrow's own conversion of Python values
+    (``pa.array``) imports pandas (~0.3-0.6 s, more than a simulated run), which a run whose tables
+    are numbers, flags and labels never needs."""
     import pyarrow as pa
     return pa.Table.from_arrays([_arrow_array(v) for v in columns.values()], names=list(columns))
 
 
 def _arrow_array(values):
-    """One column: numbers (int/uint/float numpy dtypes), bools, str or all None from buffers; bools
-    with None as a bool column with nulls; anything else by pyarrow's inference."""
+    """One column: numbers (int/uint/float numpy dtypes), str, floats with None (nulls), bools with
+    None and all-None columns from buffers; anything else (mixed types, nested) by pyarrow's inference."""
     import numpy as np
     import pyarrow as pa
-    col = values if isinstance(values, np.ndarray) else np.asarray(values)
+    try:
+        col = values if isinstance(values, np.ndarray) else np.asarray(values)
+    except ValueError:                                   # ragged nested values
+        return pa.array(list(values))
     n = len(col)
     if col.ndim == 1 and col.dtype.kind in "iuf":
         col = np.ascontiguousarray(col)
         return pa.Array.from_buffers(pa.from_numpy_dtype(col.dtype), n, [None, pa.py_buffer(col)])
     items = col.tolist()
+    if col.ndim != 1:
+        return pa.array(items)
     if all(v is None for v in items):
         return pa.nulls(n)
     if all(isinstance(v, str) for v in items):
         data = [v.encode() for v in items]
-        offsets = np.zeros(n + 1, dtype=np.int32)
+        offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum([len(b) for b in data], out=offsets[1:])
-        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+        if offsets[-1] < 2 ** 31:                        # pa.string()'s 32-bit offsets
+            return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                          pa.py_buffer(b"".join(data))])
+        return pa.array(items)
+    if all(v is None or type(v) is float for v in items):
+        valid = pa.py_buffer(np.packbits([v is not None for v in items], bitorder="little"))
+        data = np.array([0.0 if v is None else v for v in items], dtype=np.float64)
+        return pa.Array.from_buffers(pa.float64(), n, [valid, pa.py_buffer(data)])
     if all(v is None or isinstance(v, (bool, np.bool_)) for v in items):
         valid = np.array([v is not None for v in items])
         bits = np.array([bool(v) for v in items])

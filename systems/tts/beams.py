@@ -12,23 +12,13 @@ from array import array
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-import numpy as np
 
 
 def stable_hash(*parts) -> int:
-    """64-bit blake2b hash of the parts' reprs; stable across processes (unlike ``hash``)."""
-    h = hashlib.blake2b(digest_size=8)
-    for p in parts:
-        h.update(repr(p).encode())
-        h.update(b"\x1f")
-    return int.from_bytes(h.digest(), "little")
-
-
-def seeded_generator(entropy) -> np.random.Generator:
-    """The generator ``np.random.default_rng(entropy)`` returns (the same stream: PCG64 seeded by a
-    SeedSequence of ``entropy``), built without its per-call argument handling (a simulated run
-    makes two per request)."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+    """64-bit blake2b hash of the parts' reprs, each followed by a unit separator (0x1f); stable across
+    processes (unlike ``hash``)."""
+    text = "\x1f".join(map(repr, parts)) + "\x1f" if parts else ""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 def request_seed(seed: int, problem: int, iteration: int, uid: str) -> int:

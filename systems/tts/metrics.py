@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Dict, List
 
 import numpy as np
-import pandas as pd
 
 from systems.tts.search import ProblemResult
 
@@ -70,13 +69,13 @@ def summarize(results: List[ProblemResult], last_iteration: int) -> Dict[str, fl
     }
 
 
-def tables(results: List[ProblemResult]) -> Dict[str, pd.DataFrame]:
-    """``iterations`` (one row per problem x iteration) and ``completions`` (one row per path)."""
-    it = pd.DataFrame([vars(rec) for r in results for rec in r.iterations])
-    comp = pd.DataFrame([{"problem": r.problem, "uid": b.uid, "tokens": len(b.tokens), "steps": b.num_steps,
-                          "finish": b.finish, "completion_time_s": b.completion_time_s,
-                          "completed_iteration": b.completed_iteration,
-                          "score_last": b.scores[-1] if b.scores else None,
-                          "score_prod": float(np.prod(b.scores)) if b.scores else None}
-                         for r in results for b in r.completions])
+def tables(results: List[ProblemResult]) -> Dict[str, List[dict]]:
+    """``iterations`` (one row per problem x iteration) and ``completions`` (one row per path), as
+    row dicts (``harness.run`` writes them to parquet without importing pandas)."""
+    it = [dict(vars(rec)) for r in results for rec in r.iterations]
+    comp = [{"problem": r.problem, "uid": b.uid, "tokens": len(b.tokens), "steps": b.num_steps,
+             "finish": b.finish, "completion_time_s": b.completion_time_s, "completed_iteration": b.completed_iteration,
+             "score_last": b.scores[-1] if b.scores else None,
+             "score_prod": float(np.prod(b.scores)) if b.scores else None}
+            for r in results for b in r.completions]
     return {"iterations": it, "completions": comp}

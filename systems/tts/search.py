@@ -139,21 +139,20 @@ def duplicate(selected: List[Tuple[Beam, int]], prefix_aware: bool, speculative:
     B', ...]`` so siblings share the prefix cache; parents keep their relative order. Child c of
     parent u is named ``u.c`` in both orders. Child 0 keeps all speculative tokens; with S a copy
     keeps a fraction of them (``speculation.copy_keeps``, §4.1 Alg. 1) drawn with its name as key."""
-    def child(p: Beam, c: int) -> Beam:
-        uid = f"{p.uid}.{c}"
-        if c == 0 or not p.spec:
-            return p.copy_as(uid)
-        if not speculative:
-            return p.copy_as(uid, spec=[])
-        keep = copy_keeps(len(p.spec), r_mean, r_std, stable_hash("trunc", seed, problem, iteration, uid))
-        return p.copy_as(uid, spec=p.spec[:keep])
-    out: List[Beam] = []
     if prefix_aware:
-        for p, cnt in selected:
-            out.extend(child(p, c) for c in range(cnt))
+        order = [(p, c) for p, cnt in selected for c in range(cnt)]
     else:
-        for c in range(max((cnt for _, cnt in selected), default=0)):
-            out.extend(child(p, c) for p, cnt in selected if c < cnt)
+        order = [(p, c) for c in range(max((cnt for _, cnt in selected), default=0)) for p, cnt in selected if c < cnt]
+    uids = [f"{p.uid}.{c}" for p, c in order]
+    cut = [i for i, (p, c) in enumerate(order) if speculative and c > 0 and p.spec]
+    keeps = dict(zip(cut, copy_keeps([len(order[i][0].spec) for i in cut], r_mean, r_std,
+                                     [stable_hash("trunc", seed, problem, iteration, uids[i]) for i in cut])))
+    out: List[Beam] = []
+    for i, ((p, c), uid) in enumerate(zip(order, uids)):
+        if c == 0 or not p.spec:
+            out.append(p.copy_as(uid))
+        else:
+            out.append(p.copy_as(uid, spec=p.spec[:keeps[i]] if speculative else []))
     return out
 
 
@@ -224,7 +223,7 @@ class Search:
                     skipped += 1
                     continue
                 room = st.max_model_len - len(prompt) - len(b.tokens) - len(b.spec)
-                reqs.append(GenRequest(uid=f"p{pidx}.i{it}.{b.uid}", prompt_ids=prompt + b.tokens + b.spec,
+                reqs.append(GenRequest(uid=f"p{pidx}.i{it}.{b.uid}", prompt_ids=[*prompt, *b.tokens, *b.spec],
                                        max_tokens=max(1, min(cap - len(b.spec), room)),
                                        seed=request_seed(st.seed, pidx, it, b.uid),
                                        stop_at_delimiter=not last,
@@ -248,7 +247,7 @@ class Search:
                 if st.speculative and st.lookahead and not last:
                     cut = _first_boundary(b.spec, bounds)
                     if cut is not None:
-                        toks = b.tokens + b.spec[:cut]
+                        toks = [*b.tokens, *b.spec[:cut]]
                         ends.append(len(toks))
                         ks.append(stable_hash(ks[-1], tuple(b.spec[:cut])))
                 if any(k not in cache for k in ks):

@@ -28,9 +28,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from systems.tts.beams import Lineage, SyntheticPrm, seeded_generator
+from systems.tts.beams import Lineage, SyntheticPrm
 from systems.tts.memory import ModelShape, Roofline
 from systems.tts.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
+from systems.tts.seeding import generators
 from systems.tts.speculation import SPECULATE, SpeculationPolicy
 
 
@@ -50,10 +51,16 @@ def block_hashes(tokens: Sequence[int], block: int, base: Sequence[int] = (), ba
             else:
                 hi = mid - 1
         k = lo
-    out = list(base_hashes[:k])
+    return extend_hashes(tokens, block, base_hashes[:k])
+
+
+def extend_hashes(tokens: Sequence[int], block: int, hashes: Sequence[int]) -> List[int]:
+    """:func:`block_hashes` of ``tokens`` given ``hashes``, those of its leading blocks (assumed, not
+    compared): only the blocks after them are hashed."""
+    out = list(hashes)
     h = out[-1] if out else 0
-    for j in range(k, len(tokens) // B):
-        h = hash((h, tuple(tokens[j * B:(j + 1) * B])))
+    for j in range(len(out), len(tokens) // block):
+        h = hash((h, tuple(tokens[j * block:(j + 1) * block])))
         out.append(h)
     return out
 
@@ -77,23 +84,30 @@ class PathHashes:
 
 class BlockCache:
     """Prefix cache of KV blocks: ``capacity`` blocks; pinned blocks (running requests) are never
-    evicted, free cached blocks are evicted least-recently-used first. O(1) per block."""
+    evicted, free cached blocks are evicted least-recently-used first (``ref`` and ``free`` are
+    disjoint).
+
+    A request pins a chain (:func:`block_hashes`: block j's parent is block j - 1, block 0 at the
+    root), so pinned blocks are closed under ancestors and ``ref[h]`` counts the chains ending at h
+    plus h's pinned children: pinning or releasing a chain costs the blocks it pins or frees (and a
+    binary search), not its length. The pins, free order and answers are those of counting every
+    block of every chain (tested), barring a 64-bit collision of two blocks' hashes, which the cache
+    assumes away anyway."""
 
     def __init__(self, capacity_blocks: int, block: int):
         self.capacity, self.block = int(capacity_blocks), int(block)
-        self.ref: Dict[int, int] = {}                        # pinned hash -> pin count
+        self.ref: Dict[int, int] = {}                        # pinned hash -> chains ending there + pinned children
         self.free: "OrderedDict[int, None]" = OrderedDict()  # cached, unpinned, LRU first
         self.reserved = 0                                    # blocks reserved for tokens not yet hashed
 
     def hit_tokens(self, hs: List[int], length: int) -> int:
         """Tokens of a ``length``-token prompt with block hashes ``hs`` served from the cache: the
-        cached leading full blocks, at most ``length - 1`` tokens (vLLM recomputes the last token)."""
-        k = 0
-        for h in hs[:(length - 1) // self.block]:
-            if h in self.ref or h in self.free:
-                k += 1
-            else:
-                break
+        cached leading full blocks, at most ``length - 1`` tokens (vLLM recomputes the last token).
+        The pinned ones lead (:meth:`pinned_prefix`); free cached ones may follow."""
+        n = min((length - 1) // self.block, len(hs))
+        k = self.pinned_prefix(hs, n)
+        while k < n and hs[k] in self.free:
+            k += 1
         return k * self.block
 
     def used(self) -> int:
@@ -106,38 +120,53 @@ class BlockCache:
             n += 1
         return n
 
+    def pinned_prefix(self, hs: List[int], upto: Optional[int] = None) -> int:
+        """How many leading blocks of the chain ``hs`` (of its first ``upto`` <= len(hs)) are pinned (a
+        pinned block's ancestors are)."""
+        ref, lo, hi = self.ref, 0, len(hs) if upto is None else upto
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hs[mid] in ref:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def try_admit(self, hs: List[int], extra_blocks: int) -> bool:
-        """Pin ``hs`` (inserting missing ones) and reserve ``extra_blocks``; evicts free blocks as
-        needed. False (nothing changed) when pinned blocks leave no room."""
+        """Pin the chain ``hs`` (inserting missing blocks) and reserve ``extra_blocks``; evicts free
+        blocks as needed. False (nothing changed) when pinned blocks leave no room."""
         ref, free = self.ref, self.free
-        uniq = dict.fromkeys(hs)
-        to_pin = sum(1 for h in uniq if h not in ref)
-        if len(ref) + to_pin + self.reserved + extra_blocks > self.capacity:
+        k = self.pinned_prefix(hs)
+        new = hs[k:]                                  # to pin: free cached ones or missing
+        if len(ref) + len(new) + self.reserved + extra_blocks > self.capacity:
             return False
-        for h in uniq:
+        for h in new:
             free.pop(h, None)
-        over = len(ref) + len(free) + self.reserved + to_pin + extra_blocks - self.capacity
+        over = len(ref) + len(free) + self.reserved + len(new) + extra_blocks - self.capacity
         if over > 0:
             self._evict(over)
-        get = ref.get
-        for h in hs:
-            ref[h] = get(h, 0) + 1
+        for h in new:                                 # each: one pinned child, or (the last) the chain's end
+            ref[h] = 1
+        if k:                                         # the deepest pinned block: a new child, or the end again
+            ref[hs[k - 1]] += 1
         self.reserved += extra_blocks
         return True
 
     def release(self, pinned: List[int], reserved: int, produced: List[int]) -> None:
-        """Unpin ``pinned``, drop the reservation, and cache the blocks filled while decoding."""
+        """Unpin the chain ``pinned``, drop the reservation, and cache the blocks filled while
+        decoding. The blocks no other chain holds are freed, root first."""
         ref, free = self.ref, self.free
         self.reserved -= reserved
-        for h in pinned:
-            c = ref.get(h)
-            if c is None:
-                continue
-            if c <= 1:
-                del ref[h]
-                free[h] = None
-            else:
-                ref[h] = c - 1
+        j = len(pinned) - 1
+        while j >= 0:
+            c = ref[pinned[j]] - 1
+            if c:
+                ref[pinned[j]] = c
+                break
+            del ref[pinned[j]]
+            j -= 1
+        for h in pinned[j + 1:]:
+            free[h] = None
         for h in produced:
             if h in ref:
                 continue
@@ -180,13 +209,13 @@ class StepModel:
 class TokenStream:
     """The tokens one request samples, position 0 = its first generated token: ``recorded``
     tokens first (replay), then chunks of the step model, each ending at a boundary. Chunk
-    lengths are drawn ahead (cheap) and body tokens only when read, both from generators seeded
-    with the request's seed, so a stream is the same however far it is read."""
+    lengths are drawn ahead (cheap) and body tokens only when read, from ``rng_len`` and ``rng_body``
+    (``np.random.default_rng([seed, 0])`` and ``([seed, 1])`` of the request's seed:
+    :meth:`TokenSource.prepare`), so a stream is the same however far it is read."""
 
-    def __init__(self, model: StepModel, seed: int, recorded: Sequence[int] = ()):
-        self.m = model
-        self.rng_len = seeded_generator([seed, 0])
-        self.rng_body = seeded_generator([seed, 1])
+    def __init__(self, model: StepModel, rng_len: np.random.Generator, rng_body: np.random.Generator,
+                 recorded: Sequence[int] = ()):
+        self.m, self.rng_len, self.rng_body = model, rng_len, rng_body
         self.tokens: List[int] = list(recorded)           # materialised tokens
         self.ends: List[int] = []                         # exclusive end of every boundary token
         self.is_eos: List[bool] = []
@@ -221,25 +250,46 @@ class TokenStream:
             i += 1
 
     def read(self, n: int) -> List[int]:
-        """The first ``n`` tokens."""
-        while len(self.tokens) < n:
-            if not self.pending:
-                self._draw()
-            end, eos = self.pending.popleft()
-            self.tokens.extend(self.m.body(self.rng_body, end - len(self.tokens) - 1))
-            self.tokens.append(self.m.eos_id if eos else self.m.delimiter_id)
-        return self.tokens[:n]
+        """The first ``n`` tokens. The body tokens of every chunk to materialise are drawn in one
+        call: ``integers(size=a)`` then ``integers(size=b)`` is ``integers(size=a + b)``, state included
+        (numpy's bounded integers keep no buffer between calls; tested)."""
+        toks = self.tokens
+        if len(toks) < n:
+            chunks, end = [], len(toks)
+            while end < n:
+                if not self.pending:
+                    self._draw()
+                end, eos = self.pending.popleft()
+                chunks.append((end, eos))
+            body = self.m.body(self.rng_body, end - len(toks) - len(chunks))
+            at = 0
+            for end, eos in chunks:
+                k = end - len(toks) - 1
+                toks.extend(body[at:at + k])
+                toks.append(self.m.eos_id if eos else self.m.delimiter_id)
+                at += k
+        return toks[:n]
 
 
 class TokenSource:
     """Token streams of requests: sampled from ``model`` with each request's seed, or, for uids in
-    ``recorded`` (uid -> tokens a real engine produced), those tokens first."""
+    ``recorded`` (uid -> tokens a real engine produced), those tokens first. :meth:`prepare` builds
+    the streams of a batch of requests together (their generators' seeding vectorised); :meth:`stream`
+    hands each out once, or builds one not prepared."""
 
     def __init__(self, model: StepModel, recorded: Optional[Dict[str, Sequence[int]]] = None):
         self.model, self.recorded = model, recorded or {}
+        self.ready: Dict[str, TokenStream] = {}
+
+    def prepare(self, requests: Sequence[GenRequest]) -> None:
+        gens = generators([e for r in requests for e in ([r.seed, 0], [r.seed, 1])])
+        self.ready = {r.uid: TokenStream(self.model, gens[2 * i], gens[2 * i + 1], self.recorded.get(r.uid, ()))
+                      for i, r in enumerate(requests)}
 
     def stream(self, r: GenRequest) -> TokenStream:
-        return TokenStream(self.model, r.seed, self.recorded.get(r.uid, ()))
+        s = self.ready.pop(r.uid, None)
+        return s if s is not None else TokenStream(self.model, *generators([[r.seed, 0], [r.seed, 1]]),
+                                                   self.recorded.get(r.uid, ()))
 
 
 # ------------------------------------------------------------------------------------- costs
@@ -355,6 +405,7 @@ class SimGenerator(_Engine):
         """Run the requests to the end of their steps (list order = admission order); the
         ``policy`` decides every speculative step. ``time_s`` is the charged (simulated) time."""
         B = self.block
+        self.tokens.prepare(requests)
         queue = deque(requests)
         run: Dict[str, _Seq] = {}                 # admission order
         spec: Dict[str, _Seq] = {}                # the running sequences that speculate
@@ -425,8 +476,8 @@ class SimGenerator(_Engine):
         speculated; cache the blocks it filled."""
         r = s.r
         toks = s.stream.read(done if s.spec_end is not None else s.step_len)
-        full = list(r.prompt_ids) + toks
-        hs = block_hashes(full, self.block, r.prompt_ids, s.hs)
+        full = [*r.prompt_ids, *toks]
+        hs = extend_hashes(full, self.block, s.hs)              # s.hs: the prompt's, and full extends it
         self.paths.remember(r.path, full, hs)
         self.cache.release(s.hs, s.extra, hs[len(s.hs):])
         outputs[r.uid] = GenOutput(toks, s.finish, s.step_len, s.cached, len(r.prompt_ids))

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
-from systems.tts.beams import seeded_generator
 from systems.tts.protocol import GenRequest
+from systems.tts.seeding import generators
 
 STOP = "stop"
 SPECULATE = "speculate"
@@ -95,9 +95,10 @@ def truncate_keep(length: int, r: float) -> int:
     return int(min(length - 1, max(1, round(r * length))))
 
 
-def copy_keeps(length: int, r_mean: float, r_std: float, key: int) -> int:
-    """Speculative tokens kept by a copy (not the original) of a surviving path: a fraction
-    r ~ N(r_mean, r_std) clipped to [0, 1] (FastTTS §1.4: R = 0.85, sigma = 0.1), drawn from a
-    generator seeded with ``key`` (the copy's identity), then :func:`truncate_keep`."""
-    r = min(1.0, max(0.0, float(seeded_generator(key).normal(r_mean, r_std))))
-    return truncate_keep(length, r)
+def copy_keeps(lengths: Sequence[int], r_mean: float, r_std: float, keys: Sequence[int]) -> List[int]:
+    """Speculative tokens kept by copies (not the original) of surviving paths, one per (``lengths[i]``
+    speculative tokens, ``keys[i]``): a fraction r ~ N(r_mean, r_std) clipped to [0, 1] (FastTTS §1.4:
+    R = 0.85, sigma = 0.1), drawn from a generator seeded with the key (the copy's identity;
+    ``seeding.generators``, built together), then :func:`truncate_keep`."""
+    return [truncate_keep(n, min(1.0, max(0.0, float(g.normal(r_mean, r_std)))))
+            for n, g in zip(lengths, generators(keys))]

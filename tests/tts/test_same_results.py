@@ -1,8 +1,9 @@
 """Issue 18: the FastTTS simulator's speed-ups change no result, import nothing GPU- or torch-related,
 and touch no config on the per-iteration path.
 
-The records' summaries were stored with the code before the speed-ups (``python -m tests.tts.summaries``):
-the main command and a cross-section of ``fasttts_ablation`` (3 problems) must reproduce them exactly.
+The records' summaries were stored with the code before the speed-ups (``python -m tests.tts.summaries``),
+their tables' digests with the code before the second round of them (commit 4aa0cb0, ``--tables``):
+the main command and a cross-section of ``fasttts_ablation`` (3 problems) must reproduce both exactly.
 ``TTC_SAME_RESULTS=all`` compares every job of the experiment (113 jobs, minutes)."""
 import json
 import os
@@ -11,9 +12,10 @@ import sys
 
 import pytest
 
-from tests.tts.summaries import ROOT, STORED, jobs, summary
+from tests.tts.summaries import ROOT, STORED, STORED_TABLES, jobs, summary
 
 STORED_SUMMARIES = json.loads(STORED.read_text())
+STORED_DIGESTS = json.loads(STORED_TABLES.read_text())
 # every system and model pair (the 7B+7B pair: oom) at n = 8 and 64; n = 512 jobs take ~10 s each
 QUICK = ["main"] + [name for name in jobs() if name != "main" and (" n=8 " in name or " n=64 " in name)]
 JOBS = list(jobs()) if os.environ.get("TTC_SAME_RESULTS") == "all" else QUICK
@@ -23,18 +25,23 @@ JOBS = list(jobs()) if os.environ.get("TTC_SAME_RESULTS") == "all" else QUICK
 def test_summary_as_before_the_speedups(name):
     """Mutations caught (each changed the main command's summary): a block hash extended from a
     parent whose tokens differ (no comparison), the synthetic PRM's hash continued past a different
-    prefix, the running context total not reduced when a sequence ends."""
-    assert summary(jobs()[name]) == STORED_SUMMARIES[name]
+    prefix, the running context total not reduced when a sequence ends. Caught by the tables' digests
+    only (not in the summary): the survivors' content keys recorded as their roots' keys."""
+    tables: dict = {}
+    assert summary(jobs()[name], tables) == STORED_SUMMARIES[name]
+    assert tables == STORED_DIGESTS[name]
 
 
-HEAVY = ("torch", "vllm", "transformers", "triton")
+HEAVY = ("torch", "vllm", "transformers", "triton", "pandas")
 
 
 def test_a_simulated_run_imports_nothing_gpu_or_torch_related(tmp_path):
     """``python run.py`` for a simulated FastTTS run, in a fresh process: no torch, vLLM,
-    transformers or triton module is loaded by the end (NVML is the harness's: it reads the GPU
-    inventory of every run). Mutation caught: importing vllm at the top of ``systems/tts/engines.py``
-    (which the simulated run imports for its TokenMap)."""
+    transformers, triton or pandas module is loaded by the end (NVML is the harness's: it reads the
+    GPU inventory of every run; pandas cost ~0.6 s of start-up: the tables are row dicts). Mutations
+    caught: importing vllm at the top of ``systems/tts/engines.py`` (which the simulated run imports
+    for its TokenMap); pandas imported by ``systems/tts/metrics.py``; a str column left to pyarrow's
+    inference (``harness.records._arrow_array``), which imports pandas."""
     code = (
         "import runpy, sys\n"
         f"sys.argv = ['run.py', 'system=fasttts', 'backend=sim', 'n=8', 'workload.num_problems=1', 'tracking=none',\n"
@@ -78,3 +85,32 @@ def test_per_iteration_replanning_reads_no_config(compose_cfg, monkeypatch):
     assert b.gen.offload_bw == bw and b.ver.offload_bw == bw          # the offload plan was applied
     res = Search(b.settings, b.gen, b.ver, before_iteration=b.hook).run_problem(p.index, b.prompts[p.index])
     assert len(res.iterations) == 2
+
+
+def test_a_simulated_search_runs_without_the_cyclic_collector(compose_cfg, monkeypatch):
+    """The simulated search runs with Python's cyclic GC paused (15-20 % of its CPU was collector
+    passes over the live tree) and the collector is on again afterwards, also when the run fails.
+    Mutations caught: the collector not paused; not re-enabled after the run (or after a failure)."""
+    import gc
+
+    from harness.run import run
+    from systems.tts.search import Search
+    seen = []
+    real = Search.run_problem
+
+    def spy(self, *a, **k):
+        seen.append(gc.isenabled())
+        return real(self, *a, **k)
+    monkeypatch.setattr(Search, "run_problem", spy)
+    assert gc.isenabled()
+    try:
+        rec = run(compose_cfg("system=fasttts", "backend=sim", "n=8", "workload.num_problems=2"))
+        assert rec["status"] == "ok" and seen == [False, False] and gc.isenabled()
+
+        def boom(self, *a, **k):
+            raise RuntimeError("search failed")
+        monkeypatch.setattr(Search, "run_problem", boom)
+        assert run(compose_cfg("system=fasttts", "backend=sim", "n=8", "workload.num_problems=1"))["status"] == "error"
+        assert gc.isenabled()
+    finally:
+        gc.enable()                      # the rest of the session keeps its collector whatever failed

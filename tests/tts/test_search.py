@@ -5,7 +5,7 @@ import pytest
 
 from harness.backend import Backend
 from systems.tts import runner
-from systems.tts.beams import Beam, step_logit_biases
+from systems.tts.beams import Beam, request_seed, stable_hash, step_logit_biases
 from systems.tts.search import Search, duplicate, select_survivors
 from systems.tts.speculation import speculative_potential, truncate_keep
 
@@ -148,3 +148,14 @@ def test_speculation_changes_later_steps_not_first_step_sim(compose_cfg):
     assert base[0].selected == spec[0].selected and base[0].selected_keys == spec[0].selected_keys
     assert sum(r.spec_generated for r in spec) > 0 and sum(r.gen_skipped for r in spec) > 0
     assert any(a.selected_keys != b.selected_keys for a, b in zip(base, spec))
+
+
+def test_stable_hash_values_as_stored():
+    """Content keys and request seeds reach the results (seeds pick the tokens, keys are in the
+    iterations table): their values as computed before issue 18's one-update hashing. Mutations
+    caught: the trailing separator dropped, the separator added with no parts, str() for repr()."""
+    assert stable_hash("req", 0, 1, 2, "3.0") == 18306322195692595194
+    assert stable_hash(17, (1, 2, 3)) == 10686136272415888061
+    assert stable_hash() == 13020603013274838756
+    assert stable_hash("\u00fc") == 18412191626741870818
+    assert request_seed(3, 0, 0, "5") == 1138947524

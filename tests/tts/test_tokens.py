@@ -1,0 +1,36 @@
+"""The simulator's token streams (systems/tts/sim.py TokenStream): the tokens of a request's seed,
+however the stream is read."""
+import numpy as np
+import pytest
+
+from systems.tts.protocol import GenRequest
+from systems.tts.sim import StepModel, TokenSource
+
+
+def reference(model: StepModel, seed: int, n: int):
+    """The stream as defined: chunk lengths and end flags from ``default_rng([seed, 0])``, each
+    chunk's body drawn on its own from ``default_rng([seed, 1])`` (the code before bulk draws)."""
+    rng_len, rng_body = np.random.default_rng([seed, 0]), np.random.default_rng([seed, 1])
+    out = []
+    while len(out) < n:
+        k, eos = model.chunk(rng_len)
+        out += model.body(rng_body, k - 1) + [model.eos_id if eos else model.delimiter_id]
+    return out[:n]
+
+
+@pytest.mark.parametrize("vocab", [151936, 2500])          # 2500: a small vocabulary (boundaries kept out)
+def test_stream_reads_the_seeds_tokens_in_any_increments(vocab):
+    """Read in small and large increments, after ``boundary`` drew chunks ahead, prepared in bulk or
+    built alone: always the reference's tokens. Mutations caught: a chunk's body sliced one token
+    short (``k = end - len - 2``), one body token drawn per boundary token too (the draw's size not
+    less the chunks' count), a stream handed out twice by ``TokenSource.stream`` (``get``, not ``pop``)."""
+    model = StepModel(p_delim=0.03, p_eos=0.01, delimiter_id=271, eos_id=vocab - 1, vocab_size=vocab)
+    src = TokenSource(model)
+    reqs = [GenRequest(f"r{i}", [1, 2], 64, seed) for i, seed in enumerate((0, 5, 2 ** 31 - 2, 77))]
+    src.prepare(reqs[:3])
+    for r, steps in zip(reqs, ([1, 1, 5, 40, 300, 2000], [2000], [0, 7, 7, 8, 1500], [3, 900])):
+        s = src.stream(r)
+        s.boundary(0, 500, eos_only=True)              # chunks drawn ahead of the tokens read
+        for n in steps:
+            assert s.read(n) == reference(model, r.seed, n)
+    assert src.ready == {}
