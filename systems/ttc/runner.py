@@ -30,6 +30,7 @@ from systems.ttc import analytic
 from systems.ttc.config import SCHEDULERS
 from systems.ttc.display import display_rows, size_text
 from systems.ttc.plan import KVGeometry, Scheduler
+from systems.ttc.replay import FILE as TREE_FILE, load_beam_tree, replay_note, tree_record
 from systems.ttc.protocol import EnergyWindow, Executor
 from systems.ttc.sim import SimExecutor
 from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
@@ -76,7 +77,7 @@ def validate(cfg) -> None:
     if s.get("deadline") is not None and not isinstance(s.get("deadline"), (int, float)):
         raise bad("system.deadline", s.get("deadline"), "Unix seconds (a number) or null")
     if s.get("replay_tree"):
-        load_beam_tree(s.replay_tree, n_steps=math.ceil(w.gen_len / w.step))
+        load_beam_tree(s.replay_tree, cfg)
     budget = kv_budget_bytes(cfg)
     if s.get("kv_budget") is not None and s.scheduler != "in_gpu":   # a derived budget too small = oom
         one_beam = (w.prompt_len + w.gen_len) * KVGeometry.from_model(cfg.model).kv_token
@@ -85,26 +86,6 @@ def validate(cfg) -> None:
                       f"at least one beam's KV at full length: {one_beam} B ({one_beam / 2**20:.2f} MiB) "
                       f"for {cfg.model.name} at {w.prompt_len + w.gen_len} tokens; got {budget} B "
                       f"({budget / 2**20:.2f} MiB)")
-
-
-def load_beam_tree(path, n_steps: int):
-    """A recorded beam tree (``beam_tree.json`` of a run with ``system.record_tree=true``): per step,
-    the uids of the beams selection kept, in order. Raises ConfigError if missing or malformed."""
-    import json
-    from pathlib import Path
-    p = Path(path)
-    if p.is_dir():
-        p = p / "beam_tree.json"
-    try:
-        doc = json.loads(p.read_text())
-        steps = [[int(u) for u in s["kept"]] for s in doc["steps"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"system.replay_tree={str(path)!r} is not a readable beam tree ({e}); "
-                          f"record one with system.record_tree=true") from None
-    if len(steps) != n_steps - 1:
-        raise ConfigError(f"system.replay_tree={str(path)!r} has {len(steps)} step transitions; this "
-                          f"configuration needs {n_steps - 1} (same beams, step and gen_len)")
-    return steps
 
 
 def validate_backend(cfg, backend) -> None:
@@ -188,7 +169,7 @@ def run(cfg, ctx: RunContext) -> RunResult:
                                  f"({size_text(scheduler.full_kv_bytes(n_beams))}) exceeds the KV "
                                  f"budget ({size_text(budget)})")
 
-    replay = load_beam_tree(sysc.replay_tree, n_steps=math.ceil(w.gen_len / w.step)) if sysc.get("replay_tree") else None
+    replay, recorded = load_beam_tree(sysc.replay_tree, cfg) if sysc.get("replay_tree") else (None, None)
     real = not ctx.backend.simulated
     ex = _executor(cfg, ctx, sched_budget)
     clock = ex.clock
@@ -281,12 +262,11 @@ def run(cfg, ctx: RunContext) -> RunResult:
     extra = {}
     if record_tree:
         from harness.records import atomic_write_json
-        atomic_write_json(ctx.outdir / "beam_tree.json", {"seed": cfg.seed, "beams": n_beams,
-                                                          "beam_width": w.beam_width, "step": w.step,
-                                                          "gen_len": w.gen_len, "steps": kept_log})
-        extra["beam_tree_file"] = str(ctx.outdir / "beam_tree.json")
+        atomic_write_json(ctx.outdir / TREE_FILE, tree_record(cfg, ctx.backend, kept_log))
+        extra["beam_tree_file"] = str(ctx.outdir / TREE_FILE)
     if replay is not None:
         extra["replayed_tree"] = str(sysc.replay_tree)
+        message = "; ".join(m for m in (message, replay_note(sysc.replay_tree, recorded, cfg, ctx.backend)) if m)
     if real:                                  # the real engine's best path (token ids) for inspection
         extra["best_tokens"] = best.tokens
     return RunResult(status=status, message=message, summary=summary, display=display_rows(summary, sysc), tables=tables,

@@ -57,11 +57,42 @@ def test_recorded_beam_tree_replays_in_the_simulator(compose_cfg, tmp_path):
 
 
 def test_replay_of_a_mismatched_tree_is_rejected(compose_cfg, tmp_path):
+    """A replay configured unlike the recording (here 16 beams and another step, model and seed against
+    8 beams) is a ConfigError naming each field with its recorded and given value, before any work.
+    Mutation caught: checking only the number of steps (the old check; 16 beams then ran, 16 groups at
+    step 0 and 8 after); dropping the model from the checked fields."""
     from harness.errors import ConfigError
-    run(compose_cfg("backend=sim", "beams=8", "gen_len=128", "system.record_tree=true", output_dir=tmp_path / "a"))
-    with pytest.raises(ConfigError, match="has 3 step transitions; this configuration needs 7"):
-        run(compose_cfg("backend=sim", "beams=8", "gen_len=256", f"system.replay_tree={tmp_path / 'a'}",
-                        output_dir=tmp_path / "b"))
+    run(compose_cfg("backend=sim", "beams=8", "gen_len=128", "step=32", "seed=1", "system.record_tree=true",
+                    output_dir=tmp_path / "a"))
+    with pytest.raises(ConfigError) as e:
+        run(compose_cfg("backend=sim", "beams=16", "gen_len=128", "step=16", "seed=2", "model=opt-2.7b",
+                        f"system.replay_tree={tmp_path / 'a'}", output_dir=tmp_path / "b"))
+    msg = str(e.value)
+    for part in ("beams: recorded 8, given 16", "step: recorded 32, given 16", "seed: recorded 1, given 2",
+                 "model: recorded 'opt-6.7b', given 'opt-2.7b'"):
+        assert part in msg, msg
+    assert "gen_len" not in msg.split("(", 1)[1] and not (tmp_path / "b").exists()
+    with pytest.raises(ConfigError, match="gen_len: recorded 128, given 256"):
+        run(compose_cfg("backend=sim", "beams=8", "gen_len=256", "step=32", "seed=1",
+                        f"system.replay_tree={tmp_path / 'a'}", output_dir=tmp_path / "c"))
+
+
+def test_replay_says_which_hardware_it_simulates(compose_cfg, tmp_path):
+    """The replay's message names where the tree was recorded and the profile it simulates, and says
+    the times are not comparable when the profile is not the recorded one's. Mutation caught: the
+    comparison inverted (the note on the matching profile instead)."""
+    common = ["backend=sim", "beams=8", "gen_len=128", "step=32"]
+    run(compose_cfg(*common, "hardware=rtx4090", "system.record_tree=true", output_dir=tmp_path / "a"))
+    assert json.loads((tmp_path / "a" / "beam_tree.json").read_text())["hardware_profile"] == "rtx4090"
+    other = run(compose_cfg(*common, "hardware=a100-80gb", f"system.replay_tree={tmp_path / 'a'}",
+                            output_dir=tmp_path / "b"))
+    assert "recorded on the simulated 'rtx4090' profile" in other["message"]
+    assert "simulates the 'a100-80gb' hardware profile" in other["message"]
+    assert "not comparable" in other["message"] and "hardware=rtx4090" in other["message"]
+    same = run(compose_cfg(*common, "hardware=rtx4090", f"system.replay_tree={tmp_path / 'a'}",
+                           output_dir=tmp_path / "c"))
+    assert same["status"] == "ok" and "simulates the 'rtx4090'" in same["message"]
+    assert "not comparable" not in same["message"]
 
 
 def test_calibration_writes_a_dated_measured_profile(tmp_path):
