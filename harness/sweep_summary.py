@@ -47,21 +47,57 @@ def write_summary(sweep_dir, runs: pd.DataFrame) -> List[Path]:
     out = [write_markdown(t, sweep_dir / "summary.md", title=f"sweep {sweep_dir.name}: {len(t)} jobs",
                           notes="One row per job; the metric columns are each family's headline (first row "
                                 "of its printed table; SI units: seconds, bytes, joules). `source`: simulated "
-                                "on the hardware profile, or measured by a real engine.")]
+                                "on the hardware profile, or measured by a real engine."
+                                + _failed_notes(t[t["status"] != "ok"], runs, list(params.columns)))]
     num = [c for c in params.columns if _numeric(params[c])]
     if num and keys:
-        import matplotlib.pyplot as plt
-        x, others = num[0], [c for c in params.columns if c != num[0]]
-        fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
-        df = t.assign(_x=pd.to_numeric(t[x]))
-        for name, g in (df.groupby(others) if others else [("", df)]):
-            g = g.sort_values("_x")
-            label = ", ".join(f"{o}={v}" for o, v in zip(others, name if isinstance(name, tuple) else (name,))) if others else keys[0]
-            ax.plot(g["_x"], pd.to_numeric(g[keys[0]], errors="coerce"), "o-", label=f"{label} ({g['source'].iloc[0]})")
-        ax.set_xlabel(x)
         labels = runs.loc[runs["headline"] == keys[0], "headline_label"].dropna()
-        ax.set_ylabel(f"{labels.iloc[0]} ({keys[0]}, SI units)" if len(labels) else keys[0])
-        ax.set_title(f"sweep {sweep_dir.name}")
-        ax.legend(fontsize=7)
+        fig = draw(t, num[0], [c for c in params.columns if c != num[0]], keys[0],
+                   f"{labels.iloc[0]} ({keys[0]}, SI units)" if len(labels) else keys[0], f"sweep {sweep_dir.name}")
         out += list(save_figure(fig, sweep_dir, "summary").values())
     return out
+
+
+def _failed_notes(failed: pd.DataFrame, runs: pd.DataFrame, params: List[str]) -> str:
+    """The summary's list of jobs without a result: their swept values, status and message."""
+    if not len(failed):
+        return ""
+    def line(i, r):
+        msg = runs.at[i, "message"] if "message" in runs else None
+        msg = f": {msg.splitlines()[0][:160]}" if isinstance(msg, str) and msg else ""
+        return f"\n- {', '.join(f'{c}={r[c]}' for c in params)}: {r['status']}{msg}"
+    return (f"\n\nJobs without a result ({len(failed)}; marked on the figure's x axis):"
+            + "".join(line(i, r) for i, r in failed.iterrows()))
+
+
+MARKERS = "osD^vP*X"
+
+
+def draw(t: pd.DataFrame, x: str, others: List[str], key: str, ylabel: str, title: str):
+    """The summary figure of table ``t`` (one row per job: the swept columns, status, source, ``key``):
+    ``key`` against ``x``, one line per combination of ``others``. Lines are drawn widest first, each
+    with its own marker shape and a smaller marker than the one before, so points that coincide stay
+    visible; a job without a value (oom, error, timeout) is an 'x' on the x axis at its x, labelled
+    with its status, in its line's colour."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+    df = t.assign(_x=pd.to_numeric(t[x]), _y=pd.to_numeric(t[key], errors="coerce"))
+    groups = list(df.groupby(others) if others else [("", df)])
+    for n, (name, g) in enumerate(groups):
+        g = g.sort_values("_x")
+        label = ", ".join(f"{o}={v}" for o, v in zip(others, name if isinstance(name, tuple) else (name,))) if others else key
+        ok = g[g["status"].eq("ok") & g["_y"].notna()]
+        size = 4 + 3 * (len(groups) - 1 - n)                      # the first drawn is the widest
+        line, = ax.plot(ok["_x"], ok["_y"], marker=MARKERS[n % len(MARKERS)], markersize=size,
+                        linewidth=1 + 0.8 * (len(groups) - 1 - n), zorder=2 + n,
+                        label=f"{label} ({g['source'].iloc[0]})")
+        for _, r in g.drop(ok.index).iterrows():
+            ax.plot([r["_x"]], [0], marker="x", markersize=9, mew=2, color=line.get_color(), clip_on=False,
+                    transform=ax.get_xaxis_transform(), zorder=10, gid=f"failed:{label}:{r[x]}")
+            ax.annotate(r["status"], (r["_x"], 0), xycoords=ax.get_xaxis_transform(), xytext=(0, 6 + 9 * n),
+                        textcoords="offset points", ha="center", fontsize=7, color=line.get_color())
+    ax.set_xlabel(x)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return fig

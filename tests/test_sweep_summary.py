@@ -29,3 +29,54 @@ def test_adhoc_sweep_summary_and_runs_columns(tmp_path):
     assert set(runs["overrides"].str.split().str[:2].str.join(" ")) == {
         "system=lbs beams=4", "system=lbs beams=16", "system=layerwise beams=4", "system=layerwise beams=16"}
     assert (d / "beams=4,gen_len=256,system=lbs" / "run.log").read_text().count("status=ok") == 1
+
+
+def _runs():
+    """Three systems x beams 4, 16, 64 as records: in_gpu ok only at 4 beams (the value the others
+    share there), oom at 16 and 64."""
+    rows = []
+    for system, e2e in (("in_gpu", (41.0, None, None)), ("layerwise", (41.0, 468.0, 4320.0)),
+                        ("lbs", (41.0, 88.0, 304.0))):
+        for beams, v in zip((4, 16, 64), e2e):
+            rows.append({"overrides": f"system={system} beams={beams}", "status": "ok" if v else "oom",
+                         "message": "" if v else f"in_gpu: KV of {beams} beams exceeds the KV budget",
+                         "simulated": True, "headline": "e2e_s", "headline_label": "end-to-end latency",
+                         "summary.e2e_s": v})
+    return pd.DataFrame(rows)
+
+
+def test_summary_figure_keeps_coinciding_points_visible_and_marks_failed_jobs(tmp_path):
+    """At 4 beams all three systems share one value: each line has its own marker shape, drawn widest
+    first (larger marker, lower zorder), so in_gpu's point is not hidden; its two oom jobs are 'x'
+    markers on the x axis at 16 and 64 beams, labelled oom. Mutations caught: one marker size for
+    all lines; the failed jobs not drawn."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from harness.sweep_summary import draw
+    r = _runs()
+    t = pd.DataFrame({"system": r.overrides.str.split().str[0].str[7:],
+                      "beams": r.overrides.str.split().str[1].str[6:], "status": r.status,
+                      "source": "simulated", "e2e_s": r["summary.e2e_s"]})
+    ax = draw(t, "beams", ["system"], "e2e_s", "e2e", "s").axes[0]
+    lines = {ln.get_label().split(" ")[0]: ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    assert list(lines) == ["system=in_gpu", "system=layerwise", "system=lbs"]
+    sizes = [lines[k].get_markersize() for k in lines]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 3
+    assert len({lines[k].get_marker() for k in lines}) == 3
+    z = [lines[k].get_zorder() for k in lines]
+    assert z == sorted(z) and len(set(z)) == 3
+    failed = [ln for ln in ax.get_lines() if (ln.get_gid() or "").startswith("failed:")]
+    assert sorted(ln.get_xdata()[0] for ln in failed) == [16, 64]
+    assert all(ln.get_color() == lines["system=in_gpu"].get_color() for ln in failed)
+    assert [a.get_text() for a in ax.texts] == ["oom", "oom"]
+
+
+def test_summary_md_lists_failed_jobs(tmp_path):
+    """summary.md lists each job without a result with its swept values, status and message.
+    Mutation caught: the list left out of the notes."""
+    from harness.sweep_summary import write_summary
+    write_summary(tmp_path, _runs())
+    md = (tmp_path / "summary.md").read_text()
+    assert "Jobs without a result (2; marked on the figure's x axis):" in md
+    assert "- system=in_gpu, beams=16: oom: in_gpu: KV of 16 beams exceeds the KV budget" in md
+    assert "- system=in_gpu, beams=64: oom:" in md and (tmp_path / "summary.png").exists()
