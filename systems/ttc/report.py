@@ -206,8 +206,9 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
                 return (d.speedup.max(), None, f"the largest LBS speedup {range_rule}") if len(d) else None
             return _span(d, "speedup", f"LBS, min-max {range_rule}")
         if n.metric == "speedup":       # all methods about equal at these beams
-            d = d[(d.beams == int(n.cfg["beams"])) & (d.system != "layerwise") & (d.status == "ok")]
-            return _span(d, "speedup", f"every system that fits, all models and steps, over layer-wise")
+            at = d[d.beams == int(n.cfg["beams"])]
+            return _span(at[(at.system != "layerwise") & (at.status == "ok")], "speedup",
+                         f"every system that fits, all models and steps, over layer-wise; {_offload_text(at)}")
         return None
     table = _verdicts(sweep_dir, figure, df, ours, f"{figure}.png")
     tab = df.assign(speedup_txt=label_values([_fmt_speed(r) for _, r in df.iterrows()], df.simulated))
@@ -218,6 +219,14 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
                    title=title_label(f"{title}, speedup over layer-wise of the same source", df.simulated),
                    notes=table)
     return df
+
+
+def _offload_text(at: pd.DataFrame) -> str:
+    """What the runs ``at`` (one beam count, every model x step) say about offloading there: in how
+    many configurations layer-wise offloads (moves bytes host->device) and in-GPU is OOM."""
+    b, lw, ig = int(at.beams.iloc[0]), at[at.system == "layerwise"], at[at.system == "in_gpu"]
+    text = f"at {b} beams layer-wise offloads in {int(lw.offloads.sum())} of {len(lw)} model x step configurations"
+    return text + (f", in-GPU is OOM in {int((ig.status == 'oom').sum())} of {len(ig)}" if len(ig) else "")
 
 
 def fig9(sweep_dir, runs, cfg):

@@ -112,6 +112,20 @@ def test_verdicts_follow_the_rule_on_our_numbers(sweep, reports):
     assert (lbs64.ours, lbs64.paper_value, lbs64.unit) == (pytest.approx(100 * share), 10.0, "%")
 
 
+def test_fig9_about_equal_note_follows_the_data(reports):
+    """The Fig.9 'all methods about equal at 4-8 beams' rows say, from the records, where layer-wise
+    offloads and in-GPU is OOM at that beam count (here: 8 beams offload with a 7 GiB budget), and the
+    paper's own remark is marked as the paper's. (Mutations caught: the offload count taken over
+    in-GPU's rows; the text fixed as '(no offload)' without the paper's label.)"""
+    v = pd.read_csv(reports["fig9"][0] / "verdicts.csv").set_index("quantity")
+    four = v.loc["speedup over layer-wise (beams=4, hardware=rtx4090)"].note
+    eight = v.loc["speedup over layer-wise (beams=8, hardware=rtx4090)"].note
+    assert "at 4 beams layer-wise offloads in 0 of 1 model x step configurations, in-GPU is OOM in 0 of 1" in four
+    assert "at 8 beams layer-wise offloads in 1 of 1 model x step configurations" in eight
+    assert "in-GPU" not in eight                                          # no in-GPU job at 8 beams here
+    assert eight.endswith("; paper: at 4-8 beams all methods are about equal (no offload)")
+
+
 def test_fig11_io_starts_at_zero_beside_the_papers_absolute_share(reports):
     """The I/O segment is stacked first, from 0, so its top is the share the paper's marker gives;
     ticks say 'beams' in words. (Mutations caught: I/O stacked on compute (the issue's misleading
