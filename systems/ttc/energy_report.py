@@ -62,6 +62,14 @@ def power_note(runs: pd.DataFrame, hardware) -> str:
     return "\n".join(lines)
 
 
+def energy_sources(df: pd.DataFrame, hardware) -> str:
+    """How each profile's energy was charged, one clause per profile in ``hardware``'s order:
+    "rtx4090: simulated power model at 2,520 MHz; a100-80gb: ..." ('no power model' for none)."""
+    parts = [f"{hw}: {' / '.join(src)}" for hw in hardware
+             if (src := sorted(df.loc[df.hardware == hw, "energy_source"].dropna().unique()))]
+    return "; ".join(parts) or "no power model"
+
+
 def lbs_energy(sweep_dir, runs, cfg):
     """Figure and table of the energy study (module docstring)."""
     import matplotlib.pyplot as plt
@@ -103,8 +111,7 @@ def lbs_energy(sweep_dir, runs, cfg):
         "I/O-stall energy (%)": 100 * df.stall_energy_share,
         "LBS / layer-wise J per token": df.lbs_vs_layerwise_energy, "LBS / layer-wise time": df.lbs_vs_layerwise_time,
         "source": df.source}).sort_values(["hardware", "step", "beams", "system"])
-    clocks = "; ".join(sorted({s for s in df.energy_source.dropna()}))
-    notes = (f"Energy charged by {clocks or 'no power model'} (systems/ttc/sim.py): kernels at "
+    notes = (f"Energy charged by {energy_sources(df, hws)} (systems/ttc/sim.py): kernels at "
              f"P_busy(f, r) with r their compute-bound share, launch gaps and I/O stalls (waiting on PCIe) "
              f"at P_idle(f) (systems/serving/gpu_model.py). No paper reports these numbers; there is "
              f"nothing to compare with. Where the power parameters come from:\n\n{power_note(runs, hws)}")

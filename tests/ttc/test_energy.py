@@ -117,7 +117,8 @@ def test_lbs_energy_experiment_draws_figure_table_and_sources(tmp_path):
     per token ratio; the note names the measured data file behind the A100's power fit and marks the
     RTX 4090's as assumptions.
     Mutations caught: the ratio inverted (layer-wise / LBS); energy columns taken in the records'
-    order instead of matched by job (rows misaligned after tidy's sort)."""
+    order instead of matched by job (rows misaligned after tidy's sort); the clocks listed without
+    their profile (the note read 'simulated power model at 1,410 MHz; simulated power model at 2,520 MHz')."""
     import json
     import subprocess
     import sys
@@ -147,6 +148,8 @@ def test_lbs_energy_experiment_draws_figure_table_and_sources(tmp_path):
         ratio = per_token[(hw, "lbs", 16)] / per_token[(hw, "layerwise", 16)]
         assert abs(ratio - 1) > 0.1 and float(r[col["LBS / layer-wise J per token"]]) == pytest.approx(ratio, rel=5e-3)
         assert float(r[col["J / token"]]) == pytest.approx(per_token[(hw, "lbs", 16)], rel=5e-3)
+    assert ("Energy charged by rtx4090: simulated power model at 2,520 MHz; a100-80gb: simulated power "
+            "model at 1,410 MHz (systems/ttc/sim.py)") in text        # each profile's clock named with it
     note = text.split("Where the power parameters come from:", 1)[1]
     a100, rtx = (next(line for line in note.splitlines() if f"**{hw}**" in line) for hw in ("a100-80gb", "rtx4090"))
     assert "perseus_a100_sxm" in a100 and "least-squares fit" in a100
