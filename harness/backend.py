@@ -64,7 +64,7 @@ def resolve_backend(cfg, family: str) -> Backend:
     if name == "auto":
         if cuda_available():
             name, device = REAL_ENGINE[family], "cuda"
-            return Backend(name, device, False, f"backend=auto -> real {name} engine on CUDA GPU")
+            return Backend(name, device, False, real_reason("auto", name, device, hw))
         return Backend("sim", "sim", True,
                        f"backend=auto -> SIMULATED backend on the '{hw}' profile (no CUDA GPU found); "
                        f"all numbers below are simulated")
@@ -81,5 +81,12 @@ def resolve_backend(cfg, family: str) -> Backend:
                           "(use backend.device=cpu or backend=sim)")
     if device == "auto":
         device = "cuda" if has_cuda else "cpu"
-    return Backend(name, device, False, f"backend={name} -> real {name} engine on {device.upper()} "
-                                        f"(measured; hardware profile '{hw}' used only for defaults)")
+    return Backend(name, device, False, real_reason(name, name, device, hw))
+
+
+def real_reason(setting: str, name: str, device: str, hw: str) -> str:
+    """The first output line of a real engine's run: the device it measures (the run table's title says
+    the same) and what the hardware profile is still used for."""
+    return (f"backend={setting} -> real {name} engine, measured on {device.upper()}; the hardware profile "
+            f"'{hw}' is not what is measured: it only supplies defaults the engine does not measure, such "
+            f"as a CPU run's KV budget when kv_budget is not given")

@@ -215,7 +215,7 @@ def print_table(cfg, backend: Backend, res: RunResult, outdir: Path, ci: Optiona
     from rich.console import Console
     from rich.table import Table
     tag = " [SIMULATED]" if backend.simulated else ""
-    t = Table(title=f"{cfg.system.name} | {cfg.model.name} | {cfg.hardware.name if backend.simulated else backend.device}"
+    t = Table(title=f"{cfg.system.name} | {cfg.model.name} | {cfg.hardware.name if backend.simulated else 'measured on ' + backend.device.upper()}"
                     f" | status={res.status}{tag}", show_header=True)
     t.add_column("metric")
     t.add_column(("mean" if ci else "value") + (" (simulated)" if backend.simulated else " (measured)"),

@@ -63,3 +63,19 @@ def test_breakdown_table_and_title_label_each_row(mixed_sweep):
     sim_only = runs[runs.simulated.astype(bool)]
     report.fig11(sweep, sim_only, None)
     assert "(simulated)" in (sweep / "fig11.md").read_text().splitlines()[0]
+
+
+def test_real_run_header_and_table_title_name_the_measured_device(compose_cfg, tmp_path, capsys):
+    """A real CPU run's first line and its table title both say 'measured on CPU'; the first line says
+    the hardware profile (here the default rtx4090) is not what is measured, only a source of defaults.
+    (Mutation caught: the title giving the bare device 'cpu' while the header named the rtx4090 profile,
+    as before.)"""
+    from harness.backend import resolve_backend
+    from harness.run import RunResult, print_table
+    cfg = compose_cfg("system=lbs", "backend=torch", "backend.device=cpu", "hardware=rtx4090")
+    backend = resolve_backend(cfg, "ttc")
+    assert "real torch engine, measured on CPU" in backend.reason
+    assert "profile 'rtx4090' is not what is measured: it only supplies defaults" in backend.reason
+    print_table(cfg, backend, RunResult(status="ok", summary={}, display=[]), tmp_path)
+    title = " ".join(capsys.readouterr().out.split("┏")[0].split())       # rich wraps a long title
+    assert title == "lbs | opt-6.7b | measured on CPU | status=ok"
