@@ -206,9 +206,10 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
                 return (d.speedup.max(), None, f"the largest LBS speedup {range_rule}") if len(d) else None
             return _span(d, "speedup", f"LBS, min-max {range_rule}")
         if n.metric == "speedup":       # all methods about equal at these beams
-            at = d[d.beams == int(n.cfg["beams"])]
+            b = int(n.cfg["beams"])
+            at = d[d.beams == b]
             return _span(at[(at.system != "layerwise") & (at.status == "ok")], "speedup",
-                         f"every system that fits, all models and steps, over layer-wise; {_offload_text(at)}")
+                         f"every system that fits, all models and steps, over layer-wise; {_offload_text(at, b)}")
         return None
     table = _verdicts(sweep_dir, figure, df, ours, f"{figure}.png")
     tab = df.assign(speedup_txt=label_values([_fmt_speed(r) for _, r in df.iterrows()], df.simulated))
@@ -221,10 +222,10 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
     return df
 
 
-def _offload_text(at: pd.DataFrame) -> str:
-    """What the runs ``at`` (one beam count, every model x step) say about offloading there: in how
-    many configurations layer-wise offloads (moves bytes host->device) and in-GPU is OOM."""
-    b, lw, ig = int(at.beams.iloc[0]), at[at.system == "layerwise"], at[at.system == "in_gpu"]
+def _offload_text(at: pd.DataFrame, b: int) -> str:
+    """What the runs ``at`` (``b`` beams, every model x step) say about offloading there: in how many
+    configurations layer-wise offloads (moves bytes host->device) and in-GPU is OOM."""
+    lw, ig = at[at.system == "layerwise"], at[at.system == "in_gpu"]
     text = f"at {b} beams layer-wise offloads in {int(lw.offloads.sum())} of {len(lw)} model x step configurations"
     return text + (f", in-GPU is OOM in {int((ig.status == 'oom').sum())} of {len(ig)}" if len(ig) else "")
 
