@@ -132,10 +132,10 @@ def test_killed_sweep_driver_then_rerun_leaves_one_valid_record_per_job(tmp_path
             time.sleep(0.2)
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
-        deadline = time.time() + 60
+        deadline = time.time() + 120    # a worker still importing under heavy load (load 5+) took over 60 s
         while _group_alive(p.pid) and time.time() < deadline:
             time.sleep(0.5)
-        assert not _group_alive(p.pid), "workers still running 60 s after their driver was killed"
+        assert not _group_alive(p.pid), "workers still running 120 s after their driver was killed"
     finally:
         if _group_alive(p.pid):
             os.killpg(p.pid, signal.SIGKILL)
