@@ -113,26 +113,42 @@ class OutputDirCheck(Callback):
     it can be written; if not, print our message (the path, the fix) and exit 2. Without it Hydra's
     own ``mkdir`` fails with a traceback and exit 1."""
 
+    new_run_dir: Optional[Path] = None   # the run dir, when it did not exist before (see remove_unused_run_dir)
+
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config, "hydra.run.dir")
+        path = self._check(config, "hydra.run.dir")
+        OutputDirCheck.new_run_dir = Path(path) if path and not Path(path).exists() else None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, "hydra.sweep.dir")
 
     @staticmethod
-    def _check(config: DictConfig, key: str) -> None:
+    def _check(config: DictConfig, key: str) -> Optional[str]:
+        """Exit 2 unless the directory at ``key`` can be made; returns its path (None: Hydra's to report)."""
         from hydra.core.hydra_config import HydraConfig
         from omegaconf.errors import OmegaConfBaseException
         try:
             HydraConfig.instance().set_config(config)     # for ${hydra:...} in the path
             path = OmegaConf.select(config, key)
         except OmegaConfBaseException:
-            return                                        # Hydra reports a bad interpolation itself
+            return None                                   # Hydra reports a bad interpolation itself
         try:
             records.check_creatable(path, key)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        return path
+
+
+def remove_unused_run_dir() -> None:
+    """After a single run was rejected before any work (ConfigError, exit 2): remove the run dir
+    Hydra made for it, when it did not exist before and holds nothing but Hydra's ``.hydra/`` and
+    ``run.log`` (the message went to the console), so ``results/runs/`` lists only runs that ran."""
+    import shutil
+    d = OutputDirCheck.new_run_dir
+    if d is not None and d.is_dir() and {p.name for p in d.iterdir()} <= {".hydra", "run.log"}:
+        logging.shutdown()                 # Hydra's run.log handler lets go of the file
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def task_overrides() -> Optional[List[str]]:

@@ -116,3 +116,18 @@ def test_output_location_on_a_pseudo_file_system_exits_2(args, env, path, key):
     assert err.startswith("error: output directory " + path) and f"({key}) cannot be written" in err
     assert "no folder can be made in '/proc'" in err and "pass a writable results_dir=PATH" in err
     assert "Traceback" not in err
+
+
+def test_a_run_rejected_before_work_leaves_no_run_folder(tmp_path):
+    """Hydra makes the run folder (.hydra/, run.log) before our validation; a rejected run removes
+    it, but never a folder that existed before. Mutations caught: run.py not calling
+    remove_unused_run_dir (a folder with .hydra/ is left); the 'did not exist before' condition
+    dropped (the user's own hydra.run.dir is removed)."""
+    out = run_py("beams=63", f"results_dir={tmp_path / 'r'}")
+    assert out.returncode == 2 and out.stderr.startswith("error: beams=63 is not allowed"), out.stderr[-2000:]
+    assert list((tmp_path / "r").glob("runs/*")) == []
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    out = run_py("beams=63", f"hydra.run.dir={mine}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert (mine / ".hydra").is_dir()
