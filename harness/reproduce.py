@@ -2,7 +2,7 @@
 
     python -m harness.reproduce                 # every simulated paper experiment (conf/experiment/*)
     python -m harness.reproduce --real          # + the real-engine fidelity studies that fit this machine
-    python -m harness.reproduce --only lbs_fig9,beam_fig7
+    python -m harness.reproduce --only lbs_fig9,beam_fig7   # run and collect only these two
     python -m harness.reproduce --collect-only  # rebuild the two pages from the sweeps already recorded
 
 Each experiment runs as ``python run.py -m experiment=<name>`` (resumable: recorded jobs are
@@ -10,7 +10,9 @@ skipped) with its log in ``<results_dir>/reproduce/<name>.log``. Then:
 
 - ``<results_dir>/REPRODUCTION.md``: one row per paper number -- ours, the paper's, the verdict of
   :mod:`harness.verdict` (one rule), whether ours is simulated, and a link to the figure -- read from
-  every sweep's ``verdicts.csv``; the verdict counts on top.
+  every sweep's ``verdicts.csv`` (with ``--only``, the named experiments' sweeps only); on top, how
+  many of all paper numbers (every row of ``results/reference/*.csv``) were run, and the verdict
+  counts; the paper numbers of figures without a sweep are listed last as ``not run``.
 - ``<results_dir>/index.html``: every sweep's figures and tables on one static page.
 
 An experiment that fails is listed with its exit code and log; the others still run.
@@ -71,18 +73,25 @@ def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[st
     return pd.DataFrame(rows)
 
 
-def collect(results_dir: Path) -> pd.DataFrame:
-    """Every ``verdicts.csv`` under ``<results_dir>/sweeps`` as one table (column ``sweep`` added)."""
+def _by_figure(df: pd.DataFrame, *then: str) -> pd.DataFrame:
+    """Rows by paper, then figure in natural order (fig4 before fig10), then ``then``."""
+    key = df["figure"].astype(str).str.extract(r"^(\D*)(\d*)")
+    df = df.assign(_f=key[0], _n=pd.to_numeric(key[1], errors="coerce"))
+    return df.sort_values(["paper", "_f", "_n", *then], kind="stable").drop(columns=["_f", "_n"]).reset_index(drop=True)
+
+
+def collect(results_dir: Path, sweeps: Optional[List[str]] = None) -> pd.DataFrame:
+    """Every ``verdicts.csv`` under ``<results_dir>/sweeps`` as one table (column ``sweep`` added);
+    ``sweeps``: only those sweep folders (None = all)."""
     frames = []
     for p in sorted((results_dir / "sweeps").glob("*/verdicts.csv")):
+        if sweeps is not None and p.parent.name not in sweeps:
+            continue
         df = pd.read_csv(p)
         df.insert(0, "sweep", p.parent.name)
         frames.append(df)
-    if frames:                              # by paper, then figure in natural order (fig4 before fig10)
-        v = pd.concat(frames, ignore_index=True)
-        key = v["figure"].astype(str).str.extract(r"^(\D*)(\d*)")
-        v = v.assign(_f=key[0], _n=pd.to_numeric(key[1], errors="coerce"))
-        return v.sort_values(["paper", "_f", "_n", "sweep"], kind="stable").drop(columns=["_f", "_n"]).reset_index(drop=True)
+    if frames:
+        return _by_figure(pd.concat(frames, ignore_index=True), "sweep")
     return pd.DataFrame(
         columns=["sweep", "paper", "figure", "quantity", "paper_value", "kind", "paper_hi", "ours", "ours_hi",
                  "unit", "simulated", "source", "note", "verdict"])
@@ -96,15 +105,41 @@ def _value(lo, hi, kind: str = "=", unit: str = "") -> str:
     return f"{'> ' if kind == '>=' else '< ' if kind == '<=' else ''}{s} {unit}".strip()
 
 
-def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None) -> Path:
-    """``REPRODUCTION.md``: counts per verdict, then one row per paper number."""
+def reference_rows() -> pd.DataFrame:
+    """Every paper number: each row of ``results/reference/*.csv`` (column ``paper`` = the file's name)."""
+    from harness.report import REFERENCE_DIR, load_reference
+    frames = [load_reference(p.stem).assign(paper=p.stem) for p in sorted(REFERENCE_DIR.glob("*.csv"))]
+    ref = pd.concat(frames, ignore_index=True)
+    return ref.assign(figure=ref["figure"].astype(str))
+
+
+def not_run(v: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
+    """The reference rows of figures that no collected sweep gives a verdict for."""
+    done = set(zip(v["paper"].astype(str), v["figure"].astype(str)))
+    return ref[[(p, f) not in done for p, f in zip(ref["paper"], ref["figure"])]].reset_index(drop=True)
+
+
+def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None,
+                       only: Optional[List[str]] = None) -> Path:
+    """``REPRODUCTION.md``: how many paper numbers (rows of results/reference/*.csv) were run, counts
+    per verdict, then one row per paper number and source of ours, and one ``not run`` row per paper
+    number of a figure without a collected sweep. ``only``: the experiments collected (--only)."""
+    from harness.paper import BOOL_UNIT
     counts = v["verdict"].value_counts() if len(v) else pd.Series(dtype=int)
+    ref = reference_rows()
+    missing = not_run(v, ref)
     lines = ["# Reproduction status", "",
              "Every paper number next to ours and the verdict of `harness/verdict.py` (within 15 % of a point,",
              "inside a stated range or bound). `sim` = ours is simulated (the simulator on the named GPU profile),",
-             "`measured` = a real engine measured it on this machine. Built by `python -m harness.reproduce`.", "",
-             "**" + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("reproduced", "partly", "not reproduced", "no result"))
-             + f"** of {len(v)} paper numbers.", ""]
+             "`measured` = a real engine measured it on this machine. Built by `python -m harness.reproduce`.", ""]
+    if only is not None:
+        lines += [f"Only these experiments' sweeps are collected (--only): {', '.join(only)}; any other sweep "
+                  f"under `{results_dir / 'sweeps'}` is left out.", ""]
+    lines += [f"**{len(ref) - len(missing)} of {len(ref)} paper numbers run** (rows of results/reference/*.csv), "
+              f"**{len(missing)} not run** (no sweep here; listed last). Verdicts of the {len(v)} rows run (a paper "
+              "number per source of ours): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
+                                                         ("reproduced", "partly", "not reproduced", "no result")) + "**.",
+              ""]
     if runs is not None and len(runs):
         bad = runs[runs["rc"].astype(str) != "0"]
         if len(bad):
@@ -117,6 +152,13 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
         lines.append(f"| {r.paper} | {r.figure} | {r.quantity} | {_value(r.ours, r.ours_hi, '=', r.unit)} | "
                      f"{_value(r.paper_value, r.paper_hi, r.kind, r.unit)} | {r.verdict} | "
                      f"{'sim' if bool(r.simulated) else 'measured'} | {link} |")
+    for r in _by_figure(missing).itertuples():
+        bound = getattr(r, "bound", "=")
+        kind = bound if bound in (">=", "<=") else "="
+        config = f" ({r.config})" if isinstance(r.config, str) and r.config else ""
+        scale, unit = (100.0, "%") if r.unit == "fraction" else (1.0, {"bool": BOOL_UNIT}.get(r.unit, r.unit))
+        lines.append(f"| {r.paper} | {r.figure} | {r.metric}{config} |  | {_value(r.value * scale, None, kind, unit)} | "
+                     f"not run |  |  |")
     p = results_dir / "REPRODUCTION.md"
     p.write_text("\n".join(lines) + "\n")
     return p
@@ -171,13 +213,14 @@ def main(argv=None) -> int:
             return 2
         names = wanted
     runs = None
+    real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
     if not a.collect_only:
-        real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
         runs = run_all(names, a.results_dir, real, a.overrides, a.timeout)
-    v = collect(a.results_dir)
-    rep = write_reproduction(a.results_dir, v, runs)
+    collected = [*names, *(REAL[m] for m in real)] if a.only else None
+    v = collect(a.results_dir, collected)
+    rep = write_reproduction(a.results_dir, v, runs, collected)
     idx = write_index(a.results_dir)
-    print(f"wrote {rep} ({len(v)} paper numbers) and {idx}")
+    print(f"wrote {rep} ({len(v)} verdict rows) and {idx}")
     failed = runs is not None and (runs["rc"].astype(str) != "0").any()
     return 1 if failed else 0
 
