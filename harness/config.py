@@ -190,7 +190,16 @@ def _parallel_jobs(backend_name: str) -> int:
     return 1
 
 
+def _repo_path(*parts: str) -> str:
+    """Resolver ``${repo_path:results}``: a path inside the repository, absolute, so ``results_dir``'s
+    default is the repository's ``results/`` from any current directory (as harness.reproduce's)."""
+    from pathlib import Path
+    return str(Path(__file__).resolve().parent.parent.joinpath(*parts))
+
+
 def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("repo_path"):
+        OmegaConf.register_new_resolver("repo_path", _repo_path)
     if not OmegaConf.has_resolver("first"):
         OmegaConf.register_new_resolver("first", _first)
     if not OmegaConf.has_resolver("parallel_jobs"):

@@ -39,6 +39,11 @@ NOT_PAPER = {"lbs_fidelity", "beam_fidelity", "beam_fidelity_sim",    # not pape
              "fasttts_offload", "lbs_energy"}                           # cross-paper studies: no paper numbers
 
 
+def default_results_dir() -> Path:
+    """$TTC_RESULTS_DIR, else the repository's results/: run.py's ``results_dir`` default too."""
+    return Path(os.environ.get("TTC_RESULTS_DIR") or ROOT / "results")
+
+
 def paper_experiments() -> List[str]:
     return sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")
                   if not p.stem.startswith("_") and p.stem not in NOT_PAPER)
@@ -199,7 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--real", action="store_true", help="also the real-engine fidelity studies (CPU)")
     ap.add_argument("--only", default="", help="comma-separated experiment names")
     ap.add_argument("--collect-only", action="store_true", help="only rebuild REPRODUCTION.md and index.html")
-    ap.add_argument("--results-dir", type=Path, default=Path(os.environ.get("TTC_RESULTS_DIR", ROOT / "results")))
+    ap.add_argument("--results-dir", type=Path, default=default_results_dir(),
+                    help="default: $TTC_RESULTS_DIR, else <repo>/results (as run.py's results_dir)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
     ap.add_argument("overrides", nargs="*", help="extra overrides for every experiment (e.g. tracking=none)")
     a = ap.parse_args(argv)
