@@ -131,3 +131,16 @@ def test_a_run_rejected_before_work_leaves_no_run_folder(tmp_path):
     out = run_py("beams=63", f"hydra.run.dir={mine}")
     assert out.returncode == 2, out.stderr[-2000:]
     assert (mine / ".hydra").is_dir()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("beams=abc", "beams='abc' is not allowed: an integer (sets workload.beams)"),
+    ("step=1.5", "step='1.5' is not allowed: an integer (sets workload.step)"),
+])
+def test_a_shortcut_of_the_wrong_type_names_the_value_and_the_type(compose_cfg, override, message):
+    """Mutation caught: validate_config without its typed-value branch (the message is OmegaConf's
+    "workload.beams: While dereferencing interpolation '${first:${beams},16}': ...")."""
+    from harness.run import validate_config
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg("system=lbs", override))
+    assert str(e.value) == message
