@@ -3,8 +3,8 @@
 ``run(cfg)``: validate the composed config (before any work), resolve the backend and say which on
 the first line of output, skip a job whose valid record exists, run the family's runner
 (``systems/<family>/runner.py``: ``validate(cfg)`` and ``run(cfg, ctx) -> RunResult``), and write
-the record atomically. An OOM or a failure mid-run is a recorded result (status ``oom``/``error``),
-never a lost one.
+the record atomically. An OOM, a passed deadline or a failure mid-run is a recorded result (status
+``oom``/``timeout``/``error``), never a lost one.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class RunResult:
     tables: name -> pandas DataFrame, list of row dicts or dict of columns (name -> numpy array),
         each written as ``<name>.parquet``.
     """
-    status: str = "ok"                   # ok | oom | error
+    status: str = "ok"                   # ok | oom | timeout (system.deadline passed) | error
     message: str = ""
     summary: Dict[str, Any] = field(default_factory=dict)
     display: List[Tuple[str, str, Callable[[Any], str]]] = field(default_factory=list)
@@ -104,7 +104,7 @@ def in_multirun() -> bool:
 
 def exit_code(record: Dict[str, Any]) -> int:
     """Exit status of a finished job: 1 when its record's status is ``error``, else 0 (``ok``, and
-    ``oom``, which is a recorded result). Bad input exits 2 before any record (run.py)."""
+    ``oom`` and ``timeout``, which are recorded results). Bad input exits 2 before any record (run.py)."""
     return 1 if record.get("status") == "error" else 0
 
 
@@ -427,7 +427,8 @@ def _run_once(runner, cfg, ctx: RunContext) -> RunResult:
 def _combine_repeats(repeats: List[Repeat], rec: Dict[str, Any]) -> RunResult:
     """The job's result from its repeats, and the repeat fields of its record.
 
-    status: error if any repeat errored, else oom if any ran out of memory, else ok. summary: over
+    status: error if any repeat errored, else oom if any ran out of memory, else timeout if any
+    passed its deadline, else ok. summary: over
     the repeats that finished ok (all of them when none did), each value the mean of the repeats or
     the value they all share (:func:`harness.stats.aggregate`); ``summary_ci95`` (repeats >= 2): per
     numeric metric its mean and 95 % Student-t interval. ``repeat_runs``: every repeat's seed, folder,
@@ -438,7 +439,7 @@ def _combine_repeats(repeats: List[Repeat], rec: Dict[str, Any]) -> RunResult:
         res = first
     else:
         bad_runs = [r for r in repeats if r.result.status != "ok"]
-        status = next((s for s in ("error", "oom") if any(r.result.status == s for r in repeats)), "ok")
+        status = next((s for s in ("error", "oom", "timeout") if any(r.result.status == s for r in repeats)), "ok")
         ok = [r.result.summary for r in repeats if r.result.status == "ok"]
         summary, intervals = aggregate(ok or [r.result.summary for r in repeats])
         rec["summary_ci95"] = intervals

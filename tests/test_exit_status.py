@@ -144,3 +144,16 @@ def test_a_shortcut_of_the_wrong_type_names_the_value_and_the_type(compose_cfg, 
     with pytest.raises(ConfigError) as e:
         validate_config(compose_cfg("system=lbs", override))
     assert str(e.value) == message
+
+
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_a_run_past_its_deadline_is_recorded_as_timeout_and_exits_0(tmp_path, repeats):
+    """A passed system.deadline is a recorded result like oom. Mutations caught: exit_code()
+    returning 1 for any status but ok/oom -> exit 1; _combine_repeats without 'timeout' in its
+    precedence -> the repeats=2 record says ok though every repeat timed out."""
+    out = run_py("system=lbs", "system.deadline=1", f"repeats={repeats}", f"results_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    (rec_path,) = tmp_path.glob("runs/*/run.json")
+    rec = json.loads(rec_path.read_text())
+    assert rec["status"] == "timeout"
+    assert [r["status"] for r in rec["repeat_runs"]] == ["timeout"] * repeats
