@@ -102,19 +102,21 @@ def test_unwritable_output_dir_override_is_a_config_error_before_work(compose_cf
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("args,env,path,key", [
     (["results_dir=/proc/x"], None, "'/proc/x/runs/", "hydra.run.dir"),
+    (["results_dir=/sys/foo"], None, "'/sys/foo/runs/", "hydra.run.dir"),
     (["hydra.run.dir=/proc/y"], None, "'/proc/y' (hydra.run.dir)", "hydra.run.dir"),
     ([], {"TTC_RESULTS_DIR": "/proc/q"}, "'/proc/q/runs/", "hydra.run.dir"),
     (["-m", "system=in_gpu,lbs", "hydra.sweep.dir=/proc/s"], None, "'/proc/s' (hydra.sweep.dir)", "hydra.sweep.dir"),
 ])
 def test_output_location_on_a_pseudo_file_system_exits_2(args, env, path, key):
-    """/proc is a directory that root passes os.access(W_OK) on, yet mkdir there fails: the check
-    must try making a folder. Mutation caught: check_creatable without the trial mkdtemp (os.access
-    only) -> Hydra's chained FileNotFoundError traceback, exit 1, for every form here."""
+    """/proc and /sys are directories that root passes os.access(W_OK) on, yet mkdir there fails
+    (FileNotFoundError, PermissionError): the check must try making a folder. Mutation caught:
+    check_creatable without the trial mkdtemp (os.access only) -> Hydra's chained traceback, exit 1,
+    for every form here."""
     out = run_py(*args, env=env)
     assert out.returncode == 2, out.stderr[-2000:]
     err = out.stderr.strip()
     assert err.startswith("error: output directory " + path) and f"({key}) cannot be written" in err
-    assert "no folder can be made in '/proc'" in err and "pass a writable results_dir=PATH" in err
+    assert f"no folder can be made in '/{path.split('/')[1]}'" in err and "pass a writable results_dir=PATH" in err
     assert "Traceback" not in err
 
 
