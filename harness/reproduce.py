@@ -12,7 +12,7 @@ skipped) with its log in ``<results_dir>/reproduce/<name>.log``. Then:
   :mod:`harness.verdict` (one rule), whether ours is simulated, and a link to the figure -- read from
   every sweep's ``verdicts.csv`` (with ``--only``, the named experiments' sweeps only); on top, how
   many of all paper numbers (every row of ``results/reference/*.csv``) were run, and the verdict
-  counts; the paper numbers of figures without a sweep are listed last as ``not run``.
+  counts; the paper numbers of figures without a sweep are listed last, per figure, as ``not run``.
 - ``<results_dir>/index.html``: every sweep's figures and tables on one static page.
 
 An experiment that fails is listed with its exit code and log; the others still run.
@@ -127,9 +127,8 @@ def not_run(v: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
 def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None,
                        only: Optional[List[str]] = None) -> Path:
     """``REPRODUCTION.md``: how many paper numbers (rows of results/reference/*.csv) were run, counts
-    per verdict, then one row per paper number and source of ours, and one ``not run`` row per paper
-    number of a figure without a collected sweep. ``only``: the experiments collected (--only)."""
-    from harness.paper import BOOL_UNIT
+    per verdict, then one row per paper number and source of ours, and last the paper numbers of
+    figures without a collected sweep (``not run``), per figure. ``only``: the experiments collected (--only)."""
     counts = v["verdict"].value_counts() if len(v) else pd.Series(dtype=int)
     ref = reference_rows()
     missing = not_run(v, ref)
@@ -141,8 +140,8 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
         lines += [f"Only these experiments' sweeps are collected (--only): {', '.join(only)}; any other sweep "
                   f"under `{results_dir / 'sweeps'}` is left out.", ""]
     lines += [f"**{len(ref) - len(missing)} of {len(ref)} paper numbers run** (rows of results/reference/*.csv), "
-              f"**{len(missing)} not run** (no sweep here; listed last). Verdicts of the {len(v)} rows run (a paper "
-              "number per source of ours): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
+              f"**{len(missing)} not run** (no sweep here; listed last). Verdicts of {len(v)} paper numbers "
+              "(one per source of ours): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
                                                          ("reproduced", "partly", "not reproduced", "no result")) + "**.",
               ""]
     if runs is not None and len(runs):
@@ -157,13 +156,11 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
         lines.append(f"| {r.paper} | {r.figure} | {r.quantity} | {_value(r.ours, r.ours_hi, '=', r.unit)} | "
                      f"{_value(r.paper_value, r.paper_hi, r.kind, r.unit)} | {r.verdict} | "
                      f"{'sim' if bool(r.simulated) else 'measured'} | {link} |")
-    for r in _by_figure(missing).itertuples():
-        bound = getattr(r, "bound", "=")
-        kind = bound if bound in (">=", "<=") else "="
-        config = f" ({r.config})" if isinstance(r.config, str) and r.config else ""
-        scale, unit = (100.0, "%") if r.unit == "fraction" else (1.0, {"bool": BOOL_UNIT}.get(r.unit, r.unit))
-        lines.append(f"| {r.paper} | {r.figure} | {r.metric}{config} |  | {_value(r.value * scale, None, kind, unit)} | "
-                     f"not run |  |  |")
+    if len(missing):
+        lines += ["", f"## Not run ({len(missing)} paper numbers: no sweep of their figure here)", ""]
+        per_figure = _by_figure(missing).groupby(["paper", "figure"], sort=False)
+        lines += [f"- {p} {f}: {len(g)} not run ({', '.join(dict.fromkeys(g['metric'].astype(str)))})"
+                  for (p, f), g in per_figure]
     p = results_dir / "REPRODUCTION.md"
     p.write_text("\n".join(lines) + "\n")
     return p
