@@ -219,6 +219,9 @@ def validate_common(cfg) -> None:
         raise bad("model.dtype", cfg.model.dtype, f"one of {', '.join(DTYPES)}")
     if cfg.hardware.kind not in ("gpu", "cpu"):
         raise bad("hardware.kind", cfg.hardware.kind, "gpu or cpu")
+    seed = cfg.get("seed", 0)
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise bad("seed", seed, "an integer (repeats use seeds seed..seed+repeats-1)")
     repeats = cfg.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise bad("repeats", repeats, "an integer >= 1 (repeats of the job, seeds seed..seed+repeats-1)")

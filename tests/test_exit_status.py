@@ -138,10 +138,12 @@ def test_a_run_rejected_before_work_leaves_no_run_folder(tmp_path):
 @pytest.mark.parametrize("override,message", [
     ("beams=abc", "beams='abc' is not allowed: an integer (sets workload.beams)"),
     ("step=1.5", "step='1.5' is not allowed: an integer (sets workload.step)"),
+    ("seed=x", "seed='x' is not allowed: an integer (repeats use seeds seed..seed+repeats-1)"),
 ])
 def test_a_shortcut_of_the_wrong_type_names_the_value_and_the_type(compose_cfg, override, message):
-    """Mutation caught: validate_config without its typed-value branch (the message is OmegaConf's
-    "workload.beams: While dereferencing interpolation '${first:${beams},16}': ...")."""
+    """Mutations caught: validate_config without its typed-value branch (the message is OmegaConf's
+    "workload.beams: While dereferencing interpolation '${first:${beams},16}': ..."); validate_common
+    without its seed check (seed=x: int('x') raised mid-run, a traceback and exit 1)."""
     from harness.run import validate_config
     with pytest.raises(ConfigError) as e:
         validate_config(compose_cfg("system=lbs", override))
