@@ -18,12 +18,13 @@ EXIT = {"code": 0}      # a single run's exit status, set by main() (Hydra disca
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from harness.run import exit_code, in_multirun, run, run_isolated, should_isolate
+    from harness.run import exit_code, in_multirun, remove_unused_run_dir, run, run_isolated, should_isolate
     try:
         rec = run_isolated(cfg) if should_isolate(cfg) else run(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         if not _record_invalid_sweep_job(cfg, e):
+            remove_unused_run_dir()
             sys.exit(2)
         return
     if not in_multirun():                  # status error -> exit 1 (oom is a recorded result: 0)

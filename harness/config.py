@@ -190,7 +190,16 @@ def _parallel_jobs(backend_name: str) -> int:
     return 1
 
 
+def _repo_path(*parts: str) -> str:
+    """Resolver ``${repo_path:results}``: a path inside the repository, absolute, so ``results_dir``'s
+    default is the repository's ``results/`` from any current directory (as harness.reproduce's)."""
+    from pathlib import Path
+    return str(Path(__file__).resolve().parent.parent.joinpath(*parts))
+
+
 def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("repo_path"):
+        OmegaConf.register_new_resolver("repo_path", _repo_path)
     if not OmegaConf.has_resolver("first"):
         OmegaConf.register_new_resolver("first", _first)
     if not OmegaConf.has_resolver("parallel_jobs"):
@@ -210,6 +219,9 @@ def validate_common(cfg) -> None:
         raise bad("model.dtype", cfg.model.dtype, f"one of {', '.join(DTYPES)}")
     if cfg.hardware.kind not in ("gpu", "cpu"):
         raise bad("hardware.kind", cfg.hardware.kind, "gpu or cpu")
+    seed = cfg.get("seed", 0)
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise bad("seed", seed, "an integer (repeats use seeds seed..seed+repeats-1)")
     repeats = cfg.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise bad("repeats", repeats, "an integer >= 1 (repeats of the job, seeds seed..seed+repeats-1)")

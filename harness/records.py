@@ -173,8 +173,10 @@ def check_writable(directory: Path, key: str = "results_dir") -> None:
 
 def check_creatable(directory: Path, key: str = "results_dir") -> None:
     """Raise ConfigError unless ``directory`` is, or can be created as, a writable directory:
-    its nearest existing ancestor must be a directory this process may write into. Creates
-    nothing (a pre-flight before Hydra makes the folder). ``key``: the setting that named it."""
+    its nearest existing ancestor must be a directory this process may write into -- asked of
+    os.access, then tried (a folder made and removed at once: root passes os.access on /proc and
+    /sys, where mkdir still fails). Leaves nothing behind (a pre-flight before Hydra makes the
+    folder). ``key``: the setting that named it."""
     from harness.errors import ConfigError
     d = Path(directory).absolute()
     p = d
@@ -185,6 +187,11 @@ def check_creatable(directory: Path, key: str = "results_dir") -> None:
                f"{str(p)!r} is not writable" if not os.access(p, os.W_OK | os.X_OK) else "")
     except OSError as e:
         why = f"{str(p)!r}: {e.strerror or e}"
+    if not why:
+        try:
+            os.rmdir(tempfile.mkdtemp(dir=p, prefix=".write-test-"))
+        except OSError as e:
+            why = f"no folder can be made in {str(p)!r} ({e.strerror or e})"
     if why:
         raise ConfigError(f"output directory {str(d)!r} ({key}) cannot be written: {why}; {FIX_OUTPUT}")
 

@@ -2,7 +2,7 @@
 
     python -m harness.reproduce                 # every simulated paper experiment (conf/experiment/*)
     python -m harness.reproduce --real          # + the real-engine fidelity studies that fit this machine
-    python -m harness.reproduce --only lbs_fig9,beam_fig7
+    python -m harness.reproduce --only lbs_fig9,beam_fig7   # run and collect only these two
     python -m harness.reproduce --collect-only  # rebuild the two pages from the sweeps already recorded
 
 Each experiment runs as ``python run.py -m experiment=<name>`` (resumable: recorded jobs are
@@ -10,7 +10,9 @@ skipped) with its log in ``<results_dir>/reproduce/<name>.log``. Then:
 
 - ``<results_dir>/REPRODUCTION.md``: one row per paper number -- ours, the paper's, the verdict of
   :mod:`harness.verdict` (one rule), whether ours is simulated, and a link to the figure -- read from
-  every sweep's ``verdicts.csv``; the verdict counts on top.
+  every sweep's ``verdicts.csv`` (with ``--only``, the named experiments' sweeps only); on top, how
+  many of all paper numbers (every row of ``results/reference/*.csv``) were run, and the verdict
+  counts; the paper numbers of figures without a sweep are listed last, per figure, as ``not run``.
 - ``<results_dir>/index.html``: every sweep's figures and tables on one static page.
 
 An experiment that fails is listed with its exit code and log; the others still run.
@@ -35,6 +37,11 @@ REAL = {"systems.ttc.fidelity": "lbs_fidelity", "systems.serving.fidelity": "ser
         "systems.tts.fidelity": "tts_fidelity"}
 NOT_PAPER = {"lbs_fidelity", "beam_fidelity", "beam_fidelity_sim",    # not paper figures (--real runs them)
              "fasttts_offload", "lbs_energy"}                           # cross-paper studies: no paper numbers
+
+
+def default_results_dir() -> Path:
+    """$TTC_RESULTS_DIR, else the repository's results/: run.py's ``results_dir`` default too."""
+    return Path(os.environ.get("TTC_RESULTS_DIR") or ROOT / "results")
 
 
 def paper_experiments() -> List[str]:
@@ -71,18 +78,25 @@ def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[st
     return pd.DataFrame(rows)
 
 
-def collect(results_dir: Path) -> pd.DataFrame:
-    """Every ``verdicts.csv`` under ``<results_dir>/sweeps`` as one table (column ``sweep`` added)."""
+def _by_figure(df: pd.DataFrame, *then: str) -> pd.DataFrame:
+    """Rows by paper, then figure in natural order (fig4 before fig10), then ``then``."""
+    key = df["figure"].astype(str).str.extract(r"^(\D*)(\d*)")
+    df = df.assign(_f=key[0], _n=pd.to_numeric(key[1], errors="coerce"))
+    return df.sort_values(["paper", "_f", "_n", *then], kind="stable").drop(columns=["_f", "_n"]).reset_index(drop=True)
+
+
+def collect(results_dir: Path, sweeps: Optional[List[str]] = None) -> pd.DataFrame:
+    """Every ``verdicts.csv`` under ``<results_dir>/sweeps`` as one table (column ``sweep`` added);
+    ``sweeps``: only those sweep folders (None = all)."""
     frames = []
     for p in sorted((results_dir / "sweeps").glob("*/verdicts.csv")):
+        if sweeps is not None and p.parent.name not in sweeps:
+            continue
         df = pd.read_csv(p)
         df.insert(0, "sweep", p.parent.name)
         frames.append(df)
-    if frames:                              # by paper, then figure in natural order (fig4 before fig10)
-        v = pd.concat(frames, ignore_index=True)
-        key = v["figure"].astype(str).str.extract(r"^(\D*)(\d*)")
-        v = v.assign(_f=key[0], _n=pd.to_numeric(key[1], errors="coerce"))
-        return v.sort_values(["paper", "_f", "_n", "sweep"], kind="stable").drop(columns=["_f", "_n"]).reset_index(drop=True)
+    if frames:
+        return _by_figure(pd.concat(frames, ignore_index=True), "sweep")
     return pd.DataFrame(
         columns=["sweep", "paper", "figure", "quantity", "paper_value", "kind", "paper_hi", "ours", "ours_hi",
                  "unit", "simulated", "source", "note", "verdict"])
@@ -96,15 +110,40 @@ def _value(lo, hi, kind: str = "=", unit: str = "") -> str:
     return f"{'> ' if kind == '>=' else '< ' if kind == '<=' else ''}{s} {unit}".strip()
 
 
-def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None) -> Path:
-    """``REPRODUCTION.md``: counts per verdict, then one row per paper number."""
+def reference_rows() -> pd.DataFrame:
+    """Every paper number: each row of ``results/reference/*.csv`` (column ``paper`` = the file's name)."""
+    from harness.report import REFERENCE_DIR, load_reference
+    frames = [load_reference(p.stem).assign(paper=p.stem) for p in sorted(REFERENCE_DIR.glob("*.csv"))]
+    ref = pd.concat(frames, ignore_index=True)
+    return ref.assign(figure=ref["figure"].astype(str))
+
+
+def not_run(v: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
+    """The reference rows of figures that no collected sweep gives a verdict for."""
+    done = set(zip(v["paper"].astype(str), v["figure"].astype(str)))
+    return ref[[(p, f) not in done for p, f in zip(ref["paper"], ref["figure"])]].reset_index(drop=True)
+
+
+def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None,
+                       only: Optional[List[str]] = None) -> Path:
+    """``REPRODUCTION.md``: how many paper numbers (rows of results/reference/*.csv) were run, counts
+    per verdict, then one row per paper number and source of ours, and last the paper numbers of
+    figures without a collected sweep (``not run``), per figure. ``only``: the experiments collected (--only)."""
     counts = v["verdict"].value_counts() if len(v) else pd.Series(dtype=int)
+    ref = reference_rows()
+    missing = not_run(v, ref)
     lines = ["# Reproduction status", "",
              "Every paper number next to ours and the verdict of `harness/verdict.py` (within 15 % of a point,",
              "inside a stated range or bound). `sim` = ours is simulated (the simulator on the named GPU profile),",
-             "`measured` = a real engine measured it on this machine. Built by `python -m harness.reproduce`.", "",
-             "**" + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("reproduced", "partly", "not reproduced", "no result"))
-             + f"** of {len(v)} paper numbers.", ""]
+             "`measured` = a real engine measured it on this machine. Built by `python -m harness.reproduce`.", ""]
+    if only is not None:
+        lines += [f"Only these experiments' sweeps are collected (--only): {', '.join(only)}; any other sweep "
+                  f"under `{results_dir / 'sweeps'}` is left out.", ""]
+    lines += [f"**{len(ref) - len(missing)} of {len(ref)} paper numbers run** (rows of results/reference/*.csv), "
+              f"**{len(missing)} not run** (no sweep here; listed last). Verdicts of {len(v)} paper numbers "
+              "(one per source of ours): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
+                                                         ("reproduced", "partly", "not reproduced", "no result")) + "**.",
+              ""]
     if runs is not None and len(runs):
         bad = runs[runs["rc"].astype(str) != "0"]
         if len(bad):
@@ -117,6 +156,11 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
         lines.append(f"| {r.paper} | {r.figure} | {r.quantity} | {_value(r.ours, r.ours_hi, '=', r.unit)} | "
                      f"{_value(r.paper_value, r.paper_hi, r.kind, r.unit)} | {r.verdict} | "
                      f"{'sim' if bool(r.simulated) else 'measured'} | {link} |")
+    if len(missing):
+        lines += ["", f"## Not run ({len(missing)} paper numbers: no sweep of their figure here)", ""]
+        per_figure = _by_figure(missing).groupby(["paper", "figure"], sort=False)
+        lines += [f"- {p} {f}: {len(g)} not run ({', '.join(dict.fromkeys(g['metric'].astype(str)))})"
+                  for (p, f), g in per_figure]
     p = results_dir / "REPRODUCTION.md"
     p.write_text("\n".join(lines) + "\n")
     return p
@@ -157,7 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--real", action="store_true", help="also the real-engine fidelity studies (CPU)")
     ap.add_argument("--only", default="", help="comma-separated experiment names")
     ap.add_argument("--collect-only", action="store_true", help="only rebuild REPRODUCTION.md and index.html")
-    ap.add_argument("--results-dir", type=Path, default=Path(os.environ.get("TTC_RESULTS_DIR", ROOT / "results")))
+    ap.add_argument("--results-dir", type=Path, default=default_results_dir(),
+                    help="default: $TTC_RESULTS_DIR, else <repo>/results (as run.py's results_dir)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
     ap.add_argument("overrides", nargs="*", help="extra overrides for every experiment (e.g. tracking=none)")
     a = ap.parse_args(argv)
@@ -171,13 +216,14 @@ def main(argv=None) -> int:
             return 2
         names = wanted
     runs = None
+    real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
     if not a.collect_only:
-        real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
         runs = run_all(names, a.results_dir, real, a.overrides, a.timeout)
-    v = collect(a.results_dir)
-    rep = write_reproduction(a.results_dir, v, runs)
+    collected = [*names, *(REAL[m] for m in real)] if a.only else None
+    v = collect(a.results_dir, collected)
+    rep = write_reproduction(a.results_dir, v, runs, collected)
     idx = write_index(a.results_dir)
-    print(f"wrote {rep} ({len(v)} paper numbers) and {idx}")
+    print(f"wrote {rep} ({len(v)} verdict rows) and {idx}")
     failed = runs is not None and (runs["rc"].astype(str) != "0").any()
     return 1 if failed else 0
 

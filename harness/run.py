@@ -3,8 +3,8 @@
 ``run(cfg)``: validate the composed config (before any work), resolve the backend and say which on
 the first line of output, skip a job whose valid record exists, run the family's runner
 (``systems/<family>/runner.py``: ``validate(cfg)`` and ``run(cfg, ctx) -> RunResult``), and write
-the record atomically. An OOM or a failure mid-run is a recorded result (status ``oom``/``error``),
-never a lost one.
+the record atomically. An OOM, a passed deadline or a failure mid-run is a recorded result (status
+``oom``/``timeout``/``error``), never a lost one.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from harness import clock_locks, logs, machine, records
 from harness.logs import say
 from harness.backend import Backend, resolve_backend
 from harness.config import validate_common
-from harness.errors import ConfigError, RunOOM
+from harness.errors import ConfigError, RunOOM, bad
 from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
 
@@ -49,7 +49,7 @@ class RunResult:
     tables: name -> pandas DataFrame, list of row dicts or dict of columns (name -> numpy array),
         each written as ``<name>.parquet``.
     """
-    status: str = "ok"                   # ok | oom | error
+    status: str = "ok"                   # ok | oom | timeout (system.deadline passed) | error
     message: str = ""
     summary: Dict[str, Any] = field(default_factory=dict)
     display: List[Tuple[str, str, Callable[[Any], str]]] = field(default_factory=list)
@@ -104,7 +104,7 @@ def in_multirun() -> bool:
 
 def exit_code(record: Dict[str, Any]) -> int:
     """Exit status of a finished job: 1 when its record's status is ``error``, else 0 (``ok``, and
-    ``oom``, which is a recorded result). Bad input exits 2 before any record (run.py)."""
+    ``oom`` and ``timeout``, which are recorded results). Bad input exits 2 before any record (run.py)."""
     return 1 if record.get("status") == "error" else 0
 
 
@@ -113,26 +113,42 @@ class OutputDirCheck(Callback):
     it can be written; if not, print our message (the path, the fix) and exit 2. Without it Hydra's
     own ``mkdir`` fails with a traceback and exit 1."""
 
+    new_run_dir: Optional[Path] = None   # the run dir, when it did not exist before (see remove_unused_run_dir)
+
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._check(config, "hydra.run.dir")
+        path = self._check(config, "hydra.run.dir")
+        OutputDirCheck.new_run_dir = Path(path) if path and not Path(path).exists() else None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, "hydra.sweep.dir")
 
     @staticmethod
-    def _check(config: DictConfig, key: str) -> None:
+    def _check(config: DictConfig, key: str) -> Optional[str]:
+        """Exit 2 unless the directory at ``key`` can be made; returns its path (None: Hydra's to report)."""
         from hydra.core.hydra_config import HydraConfig
         from omegaconf.errors import OmegaConfBaseException
         try:
             HydraConfig.instance().set_config(config)     # for ${hydra:...} in the path
             path = OmegaConf.select(config, key)
         except OmegaConfBaseException:
-            return                                        # Hydra reports a bad interpolation itself
+            return None                                   # Hydra reports a bad interpolation itself
         try:
             records.check_creatable(path, key)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
+        return path
+
+
+def remove_unused_run_dir() -> None:
+    """After a single run was rejected before any work (ConfigError, exit 2): remove the run dir
+    Hydra made for it, when it did not exist before and holds nothing but Hydra's ``.hydra/`` and
+    ``run.log`` (the message went to the console), so ``results/runs/`` lists only runs that ran."""
+    import shutil
+    d = OutputDirCheck.new_run_dir
+    if d is not None and d.is_dir() and {p.name for p in d.iterdir()} <= {".hydra", "run.log"}:
+        logging.shutdown()                 # Hydra's run.log handler lets go of the file
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def task_overrides() -> Optional[List[str]]:
@@ -173,15 +189,28 @@ def validate(cfg) -> Tuple[Any, Backend]:
     return runner, backend
 
 
+_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
+
+
 def validate_config(cfg) -> Tuple[Any, Backend]:
-    """:func:`validate`, with OmegaConf's type and interpolation errors (``beams=abc``) raised as
-    ConfigError naming the field."""
+    """:func:`validate`, with OmegaConf's type and interpolation errors raised as ConfigError naming
+    the field: a value of the wrong type as the setting given, the value and the type allowed
+    (``beams=abc`` -> "beams='abc' is not allowed: an integer (sets workload.beams)"), without the
+    ``${first:...}`` interpolation that carries a shortcut into its group."""
+    import re
+
     from omegaconf.errors import OmegaConfBaseException
     try:
         return validate(cfg)
     except OmegaConfBaseException as e:
         msg = (getattr(e, "msg", None) or str(e)).strip().splitlines()[0]
         key = getattr(e, "full_key", None)
+        typed = re.search(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", msg)
+        if typed:
+            shortcut = re.search(r"interpolation '\$\{first:\$\{(\w+)\}", msg)
+            field_name = shortcut.group(1) if shortcut else key
+            allowed = _TYPE_WORDS.get(typed.group(2), typed.group(2)) + (f" (sets {key})" if shortcut and key else "")
+            raise bad(field_name or "value", typed.group(1), allowed) from None
         raise ConfigError(f"{key}: {msg}" if key else msg) from None
 
 
@@ -398,7 +427,8 @@ def _run_once(runner, cfg, ctx: RunContext) -> RunResult:
 def _combine_repeats(repeats: List[Repeat], rec: Dict[str, Any]) -> RunResult:
     """The job's result from its repeats, and the repeat fields of its record.
 
-    status: error if any repeat errored, else oom if any ran out of memory, else ok. summary: over
+    status: error if any repeat errored, else oom if any ran out of memory, else timeout if any
+    passed its deadline, else ok. summary: over
     the repeats that finished ok (all of them when none did), each value the mean of the repeats or
     the value they all share (:func:`harness.stats.aggregate`); ``summary_ci95`` (repeats >= 2): per
     numeric metric its mean and 95 % Student-t interval. ``repeat_runs``: every repeat's seed, folder,
@@ -409,7 +439,7 @@ def _combine_repeats(repeats: List[Repeat], rec: Dict[str, Any]) -> RunResult:
         res = first
     else:
         bad_runs = [r for r in repeats if r.result.status != "ok"]
-        status = next((s for s in ("error", "oom") if any(r.result.status == s for r in repeats)), "ok")
+        status = next((s for s in ("error", "oom", "timeout") if any(r.result.status == s for r in repeats)), "ok")
         ok = [r.result.summary for r in repeats if r.result.status == "ok"]
         summary, intervals = aggregate(ok or [r.result.summary for r in repeats])
         rec["summary_ci95"] = intervals

@@ -180,7 +180,7 @@ def test_memoised_composition_falls_back_for_additions():
 @pytest.mark.parametrize("args,message", [
     (["system=lbss"], "system='lbss' is not allowed: one of beam, "),
     (["-m", "model=opt-6.7b,opt-67b"], "model='opt-67b' is not allowed: one of llama-2-7b, "),
-    (["beams=abc"], "workload.beams: While dereferencing interpolation '${first:${beams},16}': Value 'abc'"),
+    (["beams=abc"], "beams='abc' is not allowed: an integer (sets workload.beams)"),
     (["-m", "system=lbs", "beams=7,16"], "beams=7 is not allowed: a positive multiple of beam_width=2"),
     (["-m", "system=lbs,layerwise", "beams=4", "tracking.sweep_jobs=bogus"],
      "tracking.sweep_jobs='bogus' is not allowed: one of auto, runs, table"),

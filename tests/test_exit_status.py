@@ -97,3 +97,67 @@ def test_unwritable_output_dir_override_is_a_config_error_before_work(compose_cf
     with pytest.raises(ConfigError, match=r"output directory '/dev/null/x' \(output_dir\) is not writable "
                                           r"\(Not a directory\); pass a writable output_dir=PATH"):
         run(compose_cfg("system=lbs", "beams=4", output_dir="/dev/null/x"))
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("args,env,path,key", [
+    (["results_dir=/proc/x"], None, "'/proc/x/runs/", "hydra.run.dir"),
+    (["results_dir=/sys/foo"], None, "'/sys/foo/runs/", "hydra.run.dir"),
+    (["hydra.run.dir=/proc/y"], None, "'/proc/y' (hydra.run.dir)", "hydra.run.dir"),
+    ([], {"TTC_RESULTS_DIR": "/proc/q"}, "'/proc/q/runs/", "hydra.run.dir"),
+    (["-m", "system=in_gpu,lbs", "hydra.sweep.dir=/proc/s"], None, "'/proc/s' (hydra.sweep.dir)", "hydra.sweep.dir"),
+])
+def test_output_location_on_a_pseudo_file_system_exits_2(args, env, path, key):
+    """/proc and /sys are directories that root passes os.access(W_OK) on, yet mkdir there fails
+    (FileNotFoundError, PermissionError): the check must try making a folder. Mutation caught:
+    check_creatable without the trial mkdtemp (os.access only) -> Hydra's chained traceback, exit 1,
+    for every form here."""
+    out = run_py(*args, env=env)
+    assert out.returncode == 2, out.stderr[-2000:]
+    err = out.stderr.strip()
+    assert err.startswith("error: output directory " + path) and f"({key}) cannot be written" in err
+    assert f"no folder can be made in '/{path.split('/')[1]}'" in err and "pass a writable results_dir=PATH" in err
+    assert "Traceback" not in err
+
+
+def test_a_run_rejected_before_work_leaves_no_run_folder(tmp_path):
+    """Hydra makes the run folder (.hydra/, run.log) before our validation; a rejected run removes
+    it, but never a folder that existed before. Mutations caught: run.py not calling
+    remove_unused_run_dir (a folder with .hydra/ is left); the 'did not exist before' condition
+    dropped (the user's own hydra.run.dir is removed)."""
+    out = run_py("beams=63", f"results_dir={tmp_path / 'r'}")
+    assert out.returncode == 2 and out.stderr.startswith("error: beams=63 is not allowed"), out.stderr[-2000:]
+    assert list((tmp_path / "r").glob("runs/*")) == []
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    out = run_py("beams=63", f"hydra.run.dir={mine}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert (mine / ".hydra").is_dir()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("beams=abc", "beams='abc' is not allowed: an integer (sets workload.beams)"),
+    ("step=1.5", "step='1.5' is not allowed: an integer (sets workload.step)"),
+    ("seed=x", "seed='x' is not allowed: an integer (repeats use seeds seed..seed+repeats-1)"),
+])
+def test_a_shortcut_of_the_wrong_type_names_the_value_and_the_type(compose_cfg, override, message):
+    """Mutations caught: validate_config without its typed-value branch (the message is OmegaConf's
+    "workload.beams: While dereferencing interpolation '${first:${beams},16}': ..."); validate_common
+    without its seed check (seed=x: int('x') raised mid-run, a traceback and exit 1)."""
+    from harness.run import validate_config
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg("system=lbs", override))
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_a_run_past_its_deadline_is_recorded_as_timeout_and_exits_0(tmp_path, repeats):
+    """A passed system.deadline is a recorded result like oom. Mutations caught: exit_code()
+    returning 1 for any status but ok/oom -> exit 1; _combine_repeats without 'timeout' in its
+    precedence -> the repeats=2 record says ok though every repeat timed out."""
+    out = run_py("system=lbs", "system.deadline=1", f"repeats={repeats}", f"results_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    (rec_path,) = tmp_path.glob("runs/*/run.json")
+    rec = json.loads(rec_path.read_text())
+    assert rec["status"] == "timeout"
+    assert [r["status"] for r in rec["repeat_runs"]] == ["timeout"] * repeats

@@ -1,5 +1,8 @@
-"""harness.reproduce: REPRODUCTION.md counts and rows come from the sweeps' verdicts.csv files,
-index.html shows every figure and table; a bad --only exits 2."""
+"""harness.reproduce: REPRODUCTION.md counts and rows come from the sweeps' verdicts.csv files and
+results/reference/*.csv (every paper number, run or not), index.html shows every figure and table;
+--only collects only the named experiments; a bad --only exits 2."""
+from pathlib import Path
+
 from harness import reproduce as R
 from harness import verdict as V
 
@@ -21,7 +24,8 @@ def test_pages_from_verdicts(tmp_path):
     assert list(v["sweep"]) == ["beam_fig7", "beam_fig7", "lbs_fig9"]      # by paper, then figure
     assert list(v["verdict"]) == ["reproduced", "no result", "partly"]
     md = R.write_reproduction(tmp_path, v).read_text()
-    assert "**1 reproduced, 1 partly, 0 not reproduced, 1 no result** of 3 paper numbers." in md
+    assert "Verdicts of 3 paper numbers (one per source of ours): **1 reproduced, 1 partly, " \
+           "0 not reproduced, 1 no result**." in md
     assert "| lbs | fig9 | speedup OPT-6.7B | 5.26-14.6 x | 3.39-9.72 x | partly | sim | [fig9.png](sweeps/lbs_fig9/fig9.png) |" in md
     page = R.write_index(tmp_path).read_text()
     assert "sweeps/lbs_fig9/fig.png" in page and "<table>" in page and "beam_fig7" in page
@@ -36,3 +40,30 @@ def test_rows_in_natural_figure_order(tmp_path):
     for name, fig in (("lbs_fig10", "fig10"), ("lbs_3080ti", "3080ti"), ("lbs_fig4", "fig4")):
         _sweep(tmp_path, name, [V.Row("lbs", fig, "q", 1.0, ours=1.0)], png=False)
     assert list(R.collect(tmp_path)["figure"]) == ["3080ti", "fig4", "fig10"]
+
+
+def _reference_rows(paper, figure=None):
+    """Rows of results/reference/<paper>.csv (of one figure), counted from the file itself."""
+    csv = Path(__file__).resolve().parent.parent / "results" / "reference" / f"{paper}.csv"
+    rows = [ln for ln in csv.read_text().splitlines()[1:] if ln.strip() and not ln.startswith(("#", "figure,"))]
+    return [ln for ln in rows if figure is None or ln.startswith(figure + ",")]
+
+
+def test_only_collects_the_named_experiments_and_counts_every_paper_number(tmp_path):
+    """--only lbs_fig9 with another sweep (beam_fig7) in the folder: only lbs_fig9's verdicts, the
+    counts line gives lbs fig9's reference rows of all of them, beam fig7's are listed as not run.
+    Mutations caught: collect() ignoring its sweep list (beam_fig7's verdict is collected);
+    not_run() returning nothing (no 'Not run' list, count 0); the total counting only the rows run."""
+    _sweep(tmp_path, "lbs_fig9", [V.Row("lbs", "fig9", "speedup", 3.39, "range", 9.72, ours=5.0, unit="x")])
+    _sweep(tmp_path, "beam_fig7", [V.Row("beam", "fig7", "energy vs vanilla", 0.49, ours=0.496, unit="fraction")])
+    assert R.main(["--only", "lbs_fig9", "--collect-only", "--results-dir", str(tmp_path)]) == 0
+    md = (tmp_path / "REPRODUCTION.md").read_text()
+    total = sum(len(_reference_rows(p)) for p in ("lbs", "beam", "fasttts"))
+    ran = len(_reference_rows("lbs", "fig9"))
+    assert 0 < ran < total
+    assert f"**{ran} of {total} paper numbers run** (rows of results/reference/*.csv), **{total - ran} not run**" in md
+    assert "Only these experiments' sweeps are collected (--only): lbs_fig9;" in md
+    assert "**1 reproduced, 0 partly" in md and "energy vs vanilla" not in md
+    assert f"## Not run ({total - ran} paper numbers: no sweep of their figure here)" in md
+    assert f"- beam fig7: {len(_reference_rows('beam', 'fig7'))} not run (energy_vs_vanilla, " in md
+    assert "- lbs fig9:" not in md
