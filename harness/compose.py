@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 _COMPOSED: Dict[Tuple, DictConfig] = {}     # per process: memo key -> pristine composed config
+_VIEWS: Dict[Tuple, DictConfig] = {}        # per process: memo key -> one config reused by job_view
 _PARSED: Dict[str, Override] = {}           # per process: override string -> Hydra's parse of it
 _PRIMITIVES = (str, int, float, bool, type(None))
 
@@ -49,13 +50,10 @@ class MemoConfigLoader(ConfigLoader):
 
     # --- the cached path ------------------------------------------------------------------------
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: List[str]) -> DictConfig:
-        overrides = list(OmegaConf.to_container(master_config.hydra.overrides.hydra)) + list(sweep_overrides)
-        split = self._split(overrides)
+        split = self._memo_key(master_config, sweep_overrides)
         if split is None:
             return self.inner.load_sweep_config(master_config, sweep_overrides)
         key, values, task = split
-        search_path = tuple((e.provider, e.path) for e in self.inner.get_search_path().get_path())
-        key = (master_config.hydra.job.config_name, search_path) + key
         cached = _COMPOSED.get(key)
         if cached is None:
             cfg = self.inner.load_sweep_config(master_config, sweep_overrides)
@@ -70,12 +68,40 @@ class MemoConfigLoader(ConfigLoader):
         except OmegaConfBaseException:       # e.g. a key the config lacks: Hydra says so its way
             return self.inner.load_sweep_config(master_config, sweep_overrides)
         MemoConfigLoader.hits += 1
-        cfg.hydra.overrides.task = [o.input_line for o in task]
-        dirname = cfg.hydra.job.config.override_dirname
-        cfg.hydra.job.override_dirname = override_dirname(task, dirname.exclude_keys, dirname.item_sep,
-                                                          dirname.kv_sep)
+        _set_task(cfg, task)
         OmegaConf.copy_cache(from_config=master_config, to_config=cfg)
         return cfg
+
+    def job_view(self, master_config: DictConfig, sweep_overrides: List[str]) -> Optional[DictConfig]:
+        """The job's config to read, not to keep: one config per defaults list, reused by every job
+        of that list with the job's values set in place (no copy; each job sets the same keys, so
+        the view holds exactly its job's values until the next call). None where
+        :meth:`load_sweep_config` would go through Hydra (the caller then treats the job as unknown)."""
+        split = self._memo_key(master_config, sweep_overrides)
+        if split is None:
+            return None
+        key, values, task = split
+        view = _VIEWS.get(key)
+        if view is None:
+            view = _VIEWS[key] = self.load_sweep_config(master_config, sweep_overrides)
+        try:
+            for o in values:
+                OmegaConf.update(view, o.key_or_group, o.value(), merge=True)
+        except OmegaConfBaseException:
+            del _VIEWS[key]
+            return None
+        _set_task(view, task)
+        return view
+
+    def _memo_key(self, master_config: DictConfig, sweep_overrides: List[str]):
+        """(memo key, value overrides, task overrides) of a job, or None when it must go through Hydra."""
+        overrides = list(OmegaConf.to_container(master_config.hydra.overrides.hydra)) + list(sweep_overrides)
+        split = self._split(overrides)
+        if split is None:
+            return None
+        key, values, task = split
+        search_path = tuple((e.provider, e.path) for e in self.inner.get_search_path().get_path())
+        return (master_config.hydra.job.config_name, search_path) + key, values, task
 
     def _split(self, overrides: List[str]) -> Optional[Tuple[Tuple, List[Override], List[Override]]]:
         """(memo key, value overrides, task overrides), or None when the job must go through Hydra."""
@@ -123,6 +149,13 @@ class MemoConfigLoader(ConfigLoader):
 
     def compute_defaults_list(self, config_name: Optional[str], overrides: List[str], run_mode: RunMode) -> Any:
         return self.inner.compute_defaults_list(config_name, overrides, run_mode)
+
+
+def _set_task(cfg: DictConfig, task: List[Override]) -> None:
+    """``hydra.overrides.task`` and ``hydra.job.override_dirname`` of a job, as Hydra sets them."""
+    cfg.hydra.overrides.task = [o.input_line for o in task]
+    dirname = cfg.hydra.job.config.override_dirname
+    cfg.hydra.job.override_dirname = override_dirname(task, dirname.exclude_keys, dirname.item_sep, dirname.kv_sep)
 
 
 def _parse(line: str) -> Override:

@@ -66,16 +66,19 @@ class StubLauncher:
         return self.results
 
 
-def stub_sweep(tmp_path, launcher):
+SWEEP_ARGS = ["tracking=none", "sweep_name=t"]
+
+
+def stub_sweep(tmp_path, launcher, systems="layerwise,lbs", beams="4"):
     """``run.py -m system=layerwise,lbs beams=4 ...`` in this process, jobs launched by ``launcher``."""
-    args = ["beams=4", "tracking=none", f"results_dir={tmp_path}", "sweep_name=t"]
+    args = [*SWEEP_ARGS, f"results_dir={tmp_path}"]
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         master = compose("config", overrides=args, return_hydra_config=True)
         sweeper = FastBasicSweeper()
         sweeper.setup(hydra_context=HydraContext(config_loader=GlobalHydra.instance().config_loader(),
                                                  callbacks=None), task_function=None, config=master)
         sweeper._instantiate_launcher = lambda n_jobs: launcher
-        sweeper.sweep(["system=layerwise,lbs", *args])
+        sweeper.sweep([f"system={systems}", f"beams={beams}", *args])
     return {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "sweeps/t").glob("*/run.json")}
 
 
@@ -100,6 +103,60 @@ def test_jobs_a_launcher_lost_are_recorded_as_error(tmp_path):
     recs = stub_sweep(tmp_path, StubLauncher(error=ConnectionError("cluster gone")))
     assert sorted(recs) == ["beams=4,system=layerwise", "beams=4,system=lbs"]
     assert {r["message"] for r in recs.values()} == {"job failed outside its run (ConnectionError: cluster gone)"}
+
+
+class RecordingLauncher:
+    """Completes every job it is given; remembers which."""
+
+    def __init__(self):
+        self.launched = []
+
+    def launch(self, batch, initial_job_idx):
+        self.launched += [list(job) for job in batch]
+        return [JobReturn(status=JobStatus.COMPLETED) for _ in batch]
+
+
+def test_jobs_with_a_valid_record_of_their_config_are_not_launched(tmp_path, capsys):
+    """The sweeper skips a recorded job before launching it (a fully recorded Fig.9 re-run took
+    39 s, 0.15 s per job of Hydra set-up before the job's own check), with the job's own check: lbs
+    has a valid record of its config (hashed from Hydra's composition, as ``harness.run.run`` does)
+    and is skipped; layerwise's record is of another config (beams=8) and in_gpu's has status error,
+    so both are launched and check themselves. Mutations caught: hashing the config unresolved or
+    with its hydra node (lbs launched); not comparing the hash (layerwise skipped); no pre-launch
+    skip (lbs launched)."""
+    kept = _record(tmp_path, "lbs")
+    _record(tmp_path, "layerwise", hashed_beams=8)
+    _record(tmp_path, "in_gpu", status="error")
+    launcher = RecordingLauncher()
+    recs = stub_sweep(tmp_path, launcher, systems="layerwise,lbs,in_gpu")
+    assert [job[0] for job in launcher.launched] == ["system=layerwise", "system=in_gpu"]
+    assert recs["beams=4,system=lbs"] == kept
+    assert capsys.readouterr().out.count("skipping: valid record exists") == 1
+
+
+def test_recorded_jobs_of_one_config_group_are_each_checked_with_their_own_values(tmp_path):
+    """Jobs differing in plain values share one reused config view (``MemoConfigLoader.job_view``):
+    beams=8 has a valid record of its config and is skipped; beams=4's folder holds a record of the
+    beams=8 config, so it is launched. Mutation caught: ``job_view`` not setting the job's values
+    (beams=8 checked with beams=4's config: launched)."""
+    _record(tmp_path, "lbs", beams=8)
+    _record(tmp_path, "lbs", beams=4, hashed_beams=8)
+    launcher = RecordingLauncher()
+    stub_sweep(tmp_path, launcher, systems="lbs", beams="4,8")
+    assert [job[:2] for job in launcher.launched] == [["system=lbs", "beams=4"]]
+
+
+def _record(tmp_path, system, status="ok", beams=4, hashed_beams=None):
+    """A run.json in the stub sweep's job folder, with the config hash of ``hashed_beams`` (default:
+    the folder's own) from Hydra's composition, as ``harness.run.run`` hashes it."""
+    from omegaconf import OmegaConf
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose("config", overrides=[f"system={system}", f"beams={hashed_beams or beams}", *SWEEP_ARGS,
+                                           f"results_dir={tmp_path}"])
+    rec = {"record_version": records.RECORD_VERSION, "status": status, "summary": {"x": 1},
+           "config_hash": records.config_hash(OmegaConf.to_container(cfg, resolve=True))}
+    records.atomic_write_json(tmp_path / f"sweeps/t/beams={beams},system={system}/run.json", rec)
+    return rec
 
 
 # --- kill -9 of the driver mid-sweep, then the same command again -------------------------------

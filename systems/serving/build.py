@@ -232,6 +232,11 @@ CLOCK_NOT_APPLIED = ("predictor MAPE: BEAM predicts latencies at the clock it ch
                      "run at the device's own speed and the predictions are too long by that scaling")
 
 
+# BEAM reports attainment as the share of requests meeting each SLO (reference/beam.md §2.8); a request
+# meets the TBT SLO by its mean token gap, so single gaps (TBT P90/P99) may exceed the SLO at 100 %
+TBT_ATTAINMENT_LABEL = "SLO attainment TBT (requests whose mean TBT <= SLO)"
+
+
 def display_rows(clock_applied: bool = True):
     """The printed rows (label, summary key, format). ``clock_applied`` False (a CPU, a GPU without
     actuation, a measured latency profile): the predictor rows say the clock was not applied
@@ -259,7 +264,8 @@ def display_rows(clock_applied: bool = True):
         ("TBT P90", "tbt_p90_s", ms),
         ("TBT P99", "tbt_p99_s", ms),
         ("SLO attainment TTFT", "slo_ttft_attainment", pct),
-        ("SLO attainment TBT (per request)", "slo_tbt_attainment", pct),
+        (TBT_ATTAINMENT_LABEL, "slo_tbt_attainment", pct),
+        ("  share of all token gaps <= TBT SLO", "slo_tbt_token_attainment", pct),
         ("mean SM clock chosen (set on a GPU only with actuate=true)", "mean_clock_mhz", lambda v: f"{v:,.0f} MHz"),
         ("mean chunk size", "mean_chunk", num),
         ("mean microbatches", "mean_microbatches", num),

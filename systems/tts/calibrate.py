@@ -219,25 +219,26 @@ def calibrate(cfg, threads: int = 1) -> dict:
     torch.set_num_threads(threads)
     w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
     load_before = loadavg()
-    work = Path(tempfile.mkdtemp(prefix="tts_calib_"))
-    bias_d, bias_e = step_logit_biases(m.vocab_size, float(w.temperature), float(w.cpu_step_tokens_mean),
-                                       float(w.steps_per_answer_mean))
-    gen = VllmGenerator(m, work, max_model_len=int(w.max_model_len), kv_bytes=512 << 20, max_num_seqs=256,
-                        block_size=int(s.block_size), seed=0, token_budget=gen_token_budget(cfg),
-                        delimiter_ids=(int(w.step_delimiter_id),), eos_ids=(int(w.eos_token_id),),
-                        logit_bias={int(w.step_delimiter_id): bias_d, int(w.eos_token_id): bias_e},
-                        temperature=float(w.temperature), top_p=float(w.top_p))
-    ver = VllmVerifier(v, work, max_model_len=int(w.max_model_len), kv_bytes=256 << 20, max_num_seqs=256,
-                       block_size=int(s.block_size), seed=0, token_budget=ver_token_budget(cfg))
-    probe = Probe(gen, ver, m.vocab_size, v.vocab_size)
-    try:
-        for _ in range(3):                                          # warm-up, excluded
-            probe.decode(16, 1, 512)
-            probe.verify(16, 256, 0)
-        dec, pre = measure(probe)
-    finally:
-        gen.shutdown()
-        ver.shutdown()
+    with tempfile.TemporaryDirectory(prefix="tts_calib_") as tmp:     # the engines' config.json, removed after
+        work = Path(tmp)
+        bias_d, bias_e = step_logit_biases(m.vocab_size, float(w.temperature), float(w.cpu_step_tokens_mean),
+                                           float(w.steps_per_answer_mean))
+        gen = VllmGenerator(m, work, max_model_len=int(w.max_model_len), kv_bytes=512 << 20, max_num_seqs=256,
+                            block_size=int(s.block_size), seed=0, token_budget=gen_token_budget(cfg),
+                            delimiter_ids=(int(w.step_delimiter_id),), eos_ids=(int(w.eos_token_id),),
+                            logit_bias={int(w.step_delimiter_id): bias_d, int(w.eos_token_id): bias_e},
+                            temperature=float(w.temperature), top_p=float(w.top_p))
+        ver = VllmVerifier(v, work, max_model_len=int(w.max_model_len), kv_bytes=256 << 20, max_num_seqs=256,
+                           block_size=int(s.block_size), seed=0, token_budget=ver_token_budget(cfg))
+        probe = Probe(gen, ver, m.vocab_size, v.vocab_size)
+        try:
+            for _ in range(3):                                          # warm-up, excluded
+                probe.decode(16, 1, 512)
+                probe.verify(16, 256, 0)
+            dec, pre = measure(probe)
+        finally:
+            gen.shutdown()
+            ver.shutdown()
     return fit_stages(cfg, {"models": {"generator": str(m.name), "verifier": str(v.name)}, "threads": threads,
                             "loadavg_before": load_before, "loadavg_after": loadavg()}, dec, pre)
 

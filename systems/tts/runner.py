@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import shutil
 import tempfile
 import traceback
 from pathlib import Path
@@ -290,7 +291,7 @@ class Built(NamedTuple):
     skipped: List[dict]            # problems skipped by workload.on_too_long=skip (see check_limits)
 
 
-def build(cfg, backend, workdir: Path) -> Built:
+def build(cfg, backend, workdir: Optional[Path]) -> Built:
     """The search settings, problems, prompts, engines and memory plan of a run (:class:`Built`).
 
     The memory plan (``plan.MemoryPlan``) sizes both backends' engines once per run; with
@@ -299,7 +300,8 @@ def build(cfg, backend, workdir: Path) -> Built:
 
     Prompts and verifier inputs: :func:`texts`. With a local generator, steps end at its "\n\n"
     tokens (on vLLM: no logit bias, real weights). Simulated runs use the tokenizers for prompt
-    lengths and ids only."""
+    lengths and ids only. ``workdir``: where a real engine with random weights gets its config.json
+    (the caller removes it after ``closer``); None on the simulated backend."""
     from systems.tts.engines import PrmScorer
     w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
     on_cpu = _on_cpu(cfg, backend)
@@ -398,8 +400,15 @@ def run(cfg, ctx) -> RunResult:
     (harness.run records it). A simulated run imports no pandas (its tables are row dicts)."""
     from systems.tts import metrics
     from systems.tts.search import Search
-    workdir = Path(tempfile.mkdtemp(prefix="tts_models_"))
-    b = build(cfg, ctx.backend, workdir)
+    # a real engine with random weights starts from a config.json written here; removed once the engines are
+    # shut down, also when the run fails. The simulated backend needs no folder.
+    workdir = None if ctx.backend.simulated else Path(tempfile.mkdtemp(prefix="tts_models_"))
+    try:
+        b = build(cfg, ctx.backend, workdir)
+    except BaseException:
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
     st, problems, prompts, alloc = b.settings, b.problems, b.prompts, b.alloc
     results, status, message = [], "ok", ""
     gc_on = gc.isenabled()
@@ -424,6 +433,8 @@ def run(cfg, ctx) -> RunResult:
         bar.close()
     finally:
         b.closer()
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
         if gc_on:
             gc.enable()
     summ = metrics.summarize(results, (1 if st.search == "best_of_n" else st.num_iterations) - 1)

@@ -1,7 +1,5 @@
 """FastTTS search with the LBS family's scheduling when the generator's KV overflows
 (``system.kv_overflow=lbs``, ``systems/tts/lbs_overflow.py``) and the ``fasttts_offload`` study."""
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +21,7 @@ OVERFLOWING = {"vllm_tts": "40MiB", "fasttts_pm": "36MiB"}   # M gives the gener
 
 def _search(compose_cfg, system, *extra):
     """(problem results, generator) of the first problem."""
-    b = runner.build(compose_cfg(f"system={system}", *TINY, *extra), SIM, Path(tempfile.mkdtemp()))
+    b = runner.build(compose_cfg(f"system={system}", *TINY, *extra), SIM, None)
     p = b.problems[0]
     return Search(b.settings, b.gen, b.ver).run_problem(p.index, b.prompts[p.index]), b.gen
 
@@ -46,7 +44,7 @@ def in_memory(tmp_path_factory):
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
             cfg = compose("config", overrides=[f"output_dir={tmp_path_factory.mktemp('mem')}", "tracking=none",
                                                "progress=false", f"system={system}", *TINY, "kv_budget=1GiB"])
-        b = runner.build(cfg, SIM, Path(tempfile.mkdtemp()))
+        b = runner.build(cfg, SIM, None)
         p = b.problems[0]
         out[system] = _decisions(Search(b.settings, b.gen, b.ver).run_problem(p.index, b.prompts[p.index]))
     return out
@@ -107,7 +105,7 @@ def test_offload_extension_is_charged_with_a_per_run_plan(compose_cfg):
     caught: dropping the configure call in runner.build."""
     cfg = compose_cfg("system=fasttts_offload", "hardware=rtx4070ti", "kv_budget=300MiB", "n=256",
                       "workload.num_problems=1")
-    b = runner.build(cfg, SIM, Path(tempfile.mkdtemp()))
+    b = runner.build(cfg, SIM, None)
     assert b.alloc.offload
     assert b.gen.offload_bw == b.ver.offload_bw == float(cfg.hardware.h2d_bw)
 

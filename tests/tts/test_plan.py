@@ -1,7 +1,5 @@
 """The memory plan (M): one plan applied the same way on both backends, re-planned per iteration
 only where the backend can honour it, planned on a CPU from a measured profile."""
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -28,7 +26,7 @@ class FakeEngine:
         pass
 
 
-def test_both_backends_size_their_engines_from_one_plan(compose_cfg, monkeypatch):
+def test_both_backends_size_their_engines_from_one_plan(compose_cfg, monkeypatch, tmp_path):
     """Same configuration and cost profile on both backends -> the simulated engines and the vLLM
     engines get the same KV bytes and batch caps (the plan of ``MemoryPlan.per_run``).
     Mutation caught: swapping B_dec and B_pre (or the two KV shares) in either backend's engine set-up."""
@@ -37,8 +35,8 @@ def test_both_backends_size_their_engines_from_one_plan(compose_cfg, monkeypatch
     monkeypatch.setattr(engines, "VllmVerifier", FakeEngine)
     FakeEngine.made = []
     common = ["system=fasttts", "hardware=cpu-tts", "kv_budget=48MiB", *TINY, "n=32"]
-    sim = runner.build(compose_cfg(*common, "backend=sim"), SIM, Path(tempfile.mkdtemp()))
-    real = runner.build(compose_cfg(*common, "backend=vllm"), CPU, Path(tempfile.mkdtemp()))
+    sim = runner.build(compose_cfg(*common, "backend=sim"), SIM, None)
+    real = runner.build(compose_cfg(*common, "backend=vllm"), CPU, tmp_path)
     a = sim.alloc
     assert a == real.alloc and a.b_dec != a.b_pre                 # one plan, and a telling one
     gen_kw, ver_kw = FakeEngine.made[0].kw, FakeEngine.made[1].kw
@@ -66,7 +64,7 @@ def test_per_iteration_replanning_resizes_the_simulated_engines(compose_cfg):
     cfg = compose_cfg("system=fasttts", "backend=sim", "system.replan=per_iteration", "n=64",
                       "workload.num_problems=1")
     validate(cfg)
-    st, problems, prompts, gen, ver, hook, alloc, *_ = runner.build(cfg, SIM, Path(tempfile.mkdtemp()))
+    st, problems, prompts, gen, ver, hook, alloc, *_ = runner.build(cfg, SIM, None)
     assert hook is not None
     seen = []
 

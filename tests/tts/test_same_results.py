@@ -61,9 +61,6 @@ def test_per_iteration_replanning_reads_no_config(compose_cfg, monkeypatch):
     in 300 MiB of KV on an RTX 4070 Ti) the hook and the search run with every config read raising:
     they read plain values only (issue 18: an OmegaConf access cost 1.5 ms per iteration).
     Mutation caught: reading ``cfg.hardware.h2d_bw`` inside the hook."""
-    import tempfile
-    from pathlib import Path
-
     from omegaconf import DictConfig
 
     from harness.backend import Backend
@@ -74,7 +71,7 @@ def test_per_iteration_replanning_reads_no_config(compose_cfg, monkeypatch):
                       "hardware=rtx4070ti", "kv_budget=300MiB", "n=256", "workload.num_problems=1",
                       "workload.num_iterations=2")
     bw = float(cfg.hardware.h2d_bw)
-    b = runner.build(cfg, Backend("sim", "sim", True, "test"), Path(tempfile.mkdtemp()))
+    b = runner.build(cfg, Backend("sim", "sim", True, "test"), None)
     p = b.problems[0]
 
     def no_config(self, key):
@@ -114,3 +111,32 @@ def test_a_simulated_search_runs_without_the_cyclic_collector(compose_cfg, monke
         assert gc.isenabled()
     finally:
         gc.enable()                      # the rest of the session keeps its collector whatever failed
+
+
+def test_a_run_leaves_no_temporary_folder(compose_cfg, monkeypatch, tmp_path):
+    """A simulated run creates no temporary folder; a real-backend run removes its engines' config
+    folder also when the run fails (here: the engines fail to start, after the folder was made).
+    /tmp held 3,290 ``tts_models_*`` folders before. Mutations caught: ``mkdtemp`` kept for the
+    simulated backend; the folder not removed when ``build`` raises."""
+    import tempfile
+
+    from harness.backend import Backend
+    from harness.run import run
+    from systems.tts import runner
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    assert run(compose_cfg("system=fasttts", "backend=sim", "n=4", "workload.num_problems=1"))["status"] == "ok"
+    assert list(tmp.iterdir()) == []
+    seen = []
+
+    def engines_fail(cfg, backend, workdir):
+        assert workdir.is_dir() and workdir.parent == tmp
+        (workdir / "config.json").write_text("{}")
+        seen.append(workdir)
+        raise RuntimeError("engine failed to start")
+    monkeypatch.setattr(runner, "build", engines_fail)
+    ctx = type("Ctx", (), {"backend": Backend("vllm", "cpu", False, "test")})()
+    with pytest.raises(RuntimeError, match="engine failed"):
+        runner.run(compose_cfg("system=fasttts", "backend=sim"), ctx)
+    assert seen and list(tmp.iterdir()) == []

@@ -99,9 +99,7 @@ def test_simulated_step_model_has_the_configured_means():
 def _sim_search(compose_cfg, system, *extra):
     cfg = compose_cfg(f"system={system}", "backend=sim", "n=16", "workload.num_problems=2", *extra)
     runner.validate(cfg)
-    import tempfile
-    from pathlib import Path
-    st, problems, prompts, gen, ver, hook, alloc, *_ = runner.build(cfg, SIM, Path(tempfile.mkdtemp()))
+    st, problems, prompts, gen, ver, hook, alloc, *_ = runner.build(cfg, SIM, None)
     recs = []
     s = Search(st, gen, ver, on_iteration=recs.append, before_iteration=hook)
     results = [s.run_problem(p.index, prompts[p.index]) for p in problems]
