@@ -141,7 +141,7 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
                   f"under `{results_dir / 'sweeps'}` is left out.", ""]
     lines += [f"**{len(ref) - len(missing)} of {len(ref)} paper numbers run** (rows of results/reference/*.csv), "
               f"**{len(missing)} not run** (no sweep here; listed last). Verdicts of {len(v)} paper numbers "
-              "(one per source of ours): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
+              "(one per source of ours; a stated min-max pair is one range): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
                                                          ("reproduced", "partly", "not reproduced", "no result")) + "**.",
               ""]
     if runs is not None and len(runs):
@@ -166,8 +166,9 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
     return p
 
 
-def write_index(results_dir: Path) -> Path:
-    """``index.html``: every sweep's figures (PNG) and markdown tables on one static page."""
+def write_index(results_dir: Path, only: Optional[List[str]] = None) -> Path:
+    """``index.html``: every sweep's figures (PNG) and markdown tables on one static page; ``only``:
+    just these sweeps (--only), as REPRODUCTION.md."""
     import markdown
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>ttc-sched-bench results</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:auto} img{max-width:100%;"
@@ -177,7 +178,7 @@ def write_index(results_dir: Path) -> Path:
     rep = results_dir / "REPRODUCTION.md"
     if rep.exists():
         parts.append(markdown.markdown(rep.read_text(), extensions=["tables"]))
-    sweeps = sorted(d for d in (results_dir / "sweeps").glob("*") if d.is_dir())
+    sweeps = sorted(d for d in (results_dir / "sweeps").glob("*") if d.is_dir() and (only is None or d.name in only))
     parts.append("<p>Sweeps: " + " ".join(f"<a href='#{html.escape(d.name)}'>{html.escape(d.name)}</a>"
                                            for d in sweeps) + "</p>")
     for d in sweeps:
@@ -222,7 +223,7 @@ def main(argv=None) -> int:
     collected = [*names, *(REAL[m] for m in real)] if a.only else None
     v = collect(a.results_dir, collected)
     rep = write_reproduction(a.results_dir, v, runs, collected)
-    idx = write_index(a.results_dir)
+    idx = write_index(a.results_dir, collected)
     print(f"wrote {rep} ({len(v)} verdict rows) and {idx}")
     failed = runs is not None and (runs["rc"].astype(str) != "0").any()
     return 1 if failed else 0

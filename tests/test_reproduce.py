@@ -24,7 +24,7 @@ def test_pages_from_verdicts(tmp_path):
     assert list(v["sweep"]) == ["beam_fig7", "beam_fig7", "lbs_fig9"]      # by paper, then figure
     assert list(v["verdict"]) == ["reproduced", "no result", "partly"]
     md = R.write_reproduction(tmp_path, v).read_text()
-    assert "Verdicts of 3 paper numbers (one per source of ours): **1 reproduced, 1 partly, " \
+    assert "Verdicts of 3 paper numbers (one per source of ours; a stated min-max pair is one range): **1 reproduced, 1 partly, " \
            "0 not reproduced, 1 no result**." in md
     assert "| lbs | fig9 | speedup OPT-6.7B | 5.26-14.6 x | 3.39-9.72 x | partly | sim | [fig9.png](sweeps/lbs_fig9/fig9.png) |" in md
     page = R.write_index(tmp_path).read_text()
@@ -67,3 +67,5 @@ def test_only_collects_the_named_experiments_and_counts_every_paper_number(tmp_p
     assert f"## Not run ({total - ran} paper numbers: no sweep of their figure here)" in md
     assert f"- beam fig7: {len(_reference_rows('beam', 'fig7'))} not run (energy_vs_vanilla, " in md
     assert "- lbs fig9:" not in md
+    page = (tmp_path / "index.html").read_text()       # the figure page follows --only too
+    assert "href='#lbs_fig9'" in page and "beam_fig7" not in page
