@@ -163,9 +163,12 @@ def main(argv=None) -> int:
     args = dict(a.split("=", 1) for a in (argv if argv is not None else sys.argv[1:]))
     hw = args.get("hardware", "cpu")
     src = ROOT / "conf" / "hardware" / f"{hw}.yaml"
-    if not src.exists():
-        options = sorted(p.stem for p in src.parent.glob("*.yaml"))
-        print(f"error: hardware={hw!r} is not a profile; options: {', '.join(options)}", file=sys.stderr)
+    from harness.cli import check_group_options
+    from harness.errors import ConfigError
+    try:
+        check_group_options([f"hardware={hw}"], ROOT / "conf")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     base = OmegaConf.to_container(OmegaConf.load(src))   # OmegaConf's YAML reads 1.0e9 as a float
     device = "cpu" if base.get("kind") == "cpu" else "cuda"

@@ -199,10 +199,11 @@ def calibrate(model, out: Path, threads: int = 1, reps: int = 3, rounds: int = 3
 def main(argv=None) -> int:
     args = dict(a.split("=", 1) for a in (argv if argv is not None else sys.argv[1:]))
     name = args.get("model", "tiny-llama")
-    src = ROOT / "conf" / "model" / f"{name}.yaml"
-    if not src.exists():
-        options = sorted(p.stem for p in src.parent.glob("*.yaml"))
-        print(f"error: model={name!r} is not allowed: one of {', '.join(options)}", file=sys.stderr)
+    from harness.cli import check_group_options
+    try:
+        check_group_options([f"model={name}"], ROOT / "conf")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     from systems.serving.power_fit import load_conf
     model = load_conf("model", name)

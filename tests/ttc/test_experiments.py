@@ -181,3 +181,13 @@ def test_fidelity_over_repeats_aggregates_each_configuration(compose_cfg, tmp_pa
     assert sorted(t.get_text() for t in ax.texts) == ["4 beams", "4 beams"]
     assert "measured" in ax.get_xlabel() and "simulated" in ax.get_ylabel()
     assert main(["repeats=0"]) == 2
+
+
+def test_calibrate_unknown_hardware_exits_2_listing_the_profiles(capsys):
+    """``python -m harness.calibrate hardware=h300``: exit 2 before measuring, naming the profiles
+    (harness.cli.check_group_options, the rule the command line uses; schemas not listed).
+    Mutation caught: the check dropped (KeyError/None profile later)."""
+    from harness import calibrate
+    assert calibrate.main(["hardware=h300"]) == 2
+    err = capsys.readouterr().err
+    assert "hardware='h300' is not allowed: one of a100-80gb, cpu," in err and "_hardware_schema" not in err
