@@ -164,6 +164,13 @@ def _first_boundary(tokens: Sequence[int], ends: Collection[int]) -> Optional[in
     return None
 
 
+def _step_key(prev: int, step: Sequence[int]) -> int:
+    """The score cache's key of a path after ``step`` given ``prev``, its key before: a Python hash of
+    both (the same in every process for int tokens; 64 bits, as the stable key, ``beams.stable_hash``,
+    which costs over ten times more: the repr of the step's tokens)."""
+    return hash((prev, tuple(step)))
+
+
 # ---------------------------------------------------------------------------------------- loop
 class Search:
     """Runs the search for one problem at a time on a generator and a verifier.
@@ -189,15 +196,18 @@ class Search:
     def _commit(self, b: Beam, step: List[int], keys: Dict[str, List[int]]):
         b.tokens.extend(step)
         b.step_ends.append(len(b.tokens))
-        prev = keys[b.uid][-1]
-        keys[b.uid].append(stable_hash(prev, tuple(step)))
+        ks = keys[b.uid]
+        ks.append(_step_key(ks[-1], step))
 
     def run_problem(self, pidx: int, prompt: List[int]) -> ProblemResult:
         st = self.st
         bounds, eos = frozenset(st.delimiter_ids) | frozenset(st.eos_ids), frozenset(st.eos_ids)
         root = stable_hash("problem", pidx, tuple(prompt))
         beams = [Beam(str(i)) for i in range(st.n)]
-        keys: Dict[str, List[int]] = {b.uid: [root] for b in beams}   # chain hash per committed step
+        # content keys: per committed step, a chain of Python hashes (the score cache's keys; a step
+        # costs a tuple hash); the recorded key (stable across processes) only for the survivors
+        keys: Dict[str, List[int]] = {b.uid: [root] for b in beams}
+        recorded: Dict[str, int] = {b.uid: root for b in beams}       # uid -> stable key before its last step
         cache: Dict[int, float] = {}                                   # step key -> selection score
         completions: List[Beam] = []
         records: List[IterationRecord] = []
@@ -249,7 +259,7 @@ class Search:
                     if cut is not None:
                         toks = [*b.tokens, *b.spec[:cut]]
                         ends.append(len(toks))
-                        ks.append(stable_hash(ks[-1], tuple(b.spec[:cut])))
+                        ks.append(_step_key(ks[-1], b.spec[:cut]))
                 if any(k not in cache for k in ks):
                     items.append((toks, ends))
                     owners.append(ks)
@@ -285,12 +295,15 @@ class Search:
                     n_done += 1
             alive = [b for b in active if not b.done]
             selected = select_survivors(st.search, alive, st.n, st.beam_width, st.agg) if not last else []
+            for p, _ in selected:                     # every path committed one step this iteration
+                last_step = p.tokens[p.step_ends[-2] if len(p.step_ends) > 1 else 0:]
+                recorded[p.uid] = stable_hash(recorded[p.uid], tuple(last_step))
             spec_kept = sum(len(p.spec) for p, _ in selected) if st.speculative else 0
             records.append(IterationRecord(
                 pidx, it, len(active), len(reqs), skipped, len(items), res.time_s, vo.time_s,
                 sum(o.prompt_tokens for o in res.outputs.values()), sum(o.cached_tokens for o in res.outputs.values()),
                 vo.prompt_tokens, vo.cached_tokens, new_tokens, spec_generated, spec_kept, n_done,
-                ";".join(p.uid for p, _ in selected), ";".join(str(keys[p.uid][-1]) for p, _ in selected),
+                ";".join(p.uid for p, _ in selected), ";".join(str(recorded[p.uid]) for p, _ in selected),
                 res.cpu_s, vo.cpu_s))
             if self.on_iteration:
                 self.on_iteration(records[-1])
@@ -306,6 +319,7 @@ class Search:
             for b in beams:
                 parent = b.uid.rsplit(".", 1)[0]
                 keys[b.uid] = list(keys[parent])
+                recorded[b.uid] = recorded[parent]
         for b in beams:                               # iteration budget exhausted (not reached with last)
             if not b.done:
                 b.done, b.finish = True, "budget"

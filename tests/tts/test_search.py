@@ -157,3 +157,34 @@ def test_stable_hash_values_as_stored():
     assert stable_hash() == 13020603013274838756
     assert stable_hash("\u00fc") == 18412191626741870818
     assert request_seed(3, 0, 0, "5") == 1138947524
+
+
+def test_recorded_keys_chain_the_survivors_steps_sim(compose_cfg):
+    """``selected_keys`` (the iterations table) holds each survivor's stable content key: the
+    ``stable_hash`` chain over its committed steps from the problem's root key, whatever cheaper key
+    the score cache uses. A survivor's first child (``uid.0``) starts the next iteration with its
+    parent's steps. Mutations caught: recording the score cache's key (``keys[uid][-1]``); chaining
+    the survivor's whole tokens instead of its last step; a child not inheriting its parent's key."""
+    cfg = compose_cfg("system=fasttts", "backend=sim", "n=16", "workload.num_problems=2")
+    runner.validate(cfg)
+    st, problems, prompts, gen, ver, hook, *_ = runner.build(cfg, SIM, None)
+    starts, recs = {}, []
+
+    def before(it, active, prompt_len):
+        starts.update({(it, b.uid): (list(b.tokens), list(b.step_ends)) for b in active})
+        if hook:
+            hook(it, active, prompt_len)
+
+    s = Search(st, gen, ver, on_iteration=recs.append, before_iteration=before)
+    problem = problems[0].index
+    s.run_problem(problem, prompts[problem])
+    checked = 0
+    for r in recs[:-1]:
+        for uid, key in zip(r.selected.split(";"), r.selected_keys.split(";")):
+            tokens, ends = starts[(r.iteration + 1, f"{uid}.0")]
+            want = stable_hash("problem", problem, tuple(prompts[problem]))
+            for a, b in zip([0, *ends], ends):
+                want = stable_hash(want, tuple(tokens[a:b]))
+            assert int(key) == want
+            checked += 1
+    assert checked >= 3 * 4 and len(ends) >= 3
