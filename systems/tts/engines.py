@@ -289,9 +289,11 @@ class TokenMap:
     def build(self, prompt: List[int], tokens: List[int], step_ends: List[int]):
         """Returns (verifier ids, position of each step's score)."""
         end = step_ends[-1] if step_ends else 0
+        if not self.insert:                       # same tokens, steps as they are; a step's score at its last token
+            ids = list(prompt)
+            ids += tokens if end == len(tokens) else tokens[:end]
+            return ids, [len(prompt) + e - 1 for e in step_ends]
         mapped = self._map(tokens[:end])
-        if not self.insert:                       # steps as they are; a step's score at its last token
-            return list(prompt) + mapped, [len(prompt) + e - 1 for e in step_ends]
         ids, pos, start = list(prompt), [], 0
         for end in step_ends:
             ids.extend(mapped[start:end - 1])

@@ -188,3 +188,42 @@ def test_recorded_keys_chain_the_survivors_steps_sim(compose_cfg):
             assert int(key) == want
             checked += 1
     assert checked >= 3 * 4 and len(ends) >= 3
+
+
+def test_lineage_returns_the_nearest_ancestors_entry_of_the_current_problem():
+    """Mutations caught: the problem change not forgetting the entries; the search stopping at the
+    path itself (no ancestors)."""
+    from systems.tts.beams import Lineage
+    lin = Lineage()
+    assert lin.get("3/0.1") is None
+    lin.put("3/0", "a")
+    lin.put("3/0.1", "b")
+    assert [lin.get(p) for p in ("3/0.1.2.0", "3/0.1", "3/0.2", "3/1", "3/10.1")] == ["b", "b", "a", None, None]
+    assert lin.get("4/0.1") is None and lin.get("3/0.1") is None      # a new problem forgets the old one's
+    lin.put("3/0", "stale")                                            # not the current problem: not kept
+    assert lin.get("4/0") is None
+
+
+def test_synthetic_prm_continues_from_the_parents_state_when_it_applies(monkeypatch):
+    """SyntheticPrm's values are synthetic_prm_values' whatever the path hint: a child continues its
+    nearest ancestor's hash state only when its tokens start with the ones hashed and it wants no
+    score before them (a grandchild does), else it hashes from the start (a child leaving its
+    parent's tokens before the parent's last scored end; a sibling wanting an earlier step).
+    Mutations caught: the tokens not compared (continuing past a different prefix); always hashing
+    from the start."""
+    from systems.tts import beams
+    from systems.tts.beams import SyntheticPrm, synthetic_prm_values
+    prm = SyntheticPrm(7)
+    parent = list(range(100, 130))
+    child = parent[:20] + list(range(500, 515))
+    grandchild = child + list(range(900, 905))
+    cases = [(parent, [10, 20, 30], [True] * 3, "1/0"),
+             (child, [10, 20, 32, 35], [False, False, True, True], "1/0.2"),
+             (grandchild, [10, 20, 32, 35, 40], [False, False, False, False, True], "1/0.2.1"),
+             (grandchild, [10, 20, 32, 35, 40], [False, True, True, True, True], "1/0.2.3")]
+    want = [synthetic_prm_values(7, 1, tokens, ends, computed) for tokens, ends, computed, _ in cases]
+    starts = []
+    read = beams._read_scores
+    monkeypatch.setattr(beams, "_read_scores", lambda h, t, at, *a: starts.append(at) or read(h, t, at, *a))
+    assert [prm.values(1, *case) for case in cases] == want
+    assert starts == [0, 0, 35, 0]

@@ -34,3 +34,16 @@ def test_stream_reads_the_seeds_tokens_in_any_increments(vocab):
         for n in steps:
             assert s.read(n) == reference(model, r.seed, n)
     assert src.ready == {}
+
+
+def test_token_map_passes_the_steps_through_for_the_same_tokenizer():
+    """Same tokenizer, step tag = delimiter (Skywork): the verifier input is the prompt and the tokens
+    up to the last step end (tokens after it are not scored), a step's score at its last token; the
+    prompt is not modified. Mutations caught: the tokens after the last end kept; the positions
+    counted from the tokens' start instead of the prompt's."""
+    from systems.tts.engines import TokenMap
+    tm = TokenMap("qwen", "qwen", 100, 7, 7)
+    prompt = [1, 2]
+    assert tm.build(prompt, [3, 7, 4, 5, 7, 9], [2, 5]) == ([1, 2, 3, 7, 4, 5, 7], [3, 6])
+    assert tm.build(prompt, [3, 7], [2]) == ([1, 2, 3, 7], [3]) and prompt == [1, 2]
+    assert tm.build(prompt, [], []) == ([1, 2], [])
