@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from array import array
+import struct
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
@@ -117,13 +117,19 @@ class SyntheticPrm:
         if not wanted:
             return [None] * len(step_ends)
         base = self.memo.get(path) if path else None
-        if base is not None and base[1] <= wanted[0] and tokens[:base[1]] == base[0][:base[1]]:
+        if base is not None and base[1] <= wanted[0] and _starts_with(tokens, base[0], base[1]):
             h, at = base[2].copy(), base[1]
         else:
             h, at = _prm_hasher(self.seed, problem), 0
         got = _read_scores(h, tokens, at, wanted)
         self.memo.put(path, (tokens, wanted[-1], h))
         return [got[e] if c else None for e, c in zip(step_ends, computed)]
+
+
+def _starts_with(tokens: Sequence[int], other: Sequence[int], n: int) -> bool:
+    """Whether ``tokens`` and ``other`` have the same first ``n`` tokens (each at least ``n`` long; a
+    list holding exactly ``n`` is compared as it is: one slice instead of two)."""
+    return (tokens if len(tokens) == n else tokens[:n]) == (other if len(other) == n else other[:n])
 
 
 def _prm_hasher(seed: int, problem: int):
@@ -136,7 +142,7 @@ def _read_scores(h, tokens: Sequence[int], at: int, wanted: Sequence[int]) -> di
     """Feed ``h`` (holding tokens[:at]) the 64-bit ids of tokens[at:wanted[-1]], reading the score at
     each end in ``wanted``; returns {end: score}, ``h`` left at the last end."""
     start, got = at, {}
-    data = array("q", tokens[start:wanted[-1]]).tobytes()
+    data = struct.pack(f"={wanted[-1] - start}q", *tokens[start:wanted[-1]])    # native int64s, as array("q")
     for e in wanted:
         h.update(data[8 * (at - start):8 * (e - start)])
         at = e

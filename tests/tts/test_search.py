@@ -227,3 +227,12 @@ def test_synthetic_prm_continues_from_the_parents_state_when_it_applies(monkeypa
     monkeypatch.setattr(beams, "_read_scores", lambda h, t, at, *a: starts.append(at) or read(h, t, at, *a))
     assert [prm.values(1, *case) for case in cases] == want
     assert starts == [0, 0, 35, 0]
+
+
+def test_synthetic_prm_values_as_stored():
+    """The synthetic PRM's scores reach the results (selection, completions' scores): their values as
+    computed when the token ids were packed by ``array("q")``. Mutations caught: big-endian ids
+    (``>q``); the ids from the hashed position + 1."""
+    from systems.tts.beams import synthetic_prm_values
+    assert synthetic_prm_values(3, 2, [5, 151643, 271, 70000, 1], [2, 3, 5], [True, False, True]) == \
+        [0.4302103007807099, None, 0.8390267005762568]
