@@ -21,10 +21,27 @@ def stable_hash(*parts) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
+def stable_hashes(parts: tuple, lasts: Sequence) -> List[int]:
+    """``[stable_hash(*parts, x) for x in lasts]``, the shared leading parts hashed once (a copy of
+    the hash state per item: half the cost of one ``stable_hash`` each)."""
+    h = hashlib.blake2b(("\x1f".join(map(repr, parts)) + "\x1f").encode() if parts else b"", digest_size=8)
+    out = []
+    for x in lasts:
+        c = h.copy()
+        c.update(f"{x!r}\x1f".encode())
+        out.append(int.from_bytes(c.digest(), "little"))
+    return out
+
+
 def request_seed(seed: int, problem: int, iteration: int, uid: str) -> int:
     """Per-request sampling seed keyed by the beam's identity, never by its batch slot, so that
     sampling does not depend on how beams are ordered or batched (needed for P == baseline)."""
     return stable_hash("req", seed, problem, iteration, uid) % (2 ** 31 - 1)
+
+
+def request_seeds(seed: int, problem: int, iteration: int, uids: Sequence[str]) -> List[int]:
+    """:func:`request_seed` of each of ``uids``."""
+    return [h % (2 ** 31 - 1) for h in stable_hashes(("req", seed, problem, iteration), uids)]
 
 
 @dataclass

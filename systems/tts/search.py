@@ -18,7 +18,7 @@ from typing import Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from systems.tts.beams import Beam, aggregate, request_seed, stable_hash
+from systems.tts.beams import Beam, aggregate, request_seeds, stable_hash, stable_hashes
 from systems.tts.protocol import GenRequest, Generator, Verifier, VerifierOutput
 from systems.tts.speculation import SpeculationPolicy, copy_keeps, speculative_potential
 
@@ -146,7 +146,7 @@ def duplicate(selected: List[Tuple[Beam, int]], prefix_aware: bool, speculative:
     uids = [f"{p.uid}.{c}" for p, c in order]
     cut = [i for i, (p, c) in enumerate(order) if speculative and c > 0 and p.spec]
     keeps = dict(zip(cut, copy_keeps([len(order[i][0].spec) for i in cut], r_mean, r_std,
-                                     [stable_hash("trunc", seed, problem, iteration, uids[i]) for i in cut])))
+                                     stable_hashes(("trunc", seed, problem, iteration), [uids[i] for i in cut]))))
     out: List[Beam] = []
     for i, ((p, c), uid) in enumerate(zip(order, uids)):
         if c == 0 or not p.spec:
@@ -222,7 +222,7 @@ class Search:
             cap = self._cap(it)
             if self.before_iteration:
                 self.before_iteration(it, active, len(prompt))
-            reqs, skipped, new_tokens = [], 0, 0
+            requested, skipped, new_tokens = [], 0, 0
             for b in active:
                 cut = None if last else _first_boundary(b.spec, bounds)
                 if cut is not None:                     # a whole step was produced speculatively
@@ -232,18 +232,18 @@ class Search:
                     b.finish = "eos" if step[-1] in eos else "delimiter"
                     skipped += 1
                     continue
-                room = st.max_model_len - len(prompt) - len(b.tokens) - len(b.spec)
-                reqs.append(GenRequest(uid=f"p{pidx}.i{it}.{b.uid}", prompt_ids=[*prompt, *b.tokens, *b.spec],
-                                       max_tokens=max(1, min(cap - len(b.spec), room)),
-                                       seed=request_seed(st.seed, pidx, it, b.uid),
-                                       stop_at_delimiter=not last,
-                                       potential=prev_potential.get(b.uid, 1), path=f"{pidx}/{b.uid}"))
+                requested.append(b)
+            seeds = request_seeds(st.seed, pidx, it, [b.uid for b in requested])
+            room = st.max_model_len - len(prompt)                  # path tokens the model length leaves
+            reqs = [GenRequest(uid=f"p{pidx}.i{it}.{b.uid}", prompt_ids=[*prompt, *b.tokens, *b.spec],
+                               max_tokens=max(1, min(cap, room - len(b.tokens)) - len(b.spec)),
+                               seed=seed, stop_at_delimiter=not last,
+                               potential=prev_potential.get(b.uid, 1), path=f"{pidx}/{b.uid}")
+                    for b, seed in zip(requested, seeds)]
             res = self.gen.extend(reqs, SpeculationPolicy(st.speculative and not last, st.spec_max_beams))
             gen_t += res.time_s
-            by_uid = {b.uid: b for b in active}
             spec_generated = res.spec_tokens
-            for r in reqs:
-                b = by_uid[r.uid.split(".", 2)[2]]
+            for r, b in zip(reqs, requested):
                 o = res.outputs[r.uid]
                 step = b.spec + o.tokens[:o.step_len]
                 b.spec = list(o.tokens[o.step_len:])

@@ -236,3 +236,15 @@ def test_synthetic_prm_values_as_stored():
     from systems.tts.beams import synthetic_prm_values
     assert synthetic_prm_values(3, 2, [5, 151643, 271, 70000, 1], [2, 3, 5], [True, False, True]) == \
         [0.4302103007807099, None, 0.8390267005762568]
+
+
+def test_batched_stable_hashes_are_stable_hash():
+    """Request seeds and truncation keys hashed with their shared parts once are the one-at-a-time
+    values. Mutations caught: the last part's separator dropped; the shared parts' trailing separator
+    dropped."""
+    from systems.tts.beams import request_seeds, stable_hashes
+    uids = ["0", "3.1", "12.0.2", "\u00fc"]
+    assert stable_hashes(("trunc", 0, 1, 2), uids) == [stable_hash("trunc", 0, 1, 2, u) for u in uids]
+    assert stable_hashes((), [5]) == [stable_hash(5)]
+    assert request_seeds(3, 0, 0, ["5", "1.2"]) == [request_seed(3, 0, 0, "5"), request_seed(3, 0, 0, "1.2")]
+    assert request_seeds(3, 0, 0, ["5"]) == [1138947524]
