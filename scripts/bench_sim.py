@@ -262,20 +262,26 @@ def runner_times(root: Path, overrides: List[str], rounds: int) -> List[float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def runner_child(root: Path, rounds: int, overrides: List[str]) -> None:
-    """In the child: compose once, run ``rounds`` times, print the runner times as JSON (records and
-    caches in a temporary folder, never the checkout's results/)."""
-    sys.path.insert(0, str(root))
+def sim_config(root: Path, tmp: str, overrides: List[str]):
+    """The config of checkout ``root`` (on its ``sys.path``) for a simulated run writing only under
+    ``tmp``, W&B and progress off, composed once."""
     from hydra import compose, initialize_config_dir
 
     from harness.config import register_configs, register_resolvers
     register_resolvers()
     register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(root / "conf")):
+        return compose("config", overrides=[f"output_dir={tmp}", f"results_dir={tmp}", "tracking=none",
+                                            "progress=false", "backend=sim", "resume=false", *overrides])
+
+
+def runner_child(root: Path, rounds: int, overrides: List[str]) -> None:
+    """In the child: compose once, run ``rounds`` times, print the runner times as JSON (records and
+    caches in a temporary folder, never the checkout's results/)."""
+    sys.path.insert(0, str(root))
     from harness.run import run
     with tempfile.TemporaryDirectory(prefix="bench_sim_runner_") as tmp:
-        with initialize_config_dir(version_base="1.3", config_dir=str(root / "conf")):
-            cfg = compose("config", overrides=[f"output_dir={tmp}", f"results_dir={tmp}", "tracking=none",
-                                               "progress=false", "backend=sim", "resume=false", *overrides])
+        cfg = sim_config(root, tmp, overrides)
         walls = [run(cfg, multirun=True, overrides=[])["repeat_runs"][0]["wall_s"] for _ in range(rounds)]
     print(json.dumps(walls))
 

@@ -26,25 +26,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MAIN = ["system=fasttts", "model=qwen2.5-math-1.5b", "verifier=skywork-prm-1.5b", "workload=aime24", "n=64"]
 
 
 def record(root: Path, out: Path) -> None:
     """In a child: run the main command's search on the simulated engines, pickling the settings,
     the prompts, every engine answer in call order and each iteration's survivors and keys."""
     sys.path.insert(0, str(root))
-    from hydra import compose, initialize_config_dir
-
+    from bench_sim import FASTTTS_MAIN, sim_config
     from harness.backend import Backend
-    from harness.config import register_configs, register_resolvers
     from systems.tts import runner
     from systems.tts.search import Search
-    register_resolvers()
-    register_configs()
     with tempfile.TemporaryDirectory(prefix="bench_tts_search_") as tmp:
-        with initialize_config_dir(version_base="1.3", config_dir=str(root / "conf")):
-            cfg = compose("config", overrides=[f"output_dir={tmp}", f"results_dir={tmp}", "tracking=none",
-                                               "progress=false", "backend=sim", "resume=false", *MAIN])
+        cfg = sim_config(root, tmp, FASTTTS_MAIN)
     runner.validate(cfg)
     st, problems, prompts, gen, ver, hook, *_ = runner.build(cfg, Backend("sim", "sim", True, "bench"), None)
     gens, vers = [], []
