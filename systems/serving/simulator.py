@@ -116,7 +116,6 @@ class SimExecutor:
             tc = heap[0][0] if heap else math.inf
             m = self.m
             t_ready = min(ready) if len(ready) == m else min(ready[:m])
-            j = ready.index(t_ready)
             tl = t_ready if t_ready > stage_free[0] else stage_free[0]
             if tc <= tl:
                 if tc >= until:
@@ -124,7 +123,7 @@ class SimExecutor:
                 return self._complete(heapq.heappop(heap))
             if tl >= until:
                 break
-            self._launch(j, tl)
+            self._launch(ready.index(t_ready), tl)
         if until < math.inf:
             self.now = until
         return None
@@ -209,106 +208,121 @@ class SimExecutor:
     def _launch(self, j: int, t: float) -> None:
         """Form slot j's microbatch at time t and send it through the stages. Its shape
         (:func:`systems.serving.protocol.iteration_shape`) is summed as it is formed, in integers: a
-        decode after c cached tokens reads c + 1 KV tokens and forms c + 1 pairs."""
-        in_flight, inp, gen, held = self.in_flight, self.inp, self.gen, self.held
-        decs = [r for r in self.slot_dec[j] if not in_flight[r]]
+        decode after c cached tokens reads c + 1 KV tokens and forms c + 1 pairs.
+
+        Slot j is idle, so none of its decodes is in flight (a decode joins a slot only when it is
+        not in flight, and an in-flight one stays in the slot of its microbatch): all of them run."""
+        inp, gen, held, in_flight = self.inp, self.gen, self.held, self.in_flight
+        decs = self.slot_dec[j][:]
         if decs and self.kv_used + len(decs) > self.kv_cap:
             decs = self._make_room(decs)
         scheduled = []
+        add = scheduled.append
         ctx = 0
         for r in decs:
             c = inp[r] + gen[r]
-            scheduled.append((r, 1, c - 1))
+            add((r, 1, c - 1))
             ctx += c
             held[r] += 1
             in_flight[r] = True
         n = n_dec = len(decs)
         pairs = ctx
-        self.kv_used += n_dec
-        budget, sched, need, started = self.chunk, self.sched, self.need, self.started
-        for r in self.waiting:
-            if budget <= 0:
-                break
-            if sched[r] >= need[r]:                      # all chunks in flight
-                continue
-            ntok = min(budget, need[r] - sched[r])
-            if self.kv_used + ntok > self.kv_cap:
-                break                                    # does not fit: the queue waits (FCFS)
-            if not started[r]:
-                if len(self.running) >= self.max_num_seqs:
-                    break                                # FCFS admission
-                started[r] = True
-                self.running.add(r)
-                self.n_adm += 1
-                self.adm[r] = self.n_adm
-            c = sched[r]
-            scheduled.append((r, ntok, c))
-            n += ntok
-            ctx += c + ntok
-            pairs += ntok * c + ntok * (ntok + 1) // 2
-            sched[r] = c + ntok
-            held[r] += ntok
-            self.kv_used += ntok
-            budget -= ntok
+        kv_used = self.kv_used + n_dec
+        budget = self.chunk
+        if self.waiting and budget > 0:
+            kv_cap, sched, need, started, running = self.kv_cap, self.sched, self.need, self.started, self.running
+            for r in self.waiting:
+                if budget <= 0:
+                    break
+                c = sched[r]
+                if c >= need[r]:                             # all chunks in flight
+                    continue
+                ntok = min(budget, need[r] - c)
+                if kv_used + ntok > kv_cap:
+                    break                                    # does not fit: the queue waits (FCFS)
+                if not started[r]:
+                    if len(running) >= self.max_num_seqs:
+                        break                                # FCFS admission
+                    started[r] = True
+                    running.add(r)
+                    self.n_adm += 1
+                    self.adm[r] = self.n_adm
+                add((r, ntok, c))
+                n += ntok
+                ctx += c + ntok
+                pairs += ntok * c + ntok * (ntok + 1) // 2
+                sched[r] = c + ntok
+                held[r] += ntok
+                kv_used += ntok
+                budget -= ntok
+        self.kv_used = kv_used
         if not scheduled:
             self.slot_ready[j] = self.heap[0][0] if self.heap else math.inf
             return
         f = self._clock_at(t) if self.pending else self.clock
-        shape = (n, float(ctx), float(pairs), len(scheduled))
-        lat, e_gpu = self.cost.step1(n, f, shape[1], shape[2], shape[3])
-        p_idle = None                                    # P_idle(f), asked when a stage waited
+        seqs = len(scheduled)
+        ctx, pairs = float(ctx), float(pairs)
+        lat, e_gpu = self.cost.step1(n, f, ctx, pairs, seqs)
         g, stage_free, e_bin = self.g, self.stage_free, self.e_bin
         e_it, busy = 0.0, g * e_gpu
+        p_idle = None                                    # P_idle(f), asked when a stage waited
         prev = t
         for s in range(self.p):
-            start = stage_free[s] if stage_free[s] > prev else prev
-            gap = start - stage_free[s]
-            if gap > 0:                                  # the stage waited: idle energy
+            free = stage_free[s]
+            if free < prev:                              # the stage waited: idle energy
                 if p_idle is None:
                     p_idle = self.cost.idle1(f)
-                e_bin[int(stage_free[s])] += g * p_idle * gap
-                e_it += g * p_idle * gap
-            stage_free[s] = prev = start + lat
-            e_bin[int(start)] += busy
+                idle = g * p_idle * (prev - free)
+                e_bin[int(free)] += idle
+                e_it += idle
+                free = prev
+            e_bin[int(free)] += busy
             e_it += busy
+            stage_free[s] = prev = free + lat
         self.energy += e_it
         self.slot_busy[j] = True
         self.slot_ready[j] = prev
         self.seq += 1
-        heapq.heappush(self.heap, (prev, self.seq, j, decs, scheduled, lat, e_it, f, self.chunk + n_dec, shape))
+        heapq.heappush(self.heap, (prev, self.seq, j, decs, scheduled, lat, e_it, f, self.chunk + n_dec,
+                                   (n, ctx, pairs, seqs)))
 
     def _complete(self, item) -> Iteration:
         """A microbatch left the last stage: its tokens appear."""
         t, _, j, decs, scheduled, lat, e_it, f, budget, shape = item
         self.now = t
-        self.slot_busy[j] = False
+        slot_busy, ready = self.slot_busy, self.slot_ready
+        slot_busy[j] = False
         finished = []
         in_flight, gen, out, slot, m = self.in_flight, self.gen, self.out, self.slot, self.m
         for r in decs:
             in_flight[r] = False
-            gen[r] += 1
-            if gen[r] >= out[r]:
+            g = gen[r] + 1
+            gen[r] = g
+            if g >= out[r]:
                 self._release(r)
                 finished.append(r)
             elif slot[r] >= m:                          # its slot was retired by a smaller m
                 self.slot_dec[slot[r]].remove(r)
                 self._assign(r)
         n_dec = len(decs)
-        emitted = decs[:]
-        pref, need = self.pref, self.need
-        for i in range(n_dec, len(scheduled)):
-            r, ntok, _ = scheduled[i]
-            pref[r] += ntok
-            if pref[r] >= need[r]:                       # prefill (or recompute) done: a token
-                self.waiting.remove(r)
-                gen[r] += 1
-                emitted.append(r)
-                if gen[r] >= out[r]:
-                    self._release(r)
-                    finished.append(r)
-                else:
-                    self._assign(r)
+        emitted = decs                                   # the decodes' tokens, then completed prefills'
+        if n_dec < len(scheduled):
+            pref, need, waiting = self.pref, self.need, self.waiting
+            for i in range(n_dec, len(scheduled)):
+                r, ntok, _ = scheduled[i]
+                pref[r] += ntok
+                if pref[r] >= need[r]:                   # prefill (or recompute) done: a token
+                    waiting.remove(r)
+                    gen[r] += 1
+                    emitted.append(r)
+                    if gen[r] >= out[r]:
+                        self._release(r)
+                        finished.append(r)
+                    else:
+                        self._assign(r)
         pre, self._preempted = self._preempted, []
-        self._wake(t)
+        for k in range(m):                               # idle slots may have work now
+            if ready[k] > t and not slot_busy[k]:
+                ready[k] = t
         return Iteration(t, lat, e_it if self.has_energy else None, scheduled, emitted,
                          finished, pre, budget, f, None, shape, n_dec)
