@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from collections import Counter
 from functools import reduce
 from operator import add
 from dataclasses import dataclass
@@ -152,15 +151,14 @@ class Driver:
         self.em_req.extend(emitted)
         self.em_n.append(len(emitted))
         self.em_t.append(t)
-        self.gen.update(emitted)
-        entered = 0
-        if any(map(in_wait.__getitem__, emitted)):
-            for r in emitted:
-                if in_wait[r]:          # its prefill (or recompute) completed with this token
-                    in_wait[r] = False
-                    self.waiting.remove(r)
-                    entered += 1
-            self.n_dec += entered
+        entered, gen = 0, self.gen
+        for r in emitted:
+            gen[r] += 1
+            if in_wait[r]:              # its prefill (or recompute) completed with this token
+                in_wait[r] = False
+                self.waiting.remove(r)
+                entered += 1
+        self.n_dec += entered
         if it.finished:
             for r in it.finished:
                 self.fin[r] = t
@@ -182,7 +180,7 @@ class Driver:
         self.arr_l, self.inp_l, self.out_l = self.arr.tolist(), self.inp.tolist(), self.out.tolist()
         self.need, self.pref = list(self.inp_l), [0] * N
         self.fin = [math.nan] * N
-        self.gen: Counter = Counter()            # tokens emitted per request
+        self.gen = [0] * N                       # tokens emitted per request
         self.em_req: List[int] = []              # the token log: requests that emitted a token, in order,
         self.em_n: List[int] = []                # how many of them per iteration,
         self.em_t: List[float] = []              # and when (the iteration's end)
@@ -238,7 +236,7 @@ class Driver:
         N = self.N
         req = np.fromiter(self.em_req, np.int64, len(self.em_req))
         t = np.repeat(np.asarray(self.em_t, float), np.asarray(self.em_n, np.int64))
-        gen = np.bincount(req, minlength=N)
+        gen = np.asarray(self.gen)
         order = np.argsort(req, kind="stable")              # by request, in time order within one
         rs, ts = req[order], t[order]
         first_of = np.ones(len(rs), bool)

@@ -55,9 +55,9 @@ class SimExecutor:
         self.sched: List[int] = []       # prefill tokens scheduled
         self.pref: List[int] = []        # prefill tokens finished
         self.gen: List[int] = []         # output tokens emitted
-        self.held: List[int] = []        # KV tokens held
+        self.gen_dec: List[int] = []     # gen when its prefill (or recompute) completed; KV held while decoding:
+                                         # need + gen - gen_dec (the tokens of its decodes, none in flight)
         self.adm: List[int] = []         # admission order (preemption victim = the largest)
-        self.in_flight: List[bool] = []  # a decode of it is in flight
         self.slot: List[int] = []        # its decode slot (-1: not decoding)
         self.started: List[bool] = []
         self.waiting: List[int] = []     # FCFS, prefill not finished
@@ -72,7 +72,8 @@ class SimExecutor:
         self.clock_log: List[tuple] = []
         self.slot_ready: List[float] = []
         self.slot_busy: List[bool] = []
-        self.slot_dec: List[List[int]] = []
+        self.slot_dec: List[List[int]] = []      # a slot's decodes: those in flight first, then those since
+        self.slot_flying: List[List[int]] = []   # the decodes of a slot's microbatch in flight ([] when idle)
         self.stage_free = [0.0] * self.p
         self.heap: list = []
         self.seq = 0
@@ -84,8 +85,8 @@ class SimExecutor:
         if rid != len(self.inp):
             raise ValueError(f"request ids must arrive in order 0, 1, ...; got {rid} after {len(self.inp) - 1}")
         for lst, v in ((self.inp, input_len), (self.out, output_len), (self.need, input_len), (self.sched, 0),
-                       (self.pref, 0), (self.gen, 0), (self.held, 0), (self.adm, 0), (self.in_flight, False),
-                       (self.slot, -1), (self.started, False)):
+                       (self.pref, 0), (self.gen, 0), (self.gen_dec, 0), (self.adm, 0), (self.slot, -1),
+                       (self.started, False)):
             lst.append(v)
         self.waiting.append(rid)
         self._wake(now)
@@ -163,13 +164,15 @@ class SimExecutor:
             self.slot_ready.append(now)
             self.slot_busy.append(False)
             self.slot_dec.append([])
+            self.slot_flying.append([])
         for k in range(old, m):
             if not self.slot_busy[k]:
                 self.slot_ready[k] = now
         # rebalance decodes that are not in flight over the active slots
-        idle = [r for j in range(len(self.slot_dec)) for r in self.slot_dec[j] if not self.in_flight[r]]
-        for j in range(len(self.slot_dec)):
-            self.slot_dec[j] = [r for r in self.slot_dec[j] if self.in_flight[r]]
+        dec, flying = self.slot_dec, self.slot_flying
+        idle = [r for j in range(len(dec)) for r in dec[j] if r not in flying[j]]
+        for j in range(len(dec)):
+            dec[j] = [r for r in dec[j] if r in flying[j]]
         for r in idle:
             self._assign(r)
 
@@ -183,8 +186,7 @@ class SimExecutor:
         if self.slot[r] >= 0:
             self.slot_dec[self.slot[r]].remove(r)
             self.slot[r] = -1
-        self.kv_used -= self.held[r]
-        self.held[r] = 0
+        self.kv_used -= self.need[r] + self.gen[r] - self.gen_dec[r]
         self.running.discard(r)
 
     def _preempt(self, r: int) -> None:
@@ -199,7 +201,8 @@ class SimExecutor:
     def _make_room(self, decs: List[int]) -> List[int]:
         """Preempt (vLLM's FCFS victim: the latest admitted, not in flight) until ``decs`` fit."""
         while decs and self.kv_used + len(decs) > self.kv_cap:
-            victim = max((r for r in self.running if self.slot[r] >= 0 and not self.in_flight[r]), key=self.adm.__getitem__)
+            slot, flying = self.slot, self.slot_flying
+            victim = max((r for r in self.running if slot[r] >= 0 and r not in flying[slot[r]]), key=self.adm.__getitem__)
             self._preempt(victim)
             if victim in decs:
                 decs.remove(victim)
@@ -212,19 +215,16 @@ class SimExecutor:
 
         Slot j is idle, so none of its decodes is in flight (a decode joins a slot only when it is
         not in flight, and an in-flight one stays in the slot of its microbatch): all of them run."""
-        inp, gen, held, in_flight = self.inp, self.gen, self.held, self.in_flight
         decs = self.slot_dec[j][:]
         if decs and self.kv_used + len(decs) > self.kv_cap:
             decs = self._make_room(decs)
+        inp, gen = self.inp, self.gen
         scheduled = []
-        add = scheduled.append
         ctx = 0
         for r in decs:
             c = inp[r] + gen[r]
-            add((r, 1, c - 1))
+            scheduled.append((r, 1, c - 1))
             ctx += c
-            held[r] += 1
-            in_flight[r] = True
         n = n_dec = len(decs)
         pairs = ctx
         kv_used = self.kv_used + n_dec
@@ -247,12 +247,11 @@ class SimExecutor:
                     running.add(r)
                     self.n_adm += 1
                     self.adm[r] = self.n_adm
-                add((r, ntok, c))
+                scheduled.append((r, ntok, c))
                 n += ntok
                 ctx += c + ntok
                 pairs += ntok * c + ntok * (ntok + 1) // 2
                 sched[r] = c + ntok
-                held[r] += ntok
                 kv_used += ntok
                 budget -= ntok
         self.kv_used = kv_used
@@ -281,6 +280,7 @@ class SimExecutor:
             stage_free[s] = prev = free + lat
         self.energy += e_it
         self.slot_busy[j] = True
+        self.slot_flying[j] = decs
         self.slot_ready[j] = prev
         self.seq += 1
         heapq.heappush(self.heap, (prev, self.seq, j, decs, scheduled, lat, e_it, f, self.chunk + n_dec,
@@ -292,18 +292,20 @@ class SimExecutor:
         self.now = t
         slot_busy, ready = self.slot_busy, self.slot_ready
         slot_busy[j] = False
+        self.slot_flying[j] = []
         finished = []
-        in_flight, gen, out, slot, m = self.in_flight, self.gen, self.out, self.slot, self.m
+        gen, out, m = self.gen, self.out, self.m
         for r in decs:
-            in_flight[r] = False
             g = gen[r] + 1
             gen[r] = g
             if g >= out[r]:
                 self._release(r)
                 finished.append(r)
-            elif slot[r] >= m:                          # its slot was retired by a smaller m
-                self.slot_dec[slot[r]].remove(r)
-                self._assign(r)
+        if j >= m:                                       # its slot was retired by a smaller m
+            for r in decs:
+                if self.slot[r] == j:
+                    self.slot_dec[j].remove(r)
+                    self._assign(r)
         n_dec = len(decs)
         emitted = decs                                   # the decodes' tokens, then completed prefills'
         if n_dec < len(scheduled):
@@ -314,6 +316,7 @@ class SimExecutor:
                 if pref[r] >= need[r]:                   # prefill (or recompute) done: a token
                     waiting.remove(r)
                     gen[r] += 1
+                    self.gen_dec[r] = gen[r]
                     emitted.append(r)
                     if gen[r] >= out[r]:
                         self._release(r)
