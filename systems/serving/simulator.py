@@ -177,7 +177,8 @@ class SimExecutor:
             self._assign(r)
 
     def _assign(self, r: int) -> None:
-        j = min(range(self.m), key=lambda k: len(self.slot_dec[k]))
+        lens = list(map(len, self.slot_dec[:self.m]))
+        j = lens.index(min(lens))                        # the emptiest slot (the first at a tie)
         self.slot_dec[j].append(r)
         self.slot[r] = j
 
