@@ -72,6 +72,7 @@ class SimExecutor:
         self.clock_log: List[tuple] = []
         self.slot_ready: List[float] = []
         self.slot_busy: List[bool] = []
+        self.parked = False              # an idle slot found nothing to run and waits for the next event
         self.slot_dec: List[List[int]] = []      # a slot's decodes: those in flight first, then those since
         self.slot_flying: List[List[int]] = []   # the decodes of a slot's microbatch in flight ([] when idle)
         self.stage_free = [0.0] * self.p
@@ -146,10 +147,14 @@ class SimExecutor:
 
     # -- engine internals ---------------------------------------------------------------------------
     def _wake(self, now: float) -> None:
-        """Idle slots may have work now."""
-        for j in range(self.m):
-            if not self.slot_busy[j] and self.slot_ready[j] > now:
-                self.slot_ready[j] = now
+        """Idle slots may have work now (only a parked slot's ready time can lie after ``now``: an idle
+        slot is otherwise ready since its last microbatch left, and _set_m readies new ones)."""
+        if self.parked:
+            busy, ready = self.slot_busy, self.slot_ready
+            for j in range(self.m):
+                if ready[j] > now and not busy[j]:
+                    ready[j] = now
+            self.parked = False
 
     def _clock_at(self, t: float) -> float:
         while self.pending and self.pending[0][0] <= t:
@@ -258,6 +263,7 @@ class SimExecutor:
         self.kv_used = kv_used
         if not scheduled:
             self.slot_ready[j] = self.heap[0][0] if self.heap else math.inf
+            self.parked = True
             return
         f = self._clock_at(t) if self.pending else self.clock
         seqs = len(scheduled)
@@ -291,8 +297,7 @@ class SimExecutor:
         """A microbatch left the last stage: its tokens appear."""
         t, _, j, decs, scheduled, lat, e_it, f, budget, shape = item
         self.now = t
-        slot_busy, ready = self.slot_busy, self.slot_ready
-        slot_busy[j] = False
+        self.slot_busy[j] = False
         self.slot_flying[j] = []
         finished = []
         gen, out, m = self.gen, self.out, self.m
@@ -325,8 +330,6 @@ class SimExecutor:
                     else:
                         self._assign(r)
         pre, self._preempted = self._preempted, []
-        for k in range(m):                               # idle slots may have work now
-            if ready[k] > t and not slot_busy[k]:
-                ready[k] = t
+        self._wake(t)
         return Iteration(t, lat, e_it if self.has_energy else None, scheduled, emitted,
                          finished, pre, budget, f, None, shape, n_dec)
