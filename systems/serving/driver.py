@@ -200,9 +200,9 @@ class Driver:
         next_tick = period if period else math.inf
         arr = self.arr_l
         next_second = 1.0               # progress: called when serving reaches each next whole second
+        t_stop = self.t_stop
+        until = min(arr[0] if N else math.inf, next_tick, t_stop)     # the next arrival, tick or stop
         while self.next_arr < N or ex.busy():
-            ta = arr[self.next_arr] if self.next_arr < N else math.inf
-            until = min(ta, next_tick, self.t_stop)
             it = ex.advance(until)
             if it is not None:
                 self._account(it)
@@ -211,7 +211,7 @@ class Driver:
                     next_second = math.floor(it.t_end) + 1.0
                 continue
             now = ex.now
-            if now >= self.t_stop or until == math.inf:      # stopped, or stuck with nothing to wait for
+            if now >= t_stop or until == math.inf:           # stopped, or stuck with nothing to wait for
                 break
             while True:                 # events due by now, in time order (ticks first at a tie)
                 ta = arr[self.next_arr] if self.next_arr < N else math.inf
@@ -222,6 +222,7 @@ class Driver:
                     self._arrival(now)
                 else:
                     break
+            until = min(ta, next_tick, t_stop)
         totals = ex.close(ex.now)
         return self._result(totals, ex.now)
 
