@@ -235,7 +235,8 @@ class Driver:
         next token too); each request's gaps are summed one after another in time order, as a
         running sum during serving would."""
         N = self.N
-        req = np.fromiter(self.em_req, np.int64, len(self.em_req))
+        # the smallest type that holds a request id: numpy sorts 8- and 16-bit keys by radix, stably
+        req = np.fromiter(self.em_req, np.min_scalar_type(max(N - 1, 0)), len(self.em_req))
         t = np.repeat(np.asarray(self.em_t, float), np.asarray(self.em_n, np.int64))
         gen = np.asarray(self.gen)
         order = np.argsort(req, kind="stable")              # by request, in time order within one
