@@ -257,6 +257,7 @@ class Beam(Controller):
         """Restrict the clock candidates (indices into table.clocks; None = all)."""
         self.clock_idx = clock_idx
         self.search = TableSearch(self.table, clock_idx)
+        self._s2_memo: dict = {}          # S2 is a function of its arguments and the table: (D, chunk, ...) -> Decision
 
     def _s1(self, st: EngineState) -> Decision:
         chunks = self.chunks if self.search_chunk else (self.default_chunk,)
@@ -266,7 +267,11 @@ class Beam(Controller):
 
     def _s2(self, st: EngineState) -> Decision:
         ms = self.microbatches if self.search_microbatch else (self.p,)
-        return s2_search(self.search, st.num_decodes, self.p, self.g, ms, self.slo_tbt, st.chunk)
+        key = (st.num_decodes, st.chunk, tuple(ms), self.p, self.g, self.slo_tbt)
+        d = self._s2_memo.get(key)
+        if d is None:
+            d = self._s2_memo[key] = s2_search(self.search, st.num_decodes, self.p, self.g, ms, self.slo_tbt, st.chunk)
+        return d
 
     def on_arrival(self, st):
         return self._s1(st) if st.waiting else self._s2(st)

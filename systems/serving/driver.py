@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from collections import defaultdict
+from functools import reduce
+from operator import add
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -126,49 +127,43 @@ class Driver:
         self._call(self.ctl.on_arrival, now, "arrival", r)
 
     def _account(self, it: Iteration) -> None:
-        """Book one finished iteration: prefill progress, first tokens, token gaps, finishes."""
+        """Book one finished iteration: prefill progress, requests entering decode, finishes, and the
+        tokens emitted (logged here; their TTFT and token gaps are computed once, in :meth:`_tokens`)."""
         t = it.t_end
-        self._decodes_until(t)
-        in_wait, gen = self.in_wait, self.gen
+        if t > self.d_t:
+            self.d_int += self.n_dec * (t - self.d_t)
+            self.d_t = t
+        in_wait, pref = self.in_wait, self.pref
         for r in it.preempted:          # evicted: back to the queue's front, recomputing all its tokens
             if not in_wait[r]:
                 self.n_dec -= 1
                 in_wait[r] = True
                 self.waiting.insert(0, r)
-            self.need[r] = self.inp_l[r] + gen[r]
-            self.pref[r] = 0
+            self.need[r] = self.inp_l[r] + self.gen[r]
+            pref[r] = 0
         pf, sch = 0, it.scheduled
         for i in range(it.n_decodes, len(sch)):
             r, ntok, _ = sch[i]
             if in_wait[r]:
-                self.pref[r] += ntok
+                pref[r] += ntok
                 pf += ntok
-        entered = 0
-        last, gaps, gap_sum, gap_max = self.last, self.gaps, self.gap_sum, self.gap_max
-        k0 = len(gaps)
-        for r in it.emitted:
+        emitted = it.emitted
+        self.em_req.extend(emitted)
+        self.em_n.append(len(emitted))
+        self.em_t.append(t)
+        entered, gen = 0, self.gen
+        for r in emitted:
+            gen[r] += 1
             if in_wait[r]:              # its prefill (or recompute) completed with this token
                 in_wait[r] = False
                 self.waiting.remove(r)
-                self.n_dec += 1
                 entered += 1
-                if gen[r] == 0:         # the first token: TTFT
-                    self.first[r] = last[r] = t
-                    gen[r] = 1
-                    continue
-            gap = t - last[r]           # a token gap: TBT
-            gaps.append(gap)
-            gap_sum[r] += gap
-            if gap > gap_max[r]:
-                gap_max[r] = gap
-            last[r] = t
-            gen[r] += 1
-        self.gap_iter.append((t, len(gaps) - k0))
-        self.tok_bin[int(t)] += len(it.emitted)
-        for r in it.finished:
-            self.fin[r] = t
-            self.n_dec -= 1
-        n, ctx, pairs, seqs = it.shape or iteration_shape(it.scheduled)
+        self.n_dec += entered
+        if it.finished:
+            for r in it.finished:
+                self.fin[r] = t
+            self.n_dec -= len(it.finished)
+        n, ctx, pairs, seqs = it.shape or iteration_shape(sch)
         self.it_rows.append((t, it.latency_s, it.cpu_s, n, ctx, pairs, seqs, pf, n - pf, it.budget, it.clock_mhz,
                              it.energy_j))
         if it.finished:
@@ -183,17 +178,17 @@ class Driver:
         N = self.N
         self.ex = ex
         self.arr_l, self.inp_l, self.out_l = self.arr.tolist(), self.inp.tolist(), self.out.tolist()
-        self.need, self.pref, self.gen = list(self.inp_l), [0] * N, [0] * N
-        self.first, self.last, self.fin = [math.nan] * N, [math.nan] * N, [math.nan] * N
-        self.gap_sum, self.gap_max = [0.0] * N, [0.0] * N
+        self.need, self.pref = list(self.inp_l), [0] * N
+        self.fin = [math.nan] * N
+        self.gen = [0] * N                       # tokens emitted per request
+        self.em_req: List[int] = []              # the token log: requests that emitted a token, in order,
+        self.em_n: List[int] = []                # how many of them per iteration,
+        self.em_t: List[float] = []              # and when (the iteration's end)
         self.in_wait = [False] * N
         self.waiting: List[int] = []
-        self.gaps: List[float] = []
-        self.gap_iter: List[tuple] = []          # (time, gaps emitted then) per iteration
         self.dec_rows: list = []
         self.it_rows: list = []
         self.knobs: list = []
-        self.tok_bin: Dict[int, int] = defaultdict(int)
         self.n_dec = self.next_arr = 0
         self.d_int = self.d_t = self.win_t0 = 0.0
         self.win_arr = self.win_tok = 0
@@ -205,9 +200,9 @@ class Driver:
         next_tick = period if period else math.inf
         arr = self.arr_l
         next_second = 1.0               # progress: called when serving reaches each next whole second
+        t_stop = self.t_stop
+        until = min(arr[0] if N else math.inf, next_tick, t_stop)     # the next arrival, tick or stop
         while self.next_arr < N or ex.busy():
-            ta = arr[self.next_arr] if self.next_arr < N else math.inf
-            until = min(ta, next_tick, self.t_stop)
             it = ex.advance(until)
             if it is not None:
                 self._account(it)
@@ -216,7 +211,7 @@ class Driver:
                     next_second = math.floor(it.t_end) + 1.0
                 continue
             now = ex.now
-            if now >= self.t_stop or until == math.inf:      # stopped, or stuck with nothing to wait for
+            if now >= t_stop or until == math.inf:           # stopped, or stuck with nothing to wait for
                 break
             while True:                 # events due by now, in time order (ticks first at a tie)
                 ta = arr[self.next_arr] if self.next_arr < N else math.inf
@@ -227,19 +222,56 @@ class Driver:
                     self._arrival(now)
                 else:
                     break
+            until = min(ta, next_tick, t_stop)
         totals = ex.close(ex.now)
         return self._result(totals, ex.now)
 
     # -- result tables ------------------------------------------------------------------------------
-    def _result(self, totals, t_end: float) -> ServeResult:
+    def _tokens(self):
+        """From the token log: (tokens per request, first-token time, sum and max of each request's
+        token gaps (s), every gap in emission order, when each gap ended).
+
+        A request's gaps are the differences of its successive token times (a recomputed request's
+        next token too); each request's gaps are summed one after another in time order, as a
+        running sum during serving would."""
+        N = self.N
+        # the smallest type that holds a request id: numpy sorts 8- and 16-bit keys by radix, stably
+        req = np.fromiter(self.em_req, np.min_scalar_type(max(N - 1, 0)), len(self.em_req))
+        t = np.repeat(np.asarray(self.em_t, float), np.asarray(self.em_n, np.int64))
         gen = np.asarray(self.gen)
-        first = np.asarray(self.first, dtype=float)
+        order = np.argsort(req, kind="stable")              # by request, in time order within one
+        rs, ts = req[order], t[order]
+        first_of = np.ones(len(rs), bool)
+        first_of[1:] = rs[1:] != rs[:-1]
+        first = np.full(N, math.nan)
+        first[rs[first_of]] = ts[first_of]
+        is_gap = ~first_of
+        gap_sorted = np.empty(len(rs))
+        gap_sorted[1:] = ts[1:] - ts[:-1]
+        at = np.zeros(len(rs), bool)                        # in emission order: which tokens end a gap
+        at[order[is_gap]] = True
+        gap_log = np.empty(len(rs))
+        gap_log[order] = gap_sorted
+        gaps, gap_times = gap_log[at], t[at]
+        gap_sum, gap_max = np.zeros(N), np.zeros(N)
+        g = gap_sorted[is_gap]
+        if len(g):
+            owner = rs[is_gap]
+            starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+            who = owner[starts]
+            gap_max[who] = np.maximum.reduceat(g, starts)
+            gl, bounds = g.tolist(), starts.tolist() + [len(g)]
+            gap_sum[who] = [reduce(add, gl[a:b], 0.0) for a, b in zip(bounds, bounds[1:])]
+        return gen, first, gap_sum, gap_max, gaps, gap_times
+
+    def _result(self, totals, t_end: float) -> ServeResult:
+        gen, first, gap_sum, gap_max, gaps, gap_times = self._tokens()
         req = {
             "arrival_s": self.arr, "input_len": self.inp, "output_len": self.out,
             "first_token_s": first, "finish_s": np.asarray(self.fin, dtype=float), "generated": gen,
             "ttft_s": first - self.arr,
-            "tbt_mean_s": np.where(gen > 1, np.asarray(self.gap_sum) / np.maximum(gen - 1, 1), np.nan),
-            "tbt_max_s": np.where(gen > 1, self.gap_max, np.nan),
+            "tbt_mean_s": np.where(gen > 1, gap_sum / np.maximum(gen - 1, 1), np.nan),
+            "tbt_max_s": np.where(gen > 1, gap_max, np.nan),
         }
         dec = {c: column(list(v)) for c, v in zip(DECISION_COLUMNS, zip(*self.dec_rows) if self.dec_rows
                                                   else [()] * len(DECISION_COLUMNS))}
@@ -247,10 +279,8 @@ class Driver:
         its = {c: a[:, i].astype(np.int64) if c in INT_ITERATION_COLUMNS else a[:, i]
                for i, c in enumerate(ITERATION_COLUMNS)}
         tl = self._timeline(totals, t_end)
-        gi = np.array(self.gap_iter, dtype=float).reshape(-1, 2)
-        gap_t = np.repeat(gi[:, 0], gi[:, 1].astype(np.int64))
-        return ServeResult(req, np.fromiter(self.gaps, float, len(self.gaps)), gap_t, dec, its, tl, totals.energy_j,
-                           totals.energy_reason, t_end, totals.preemptions)
+        return ServeResult(req, gaps, gap_times, dec, its, tl, totals.energy_j, totals.energy_reason, t_end,
+                           totals.preemptions)
 
     def _timeline(self, totals, t_end: float) -> Columns:
         """1-s bins: energy (J) and power (W) of the executor (None when not measured), tokens emitted,
@@ -263,7 +293,8 @@ class Driver:
         else:
             tl["energy_j"] = np.full(nb, np.nan)
         tl["power_w"] = tl["energy_j"]                          # 1-s bins: J per s
-        tl["tokens"] = np.array([self.tok_bin.get(i, 0) for i in range(nb)], dtype=np.int64)
+        em_bin = np.asarray(self.em_t, float).astype(np.int64)          # int(t): the second it is in
+        tl["tokens"] = np.bincount(em_bin, weights=self.em_n, minlength=nb)[:nb].astype(np.int64)
         a = np.minimum(self.arr.astype(int), nb - 1)
         tl["arrivals"] = np.bincount(a, minlength=nb)[:nb]
         tl["input_tokens"] = np.bincount(a, weights=self.inp, minlength=nb)[:nb]

@@ -155,27 +155,31 @@ class StageModel:
         depend on the clock alone computed once per clock. ``seqs`` (sequences in the batch) is not a
         term of this model: its matmuls count every token."""
         c = self._clock_terms.get(f) or self._terms(f)
-        t_sm = (2.0 * self.weight_params_gpu * (-(-n // c[0]) * c[0]) + self.attn_flops_pair_gpu * attn_pairs) / c[1] * c[2]
-        t_mem = (self.read_bytes_gpu + self.kv_bytes_token_gpu * ctx_tokens) / self.bw * c[3]
-        t_other = c[4] + c[5] * n
+        tile, rate, f_ratio, mem_slow, t_fixed, t_tok, dpa, beta, one_beta, limit, p_idle, w2, a, rb, kv, bw = c
+        t_sm = (w2 * (-(-n // tile) * tile) + a * attn_pairs) / rate * f_ratio
+        t_mem = (rb + kv * ctx_tokens) / bw * mem_slow
+        t_other = t_fixed + t_tok * n
         t_k = t_sm if t_sm > t_mem else t_mem
         r = t_sm / t_k
         if r > 1.0:
             r = 1.0
-        p = self.idle_w + c[6] * (c[7] + c[8] * r)
-        if p > c[9]:
-            p = c[9]
-        return t_k + t_other, p * t_k + c[10] * t_other
+        p = self.idle_w + dpa * (beta + one_beta * r)
+        if p > limit:
+            p = limit
+        return t_k + t_other, p * t_k + p_idle * t_other
 
     def _terms(self, f: float) -> tuple:
         """The clock's terms of :meth:`step1`, each evaluated as the formula writes it: (tile, flops
         rate, f_max / f, memory slow-down, launch + all-reduce latency, per-token communication,
-        P_active - P_idle, mem_beta, 1 - mem_beta, power limit, P_idle(f))."""
+        P_active - P_idle, mem_beta, 1 - mem_beta, power limit, P_idle(f)), then the clock-free
+        factors (2 x matmul params, attention FLOPs per pair, bytes read, KV bytes per token, memory
+        bandwidth) so that step1 reads them all from locals."""
         pw = self.power
         pa = pw.act_a_w + pw.act_b_w * (f / self.f_max) ** pw.act_alpha
         c = (pw.tile_tokens, self.flops_rate, self.f_max / f, max(1.0, self.f_knee / f), self.t_launch + self._ar_lat,
              self._ar_s_per_token + self._pp_s_per_token, pa - self.idle_w, pw.mem_beta, 1 - pw.mem_beta, pw.limit_w,
-             self.idle1(f))
+             self.idle1(f), 2.0 * self.weight_params_gpu, self.attn_flops_pair_gpu, self.read_bytes_gpu,
+             self.kv_bytes_token_gpu, self.bw)
         self._clock_terms[f] = c
         return c
 

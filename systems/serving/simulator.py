@@ -55,9 +55,9 @@ class SimExecutor:
         self.sched: List[int] = []       # prefill tokens scheduled
         self.pref: List[int] = []        # prefill tokens finished
         self.gen: List[int] = []         # output tokens emitted
-        self.held: List[int] = []        # KV tokens held
+        self.gen_dec: List[int] = []     # gen when its prefill (or recompute) completed; KV held while decoding:
+                                         # need + gen - gen_dec (the tokens of its decodes, none in flight)
         self.adm: List[int] = []         # admission order (preemption victim = the largest)
-        self.in_flight: List[bool] = []  # a decode of it is in flight
         self.slot: List[int] = []        # its decode slot (-1: not decoding)
         self.started: List[bool] = []
         self.waiting: List[int] = []     # FCFS, prefill not finished
@@ -72,7 +72,9 @@ class SimExecutor:
         self.clock_log: List[tuple] = []
         self.slot_ready: List[float] = []
         self.slot_busy: List[bool] = []
-        self.slot_dec: List[List[int]] = []
+        self.parked = False              # an idle slot found nothing to run and waits for the next event
+        self.slot_dec: List[List[int]] = []      # a slot's decodes: those in flight first, then those since
+        self.slot_flying: List[List[int]] = []   # the decodes of a slot's microbatch in flight ([] when idle)
         self.stage_free = [0.0] * self.p
         self.heap: list = []
         self.seq = 0
@@ -84,8 +86,8 @@ class SimExecutor:
         if rid != len(self.inp):
             raise ValueError(f"request ids must arrive in order 0, 1, ...; got {rid} after {len(self.inp) - 1}")
         for lst, v in ((self.inp, input_len), (self.out, output_len), (self.need, input_len), (self.sched, 0),
-                       (self.pref, 0), (self.gen, 0), (self.held, 0), (self.adm, 0), (self.in_flight, False),
-                       (self.slot, -1), (self.started, False)):
+                       (self.pref, 0), (self.gen, 0), (self.gen_dec, 0), (self.adm, 0), (self.slot, -1),
+                       (self.started, False)):
             lst.append(v)
         self.waiting.append(rid)
         self._wake(now)
@@ -116,7 +118,6 @@ class SimExecutor:
             tc = heap[0][0] if heap else math.inf
             m = self.m
             t_ready = min(ready) if len(ready) == m else min(ready[:m])
-            j = ready.index(t_ready)
             tl = t_ready if t_ready > stage_free[0] else stage_free[0]
             if tc <= tl:
                 if tc >= until:
@@ -124,7 +125,7 @@ class SimExecutor:
                 return self._complete(heapq.heappop(heap))
             if tl >= until:
                 break
-            self._launch(j, tl)
+            self._launch(ready.index(t_ready), tl)
         if until < math.inf:
             self.now = until
         return None
@@ -146,10 +147,14 @@ class SimExecutor:
 
     # -- engine internals ---------------------------------------------------------------------------
     def _wake(self, now: float) -> None:
-        """Idle slots may have work now."""
-        for j in range(self.m):
-            if not self.slot_busy[j] and self.slot_ready[j] > now:
-                self.slot_ready[j] = now
+        """Idle slots may have work now (only a parked slot's ready time can lie after ``now``: an idle
+        slot is otherwise ready since its last microbatch left, and _set_m readies new ones)."""
+        if self.parked:
+            busy, ready = self.slot_busy, self.slot_ready
+            for j in range(self.m):
+                if ready[j] > now and not busy[j]:
+                    ready[j] = now
+            self.parked = False
 
     def _clock_at(self, t: float) -> float:
         while self.pending and self.pending[0][0] <= t:
@@ -164,18 +169,21 @@ class SimExecutor:
             self.slot_ready.append(now)
             self.slot_busy.append(False)
             self.slot_dec.append([])
+            self.slot_flying.append([])
         for k in range(old, m):
             if not self.slot_busy[k]:
                 self.slot_ready[k] = now
         # rebalance decodes that are not in flight over the active slots
-        idle = [r for j in range(len(self.slot_dec)) for r in self.slot_dec[j] if not self.in_flight[r]]
-        for j in range(len(self.slot_dec)):
-            self.slot_dec[j] = [r for r in self.slot_dec[j] if self.in_flight[r]]
+        dec, flying = self.slot_dec, self.slot_flying
+        idle = [r for j in range(len(dec)) for r in dec[j] if r not in flying[j]]
+        for j in range(len(dec)):
+            dec[j] = [r for r in dec[j] if r in flying[j]]
         for r in idle:
             self._assign(r)
 
     def _assign(self, r: int) -> None:
-        j = min(range(self.m), key=lambda k: len(self.slot_dec[k]))
+        lens = list(map(len, self.slot_dec[:self.m]))
+        j = lens.index(min(lens))                        # the emptiest slot (the first at a tie)
         self.slot_dec[j].append(r)
         self.slot[r] = j
 
@@ -184,8 +192,7 @@ class SimExecutor:
         if self.slot[r] >= 0:
             self.slot_dec[self.slot[r]].remove(r)
             self.slot[r] = -1
-        self.kv_used -= self.held[r]
-        self.held[r] = 0
+        self.kv_used -= self.need[r] + self.gen[r] - self.gen_dec[r]
         self.running.discard(r)
 
     def _preempt(self, r: int) -> None:
@@ -200,7 +207,8 @@ class SimExecutor:
     def _make_room(self, decs: List[int]) -> List[int]:
         """Preempt (vLLM's FCFS victim: the latest admitted, not in flight) until ``decs`` fit."""
         while decs and self.kv_used + len(decs) > self.kv_cap:
-            victim = max((r for r in self.running if self.slot[r] >= 0 and not self.in_flight[r]), key=self.adm.__getitem__)
+            slot, flying = self.slot, self.slot_flying
+            victim = max((r for r in self.running if slot[r] >= 0 and r not in flying[slot[r]]), key=self.adm.__getitem__)
             self._preempt(victim)
             if victim in decs:
                 decs.remove(victim)
@@ -209,105 +217,118 @@ class SimExecutor:
     def _launch(self, j: int, t: float) -> None:
         """Form slot j's microbatch at time t and send it through the stages. Its shape
         (:func:`systems.serving.protocol.iteration_shape`) is summed as it is formed, in integers: a
-        decode after c cached tokens reads c + 1 KV tokens and forms c + 1 pairs."""
-        in_flight, inp, gen, held = self.in_flight, self.inp, self.gen, self.held
-        decs = [r for r in self.slot_dec[j] if not in_flight[r]]
+        decode after c cached tokens reads c + 1 KV tokens and forms c + 1 pairs.
+
+        Slot j is idle, so none of its decodes is in flight (a decode joins a slot only when it is
+        not in flight, and an in-flight one stays in the slot of its microbatch): all of them run."""
+        decs = self.slot_dec[j][:]
         if decs and self.kv_used + len(decs) > self.kv_cap:
             decs = self._make_room(decs)
+        inp, gen = self.inp, self.gen
         scheduled = []
         ctx = 0
         for r in decs:
             c = inp[r] + gen[r]
             scheduled.append((r, 1, c - 1))
             ctx += c
-            held[r] += 1
-            in_flight[r] = True
         n = n_dec = len(decs)
         pairs = ctx
-        self.kv_used += n_dec
-        budget, sched, need, started = self.chunk, self.sched, self.need, self.started
-        for r in self.waiting:
-            if budget <= 0:
-                break
-            if sched[r] >= need[r]:                      # all chunks in flight
-                continue
-            ntok = min(budget, need[r] - sched[r])
-            if self.kv_used + ntok > self.kv_cap:
-                break                                    # does not fit: the queue waits (FCFS)
-            if not started[r]:
-                if len(self.running) >= self.max_num_seqs:
-                    break                                # FCFS admission
-                started[r] = True
-                self.running.add(r)
-                self.n_adm += 1
-                self.adm[r] = self.n_adm
-            c = sched[r]
-            scheduled.append((r, ntok, c))
-            n += ntok
-            ctx += c + ntok
-            pairs += ntok * c + ntok * (ntok + 1) // 2
-            sched[r] = c + ntok
-            held[r] += ntok
-            self.kv_used += ntok
-            budget -= ntok
+        kv_used = self.kv_used + n_dec
+        budget = self.chunk
+        if self.waiting and budget > 0:
+            kv_cap, sched, need, started, running = self.kv_cap, self.sched, self.need, self.started, self.running
+            for r in self.waiting:
+                if budget <= 0:
+                    break
+                c = sched[r]
+                if c >= need[r]:                             # all chunks in flight
+                    continue
+                ntok = min(budget, need[r] - c)
+                if kv_used + ntok > kv_cap:
+                    break                                    # does not fit: the queue waits (FCFS)
+                if not started[r]:
+                    if len(running) >= self.max_num_seqs:
+                        break                                # FCFS admission
+                    started[r] = True
+                    running.add(r)
+                    self.n_adm += 1
+                    self.adm[r] = self.n_adm
+                scheduled.append((r, ntok, c))
+                n += ntok
+                ctx += c + ntok
+                pairs += ntok * c + ntok * (ntok + 1) // 2
+                sched[r] = c + ntok
+                kv_used += ntok
+                budget -= ntok
+        self.kv_used = kv_used
         if not scheduled:
             self.slot_ready[j] = self.heap[0][0] if self.heap else math.inf
+            self.parked = True
             return
         f = self._clock_at(t) if self.pending else self.clock
-        shape = (n, float(ctx), float(pairs), len(scheduled))
-        lat, e_gpu = self.cost.step1(n, f, shape[1], shape[2], shape[3])
-        p_idle = None                                    # P_idle(f), asked when a stage waited
+        seqs = len(scheduled)
+        ctx, pairs = float(ctx), float(pairs)
+        lat, e_gpu = self.cost.step1(n, f, ctx, pairs, seqs)
         g, stage_free, e_bin = self.g, self.stage_free, self.e_bin
         e_it, busy = 0.0, g * e_gpu
+        p_idle = None                                    # P_idle(f), asked when a stage waited
         prev = t
         for s in range(self.p):
-            start = stage_free[s] if stage_free[s] > prev else prev
-            gap = start - stage_free[s]
-            if gap > 0:                                  # the stage waited: idle energy
+            free = stage_free[s]
+            if free < prev:                              # the stage waited: idle energy
                 if p_idle is None:
                     p_idle = self.cost.idle1(f)
-                e_bin[int(stage_free[s])] += g * p_idle * gap
-                e_it += g * p_idle * gap
-            stage_free[s] = prev = start + lat
-            e_bin[int(start)] += busy
+                idle = g * p_idle * (prev - free)
+                e_bin[int(free)] += idle
+                e_it += idle
+                free = prev
+            e_bin[int(free)] += busy
             e_it += busy
+            stage_free[s] = prev = free + lat
         self.energy += e_it
         self.slot_busy[j] = True
+        self.slot_flying[j] = decs
         self.slot_ready[j] = prev
         self.seq += 1
-        heapq.heappush(self.heap, (prev, self.seq, j, decs, scheduled, lat, e_it, f, self.chunk + n_dec, shape))
+        heapq.heappush(self.heap, (prev, self.seq, j, decs, scheduled, lat, e_it, f, self.chunk + n_dec,
+                                   (n, ctx, pairs, seqs)))
 
     def _complete(self, item) -> Iteration:
         """A microbatch left the last stage: its tokens appear."""
         t, _, j, decs, scheduled, lat, e_it, f, budget, shape = item
         self.now = t
         self.slot_busy[j] = False
+        self.slot_flying[j] = []
         finished = []
-        in_flight, gen, out, slot, m = self.in_flight, self.gen, self.out, self.slot, self.m
+        gen, out, m = self.gen, self.out, self.m
         for r in decs:
-            in_flight[r] = False
-            gen[r] += 1
-            if gen[r] >= out[r]:
+            g = gen[r] + 1
+            gen[r] = g
+            if g >= out[r]:
                 self._release(r)
                 finished.append(r)
-            elif slot[r] >= m:                          # its slot was retired by a smaller m
-                self.slot_dec[slot[r]].remove(r)
-                self._assign(r)
-        n_dec = len(decs)
-        emitted = decs[:]
-        pref, need = self.pref, self.need
-        for i in range(n_dec, len(scheduled)):
-            r, ntok, _ = scheduled[i]
-            pref[r] += ntok
-            if pref[r] >= need[r]:                       # prefill (or recompute) done: a token
-                self.waiting.remove(r)
-                gen[r] += 1
-                emitted.append(r)
-                if gen[r] >= out[r]:
-                    self._release(r)
-                    finished.append(r)
-                else:
+        if j >= m:                                       # its slot was retired by a smaller m
+            for r in decs:
+                if self.slot[r] == j:
+                    self.slot_dec[j].remove(r)
                     self._assign(r)
+        n_dec = len(decs)
+        emitted = decs                                   # the decodes' tokens, then completed prefills'
+        if n_dec < len(scheduled):
+            pref, need, waiting = self.pref, self.need, self.waiting
+            for i in range(n_dec, len(scheduled)):
+                r, ntok, _ = scheduled[i]
+                pref[r] += ntok
+                if pref[r] >= need[r]:                   # prefill (or recompute) done: a token
+                    waiting.remove(r)
+                    gen[r] += 1
+                    self.gen_dec[r] = gen[r]
+                    emitted.append(r)
+                    if gen[r] >= out[r]:
+                        self._release(r)
+                        finished.append(r)
+                    else:
+                        self._assign(r)
         pre, self._preempted = self._preempted, []
         self._wake(t)
         return Iteration(t, lat, e_it if self.has_energy else None, scheduled, emitted,

@@ -260,3 +260,45 @@ def test_tbt_attainment_is_per_request_by_mean_tbt_and_says_so():
     labels = {key: label for label, key, _ in display_rows()}
     assert labels["slo_tbt_attainment"] == "SLO attainment TBT (requests whose mean TBT <= SLO)"
     assert "token gaps" in labels["slo_tbt_token_attainment"]
+
+
+def test_token_log_gives_each_requests_gaps_in_order_and_sums_them_one_by_one():
+    """Issue 18: the driver logs tokens and computes TTFT and gaps at the end. Two requests
+    interleaved over 40 iterations at irregular times (r1 preempted and recomputed in between): the
+    gaps come in emission order with their end times, and each request's mean TBT is its gaps summed
+    one after another in time order (what a running sum during serving gives), bit for bit.
+    Mutations caught: gap sums by numpy's pairwise reduction (np.add.reduceat), the gap log in
+    request order instead of emission order (also caught: each request's last token taken as its first)."""
+    rng = np.random.default_rng(7)
+    times = np.cumsum(rng.uniform(0.01, 0.3, 40)).tolist()
+    script, tokens = [], {0: [], 1: []}
+    for k, t in enumerate(times):
+        if k == 0:
+            script.append(it(t, [(0, 10, 0), (1, 10, 0)], emitted=[1, 0]))
+        elif k == 20:
+            script.append(it(t, [(0, 1, 10 + k)], emitted=[0], preempted=[1]))
+        elif k == 21:
+            script.append(it(t, [(0, 1, 10 + k), (1, 29, 0)], emitted=[0, 1]))
+        else:
+            script.append(it(t, [(0, 1, 10 + k)] + ([(1, 1, 10 + k)] if k % 3 else []),
+                             emitted=[0, 1] if k % 3 else [0], finished=[0, 1] if k == 39 else []))
+        for r in script[-1].emitted:
+            tokens[r].append(t)
+    req = Requests(np.array([0.0, 0.0]), np.array([10, 10]), np.array([100, 100]))
+    res = Driver(Recorder(period_s=None), req).run(FakeExecutor(script))
+    want_gaps, want_times = [], []
+    for k, t in enumerate(times):
+        for r in script[k].emitted:
+            seen = tokens[r][:tokens[r].index(t)]
+            if seen:
+                want_gaps.append(t - seen[-1])
+                want_times.append(t)
+    assert res.gaps.tolist() == want_gaps and res.gap_times.tolist() == want_times
+    for r in (0, 1):
+        total = 0.0
+        for a, b in zip(tokens[r], tokens[r][1:]):
+            total += b - a
+        assert res.requests["generated"][r] == len(tokens[r])
+        assert res.requests["first_token_s"][r] == tokens[r][0]
+        assert res.requests["tbt_mean_s"][r] == total / (len(tokens[r]) - 1)
+        assert res.requests["tbt_max_s"][r] == max(np.diff(tokens[r]))

@@ -125,3 +125,15 @@ def test_ablation_flags_restrict_the_search():
                 search_chunk=False, search_microbatch=False)
     assert only.on_arrival(st).chunk == 32
     assert only.on_decode_only(EngineState(0.0, [], 6, 32, 2, 1400.0)).microbatches == 2
+
+
+def test_beam_s2_decisions_equal_a_fresh_search_when_repeated():
+    """Issue 18: Beam keeps S2's decisions per argument set; a repeated state gets the decision a
+    fresh s2_search gives. Mutations caught: the memo keyed without the chunk (a repeated D with
+    another chunk kept the old chunk), without the TBT SLO (a changed SLO kept the old clock)."""
+    T = random_table(np.random.default_rng(3))
+    ctl = Beam(table=T, p=2, g=2, slo_ttft=2.0, slo_tbt=0.05, default_chunk=32, chunks=(8, 16, 32))
+    for D, chunk, slo in [(5, 32, 0.05), (9, 32, 0.05), (5, 16, 0.05), (5, 32, 0.05), (5, 32, 0.015), (9, 32, 0.05)]:
+        ctl.slo_tbt = slo
+        got = ctl.on_decode_only(EngineState(0.0, [], D, chunk, 2, 1400.0))
+        assert got == s2_search(TableSearch(T), D, 2, 2, ctl.microbatches, slo, chunk)
