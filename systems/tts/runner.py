@@ -8,7 +8,6 @@ for Top-1 / Pass@N (``accuracy.py``).
 """
 from __future__ import annotations
 
-import gc
 import logging
 import shutil
 import tempfile
@@ -19,7 +18,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from harness.errors import ConfigError, bad
 from harness.errors import RunOOM
-from harness.run import RunResult
+from harness.run import RunResult, collector_paused
 from systems.tts.beams import step_logit_biases, step_probabilities
 from systems.tts.checkpoint import DELIMITER, is_local
 from systems.tts.config import AGGREGATIONS, KV_OVERFLOW, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
@@ -397,7 +396,16 @@ def grade(cfg, backend, problems, results, n: int):
 def run(cfg, ctx) -> RunResult:
     """Search every problem. A failure after the first problem ends the run with status error (oom
     for RunOOM) and keeps the problems searched before it; one in the first problem propagates
-    (harness.run records it). A simulated run imports no pandas (its tables are row dicts)."""
+    (harness.run records it). A simulated run imports no pandas (its tables are row dicts).
+
+    A simulated run makes millions of short-lived lists, no cycles: it runs with Python's cyclic
+    collector off (on again after), whose passes over the live search tree and its results cost
+    15-20 % of the search's CPU and 2-8x that of the summaries and tables built from them."""
+    with collector_paused(ctx.backend.simulated):
+        return _run(cfg, ctx)
+
+
+def _run(cfg, ctx) -> RunResult:
     from systems.tts import metrics
     from systems.tts.search import Search
     # a real engine with random weights starts from a config.json written here; removed once the engines are
@@ -411,9 +419,6 @@ def run(cfg, ctx) -> RunResult:
         raise
     st, problems, prompts, alloc = b.settings, b.problems, b.prompts, b.alloc
     results, status, message = [], "ok", ""
-    gc_on = gc.isenabled()
-    if ctx.backend.simulated:      # millions of short-lived lists, no cycles: the collector's passes over the
-        gc.disable()               # live search tree cost 15-20 % of a simulated run's CPU; on again after
     try:
         bar = ctx.progress(len(problems) * (1 if st.search == "best_of_n" else st.num_iterations),
                            f"{cfg.system.name} n={st.n}")
@@ -435,8 +440,6 @@ def run(cfg, ctx) -> RunResult:
         b.closer()
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-        if gc_on:
-            gc.enable()
     summ = metrics.summarize(results, (1 if st.search == "best_of_n" else st.num_iterations) - 1)
     acc, acc_table = grade(cfg, ctx.backend, problems, results, st.n)
     summ.update(acc)
