@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from harness.errors import ConfigError, bad
 from harness.errors import RunOOM
-from harness.run import RunResult, collector_paused
+from harness.run import RunResult
 from systems.tts.beams import step_logit_biases, step_probabilities
 from systems.tts.checkpoint import DELIMITER, is_local
 from systems.tts.config import AGGREGATIONS, KV_OVERFLOW, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
@@ -396,16 +396,8 @@ def grade(cfg, backend, problems, results, n: int):
 def run(cfg, ctx) -> RunResult:
     """Search every problem. A failure after the first problem ends the run with status error (oom
     for RunOOM) and keeps the problems searched before it; one in the first problem propagates
-    (harness.run records it). A simulated run imports no pandas (its tables are row dicts).
-
-    A simulated run makes millions of short-lived lists, no cycles: it runs with Python's cyclic
-    collector off (on again after), whose passes over the live search tree and its results cost
-    15-20 % of the search's CPU and 2-8x that of the summaries and tables built from them."""
-    with collector_paused(ctx.backend.simulated):
-        return _run(cfg, ctx)
-
-
-def _run(cfg, ctx) -> RunResult:
+    (harness.run records it). A simulated run imports no pandas (its tables are row dicts) and
+    runs with Python's cyclic collector paused (harness.run)."""
     from systems.tts import metrics
     from systems.tts.search import Search
     # a real engine with random weights starts from a config.json written here; removed once the engines are
