@@ -28,6 +28,11 @@ OPT_POSITION_OFFSET = 2            # transformers' OPTLearnedPositionalEmbedding
 
 
 def _get(m, key, default=None):
+    if hasattr(m, "keys") and key not in m.keys():
+        # a missing key asked of a structured config raises inside OmegaConf, and the exception's
+        # traceback keeps the callers' frames and their locals (a whole simulated run) alive in a
+        # reference cycle until the cyclic collector runs
+        return default
     try:
         v = m.get(key, default) if hasattr(m, "get") else getattr(m, key, default)
     except Exception:

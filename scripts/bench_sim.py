@@ -13,10 +13,19 @@ Two kinds of case:
   default (W&B offline): after each such run the benchmark waits until the run's background W&B
   mirror (harness.tracking) has finished, so it never overlaps the next measurement, and prints
   how long after the command's end the mirror was done, and what one mirror costs when run alone
-  (``python -m harness.tracking RUN_DIR``, wall and CPU seconds).
+  (``python -m harness.tracking RUN_DIR``, wall and CPU seconds). The rounds share one results
+  folder, so what runs keep in ``results_dir/cache`` (serving request streams of traces) is there
+  for every run but the first of each checkout: a run that added a file to that folder counts as
+  a cold-cache run (a user's first run into a fresh results folder) and is left out of the
+  medians and ratio (warm cache, a user's next run) and printed beside them.
 - **runner** (``RunnerCase``): the runner's own time (``repeat_runs[0].wall_s`` of the record: the
   family's ``run(cfg, ctx)``, no start-up) of one config, best of the rounds, in one process per
   checkout; ``LinearCase``: the runner time per beam-step of a long generation over a short one.
+
+Commands run as a user's do, with Python's bytecode cache (``__pycache__``, ignored by git): each
+checkout's packages are compiled first (``compileall``) and ``PYTHONDONTWRITEBYTECODE`` is dropped
+from the commands' environment; where it is set, as on this team's machine, every run would compile
+the project's modules again (~0.1 s a command) and a user's runs never do.
 
 ``--against DIR`` measures another checkout of the project (``git worktree add ../base <commit>``)
 in the same run, its runs interleaved with this checkout's, and prints both. The load average is
@@ -129,7 +138,9 @@ SERVING_MAIN = ["system=beam", "model=llama-3.3-70b", "hardware=a100-80gb", "tp=
 
 def serving_cases() -> List[Case]:
     """The README's simulated BEAM main command (ServeGen 19:00-20:00, LLaMA-3.3-70B on 8 simulated
-    A100s, tp=2 pp=4: about 8,000 requests, 83,000 iterations, 18,000 decisions); W&B off."""
+    A100s, tp=2 pp=4: about 8,000 requests, 83,000 iterations, 18,000 decisions); W&B off. Its
+    request stream is kept in results_dir/cache: the median is a run that finds it there, the first
+    run of each checkout (which builds it from the trace's 300 files) is printed beside it."""
     return [Case("serving main command, tracking=none", [*SERVING_MAIN, "tracking=none"], 1.0)]
 
 
@@ -149,6 +160,20 @@ CASES: Dict[str, Callable[[], list]] = {"fasttts": fasttts_cases, "fasttts-runne
 def _children_cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
+
+
+PACKAGES = ("harness", "systems", "workloads", "hydra_plugins")     # compiled before measuring (module docstring)
+
+
+def _user_env(**extra: str) -> Dict[str, str]:
+    """The environment of a measured command: ours, with Python's bytecode cache on, and ``extra``."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, **extra}
+
+
+def compile_packages(root: Path) -> None:
+    """Write the bytecode cache of checkout ``root``'s packages, as its first run would."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *[str(root / p) for p in PACKAGES]], check=True,
+                   capture_output=True, env=_user_env())
 
 
 def _run(cmd: List[str], root: Path, env: Dict[str, str]) -> Tuple[float, float]:
@@ -202,10 +227,11 @@ def measure(cases: List[Case], roots: List[Path], rounds: int, tracking: bool) -
     keys = [(c.name, root, kind) for c in cases for root in roots for kind in ("case", "app")]
     wall: Dict[tuple, List[float]] = {k: [] for k in keys}
     cpu: Dict[tuple, List[float]] = {k: [] for k in keys}
+    cold: Dict[tuple, List[Tuple[float, float]]] = {k: [] for k in keys}     # (wall, CPU) of cold-cache runs
     mirror: Dict[tuple, List[float]] = {k: [] for k in keys}
     by_name = {c.name: c for c in cases}
     with tempfile.TemporaryDirectory(prefix="bench_sim_") as tmp:
-        env = dict(os.environ, TTC_RESULTS_DIR=tmp, WANDB_MODE="offline", WANDB_DIR=tmp)
+        env = _user_env(TTC_RESULTS_DIR=tmp, WANDB_MODE="offline", WANDB_DIR=tmp)
         for _ in range(rounds):
             order = list(keys)
             random.shuffle(order)
@@ -214,9 +240,13 @@ def measure(cases: List[Case], roots: List[Path], rounds: int, tracking: bool) -
                 c = by_name[name]
                 over = c.overrides if not tracking else [o for o in c.overrides if not o.startswith("tracking=")]
                 cmd = [py, "run.py", *over] if kind == "case" else [py, str(Path(__file__)), EMPTY_APP, str(root), *over]
+                cached = _cache_files(Path(tmp))
                 w, u = _run(cmd, root, env)
-                wall[key].append(w)
-                cpu[key].append(u)
+                if _cache_files(Path(tmp)) - cached:
+                    cold[key].append((w, u))
+                else:
+                    wall[key].append(w)
+                    cpu[key].append(u)
                 done = _wait_for_mirrors(Path(tmp))
                 if done is not None:
                     mirror[key].append(done)
@@ -225,14 +255,23 @@ def measure(cases: List[Case], roots: List[Path], rounds: int, tracking: bool) -
     out = []
     for c in cases:
         for root in roots:
+            key = (c.name, root, "case")
+            if not wall[key]:            # every run filled the cache (one round): those are the numbers
+                wall[key], cpu[key] = [w for w, _ in cold[key]], [u for _, u in cold[key]]
             case, app = (statistics.median(wall[(c.name, root, k)]) for k in ("case", "app"))
             case_cpu, app_cpu = (statistics.median(cpu[(c.name, root, k)]) for k in ("case", "app"))
-            m = mirror[(c.name, root, "case")]
+            m = mirror[key]
+            cold_s = [(w - app, u - app_cpu) for w, u in cold[key]] if len(wall[key]) != len(cold[key]) else []
             out.append({"case": c, "root": root, "wall_s": case, "app_s": app, "extra_s": case - app,
-                        "extra_cpu_s": case_cpu - app_cpu, "ratio": (case - app) / c.goal_s,
+                        "extra_cpu_s": case_cpu - app_cpu, "ratio": (case - app) / c.goal_s, "cold": cold_s,
                         "mirror_s": statistics.median(m) if m else None,
                         "mirror_cost": mirror_cost if m and root == ROOT else None})
     return out
+
+
+def _cache_files(results: Path) -> set:
+    """The files runs keep in ``results``/cache (systems.serving.build.cache_dir)."""
+    return set((results / "cache").glob("*")) if (results / "cache").is_dir() else set()
 
 
 def empty_app(root: Path) -> None:
@@ -256,7 +295,7 @@ def runner_times(root: Path, overrides: List[str], rounds: int) -> List[float]:
     """Runner seconds of ``rounds`` runs of one simulated config in checkout ``root`` (a fresh process,
     the config composed once, records in a temporary folder, W&B off)."""
     out = subprocess.run([sys.executable, str(Path(__file__)), RUNNER, str(root), str(rounds), *overrides],
-                         cwd=root, capture_output=True, text=True)
+                         cwd=root, capture_output=True, text=True, env=_user_env())
     if out.returncode != 0:
         raise RuntimeError(f"runner case {overrides} in {root} exited {out.returncode}:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -326,12 +365,14 @@ def main() -> int:
     cases = [c for f in families for c in CASES[f]()]
     roots = [ROOT] + ([a.against.resolve()] if a.against else [])
     label = {ROOT: "this checkout", **({roots[1]: f"against {roots[1]}"} if a.against else {})}
+    for root in roots:
+        compile_packages(root)
     load0 = os.getloadavg()
     procs = measure([c for c in cases if isinstance(c, Case)], roots, a.rounds, a.with_tracking)
     runners = measure_runners([c for c in cases if not isinstance(c, Case)], roots, a.rounds)
     load1 = os.getloadavg()
     print(f"{a.rounds} rounds, {os.cpu_count()} CPUs, load average {load0[0]:.2f} before / {load1[0]:.2f} after"
-          f"{', W&B offline' if a.with_tracking else ''}")
+          f"{', W&B offline' if a.with_tracking else ''}, Python's bytecode cache on")
     for r in procs:
         c = r["case"]
         mirror = ""
@@ -339,8 +380,12 @@ def main() -> int:
             mirror = f"; W&B mirror done {r['mirror_s']:.1f} s after the command"
         if r["mirror_cost"] is not None:
             mirror += f" (the mirror alone: {r['mirror_cost'][0]:.1f} s wall, {r['mirror_cost'][1]:.1f} s CPU)"
+        cache = ""
+        if r["cold"]:
+            cache = (" [results_dir/cache warm; the run that filled it (a fresh results folder): "
+                     + ", ".join(f"{w:.2f} s wall / {u:.2f} s CPU" for w, u in r["cold"]) + " beyond the app]")
         print(f"[{label[r['root']]}] {c.name}: {r['wall_s']:.2f} s, empty Hydra app {r['app_s']:.2f} s, beyond it "
-              f"{r['extra_s']:.2f} s wall / {r['extra_cpu_s']:.2f} s CPU (goal {c.goal_s:g} s){mirror}: "
+              f"{r['extra_s']:.2f} s wall / {r['extra_cpu_s']:.2f} s CPU (goal {c.goal_s:g} s){mirror}{cache}: "
               f"ratio {r['ratio']:.2f} {_verdict(r['ratio'])}")
     for r in runners:
         c = r["case"]

@@ -106,3 +106,29 @@ def test_lbs_runs_use_the_derived_budget(compose_cfg):
     assert rec["status"] == "ok" and rec["summary"]["kv_budget_bytes"] == 7 * 2**30
     rec = run(compose_cfg("system=lbs", "model=qwen2.5-32b", "beams=4", "gen_len=64", "backend=sim"), multirun=True)
     assert rec["status"] == "oom" and "less than one beam" in rec["message"]
+
+
+def test_facts_of_a_structured_config_keep_no_caller_frame_alive():
+    """A fact of a structured model config (which lacks ``prm_kind``) is read without an exception
+    inside OmegaConf: its traceback would keep the callers' frames, and their locals (a whole
+    simulated run's objects), alive in a reference cycle until the cyclic collector runs (with it
+    paused, harness.run: until the run ends). Mutation caught: ``_get`` asking ``m.get`` first
+    (the old code)."""
+    import gc
+    import weakref
+
+    class Locals:
+        pass
+
+    def caller():
+        mine = Locals()
+        mf.weight_bytes(load("model", "llama-3.3-70b"))
+        return weakref.ref(mine)
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        assert caller()() is None        # freed on return: no cycle holds the caller's frame
+    finally:
+        if was:
+            gc.enable()

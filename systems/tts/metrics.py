@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, List
 
 import numpy as np
@@ -27,7 +28,8 @@ def _step_lengths(results: List[ProblemResult], last_iteration: int):
     ended, last = [], []
     for r in results:
         for b in r.completions:
-            steps = np.diff([0] + list(b.step_ends)).tolist()
+            ends = list(b.step_ends)
+            steps = [end - start for start, end in zip([0] + ends, ends)]    # np.diff's values, without an array per path
             if b.completed_iteration == last_iteration and b.finish != "budget" and steps:
                 last.append(steps.pop())
             ended.extend(steps)
@@ -76,6 +78,6 @@ def tables(results: List[ProblemResult]) -> Dict[str, List[dict]]:
     comp = [{"problem": r.problem, "uid": b.uid, "tokens": len(b.tokens), "steps": b.num_steps,
              "finish": b.finish, "completion_time_s": b.completion_time_s, "completed_iteration": b.completed_iteration,
              "score_last": b.scores[-1] if b.scores else None,
-             "score_prod": float(np.prod(b.scores)) if b.scores else None}
+             "score_prod": float(math.prod(b.scores)) if b.scores else None}   # np.prod's order: left to right
             for r in results for b in r.completions]
     return {"iterations": it, "completions": comp}

@@ -8,7 +8,6 @@ for Top-1 / Pass@N (``accuracy.py``).
 """
 from __future__ import annotations
 
-import gc
 import logging
 import shutil
 import tempfile
@@ -397,7 +396,8 @@ def grade(cfg, backend, problems, results, n: int):
 def run(cfg, ctx) -> RunResult:
     """Search every problem. A failure after the first problem ends the run with status error (oom
     for RunOOM) and keeps the problems searched before it; one in the first problem propagates
-    (harness.run records it). A simulated run imports no pandas (its tables are row dicts)."""
+    (harness.run records it). A simulated run imports no pandas (its tables are row dicts) and
+    runs with Python's cyclic collector paused (harness.run)."""
     from systems.tts import metrics
     from systems.tts.search import Search
     # a real engine with random weights starts from a config.json written here; removed once the engines are
@@ -411,9 +411,6 @@ def run(cfg, ctx) -> RunResult:
         raise
     st, problems, prompts, alloc = b.settings, b.problems, b.prompts, b.alloc
     results, status, message = [], "ok", ""
-    gc_on = gc.isenabled()
-    if ctx.backend.simulated:      # millions of short-lived lists, no cycles: the collector's passes over the
-        gc.disable()               # live search tree cost 15-20 % of a simulated run's CPU; on again after
     try:
         bar = ctx.progress(len(problems) * (1 if st.search == "best_of_n" else st.num_iterations),
                            f"{cfg.system.name} n={st.n}")
@@ -435,8 +432,6 @@ def run(cfg, ctx) -> RunResult:
         b.closer()
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-        if gc_on:
-            gc.enable()
     summ = metrics.summarize(results, (1 if st.search == "best_of_n" else st.num_iterations) - 1)
     acc, acc_table = grade(cfg, ctx.backend, problems, results, st.n)
     summ.update(acc)

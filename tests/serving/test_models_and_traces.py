@@ -307,3 +307,58 @@ def test_azure_seventh_digit_truncated_as_datetime_does(tmp_path):
     p.write_text(AZURE_HEAD + "2023-11-16 18:17:04.9999995,10,2\n")
     fast, by_line = ws._azure_fast(p), ws._azure_by_line(p)
     assert fast[0].tolist() == by_line[0].tolist() and by_line[0][1] % 1 == pytest.approx(0.999999, abs=1e-7)
+
+
+def test_servegen_trace_files_read_in_one_parse_as_file_by_file(shared_data, monkeypatch):
+    """Every shared ServeGen folder's trace CSVs, joined and parsed once, split back into each file's
+    windows bit for bit as the file-by-file reader gives them (no fall-back). Mutations caught: the
+    split points shifted by one file (``np.cumsum(rows)[1:]``); a file's last line dropped from its
+    row count."""
+    from workloads import serving as ws
+    for root in sorted((shared_data / "traces" / "servegen").glob("*/*")):
+        paths = sorted(root.glob("chunk-*-trace.csv"))
+        want = [ws._read(ws._servegen_trace_fast, ws._servegen_trace_by_line, p) for p in paths]
+        with monkeypatch.context() as m:
+            m.setattr(ws, "_read", lambda *a: pytest.fail("fell back to file-by-file reading"))
+            got = ws._servegen_traces(paths)
+        assert len(got) == len(want) > 50
+        for p, g, w in zip(paths, got, want):
+            assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(g, w)), p
+
+
+def test_servegen_trace_files_whose_lines_and_rows_differ_are_read_one_by_one(tmp_path):
+    """A blank line (pyarrow skips it) in one file and a lone carriage return (pyarrow ends a row
+    there) in the next would cancel in the joined row count and shift every window after them: such
+    files are read one by one.
+    Mutation caught: the lone-\\r check dropped (the second file gets the first one's last window)."""
+    from workloads import serving as ws
+    rows = ["0,0.5,1.0,Gamma,0.8,2.0", "600,0.25,1.0,Weibull,0.5,1.0", "1200,0,0,,0,0", "1800,0.1,2.0,Gamma,1.5,3.0"]
+    files = {"chunk-1-trace.csv": f"{rows[0]}\n\n{rows[1]}\n", "chunk-2-trace.csv": f"{rows[2]}\r{rows[3]}\n",
+             "chunk-3-trace.csv": f"{rows[1]}\r\n{rows[0]}"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, newline="")
+    paths = sorted(tmp_path.glob("*.csv"))
+    got = ws._servegen_traces(paths)
+    want = [ws._read(ws._servegen_trace_fast, ws._servegen_trace_by_line, p) for p in paths]
+    assert [g[0].tolist() for g in got] == [[0, 600], [1200, 1800], [600, 0]]
+    for g, w in zip(got, want):
+        assert all(np.array_equal(a, b) for a, b in zip(g, w))
+
+
+def test_servegen_pdfs_are_read_per_window_when_a_run_reads_them(tmp_path):
+    """A dataset's window is parsed when a segment reads it: a PDF only the line reader takes (a
+    trailing comma) is read as it reads it; a bad PDF in a window the segment does not read stops
+    nothing, and stops the segment that reads it (TraceError naming file:line, window, field).
+    Mutations caught: no fall-back per window (the trailing comma fails); every window parsed up
+    front (the first segment fails)."""
+    from workloads import serving as ws
+    (tmp_path / "chunk-7-trace.csv").write_text("0,0.5,1.0,Gamma,0.8,2.0\n21600,0.5,1.0,Gamma,0.8,2.0\n")
+    (tmp_path / "chunk-7-dataset.json").write_text(
+        '{\n  "0": {\n    "input_tokens": "{5: 0.5, 9: 0.5,}",\n    "output_tokens": "{3: 1.0}"\n  },\n'
+        '  "21600": {\n    "input_tokens": "{5: 0.5}",\n    "output_tokens": "{3: -1.0}"\n  }\n}\n')
+    r = load_servegen(tmp_path, 0, 600, 0.0, np.random.default_rng(0))
+    assert len(r) > 100 and set(r.input_len) == {5, 9}
+    ds = ws._Dataset(tmp_path / "chunk-7-dataset.json")
+    assert [x.tolist() for x in ds[0]["input_tokens"]] == [[5, 9], [0.5, 0.5]]
+    with pytest.raises(TraceError, match=r"chunk-7-dataset\.json:8: window 21600 output_tokens: probability -1\.0"):
+        load_servegen(tmp_path, 21600, 600, 0.0, np.random.default_rng(0))

@@ -85,24 +85,32 @@ def test_per_iteration_replanning_reads_no_config(compose_cfg, monkeypatch):
 
 
 def test_a_simulated_search_runs_without_the_cyclic_collector(compose_cfg, monkeypatch):
-    """The simulated search runs with Python's cyclic GC paused (15-20 % of its CPU was collector
-    passes over the live tree) and the collector is on again afterwards, also when the run fails.
-    Mutations caught: the collector not paused; not re-enabled after the run (or after a failure)."""
+    """The simulated search, and the summaries and tables built from its results, run with Python's
+    cyclic GC paused (15-20 % of the search's CPU, 2-8x the tables', was collector passes over the
+    live tree) and the collector is on again afterwards, also when the run fails. Mutations caught:
+    the collector not paused; on again before the tables; not re-enabled after the run (or after a
+    failure)."""
     import gc
 
     from harness.run import run
+    from systems.tts import metrics
     from systems.tts.search import Search
-    seen = []
-    real = Search.run_problem
+    seen, seen_tables = [], []
+    real, real_tables = Search.run_problem, metrics.tables
 
     def spy(self, *a, **k):
         seen.append(gc.isenabled())
         return real(self, *a, **k)
+
+    def spy_tables(*a, **k):
+        seen_tables.append(gc.isenabled())
+        return real_tables(*a, **k)
     monkeypatch.setattr(Search, "run_problem", spy)
+    monkeypatch.setattr(metrics, "tables", spy_tables)
     assert gc.isenabled()
     try:
         rec = run(compose_cfg("system=fasttts", "backend=sim", "n=8", "workload.num_problems=2"))
-        assert rec["status"] == "ok" and seen == [False, False] and gc.isenabled()
+        assert rec["status"] == "ok" and seen == [False, False] and seen_tables == [False] and gc.isenabled()
 
         def boom(self, *a, **k):
             raise RuntimeError("search failed")
