@@ -211,7 +211,10 @@ class TokenStream:
     tokens first (replay), then chunks of the step model, each ending at a boundary. Chunk
     lengths are drawn ahead (cheap) and body tokens only when read, from ``rng_len`` and ``rng_body``
     (``np.random.default_rng([seed, 0])`` and ``([seed, 1])`` of the request's seed:
-    :meth:`TokenSource.prepare`), so a stream is the same however far it is read."""
+    :meth:`TokenSource.prepare`), so a stream is the same however far it is read.
+
+    ``ends[i]`` / ``is_eos[i]``: the exclusive end of boundary i and whether it is the end token;
+    the first ``materialised`` of them are in ``tokens``, the rest drawn ahead."""
 
     def __init__(self, model: StepModel, rng_len: np.random.Generator, rng_body: np.random.Generator,
                  recorded: Sequence[int] = ()):
@@ -224,14 +227,29 @@ class TokenStream:
                 self.ends.append(i + 1)
                 self.is_eos.append(t == model.eos_id)
         self.length = len(self.tokens)                    # positions decided (materialised or drawn)
-        self.pending: deque = deque()                     # drawn chunks not materialised: (end, eos)
+        self.materialised = len(self.ends)
 
     def _draw(self) -> None:
         n, eos = self.m.chunk(self.rng_len)
         self.length += n
         self.ends.append(self.length)
         self.is_eos.append(eos)
-        self.pending.append((self.length, eos))
+
+    def scan(self, i: int, limit: int, eos_only: bool) -> Tuple[int, Optional[str]]:
+        """Look at boundary ``i`` (drawn if needed) for the end of a step that has not ended before
+        it: (its end, "eos" | "delimiter") when it ends the step (only the end token does, if
+        ``eos_only``); (``limit``, "length") when it lies past ``limit`` (or none can be drawn
+        before it); (its end, None) when it does not end the step, which then ends later."""
+        if i >= len(self.ends):
+            if self.length >= limit:
+                return limit, "length"
+            self._draw()
+        end = self.ends[i]
+        if end > limit:
+            return limit, "length"
+        if self.is_eos[i]:
+            return end, "eos"
+        return end, (None if eos_only else "delimiter")
 
     def boundary(self, start: int, limit: int, eos_only: bool) -> Tuple[int, str]:
         """End of the step starting at position ``start``: (exclusive end, finish) for the first
@@ -239,14 +257,9 @@ class TokenStream:
         "eos" | "delimiter"; (limit, "length") when there is none."""
         i = bisect.bisect_right(self.ends, start)
         while True:
-            while i >= len(self.ends):
-                if self.length >= limit:
-                    return limit, "length"
-                self._draw()
-            if self.ends[i] > limit:
-                return limit, "length"
-            if self.is_eos[i] or not eos_only:
-                return self.ends[i], "eos" if self.is_eos[i] else "delimiter"
+            end, finish = self.scan(i, limit, eos_only)
+            if finish is not None:
+                return end, finish
             i += 1
 
     def read(self, n: int) -> List[int]:
@@ -255,19 +268,19 @@ class TokenStream:
         (numpy's bounded integers keep no buffer between calls; tested)."""
         toks = self.tokens
         if len(toks) < n:
-            chunks, end = [], len(toks)
-            while end < n:
-                if not self.pending:
-                    self._draw()
-                end, eos = self.pending.popleft()
-                chunks.append((end, eos))
-            body = self.m.body(self.rng_body, end - len(toks) - len(chunks))
+            while self.length < n:
+                self._draw()
+            ends, is_eos, m = self.ends, self.is_eos, self.m
+            first = self.materialised
+            last = bisect.bisect_left(ends, n, first)      # the chunk holding position n - 1
+            body = m.body(self.rng_body, ends[last] - len(toks) - (last + 1 - first))
             at = 0
-            for end, eos in chunks:
-                k = end - len(toks) - 1
+            for i in range(first, last + 1):
+                k = ends[i] - len(toks) - 1
                 toks.extend(body[at:at + k])
-                toks.append(self.m.eos_id if eos else self.m.delimiter_id)
+                toks.append(m.eos_id if is_eos[i] else m.delimiter_id)
                 at += k
+            self.materialised = last + 1
         return toks[:n]
 
 
@@ -344,14 +357,31 @@ class _Engine:
 
 class _Seq:
     """A running request: its token stream, step end, KV pins, the engine step it was admitted at
-    (``admitted``: its decoded tokens are the engine steps since) and the engine step at which its
-    step or speculation ends (``end``)."""
-    __slots__ = ("r", "stream", "step_len", "finish", "hs", "extra", "cached", "spec_end", "admitted", "end")
+    (``admitted``: its decoded tokens are the engine steps since), its admission number (``order``)
+    and the engine step at which its step or speculation ends (``end``). A speculation's end is
+    found lazily (``speculating``: it decodes past its step): while ``tentative``, ``end`` is a lower
+    bound, the end of boundary ``scan - 1``, which did not end it; :meth:`resolve` looks further."""
+    __slots__ = ("r", "stream", "step_len", "finish", "hs", "extra", "cached", "admitted", "order", "end",
+                 "speculating", "cap", "scan", "tentative")
 
     def __init__(self, r, stream, step_len, finish, hs, extra, cached, admitted):
         self.r, self.stream, self.step_len, self.finish = r, stream, step_len, finish
         self.hs, self.extra, self.cached = hs, extra, cached
-        self.spec_end, self.admitted, self.end = None, admitted, admitted + step_len
+        self.admitted, self.end, self.order = admitted, admitted + step_len, 0
+        self.speculating = self.tentative = False
+
+    def speculate(self, cap: int) -> None:
+        """Decode on past the step, to the end token or ``cap`` tokens (``TokenStream.boundary`` from
+        the step's end, looked at one boundary at a time by :meth:`resolve`)."""
+        self.speculating, self.cap = True, cap
+        self.scan = bisect.bisect_right(self.stream.ends, self.step_len)
+        self.resolve()
+
+    def resolve(self) -> None:
+        """Look at the next boundary for the speculation's end; ``end`` and ``tentative`` follow."""
+        end, finish = self.stream.scan(self.scan, self.cap, eos_only=True)
+        self.scan += 1
+        self.end, self.tentative = self.admitted + end, finish is None
 
 
 class SimGenerator(_Engine):
@@ -372,11 +402,11 @@ class SimGenerator(_Engine):
         self._head = None                          # (queue head, its block hashes, stream, step end, finish)
         self.configure(kv_bytes, max_num_seqs)
 
-    def _admit(self, queue: deque, run: Dict[str, _Seq], now: int) -> Tuple[List[Tuple[int, int]], bool]:
-        """Admit queued requests at engine step ``now``. Returns (prefill chunks, whether admission
-        stopped at the token budget, so the next step admits again)."""
+    def _admit(self, queue: deque, run: Dict[str, _Seq], now: int) -> Tuple[List[Tuple[int, int]], List[_Seq], bool]:
+        """Admit queued requests at engine step ``now``. Returns (prefill chunks, the sequences admitted,
+        whether admission stopped at the token budget, so the next step admits again)."""
         from harness.errors import RunOOM
-        B, prefill = self.block, []
+        B, prefill, new_seqs = self.block, [], []
         budget = self.token_budget - len(run)              # running sequences decode one token each
         while queue and len(run) < self.max_num_seqs:
             r = queue[0]
@@ -388,18 +418,19 @@ class SimGenerator(_Engine):
             hit = self.cache.hit_tokens(hs, len(r.prompt_ids))
             new = len(r.prompt_ids) - hit
             if new > budget:
-                return prefill, True
+                return prefill, new_seqs, True
             extra = math.ceil((len(r.prompt_ids) + step_len) / B) - len(hs)
             if not self.cache.try_admit(hs, extra):
                 if not run:
                     raise RunOOM(f"simulated generator KV ({self.cache.capacity} blocks of {B}) cannot hold one "
                                  f"sequence of {len(r.prompt_ids) + step_len} tokens")
-                return prefill, False
+                return prefill, new_seqs, False
             queue.popleft()
             budget -= new
             prefill.append((new, hit))
-            run[r.uid] = _Seq(r, stream, step_len, finish, hs, extra, hit, now)
-        return prefill, False
+            run[r.uid] = s = _Seq(r, stream, step_len, finish, hs, extra, hit, now)
+            new_seqs.append(s)
+        return prefill, new_seqs, False
 
     def extend(self, requests: List[GenRequest], policy: SpeculationPolicy) -> GenResult:
         """Run the requests to the end of their steps (list order = admission order); the
@@ -410,7 +441,7 @@ class SimGenerator(_Engine):
         run: Dict[str, _Seq] = {}                 # admission order
         spec: Dict[str, _Seq] = {}                # the running sequences that speculate
         ends: List[Tuple[int, int, str]] = []     # heap of (end step, admission number, uid)
-        order: Dict[str, int] = {}
+        admitted = 0
         outputs: Dict[str, GenOutput] = {}
         t, steps, ctx = 0.0, 0, 0                 # ctx: the running sequences' context tokens, summed
 
@@ -421,44 +452,57 @@ class SimGenerator(_Engine):
             ctx -= len(s.r.prompt_ids) + steps - s.admitted
             self._finish(s, steps - s.admitted, outputs)
 
+        def first_end(upto: int) -> Optional[_Seq]:
+            """The running sequence whose end comes first, if at or before step ``upto``: stale heap
+            entries (finished or re-timed) dropped, lazy speculation ends looked at until the
+            first is exact (a lower bound at the top bounds every other end)."""
+            while ends:
+                end, _, uid = ends[0]
+                s = run.get(uid)
+                if s is None or s.end != end:
+                    heapq.heappop(ends)
+                elif end > upto:
+                    return None
+                elif s.tentative:
+                    s.resolve()
+                    heapq.heapreplace(ends, (s.end, s.order, uid))
+                else:
+                    return s
+            return None
+
         while queue or run:
             decodes = len(run)
             dec_ctx = ctx / decodes if decodes else 0.0
-            prefill, more = self._admit(queue, run, steps)
+            prefill, new_seqs, more = self._admit(queue, run, steps)
             if not run:
                 raise RuntimeError(f"simulated generator: request {queue[0].uid} ({len(queue[0].prompt_ids)} prompt "
                                    f"tokens) exceeds the step's token budget ({self.token_budget})")
-            for uid in list(run)[decodes:]:                                   # admitted now
-                s = run[uid]
-                order[uid] = len(order)
+            for s in new_seqs:
+                s.order = admitted
+                admitted += 1
                 ctx += len(s.r.prompt_ids)
-                heapq.heappush(ends, (s.end, order[uid], uid))
-            while ends[0][2] not in run or run[ends[0][2]].end != ends[0][0]:  # finished or re-timed
-                heapq.heappop(ends)
-            k = 1 if more else ends[0][0] - steps
+                heapq.heappush(ends, (s.end, s.order, s.r.uid))
+            k = 1 if more else first_end(math.inf).end - steps
             t += _t_step(self.m, self.hw, prefill, decodes, dec_ctx)      # first step (with prefill)
             if k > 1:
                 t += (k - 1) * _t_step(self.m, self.hw, [], len(run), ctx / len(run) + k / 2.0)
             steps += k
             ctx += k * len(run)
             due = []
-            while ends and ends[0][0] <= steps:
-                end, _, uid = heapq.heappop(ends)
-                if uid in run and run[uid].end == end:
-                    due.append(uid)
-            for uid in sorted(due, key=order.__getitem__):                   # in admission order
-                s = run[uid]
-                if s.spec_end is not None:                                  # end token or cap: finished
+            while (s := first_end(steps)) is not None:
+                heapq.heappop(ends)
+                due.append(s)
+            for s in sorted(due, key=lambda s: s.order):                   # in admission order
+                uid = s.r.uid
+                if s.speculating:                                          # end token or cap: finished
                     finish(uid)
                 elif policy.at_step_end(s.r, s.finish, len(queue)) == SPECULATE:
-                    cap = min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids))
-                    s.spec_end, _ = s.stream.boundary(s.step_len, cap, eos_only=True)
-                    if s.spec_end <= steps - s.admitted:
+                    s.speculate(min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids)))
+                    if s.end <= steps:
                         finish(uid)
                     else:
-                        s.end = s.admitted + s.spec_end
                         spec[uid] = s
-                        heapq.heappush(ends, (s.end, order[uid], uid))
+                        heapq.heappush(ends, (s.end, s.order, uid))
                 else:
                     finish(uid)
             if spec:
@@ -475,7 +519,7 @@ class SimGenerator(_Engine):
         """End ``s`` after ``done`` decoded tokens: its step, or everything it decoded when it
         speculated; cache the blocks it filled."""
         r = s.r
-        toks = s.stream.read(done if s.spec_end is not None else s.step_len)
+        toks = s.stream.read(done if s.speculating else s.step_len)
         full = [*r.prompt_ids, *toks]
         hs = extend_hashes(full, self.block, s.hs)              # s.hs: the prompt's, and full extends it
         self.paths.remember(r.path, full, hs)
