@@ -35,18 +35,20 @@ from systems.tts.seeding import generators
 from systems.tts.speculation import SPECULATE, SpeculationPolicy
 
 
-def block_hashes(tokens: Sequence[int], block: int, base: Sequence[int] = (), base_hashes: Sequence[int] = ()) -> List[int]:
+def block_hashes(tokens: List[int], block: int, base: List[int] = (), base_hashes: Sequence[int] = (),
+                 base_tail: List[int] = ()) -> List[int]:
     """Chained hashes of the full ``block``-token blocks of ``tokens`` (block j's covers blocks 0..j,
-    as vLLM's prefix-cache keys). ``base`` / ``base_hashes``: a token list hashed before and its
-    hashes; the leading blocks ``tokens`` shares with it (compared, not assumed) keep their hashes
-    and only the blocks after them are hashed: a path's hashes extend its parent's."""
+    as vLLM's prefix-cache keys). ``base`` (followed by ``base_tail``) / ``base_hashes``: a token
+    list hashed before and its hashes; the leading blocks ``tokens`` shares with it (compared, not
+    assumed) keep their hashes and only the blocks after them are hashed: a path's hashes extend its
+    parent's."""
     B = block
     k = min(len(tokens) // B, len(base_hashes))
-    if k and tokens[:k * B] != base[:k * B]:            # not a plain extension: the shared blocks
-        lo, hi = 0, k - 1                                # their count lies in [lo, hi]
+    if k and not _starts_with(tokens, k * B, base, base_tail):   # not a plain extension: the shared blocks
+        lo, hi = 0, k - 1                                        # their count lies in [lo, hi]
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if tokens[:mid * B] == base[:mid * B]:
+            if _starts_with(tokens, mid * B, base, base_tail):
                 lo = mid
             else:
                 hi = mid - 1
@@ -54,13 +56,27 @@ def block_hashes(tokens: Sequence[int], block: int, base: Sequence[int] = (), ba
     return extend_hashes(tokens, block, base_hashes[:k])
 
 
+def _starts_with(tokens: List[int], n: int, base: List[int], tail: List[int]) -> bool:
+    """Whether ``tokens[:n]`` is the first ``n`` tokens of ``base + tail`` (lists; ``n`` at most both
+    lengths): one slice of ``tokens`` when the part in ``base`` is all of it."""
+    p = len(base)
+    if n <= p:
+        return tokens[:n] == (base if n == p else base[:n])
+    return tokens[:p] == base and tokens[p:n] == tail[:n - p]
+
+
 def extend_hashes(tokens: Sequence[int], block: int, hashes: Sequence[int]) -> List[int]:
     """:func:`block_hashes` of ``tokens`` given ``hashes``, those of its leading blocks (assumed, not
     compared): only the blocks after them are hashed."""
-    out = list(hashes)
-    h = out[-1] if out else 0
-    for j in range(len(out), len(tokens) // block):
-        h = hash((h, tuple(tokens[j * block:(j + 1) * block])))
+    return [*hashes, *chain_hashes(hashes[-1] if hashes else 0, tokens, len(hashes) * block, block)]
+
+
+def chain_hashes(h: int, tokens: Sequence[int], start: int, block: int) -> List[int]:
+    """Hashes of the full ``block``-token blocks of ``tokens[start:]``, chained from ``h`` (the hash of
+    the blocks before ``start``; 0 at the root)."""
+    out = []
+    for a in range(start, len(tokens) - block + 1, block):
+        h = hash((h, tuple(tokens[a:a + block])))
         out.append(h)
     return out
 
@@ -69,17 +85,19 @@ class PathHashes:
     """The token lists a simulated engine hashed, by path name (``GenRequest.path``, a
     ``beams.Lineage``): :meth:`hashes` of a path's new list extends the hashes of the path's own or
     its nearest ancestor's last list (:func:`block_hashes` compares the tokens, so a wrong hint costs
-    time, never a different hash)."""
+    time, never a different hash). The lists are kept, not copied: their owners never change them
+    (a request's ``prompt_ids``, an output's tokens, a verifier input built for the call)."""
 
     def __init__(self, block: int):
         self.block, self.memo = block, Lineage()
 
-    def hashes(self, tokens: Sequence[int], path: str = "") -> List[int]:
-        base, hs = (self.memo.get(path) if path else None) or ((), ())
-        return block_hashes(tokens, self.block, base, hs)
+    def hashes(self, tokens: List[int], path: str = "") -> List[int]:
+        base, hs, tail = (self.memo.get(path) if path else None) or ((), (), ())
+        return block_hashes(tokens, self.block, base, hs, tail)
 
-    def remember(self, path: str, tokens: Sequence[int], hs: List[int]) -> None:
-        self.memo.put(path, (tokens, hs))
+    def remember(self, path: str, tokens: List[int], hs: List[int], tail: List[int] = ()) -> None:
+        """Keep ``hs``, the block hashes of ``tokens + tail``, as ``path``'s."""
+        self.memo.put(path, (tokens, hs, tail))
 
 
 class BlockCache:
@@ -114,10 +132,9 @@ class BlockCache:
         return len(self.ref) + len(self.free) + self.reserved
 
     def _evict(self, k: int) -> int:
-        n = 0
-        while n < k and self.free:
+        n = min(k, len(self.free))
+        for _ in range(n):
             self.free.popitem(last=False)
-            n += 1
         return n
 
     def pinned_prefix(self, hs: List[int], upto: Optional[int] = None) -> int:
@@ -140,13 +157,13 @@ class BlockCache:
         new = hs[k:]                                  # to pin: free cached ones or missing
         if len(ref) + len(new) + self.reserved + extra_blocks > self.capacity:
             return False
-        for h in new:
-            free.pop(h, None)
-        over = len(ref) + len(free) + self.reserved + len(new) + extra_blocks - self.capacity
-        if over > 0:
-            self._evict(over)
-        for h in new:                                 # each: one pinned child, or (the last) the chain's end
-            ref[h] = 1
+        if free:
+            for h in new:
+                free.pop(h, None)
+            over = len(ref) + len(free) + self.reserved + len(new) + extra_blocks - self.capacity
+            if over > 0:
+                self._evict(over)
+        ref.update(dict.fromkeys(new, 1))             # each: one pinned child, or (the last) the chain's end
         if k:                                         # the deepest pinned block: a new child, or the end again
             ref[hs[k - 1]] += 1
         self.reserved += extra_blocks
@@ -167,13 +184,18 @@ class BlockCache:
             j -= 1
         for h in pinned[j + 1:]:
             free[h] = None
+        room = self.capacity - len(ref) - len(free) - self.reserved
         for h in produced:
             if h in ref:
                 continue
             if h in free:
                 free.move_to_end(h)
                 continue
-            if len(ref) + len(free) + self.reserved >= self.capacity and not self._evict(1):
+            if room > 0:
+                room -= 1
+            elif free:                                # full: the LRU free block makes room
+                free.popitem(last=False)
+            else:
                 break
             free[h] = None
 
@@ -312,11 +334,11 @@ def step_terms(m: ModelShape, prefill: List[Tuple[int, int]], decodes: int, ctx:
     position multiplies the body parameters; the vocabulary projection runs once per sampled
     sequence (each decode, and the last prompt token of each prefill); weights are read once
     (``ModelShape.read_bytes``)."""
-    new = sum(a for a, _ in prefill)
+    new = sum(a for a, _ in prefill) if prefill else 0
     sampled = decodes + len(prefill)
     flops = 2 * m.body_params * (new + decodes) + 2 * m.head_params * sampled \
         + 4 * m.num_layers * m.hidden_size * decodes * ctx \
-        + sum(2 * m.num_layers * m.hidden_size * a * (2 * c + a) for a, c in prefill)
+        + (sum(2 * m.num_layers * m.hidden_size * a * (2 * c + a) for a, c in prefill) if prefill else 0)
     return flops, m.read_bytes + (decodes * ctx + new) * m.kv_bytes_per_token, sampled
 
 
@@ -440,6 +462,7 @@ class SimGenerator(_Engine):
         queue = deque(requests)
         run: Dict[str, _Seq] = {}                 # admission order
         spec: Dict[str, _Seq] = {}                # the running sequences that speculate
+        potential: Dict[str, int] = {}            # their potentials (the policy's input)
         ends: List[Tuple[int, int, str]] = []     # heap of (end step, admission number, uid)
         admitted = 0
         outputs: Dict[str, GenOutput] = {}
@@ -448,7 +471,8 @@ class SimGenerator(_Engine):
         def finish(uid: str) -> None:
             nonlocal ctx
             s = run.pop(uid)
-            spec.pop(uid, None)
+            if spec.pop(uid, None) is not None:
+                del potential[uid]
             ctx -= len(s.r.prompt_ids) + steps - s.admitted
             self._finish(s, steps - s.admitted, outputs)
 
@@ -501,16 +525,15 @@ class SimGenerator(_Engine):
                     if s.end <= steps:
                         finish(uid)
                     else:
-                        spec[uid] = s
+                        spec[uid], potential[uid] = s, s.r.potential
                         heapq.heappush(ends, (s.end, s.order, uid))
                 else:
                     finish(uid)
             if spec:
-                need = sum(math.ceil((len(s.r.prompt_ids) + steps - s.admitted) / B) - len(s.hs) - s.extra
+                need = sum(-((s.admitted - len(s.r.prompt_ids) - steps) // B) - len(s.hs) - s.extra    # ceil(tokens / B)
                            for s in spec.values())
                 pressure = need > self.cache.capacity - self.cache.used()
-                for uid in policy.to_abort(len(run) - len(spec), {u: s.r.potential for u, s in spec.items()},
-                                           len(queue), pressure):
+                for uid in policy.to_abort(len(run) - len(spec), potential, len(queue), pressure):
                     finish(uid)
         spec_total = sum(len(o.tokens) - o.step_len for o in outputs.values())
         return GenResult(outputs, t + self.swap_time(), steps, spec_total)
@@ -518,13 +541,12 @@ class SimGenerator(_Engine):
     def _finish(self, s: _Seq, done: int, outputs: Dict[str, GenOutput]) -> None:
         """End ``s`` after ``done`` decoded tokens: its step, or everything it decoded when it
         speculated; cache the blocks it filled."""
-        r = s.r
+        r, hs, prompt = s.r, s.hs, s.r.prompt_ids
         toks = s.stream.read(done if s.speculating else s.step_len)
-        full = [*r.prompt_ids, *toks]
-        hs = extend_hashes(full, self.block, s.hs)              # s.hs: the prompt's, and full extends it
-        self.paths.remember(r.path, full, hs)
-        self.cache.release(s.hs, s.extra, hs[len(s.hs):])
-        outputs[r.uid] = GenOutput(toks, s.finish, s.step_len, s.cached, len(r.prompt_ids))
+        filled = chain_hashes(hs[-1] if hs else 0, prompt[len(hs) * self.block:] + toks, 0, self.block)
+        self.paths.remember(r.path, prompt, hs + filled, toks)        # hs: the prompt's full blocks
+        self.cache.release(hs, s.extra, filled)
+        outputs[r.uid] = GenOutput(toks, s.finish, s.step_len, s.cached, len(prompt))
 
 
 class SimVerifier(_Engine):
@@ -546,36 +568,38 @@ class SimVerifier(_Engine):
         from harness.errors import RunOOM
         prompt = self.prompts.get(pidx, [])
         t, cached, total, vals = 0.0, 0, 0, []
-        B = self.block
+        B, cache, build, hashes, remember = self.block, self.cache, self.map.build, self.paths.hashes, self.paths.remember
+        attn_per = 2 * self.m.num_layers * self.m.hidden_size        # attention FLOPs per new token x context
         for i in range(0, len(items), self.max_num_seqs):
             batch = items[i:i + self.max_num_seqs]
             new_tokens, pinned, attn = 0, [], 0.0
             for j, (toks, ends) in enumerate(batch):
                 path = paths[i + j] if paths else ""
-                seq, pos = self.map.build(prompt, toks, ends)
-                hs = self.paths.hashes(seq, path)
-                self.paths.remember(path, seq, hs)
-                hit = self.cache.hit_tokens(hs, len(seq))
-                extra = math.ceil(len(seq) / B) - len(hs)
-                if not self.cache.try_admit(hs, extra):
+                seq, pos = build(prompt, toks, ends)
+                n = len(seq)
+                hs = hashes(seq, path)
+                remember(path, seq, hs)
+                hit = cache.hit_tokens(hs, n)
+                extra = -(-n // B) - len(hs)
+                if not cache.try_admit(hs, extra):
                     for h, e in pinned:
-                        self.cache.release(h, e, [])
+                        cache.release(h, e, ())
                     pinned = []
                     t += self._charge(new_tokens, attn)
                     new_tokens, attn = 0, 0.0
-                    if not self.cache.try_admit(hs, extra):
-                        raise RunOOM(f"simulated verifier KV ({self.cache.capacity} blocks) cannot hold one "
-                                     f"sequence of {len(seq)} tokens")
+                    if not cache.try_admit(hs, extra):
+                        raise RunOOM(f"simulated verifier KV ({cache.capacity} blocks) cannot hold one "
+                                     f"sequence of {n} tokens")
                 pinned.append((hs, extra))
-                new = len(seq) - hit
+                new = n - hit
                 new_tokens += new
-                attn += 2 * self.m.num_layers * self.m.hidden_size * new * (len(seq) + hit)
+                attn += attn_per * new * (n + hit)
                 cached += hit
-                total += len(seq)
+                total += n
                 vals.append(self.prm.values(pidx, toks, ends, [p >= hit for p in pos], path))
             t += self._charge(new_tokens, attn)
             for h, e in pinned:
-                self.cache.release(h, e, [])
+                cache.release(h, e, ())
         return VerifierOutput(vals, t + self.swap_time(), cached, total)
 
     def _charge(self, new_tokens: int, attn_flops: float) -> float:
