@@ -47,3 +47,31 @@ def test_token_map_passes_the_steps_through_for_the_same_tokenizer():
     assert tm.build(prompt, [3, 7, 4, 5, 7, 9], [2, 5]) == ([1, 2, 3, 7, 4, 5, 7], [3, 6])
     assert tm.build(prompt, [3, 7], [2]) == ([1, 2, 3, 7], [3]) and prompt == [1, 2]
     assert tm.build(prompt, [], []) == ([1, 2], [])
+
+
+@pytest.mark.parametrize("seed", [0, 3, 41])
+def test_lazy_speculation_end_is_the_streams_boundary(seed):
+    """A speculation's end found lazily (``sim._Seq.speculate`` / ``resolve``, one boundary at a time)
+    is the eager ``TokenStream.boundary`` from the step's end to the end token or the cap, and every
+    tentative end before it is a strictly rising lower bound (so the end heap's top is exact once
+    resolved). Mutations caught: ``resolve`` not moving past the boundary it looked at (``scan``
+    not incremented: no progress), the scan starting at the step's own delimiter (``bisect_left``),
+    the speculation stopping at a delimiter (``eos_only=False``)."""
+    from systems.tts.sim import _Seq
+    model = StepModel(p_delim=0.05, p_eos=0.005, delimiter_id=271, eos_id=151643, vocab_size=151936)
+    r = GenRequest("r", [1, 2], 64, seed)
+    for cap in (30, 400, 5000):
+        lazy, eager = TokenSource(model).stream(r), TokenSource(model).stream(r)
+        step_len, _ = lazy.boundary(0, 64, eos_only=False)
+        eager.boundary(0, 64, eos_only=False)
+        s = _Seq(r, lazy, step_len, "delimiter", [], 0, 0, admitted=7)
+        s.speculate(cap)
+        bounds = [s.end]
+        while s.tentative and len(bounds) < 10_000:
+            s.resolve()
+            bounds.append(s.end)
+        end, _ = eager.boundary(step_len, cap, eos_only=True)
+        assert not s.tentative and s.end == 7 + end
+        tentative = bounds[:-1]
+        assert all(a < b for a, b in zip(tentative, tentative[1:])) and all(b <= s.end for b in tentative)
+        assert all(b > 7 + step_len for b in tentative)
