@@ -75,8 +75,8 @@ def chain_hashes(h: int, tokens: Sequence[int], start: int, block: int) -> List[
     """Hashes of the full ``block``-token blocks of ``tokens[start:]``, chained from ``h`` (the hash of
     the blocks before ``start``; 0 at the root)."""
     out = []
-    for a in range(start, len(tokens) - block + 1, block):
-        h = hash((h, tuple(tokens[a:a + block])))
+    for blk in zip(*[iter(tokens[start:] if start else tokens)] * block):     # the full blocks, as tuples
+        h = hash((h, blk))
         out.append(h)
     return out
 
