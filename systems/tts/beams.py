@@ -134,7 +134,7 @@ class SyntheticPrm:
         if not wanted:
             return [None] * len(step_ends)
         base = self.memo.get(path) if path else None
-        if base is not None and base[1] <= wanted[0] and _starts_with(tokens, base[0], base[1]):
+        if base is not None and base[1] <= wanted[0] and starts_with(tokens, base[1], base[0]):
             h, at = base[2].copy(), base[1]
         else:
             h, at = _prm_hasher(self.seed, problem), 0
@@ -143,10 +143,15 @@ class SyntheticPrm:
         return [got[e] if c else None for e, c in zip(step_ends, computed)]
 
 
-def _starts_with(tokens: Sequence[int], other: Sequence[int], n: int) -> bool:
-    """Whether ``tokens`` and ``other`` have the same first ``n`` tokens (each at least ``n`` long; a
-    list holding exactly ``n`` is compared as it is: one slice instead of two)."""
-    return (tokens if len(tokens) == n else tokens[:n]) == (other if len(other) == n else other[:n])
+def starts_with(tokens: Sequence[int], n: int, base: Sequence[int], tail: Sequence[int] = ()) -> bool:
+    """Whether the first ``n`` of ``tokens`` are the first ``n`` of ``base`` followed by ``tail`` (lists;
+    ``n`` at most both lengths). A list holding exactly the tokens compared is compared as it is: no
+    slice (a path's tokens are compared with its parent's on every call of the simulated engines and
+    the synthetic PRM)."""
+    p = len(base)
+    if n <= p:
+        return (tokens if len(tokens) == n else tokens[:n]) == (base if n == p else base[:n])
+    return tokens[:p] == base and tokens[p:n] == tail[:n - p]
 
 
 def _prm_hasher(seed: int, problem: int):

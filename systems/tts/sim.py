@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from systems.tts.beams import Lineage, SyntheticPrm
+from systems.tts.beams import Lineage, SyntheticPrm, starts_with
 from systems.tts.memory import ModelShape, Roofline
 from systems.tts.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
 from systems.tts.seeding import generators
@@ -44,25 +44,16 @@ def block_hashes(tokens: List[int], block: int, base: List[int] = (), base_hashe
     parent's."""
     B = block
     k = min(len(tokens) // B, len(base_hashes))
-    if k and not _starts_with(tokens, k * B, base, base_tail):   # not a plain extension: the shared blocks
+    if k and not starts_with(tokens, k * B, base, base_tail):   # not a plain extension: the shared blocks
         lo, hi = 0, k - 1                                        # their count lies in [lo, hi]
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if _starts_with(tokens, mid * B, base, base_tail):
+            if starts_with(tokens, mid * B, base, base_tail):
                 lo = mid
             else:
                 hi = mid - 1
         k = lo
     return extend_hashes(tokens, block, base_hashes[:k])
-
-
-def _starts_with(tokens: List[int], n: int, base: List[int], tail: List[int]) -> bool:
-    """Whether ``tokens[:n]`` is the first ``n`` tokens of ``base + tail`` (lists; ``n`` at most both
-    lengths): one slice of ``tokens`` when the part in ``base`` is all of it."""
-    p = len(base)
-    if n <= p:
-        return tokens[:n] == (base if n == p else base[:n])
-    return tokens[:p] == base and tokens[p:n] == tail[:n - p]
 
 
 def extend_hashes(tokens: Sequence[int], block: int, hashes: Sequence[int]) -> List[int]:

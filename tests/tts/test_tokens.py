@@ -75,3 +75,19 @@ def test_lazy_speculation_end_is_the_streams_boundary(seed):
         tentative = bounds[:-1]
         assert all(a < b for a, b in zip(tentative, tentative[1:])) and all(b <= s.end for b in tentative)
         assert all(b > 7 + step_len for b in tentative)
+
+
+def test_starts_with_compares_the_first_n_tokens_of_base_then_tail():
+    """beams.starts_with, shared by the simulated engines' block hashes and the synthetic PRM:
+    tokens[:n] against (base + tail)[:n]. Mutations caught: the tail's part compared from its
+    position in ``tokens`` (``tail[p:n]``); ``n == p`` taken as all of ``tokens``; the tail ignored."""
+    from systems.tts.beams import starts_with
+    base, tail = [1, 2, 3], [4, 5]
+    assert starts_with([1, 2, 3, 4, 5, 6], 5, base, tail)
+    assert starts_with([1, 2, 3, 4], 4, base, tail)
+    assert not starts_with([1, 2, 3, 4, 9], 5, base, tail)
+    assert not starts_with([1, 2, 3, 9, 5], 4, base, tail)
+    assert starts_with([1, 2, 3, 9], 3, base, tail)             # n inside base: what follows does not count
+    assert starts_with([1, 2], 2, base)
+    assert not starts_with([1, 7, 3], 3, base)
+    assert not starts_with([1, 2, 3], 3, [1, 2, 4], [])
