@@ -14,21 +14,25 @@ from typing import List, Optional, Sequence
 
 
 
+def _encoded(parts) -> bytes:
+    """The bytes :func:`stable_hash` hashes: each part's repr followed by a unit separator (0x1f)."""
+    return ("\x1f".join(map(repr, parts)) + "\x1f").encode() if parts else b""
+
+
 def stable_hash(*parts) -> int:
     """64-bit blake2b hash of the parts' reprs, each followed by a unit separator (0x1f); stable across
     processes (unlike ``hash``)."""
-    text = "\x1f".join(map(repr, parts)) + "\x1f" if parts else ""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(_encoded(parts), digest_size=8).digest(), "little")
 
 
 def stable_hashes(parts: tuple, lasts: Sequence) -> List[int]:
     """``[stable_hash(*parts, x) for x in lasts]``, the shared leading parts hashed once (a copy of
     the hash state per item: half the cost of one ``stable_hash`` each)."""
-    h = hashlib.blake2b(("\x1f".join(map(repr, parts)) + "\x1f").encode() if parts else b"", digest_size=8)
+    h = hashlib.blake2b(_encoded(parts), digest_size=8)
     out = []
     for x in lasts:
         c = h.copy()
-        c.update(f"{x!r}\x1f".encode())
+        c.update(_encoded((x,)))
         out.append(int.from_bytes(c.digest(), "little"))
     return out
 
