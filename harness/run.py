@@ -283,6 +283,25 @@ def print_table(cfg, backend: Backend, res: RunResult, outdir: Path, ci: Optiona
     say(f"record: {outdir / 'run.json'}")
 
 
+def job_config(cfg: DictConfig) -> Tuple[Dict[str, Any], str]:
+    """A job's resolved config as its record keeps it (``hydra``'s own node left out, as Hydra hands
+    the job its config) and the config hash that identifies the job's record."""
+    d = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+         for k in cfg if k != "hydra"}
+    return d, records.config_hash(d)
+
+
+def recorded(outdir: Path, chash: str, tell: Callable[[str], None] = say) -> Optional[Dict[str, Any]]:
+    """The job's valid record in ``outdir`` (``records.load_valid_record``: this record version, status
+    ok or oom, config hash ``chash``), telling (``tell``: printed and logged to run.log) that the job is
+    skipped; None when there is none. The one resume check: :func:`run` makes it before a job, the
+    sweeper before launching (with ``tell=print``: its log is Hydra's, which prints it again)."""
+    prev = records.load_valid_record(outdir, chash)
+    if prev is not None:
+        tell(f"skipping: valid record exists ({outdir / 'run.json'}, status {prev['status']})")
+    return prev
+
+
 def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[List[str]] = None) -> Dict[str, Any]:
     """Run one job from a composed config and return its record (also written to run.json).
 
@@ -295,12 +314,10 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
     runner, backend = validate_config(cfg)
     multirun = in_multirun() if multirun is None else multirun
     outdir = writable_output_dir(cfg)
-    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
-    chash = records.config_hash(cfg_dict)
+    cfg_dict, chash = job_config(cfg)
     if cfg.get("resume", True):
-        prev = records.load_valid_record(outdir, chash)
+        prev = recorded(outdir, chash)
         if prev is not None:
-            say(f"skipping: valid record exists ({outdir / 'run.json'}, status {prev['status']})")
             return prev
     overrides = task_overrides() if overrides is None else overrides
     with logs.job_log(outdir):

@@ -127,24 +127,18 @@ class FastBasicSweeper(Sweeper):
         return [list(job) for job in itertools.product(*lists.values())]
 
     def recorded(self, job: Sequence[str]) -> bool:
-        """Whether the job has a valid record of its config (the check ``harness.run.run`` makes
-        before it would run the job, on the job's resolved config: same record version, status ok
-        or oom, same config hash); says "skipping: valid record exists" when so. False when the
+        """Whether the job has a valid record of its config (``harness.run.recorded``, the check
+        ``harness.run.run`` makes before it would run the job, on the job's resolved config); says
+        "skipping: valid record exists" when so. False when the
         job sets ``resume=false`` or ``output_dir``, or its config needs Hydra's own composition."""
-        from harness import records
+        from harness.run import job_config, recorded
         cfg = self.hydra_context.config_loader.job_view(self.config, list(job))
         if cfg is None or not cfg.get("resume", True) or cfg.get("output_dir"):
             return False
         outdir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
         if not (outdir / "run.json").exists():
             return False
-        task = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
-                for k in cfg if k != "hydra"}
-        prev = records.load_valid_record(outdir, records.config_hash(task))
-        if prev is None:
-            return False
-        print(f"skipping: valid record exists ({outdir / 'run.json'}, status {prev['status']})")
-        return True
+        return recorded(outdir, job_config(cfg)[1], tell=print) is not None
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from harness.errors import ConfigError
