@@ -87,10 +87,10 @@ class Driver:
             seen.append((now - arr[rest[-1]], sum(need[r] - pref[r] for r in rest)))
         return EngineState(now, seen, self.n_dec, self.chunk, self.m, self.clock)
 
-    def _call(self, hook, now: float, trigger: str, rid: int = -1, *args) -> None:
+    def _call(self, hook, now: float, trigger: str, rid: int = -1, win: Optional[WindowStats] = None) -> None:
         s = self.state(now)
         t0 = time.perf_counter_ns()
-        d = hook(s, *args)
+        d = hook(s) if win is None else hook(s, win)
         us = (time.perf_counter_ns() - t0) / 1e3
         if d is None:
             self.dec_rows.append((now, trigger, rid, us, None, None, None, None, None, None, None))

@@ -136,11 +136,11 @@ def run(cfg, ctx) -> RunResult:
 
 def run_sim(cfg, ctx) -> RunResult:
     """Simulate the system. Raises RunOOM if the weights, or the longest request's KV, do not fit."""
-    from systems.serving.driver import Driver
-    from systems.serving.gpu_model import StageModel
+    from systems.compiled import twin
     from systems.serving.metrics import summarize
     from systems.serving.profiler import table_error
-    from systems.serving.simulator import SimExecutor
+    Driver, SimExecutor = twin("systems.serving.driver").Driver, twin("systems.serving.simulator").SimExecutor
+    StageModel = twin("systems.serving.gpu_model").StageModel
     s, w, hw = cfg.system, cfg.workload, cfg.hardware
     tp, pp = parallelism(cfg)
     stage = StageModel(cfg.model, hw, tp, pp)

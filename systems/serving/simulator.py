@@ -267,8 +267,8 @@ class SimExecutor:
             return
         f = self._clock_at(t) if self.pending else self.clock
         seqs = len(scheduled)
-        ctx, pairs = float(ctx), float(pairs)
-        lat, e_gpu = self.cost.step1(n, f, ctx, pairs, seqs)
+        kv_read, attn = float(ctx), float(pairs)
+        lat, e_gpu = self.cost.step1(n, f, kv_read, attn, seqs)
         g, stage_free, e_bin = self.g, self.stage_free, self.e_bin
         e_it, busy = 0.0, g * e_gpu
         p_idle = None                                    # P_idle(f), asked when a stage waited
@@ -291,7 +291,7 @@ class SimExecutor:
         self.slot_ready[j] = prev
         self.seq += 1
         heapq.heappush(self.heap, (prev, self.seq, j, decs, scheduled, lat, e_it, f, self.chunk + n_dec,
-                                   (n, ctx, pairs, seqs)))
+                                   (n, kv_read, attn, seqs)))
 
     def _complete(self, item) -> Iteration:
         """A microbatch left the last stage: its tokens appear."""
