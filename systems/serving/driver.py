@@ -23,8 +23,6 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from functools import reduce
-from operator import add
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -260,8 +258,9 @@ class Driver:
             starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
             who = owner[starts]
             gap_max[who] = np.maximum.reduceat(g, starts)
-            gl, bounds = g.tolist(), starts.tolist() + [len(g)]
-            gap_sum[who] = [reduce(add, gl[a:b], 0.0) for a, b in zip(bounds, bounds[1:])]
+            # bincount adds each weight to its bin in array order, one after another from 0.0 (not
+            # pairwise, as np.add.reduceat may): each request's gaps summed in time order
+            gap_sum = np.bincount(owner, weights=g, minlength=N)
         return gen, first, gap_sum, gap_max, gaps, gap_times
 
     def _result(self, totals, t_end: float) -> ServeResult:
@@ -298,8 +297,8 @@ class Driver:
         a = np.minimum(self.arr.astype(int), nb - 1)
         tl["arrivals"] = np.bincount(a, minlength=nb)[:nb]
         tl["input_tokens"] = np.bincount(a, weights=self.inp, minlength=nb)[:nb]
-        ck = np.asarray(totals.clock_log or [(0.0, self.clock)], float)
-        ends = np.append(ck[1:, 0], max(t_end, ck[-1, 0]) + 1)
+        ck = [(float(t), float(f)) for t, f in totals.clock_log or [(0.0, self.clock)]]
+        ends = [t for t, _ in ck[1:]] + [max(t_end, ck[-1][0]) + 1]
         f_bin = np.zeros(nb)
         for (lo, fv), hi in zip(ck, ends):
             for i in range(int(lo), min(int(math.ceil(hi)), nb)):
