@@ -32,6 +32,7 @@ from harness.config import validate_common
 from harness.errors import ConfigError, RunOOM, bad
 from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
+from systems import compiled
 
 log = logging.getLogger(__name__)
 
@@ -388,6 +389,8 @@ def _record_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg
     rec.update(status=res.status, message=res.message, wall_s=time.perf_counter() - t0,
                finished_at=datetime.now(timezone.utc).isoformat(),
                summary=res.summary, tables=sorted(res.tables), **res.extra)
+    if compiled.LOADED:          # which modules ran as compiled twins: a timing compares only with one of the same kind
+        rec["compiled"] = dict(compiled.LOADED)
     for rep in repeats:                  # each repeat's tables in its own folder (repeat 0: the job's)
         for name, df in rep.result.tables.items():
             try:
