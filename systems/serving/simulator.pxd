@@ -21,11 +21,13 @@ cdef class SimExecutor:
     cdef public list slot_dec, slot_flying, stage_free, heap
     cdef public Py_ssize_t seq
     cdef public double energy
-    cdef public object e_bin
+    cdef public list e_bin
 
     @cython.locals(tc=double, tl=double, t_ready=double, m=Py_ssize_t)
     cpdef object advance(self, double until)
     cpdef void _wake(self, double now)
+    @cython.locals(k=Py_ssize_t)
+    cdef void _charge(self, double t, double joules)
     cdef double _clock_at(self, double t)
     cdef void _assign(self, Py_ssize_t r)
     cdef void _release(self, Py_ssize_t r)

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import defaultdict
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from systems.serving.protocol import Decision, ExecutorTotals, Iteration, IterationCost
 
@@ -79,7 +78,7 @@ class SimExecutor:
         self.heap: list = []
         self.seq = 0
         self.energy = 0.0
-        self.e_bin: Dict[int, float] = defaultdict(float)
+        self.e_bin: List[float] = []             # joules per 1-s bin (index = second): _charge
 
     # -- the executor protocol ----------------------------------------------------------------------
     def add(self, rid: int, input_len: int, output_len: int, now: float) -> None:
@@ -138,12 +137,12 @@ class SimExecutor:
             gap = t_end - self.stage_free[s]
             if gap > 0:
                 self.energy += self.g * p_idle * gap
-                self.e_bin[int(self.stage_free[s])] += self.g * p_idle * gap
+                self._charge(self.stage_free[s], self.g * p_idle * gap)
         self.now = t_end
         has = self.has_energy
         return ExecutorTotals(self.energy if has else None,
                               "" if has else "the measured profile has no power model (latency only)",
-                              dict(self.e_bin) if has else {}, list(self.clock_log), self.n_preempt)
+                              dict(enumerate(self.e_bin)) if has else {}, list(self.clock_log), self.n_preempt)
 
     # -- engine internals ---------------------------------------------------------------------------
     def _wake(self, now: float) -> None:
@@ -155,6 +154,13 @@ class SimExecutor:
                 if ready[j] > now and not busy[j]:
                     ready[j] = now
             self.parked = False
+
+    def _charge(self, t: float, joules: float) -> None:
+        """Add ``joules`` to the 1-s energy bin of time ``t`` (s)."""
+        k, bins = int(t), self.e_bin
+        if k >= len(bins):
+            bins.extend([0.0] * (k + 1 - len(bins)))
+        bins[k] += joules
 
     def _clock_at(self, t: float) -> float:
         while self.pending and self.pending[0][0] <= t:
@@ -269,7 +275,7 @@ class SimExecutor:
         seqs = len(scheduled)
         kv_read, attn = float(ctx), float(pairs)
         lat, e_gpu = self.cost.step1(n, f, kv_read, attn, seqs)
-        g, stage_free, e_bin = self.g, self.stage_free, self.e_bin
+        g, stage_free = self.g, self.stage_free
         e_it, busy = 0.0, g * e_gpu
         p_idle = None                                    # P_idle(f), asked when a stage waited
         prev = t
@@ -279,10 +285,10 @@ class SimExecutor:
                 if p_idle is None:
                     p_idle = self.cost.idle1(f)
                 idle = g * p_idle * (prev - free)
-                e_bin[int(free)] += idle
+                self._charge(free, idle)
                 e_it += idle
                 free = prev
-            e_bin[int(free)] += busy
+            self._charge(free, busy)
             e_it += busy
             stage_free[s] = prev = free + lat
         self.energy += e_it
