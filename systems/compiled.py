@@ -24,7 +24,7 @@ from typing import Dict
 
 # the modules that have a twin (setup.py's TWINS: each with a .pxd beside its .py)
 MODULES = ("systems.serving.simulator", "systems.serving.driver", "systems.serving.gpu_model",
-           "systems.serving.controllers")
+           "systems.serving.controllers", "systems.tts.sim")
 PURE_ENV = "TTC_PURE_PYTHON"
 LOADED: Dict[str, str] = {}
 _said: set = set()

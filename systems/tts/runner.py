@@ -318,16 +318,17 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
     alloc = planner.per_run(st.n, avg_prompt, mean)
     planner.check_fits(alloc)              # RunOOM (recorded as oom) before any engine starts
     if backend.simulated:
-        from systems.tts.sim import SimGenerator, SimVerifier, StepModel, TokenSource
+        from systems.compiled import twin
+        sim = twin("systems.tts.sim")              # its compiled twin when built (systems/compiled.py): same results
         p_d, p_e = step_probabilities(mean, float(w.steps_per_answer_mean))
         recorded = replay.load(s.replay_tokens) if not unset(s.replay_tokens) else None
-        tokens = TokenSource(StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size), recorded)
-        gen = SimGenerator(gen_shape, Roofline.of(cfg.hardware, "decode"), tokens, kv_bytes=alloc.gen_kv_bytes,
-                           max_num_seqs=alloc.b_dec, block=int(s.block_size), token_budget=gen_token_budget(cfg),
-                           max_model_len=int(w.max_model_len))
-        ver = SimVerifier(ver_shape, Roofline.of(cfg.hardware, "prefill"), kv_bytes=alloc.ver_kv_bytes,
-                          max_num_seqs=alloc.b_pre, block=int(s.block_size), token_budget=ver_token_budget(cfg),
-                          token_map=tmap, prompts=vprompts, seed=int(cfg.seed))
+        tokens = sim.TokenSource(sim.StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size), recorded)
+        gen = sim.SimGenerator(gen_shape, Roofline.of(cfg.hardware, "decode"), tokens, kv_bytes=alloc.gen_kv_bytes,
+                               max_num_seqs=alloc.b_dec, block=int(s.block_size), token_budget=gen_token_budget(cfg),
+                               max_model_len=int(w.max_model_len))
+        ver = sim.SimVerifier(ver_shape, Roofline.of(cfg.hardware, "prefill"), kv_bytes=alloc.ver_kv_bytes,
+                              max_num_seqs=alloc.b_pre, block=int(s.block_size), token_budget=ver_token_budget(cfg),
+                              token_map=tmap, prompts=vprompts, seed=int(cfg.seed))
         if alloc.offload:        # §4.3.2: each engine's KV swapped in and out around every call
             gen.configure(alloc.gen_kv_bytes, alloc.b_dec, float(cfg.hardware.h2d_bw))
             ver.configure(alloc.ver_kv_bytes, alloc.b_pre, float(cfg.hardware.h2d_bw))

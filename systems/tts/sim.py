@@ -24,6 +24,7 @@ import heapq
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -397,6 +398,26 @@ class _Seq:
         self.end, self.tentative = self.admitted + end, finish is None
 
 
+def _first_end(ends: List[Tuple[int, int, str]], run: Dict[str, _Seq], upto: float) -> Optional[_Seq]:
+    """The running sequence (``run``, by uid) whose end comes first in the heap ``ends`` of (end step,
+    admission number, uid), if at or before step ``upto``: stale heap entries (finished or re-timed)
+    dropped, lazy speculation ends looked at until the first is exact (a lower bound at the top
+    bounds every other end)."""
+    while ends:
+        end, _, uid = ends[0]
+        s = run.get(uid)
+        if s is None or s.end != end:
+            heapq.heappop(ends)
+        elif end > upto:
+            return None
+        elif s.tentative:
+            s.resolve()
+            heapq.heapreplace(ends, (s.end, s.order, uid))
+        else:
+            return s
+    return None
+
+
 class SimGenerator(_Engine):
     """Simulated generator engine (see module docstring). ``kv_bytes`` and ``max_num_seqs`` (the
     decode batch B_dec) come from the memory plan; ``block`` tokens per KV block and
@@ -458,33 +479,6 @@ class SimGenerator(_Engine):
         admitted = 0
         outputs: Dict[str, GenOutput] = {}
         t, steps, ctx = 0.0, 0, 0                 # ctx: the running sequences' context tokens, summed
-
-        def finish(uid: str) -> None:
-            nonlocal ctx
-            s = run.pop(uid)
-            if spec.pop(uid, None) is not None:
-                del potential[uid]
-            ctx -= len(s.r.prompt_ids) + steps - s.admitted
-            self._finish(s, steps - s.admitted, outputs)
-
-        def first_end(upto: int) -> Optional[_Seq]:
-            """The running sequence whose end comes first, if at or before step ``upto``: stale heap
-            entries (finished or re-timed) dropped, lazy speculation ends looked at until the
-            first is exact (a lower bound at the top bounds every other end)."""
-            while ends:
-                end, _, uid = ends[0]
-                s = run.get(uid)
-                if s is None or s.end != end:
-                    heapq.heappop(ends)
-                elif end > upto:
-                    return None
-                elif s.tentative:
-                    s.resolve()
-                    heapq.heapreplace(ends, (s.end, s.order, uid))
-                else:
-                    return s
-            return None
-
         while queue or run:
             decodes = len(run)
             dec_ctx = ctx / decodes if decodes else 0.0
@@ -497,37 +491,47 @@ class SimGenerator(_Engine):
                 admitted += 1
                 ctx += len(s.r.prompt_ids)
                 heapq.heappush(ends, (s.end, s.order, s.r.uid))
-            k = 1 if more else first_end(math.inf).end - steps
+            k = 1 if more else _first_end(ends, run, math.inf).end - steps
             t += _t_step(self.m, self.hw, prefill, decodes, dec_ctx)      # first step (with prefill)
             if k > 1:
                 t += (k - 1) * _t_step(self.m, self.hw, [], len(run), ctx / len(run) + k / 2.0)
             steps += k
             ctx += k * len(run)
             due = []
-            while (s := first_end(steps)) is not None:
+            while (s := _first_end(ends, run, steps)) is not None:
                 heapq.heappop(ends)
                 due.append(s)
-            for s in sorted(due, key=lambda s: s.order):                   # in admission order
+            for s in sorted(due, key=attrgetter("order")):                 # in admission order
                 uid = s.r.uid
                 if s.speculating:                                          # end token or cap: finished
-                    finish(uid)
+                    ctx -= self._end(uid, steps, run, spec, potential, outputs)
                 elif policy.at_step_end(s.r, s.finish, len(queue)) == SPECULATE:
                     s.speculate(min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids)))
                     if s.end <= steps:
-                        finish(uid)
+                        ctx -= self._end(uid, steps, run, spec, potential, outputs)
                     else:
                         spec[uid], potential[uid] = s, s.r.potential
                         heapq.heappush(ends, (s.end, s.order, uid))
                 else:
-                    finish(uid)
+                    ctx -= self._end(uid, steps, run, spec, potential, outputs)
             if spec:
-                need = sum(-((s.admitted - len(s.r.prompt_ids) - steps) // B) - len(s.hs) - s.extra    # ceil(tokens / B)
-                           for s in spec.values())
+                need = sum([-((s.admitted - len(s.r.prompt_ids) - steps) // B) - len(s.hs) - s.extra   # ceil(tokens / B)
+                            for s in spec.values()])
                 pressure = need > self.cache.capacity - self.cache.used()
                 for uid in policy.to_abort(len(run) - len(spec), potential, len(queue), pressure):
-                    finish(uid)
-        spec_total = sum(len(o.tokens) - o.step_len for o in outputs.values())
+                    ctx -= self._end(uid, steps, run, spec, potential, outputs)
+        spec_total = sum([len(o.tokens) - o.step_len for o in outputs.values()])
         return GenResult(outputs, t + self.swap_time(), steps, spec_total)
+
+    def _end(self, uid: str, steps: int, run: Dict[str, _Seq], spec: Dict[str, _Seq], potential: Dict[str, int],
+             outputs: Dict[str, GenOutput]) -> int:
+        """End the running sequence ``uid`` at engine step ``steps`` (:meth:`_finish`); returns the context
+        tokens it held."""
+        s = run.pop(uid)
+        if spec.pop(uid, None) is not None:
+            del potential[uid]
+        self._finish(s, steps - s.admitted, outputs)
+        return len(s.r.prompt_ids) + steps - s.admitted
 
     def _finish(self, s: _Seq, done: int, outputs: Dict[str, GenOutput]) -> None:
         """End ``s`` after ``done`` decoded tokens: its step, or everything it decoded when it
