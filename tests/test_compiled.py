@@ -85,3 +85,21 @@ def test_the_record_says_which_modules_ran_compiled(compose_cfg, tmp_path, monke
     monkeypatch.setenv(compiled.PURE_ENV, "1")
     rec = run(compose_cfg("system=beam", "workload=ablation", "workload.duration_s=5", output_dir=tmp_path / "b"))
     assert rec["compiled"]["systems.serving.simulator"] == "pure"
+
+
+# FastTTS jobs of tests/tts/test_same_results.py, pure Python: the main command (S, P and the memory
+# plan) and a Math-Shepherd job (its step tags inserted by the token map)
+FASTTTS_JOBS = ["main", "system=vllm_tts n=64 model=qwen2.5-math-1.5b verifier=math-shepherd-7b workload=aime24"]
+
+
+@pytest.mark.parametrize("name", FASTTTS_JOBS)
+def test_the_pure_python_fasttts_simulator_gives_the_stored_results(name, monkeypatch):
+    """The same stored summaries and table digests as tests/tts/test_same_results.py, with the
+    pure-Python modules (that test runs the twin). Mutations caught (with the twin built, by
+    test_same_results): extend's ``t`` typed float and verify's ``hit`` unsigned char in sim.pxd
+    (TTC_SAME_RESULTS=all also: ``_Seq.order`` unsigned char)."""
+    from tests.tts.summaries import STORED, STORED_TABLES, jobs, summary
+    monkeypatch.setenv(compiled.PURE_ENV, "1")
+    tables: dict = {}
+    assert summary(jobs()[name], tables) == json.loads(STORED.read_text())[name]
+    assert tables == json.loads(STORED_TABLES.read_text())[name]
