@@ -7,8 +7,10 @@ cdef class Driver:
     cdef public double t_stop
     cdef public Py_ssize_t max_waiting_view
     cdef public object ex
-    cdef public list arr_l, inp_l, out_l, need, pref, fin, gen, em_req, em_n, em_t, in_wait, waiting
-    cdef public list dec_rows, it_rows, knobs
+    cdef public list arr_l, inp_l, out_l, need, pref, fin, gen, in_wait, waiting
+    cdef public object em_req, em_n, em_t
+    cdef public list dec_rows, knobs
+    cdef public object it_log
     cdef public Py_ssize_t n_dec, next_arr
     cdef public double d_int, d_t, win_t0
     cdef public Py_ssize_t win_arr, win_tok

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 import numbers
 import time
+from array import array
+from itertools import chain
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -162,8 +164,9 @@ class Driver:
                 self.fin[r] = t
             self.n_dec -= len(it.finished)
         n, ctx, pairs, seqs = it.shape or iteration_shape(sch)
-        self.it_rows.append((t, it.latency_s, it.cpu_s, n, ctx, pairs, seqs, pf, n - pf, it.budget, it.clock_mhz,
-                             it.energy_j))
+        cpu, e = it.cpu_s, it.energy_j
+        self.it_log.extend((t, it.latency_s, math.nan if cpu is None else cpu, n, ctx, pairs, seqs, pf, n - pf,
+                            it.budget, it.clock_mhz, math.nan if e is None else e))
         if it.finished:
             self._call(self.ctl.on_finish, t, "finish")
         elif entered and not self.waiting:
@@ -179,13 +182,15 @@ class Driver:
         self.need, self.pref = list(self.inp_l), [0] * N
         self.fin = [math.nan] * N
         self.gen = [0] * N                       # tokens emitted per request
-        self.em_req: List[int] = []              # the token log: requests that emitted a token, in order,
-        self.em_n: List[int] = []                # how many of them per iteration,
-        self.em_t: List[float] = []              # and when (the iteration's end)
+        # the token log, in typed arrays (numpy reads them without a copy): requests that emitted a token,
+        # in order (the smallest unsigned type that holds an id: numpy sorts 8/16-bit keys by radix, stably),
+        self.em_req = array(self._id_type().char)
+        self.em_n = array("q")                   # how many of them per iteration,
+        self.em_t = array("d")                   # and when (the iteration's end)
         self.in_wait = [False] * N
         self.waiting: List[int] = []
         self.dec_rows: list = []
-        self.it_rows: list = []
+        self.it_log = array("d")                 # a row of ITERATION_COLUMNS per iteration (not measured: NaN)
         self.knobs: list = []
         self.n_dec = self.next_arr = 0
         self.d_int = self.d_t = self.win_t0 = 0.0
@@ -225,6 +230,10 @@ class Driver:
         return self._result(totals, ex.now)
 
     # -- result tables ------------------------------------------------------------------------------
+    def _id_type(self) -> np.dtype:
+        """The smallest unsigned integer type that holds a request id."""
+        return np.min_scalar_type(max(self.N - 1, 0))
+
     def _tokens(self):
         """From the token log: (tokens per request, first-token time, sum and max of each request's
         token gaps (s), every gap in emission order, when each gap ended).
@@ -233,9 +242,8 @@ class Driver:
         next token too); each request's gaps are summed one after another in time order, as a
         running sum during serving would."""
         N = self.N
-        # the smallest type that holds a request id: numpy sorts 8- and 16-bit keys by radix, stably
-        req = np.fromiter(self.em_req, np.min_scalar_type(max(N - 1, 0)), len(self.em_req))
-        t = np.repeat(np.asarray(self.em_t, float), np.asarray(self.em_n, np.int64))
+        req = np.frombuffer(self.em_req, self._id_type())
+        t = np.repeat(np.frombuffer(self.em_t, float), np.frombuffer(self.em_n, np.int64))
         gen = np.asarray(self.gen)
         order = np.argsort(req, kind="stable")              # by request, in time order within one
         rs, ts = req[order], t[order]
@@ -274,8 +282,8 @@ class Driver:
         }
         dec = {c: column(list(v)) for c, v in zip(DECISION_COLUMNS, zip(*self.dec_rows) if self.dec_rows
                                                   else [()] * len(DECISION_COLUMNS))}
-        a = np.array(self.it_rows, dtype=float).reshape(-1, len(ITERATION_COLUMNS))    # None (not measured) -> NaN
-        its = {c: a[:, i].astype(np.int64) if c in INT_ITERATION_COLUMNS else a[:, i]
+        a = np.frombuffer(self.it_log, float).reshape(-1, len(ITERATION_COLUMNS))
+        its = {c: a[:, i].astype(np.int64) if c in INT_ITERATION_COLUMNS else a[:, i].copy()
                for i, c in enumerate(ITERATION_COLUMNS)}
         tl = self._timeline(totals, t_end)
         return ServeResult(req, gaps, gap_times, dec, its, tl, totals.energy_j, totals.energy_reason, t_end,
@@ -292,21 +300,21 @@ class Driver:
         else:
             tl["energy_j"] = np.full(nb, np.nan)
         tl["power_w"] = tl["energy_j"]                          # 1-s bins: J per s
-        em_bin = np.asarray(self.em_t, float).astype(np.int64)          # int(t): the second it is in
-        tl["tokens"] = np.bincount(em_bin, weights=self.em_n, minlength=nb)[:nb].astype(np.int64)
+        em_bin = np.frombuffer(self.em_t, float).astype(np.int64)       # int(t): the second it is in
+        tl["tokens"] = np.bincount(em_bin, weights=np.frombuffer(self.em_n, np.int64), minlength=nb)[:nb].astype(np.int64)
         a = np.minimum(self.arr.astype(int), nb - 1)
         tl["arrivals"] = np.bincount(a, minlength=nb)[:nb]
         tl["input_tokens"] = np.bincount(a, weights=self.inp, minlength=nb)[:nb]
         ck = [(float(t), float(f)) for t, f in totals.clock_log or [(0.0, self.clock)]]
         ends = [t for t, _ in ck[1:]] + [max(t_end, ck[-1][0]) + 1]
-        f_bin = np.zeros(nb)
+        f_bin = [0.0] * nb
         for (lo, fv), hi in zip(ck, ends):
             for i in range(int(lo), min(int(math.ceil(hi)), nb)):
                 ov = min(hi, i + 1.0) - max(lo, float(i))
                 if ov > 0:
                     f_bin[i] += fv * ov
-        tl["clock_mhz"] = f_bin
-        kn = np.array([k[:3] for k in self.knobs], dtype=float).reshape(-1, 3)     # time, chunk, microbatches
+        tl["clock_mhz"] = np.array(f_bin)
+        kn = np.fromiter(chain.from_iterable(self.knobs), float, 4 * len(self.knobs)).reshape(-1, 4)  # time, chunk, m, f
         bins = kn[:, 0].astype(int)
         last = np.full(nb, -1)                                  # the bin's last knob setting, else -1
         inside = bins < nb
