@@ -301,7 +301,8 @@ class Driver:
             tl["energy_j"] = np.full(nb, np.nan)
         tl["power_w"] = tl["energy_j"]                          # 1-s bins: J per s
         em_bin = np.frombuffer(self.em_t, float).astype(np.int64)       # int(t): the second it is in
-        tl["tokens"] = np.bincount(em_bin, weights=np.frombuffer(self.em_n, np.int64), minlength=nb)[:nb].astype(np.int64)
+        n_tok = np.frombuffer(self.em_n, np.int64)
+        tl["tokens"] = np.bincount(em_bin, weights=n_tok, minlength=nb)[:nb].astype(np.int64)
         a = np.minimum(self.arr.astype(int), nb - 1)
         tl["arrivals"] = np.bincount(a, minlength=nb)[:nb]
         tl["input_tokens"] = np.bincount(a, weights=self.inp, minlength=nb)[:nb]
