@@ -381,6 +381,7 @@ def _record_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg
     if not backend.simulated:              # stable timing: torch's thread count fixed and recorded
         rec["threads"] = machine.set_threads(cfg.backend.get("threads", 1))
     t0 = time.perf_counter()
+    compiled.LOADED.clear()              # what this job runs as compiled twins (systems.compiled.twin records it)
     repeats = [_run_repeat(runner, cfg, backend, outdir, tracker, i, seed, len(seeds))
                for i, seed in enumerate(seeds)]
     res = _combine_repeats(repeats, rec)

@@ -5,11 +5,13 @@ the rule, ``simulator.pxd`` beside it only gives C types to its hot locals and a
 ``setup.py`` compiles the two into ``systems.serving._simulator_c`` with the sha256 of both files
 inside. :func:`twin` returns the compiled module only when that hash matches the files on disk;
 otherwise (not built, built from an older source, or ``TTC_PURE_PYTHON=1``) it returns the
-pure-Python module, and says why once per process when a build is stale. Either gives the same
-results, bit for bit (``tests/test_compiled.py`` runs both and compares every table).
+pure-Python module, and says why once per process (not when ``TTC_PURE_PYTHON=1`` asked for it).
+Either gives the same results, bit for bit (``tests/test_compiled.py`` runs both and compares every
+table).
 
-:data:`LOADED` (module -> "compiled" | "pure") is what this process ran, recorded in every run's
-``run.json`` (``environment.compiled``): a timing is only comparable with one of the same kind.
+:data:`LOADED` (module -> "compiled" | "pure" | "compiled and pure") is what this process ran,
+recorded in ``run.json`` as ``compiled`` (written when the run used a module that has a twin): a
+timing is only comparable with one of the same kind.
 """
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ def status(module: str) -> str:
     except ImportError:
         spec = None
     if spec is None:
-        return "not built (pip install -e . builds it; needs Cython and a C compiler)"
+        return ("not built (`.venv/bin/python setup.py build_ext --inplace` or pip install -e . builds it; needs "
+                "Cython and a C compiler)")
     built = getattr(importlib.import_module(twin_name(module)), "SOURCE_SHA256", None)
     if built != file_sha256(ROOT, module):
         return ("built from another version of the source: rebuild with `.venv/bin/python setup.py build_ext "
@@ -67,16 +70,18 @@ def status(module: str) -> str:
     return "compiled"
 
 
-def twin(module: str) -> ModuleType:
+def twin(module: str, compiled: bool = True) -> ModuleType:
     """The compiled twin of ``module`` (one of :data:`MODULES`) when it is built from the source on
-    disk, else the module itself. Raises ValueError for a module without a twin."""
-    why = status(module)
-    if why == "compiled":
-        LOADED[module] = "compiled"
+    disk, else the module itself; ``compiled=False``: the module itself (a caller whose speed does not
+    matter, e.g. a real engine's driver), recorded as such. Raises ValueError for a module without a
+    twin."""
+    why = status(module) if compiled else "asked for"
+    kind = "compiled" if why == "compiled" else "pure"
+    LOADED[module] = kind if LOADED.get(module, kind) == kind else "compiled and pure"
+    if kind == "compiled":
         return importlib.import_module(twin_name(module))
-    LOADED[module] = "pure"
-    if why.startswith("built from") and module not in _said:
+    if why.startswith(("built from", "not built")) and module not in _said:
         _said.add(module)
-        print(f"note: {module}: its compiled twin was {why}; running the pure-Python module (same results, "
-              f"slower)", file=sys.stderr)
+        print(f"note: {module}: its compiled twin is {why}; running the pure-Python module (same results, "
+              f"slower; {PURE_ENV}=1 runs it on purpose)", file=sys.stderr)
     return importlib.import_module(module)

@@ -34,16 +34,40 @@ def test_a_twin_built_from_another_source_is_not_used(monkeypatch, capsys):
     for _ in range(2):
         mod = compiled.twin(module)
         assert mod.__name__ == module and compiled.LOADED[module] == "pure"
-    assert capsys.readouterr().err.count("compiled twin was built from another version") == 1
+    assert capsys.readouterr().err.count("compiled twin is built from another version") == 1
     assert compiled.twin("systems.serving.driver").__name__ == compiled.twin_name("systems.serving.driver")
 
 
-def test_pure_python_on_request(monkeypatch):
+def test_pure_python_on_request(monkeypatch, capsys):
     monkeypatch.setenv(compiled.PURE_ENV, "1")
+    monkeypatch.setattr(compiled, "LOADED", {})
     for module in compiled.MODULES:
         assert compiled.twin(module).__name__ == module and compiled.LOADED[module] == "pure"
+    assert capsys.readouterr().err == ""                         # asked for: no note
     with pytest.raises(ValueError, match="has no compiled twin"):
         compiled.twin("systems.serving.metrics")
+
+
+def test_a_missing_twin_is_said_once_and_a_module_run_both_ways_is_recorded_so(monkeypatch, capsys):
+    """Mutations caught: no note when a twin is not built (a failed build went unnoticed), the
+    last kind recorded instead of both."""
+    module = "systems.serving.simulator"
+    monkeypatch.delenv(compiled.PURE_ENV, raising=False)
+    monkeypatch.setattr(compiled, "LOADED", {})
+    monkeypatch.setattr(compiled, "_said", set())
+    real = compiled.twin_name
+    monkeypatch.setattr(compiled, "twin_name", lambda m: "systems.serving._no_such_twin" if m == module else real(m))
+    for _ in range(2):
+        assert compiled.twin(module).__name__ == module
+    err = capsys.readouterr().err
+    assert err.count("compiled twin is not built") == 1 and "setup.py build_ext --inplace" in err
+    assert compiled.LOADED[module] == "pure"
+    monkeypatch.setattr(compiled, "twin_name", real)
+    compiled.twin("systems.serving.driver", compiled=False)
+    assert compiled.LOADED["systems.serving.driver"] == "pure"
+    if compiled.status("systems.serving.driver") == "compiled":
+        compiled.twin("systems.serving.driver")
+        assert compiled.LOADED["systems.serving.driver"] == "compiled and pure"
 
 
 def test_the_hash_covers_the_source_and_its_pxd(tmp_path):
