@@ -5,7 +5,7 @@ attributes from the ``.pxd`` file beside it (Cython's "augmenting .pxd": the ``.
 Python and is the one source of the rules). ``systems/serving/simulator.py`` + ``simulator.pxd``
 become the extension module ``systems.serving._simulator_c``; the source's sha256 is compiled in,
 and :func:`systems.compiled.twin` uses a twin only when it matches the source on disk (else the
-pure-Python module runs, with a warning). Results are the same either way
+pure-Python module runs, with a note). Results are the same either way
 (``tests/test_compiled.py`` runs both and compares every table).
 
 No twin is built when Cython is missing or ``TTC_PURE_PYTHON=1`` is set; a twin that fails to

@@ -61,8 +61,7 @@ def record_row(rec: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
     }
     _flatten("summary", rec.get("summary", {}), row)
     _flatten("config", rec.get("config", {}), row)
-    for module, kind in (rec.get("compiled") or {}).items():
-        row[f"compiled.{module}"] = kind
+    _flatten("compiled", rec.get("compiled") or {}, row)
     return row
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Dict
 
-# the modules that have a twin (setup.py's TWINS: each with a .pxd beside its .py)
+# the modules that have a twin, each with a .pxd beside its .py (setup.py compiles these)
 MODULES = ("systems.serving.simulator", "systems.serving.driver", "systems.serving.gpu_model",
            "systems.serving.controllers", "systems.tts.sim")
 PURE_ENV = "TTC_PURE_PYTHON"
