@@ -11,7 +11,7 @@ Only non-negative integer entropies (an int or a sequence of ints), the only one
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.random.bit_generator import ISeedSequence
@@ -94,15 +94,36 @@ class _Given(ISeedSequence):
         return self.words
 
 
-def generators(entropies: Sequence[Entropy]) -> List[np.random.Generator]:
-    """``[np.random.default_rng(e) for e in entropies]``, the same streams, built together."""
+def _word_groups(entropies: Sequence[Entropy]) -> List[Tuple[Sequence[int], np.ndarray]]:
+    """The :func:`_words` of ``entropies`` grouped by their number: [(positions in ``entropies``,
+    (len(positions), words) uint32 array)]. The two shapes the search uses are read by numpy at
+    once, as two words each: ints below 2**64 (a copy's key) and pairs of ints below 2**32 (a
+    request's ``[seed, 0|1]``). A key below 2**32 is one word, but a zero word after it changes
+    nothing: SeedSequence pads its pool of 4 words with zeros (the number of words matters only
+    past 4). Any other batch (or a negative entropy: its error) goes through :func:`_words`."""
+    if all(type(e) is int for e in entropies):
+        try:
+            v = np.array(entropies, np.uint64)          # OverflowError: negative, or 2**64 and over
+        except OverflowError:
+            v = None
+        if v is not None:
+            words = np.stack([v & np.uint64(_M32), v >> np.uint64(32)], axis=1)     # little-endian
+            return [(range(len(v)), words.astype(np.uint32))]
+    elif all(type(e) in (list, tuple) and len(e) == 2 for e in entropies):
+        a = np.array(entropies)                          # int64 only if every value is an int that fits
+        if a.dtype == np.int64 and ((a >= 0) & (a <= _M32)).all():
+            return [(range(len(a)), a.astype(np.uint32))]
     rows = [_words(e) for e in entropies]
     by_len: Dict[int, List[int]] = {}
     for i, w in enumerate(rows):
         by_len.setdefault(len(w), []).append(i)
-    out: List[np.random.Generator] = [None] * len(rows)            # type: ignore[list-item]
-    for idx in by_len.values():
-        words = state_words(np.array([rows[i] for i in idx], dtype=np.uint32))
-        for i, w in zip(idx, words):
+    return [(idx, np.array([rows[i] for i in idx], dtype=np.uint32)) for idx in by_len.values()]
+
+
+def generators(entropies: Sequence[Entropy]) -> List[np.random.Generator]:
+    """``[np.random.default_rng(e) for e in entropies]``, the same streams, built together."""
+    out: List[np.random.Generator] = [None] * len(entropies)       # type: ignore[list-item]
+    for idx, words in _word_groups(entropies):
+        for i, w in zip(idx, state_words(words)):
             out[i] = np.random.Generator(np.random.PCG64(_Given(w)))
     return out

@@ -30,3 +30,21 @@ def test_bulk_generators_are_default_rngs():
 def test_negative_entropy_is_refused():
     with pytest.raises(ValueError, match="non-negative"):
         generators([[1, -2]])
+
+
+def test_batches_of_one_shape_are_default_rngs():
+    """The fast paths of a batch whose entropies are all ints, or all pairs of ints, below their
+    bounds (2**64; 2**32 per value), and the batches just past them (another path): same states as
+    ``default_rng``, in the batch's order. Mutations caught: a key's words paired high-first, a
+    pair's values swapped."""
+    rnd = random.Random(11)
+    ints = [rnd.randrange(2 ** 64) for _ in range(50)] + [rnd.randrange(2 ** 32) for _ in range(50)]
+    ints += [0, 1, 2 ** 32 - 1, 2 ** 32, 2 ** 64 - 1]
+    rnd.shuffle(ints)
+    pairs = [[rnd.randrange(2 ** 31 - 1), rnd.randrange(2)] for _ in range(50)]
+    pairs += [[0, 0], [2 ** 32 - 1, 2 ** 32 - 1], (7, 1), [2 ** 31, 0]]
+    for batch in (ints, pairs, ints + [2 ** 64], pairs + [[2 ** 32, 1]], pairs + [[2 ** 63, 1]], [[1, 2], [3]], []):
+        got = generators(batch)
+        assert len(got) == len(batch)
+        for e, g in zip(batch, got):
+            assert g.bit_generator.state == np.random.default_rng(e).bit_generator.state, e
