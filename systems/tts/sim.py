@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from harness.errors import RunOOM
 from systems.tts.beams import Lineage, SyntheticPrm, starts_with
 from systems.tts.memory import ModelShape, Roofline
 from systems.tts.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
@@ -439,7 +440,6 @@ class SimGenerator(_Engine):
     def _admit(self, queue: deque, run: Dict[str, _Seq], now: int) -> Tuple[List[Tuple[int, int]], List[_Seq], bool]:
         """Admit queued requests at engine step ``now``. Returns (prefill chunks, the sequences admitted,
         whether admission stopped at the token budget, so the next step admits again)."""
-        from harness.errors import RunOOM
         B, prefill, new_seqs = self.block, [], []
         budget = self.token_budget - len(run)              # running sequences decode one token each
         while queue and len(run) < self.max_num_seqs:
@@ -560,7 +560,6 @@ class SimVerifier(_Engine):
 
     def verify(self, pidx: int, items: Sequence[Tuple[List[int], List[int]]],
                paths: Optional[Sequence[str]] = None) -> VerifierOutput:
-        from harness.errors import RunOOM
         prompt = self.prompts.get(pidx, [])
         t, cached, total, vals = 0.0, 0, 0, []
         B, cache, build, hashes, remember = self.block, self.cache, self.map.build, self.paths.hashes, self.paths.remember
