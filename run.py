@@ -1,5 +1,6 @@
 """Entry point: ``python run.py system=lbs model=opt-6.7b beams=64`` (one job) or
 ``python run.py -m experiment=lbs_fig9`` (a paper figure's sweep). See README.md."""
+import gc
 import sys
 from pathlib import Path
 
@@ -60,4 +61,9 @@ if __name__ == "__main__":
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     main()
+    # The interpreter's shutdown collects and frees every object still alive, the imported
+    # libraries' included: 0.1-0.17 s after a simulated run on a 2-core machine (0.03 s with this).
+    # Everything the run writes is closed by now, and atexit handlers (logging, multiprocessing,
+    # vLLM) still run; gc.freeze() only keeps those objects out of the final collections.
+    gc.freeze()
     sys.exit(EXIT["code"])
