@@ -100,64 +100,6 @@ def synthetic_prm_score(seed: int, problem: int, tokens: Sequence[int]) -> float
     return synthetic_prm_values(seed, problem, tokens, [len(tokens)], [True])[0]
 
 
-class Lineage:
-    """Values kept by path name, problem-qualified (``GenRequest.path``: ``"3/0.1.2"``, whose parent
-    is ``"3/0.1"``): :meth:`get` returns the entry of the path or of its nearest ancestor that has
-    one. Everything is forgotten when the problem changes. For work a path can extend from its
-    parent's (block hashes, the synthetic PRM's hash): callers check the entry still applies."""
-
-    def __init__(self):
-        self.problem, self.seen = None, {}
-
-    def get(self, path: str):
-        problem, _, name = path.partition("/")
-        if problem != self.problem:
-            self.problem, self.seen = problem, {}
-        while name and path not in self.seen:
-            name = name.rpartition(".")[0]
-            path = f"{problem}/{name}"
-        return self.seen.get(path)
-
-    def put(self, path: str, value) -> None:
-        if path and path.partition("/")[0] == self.problem:
-            self.seen[path] = value
-
-
-class SyntheticPrm:
-    """:func:`synthetic_prm_values` for the items of one problem after another, hashing each path's
-    tokens once: the hash state at a path's last scored step is kept by path (:class:`Lineage`) and
-    a child's scores continue it (when the child's tokens start with the ones hashed; else from the
-    start). The values are :func:`synthetic_prm_values`'s."""
-
-    def __init__(self, seed: int):
-        self.seed, self.memo = seed, Lineage()
-
-    def values(self, problem: int, tokens: Sequence[int], step_ends: Sequence[int], computed: Sequence[bool],
-               path: str = "") -> List[Optional[float]]:
-        wanted = [e for e, c in zip(step_ends, computed) if c]
-        if not wanted:
-            return [None] * len(step_ends)
-        base = self.memo.get(path) if path else None
-        if base is not None and base[1] <= wanted[0] and starts_with(tokens, base[1], base[0]):
-            h, at = base[2].copy(), base[1]
-        else:
-            h, at = _prm_hasher(self.seed, problem), 0
-        got = _read_scores(h, tokens, at, wanted)
-        self.memo.put(path, (tokens, wanted[-1], h))
-        return [got[e] if c else None for e, c in zip(step_ends, computed)]
-
-
-def starts_with(tokens: Sequence[int], n: int, base: Sequence[int], tail: Sequence[int] = ()) -> bool:
-    """Whether the first ``n`` of ``tokens`` are the first ``n`` of ``base`` followed by ``tail`` (lists;
-    ``n`` at most both lengths). A list holding exactly the tokens compared is compared as it is: no
-    slice (a path's tokens are compared with its parent's on every call of the simulated engines and
-    the synthetic PRM)."""
-    p = len(base)
-    if n <= p:
-        return (tokens if len(tokens) == n else tokens[:n]) == (base if n == p else base[:n])
-    return tokens[:p] == base and tokens[p:n] == tail[:n - p]
-
-
 def _prm_hasher(seed: int, problem: int):
     h = hashlib.blake2b(digest_size=8)
     h.update(f"prm|{seed}|{problem}|".encode())

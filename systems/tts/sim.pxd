@@ -1,6 +1,25 @@
 # C types for the compiled twin of sim.py (systems/compiled.py, setup.py); the rules are in the .py.
 import cython
 
+cdef class Lineage:
+    cdef public object problem
+    cdef public dict seen
+
+    cpdef object get(self, str path)
+    cpdef void put(self, str path, object value)
+
+
+cdef class SyntheticPrm:
+    cdef public object seed
+    cdef public Lineage memo
+
+    cpdef list values(self, object problem, object tokens, object step_ends, object computed, str path=*)
+
+
+@cython.locals(p=Py_ssize_t)
+cpdef bint starts_with(object tokens, Py_ssize_t n, object base, object tail=*)
+
+
 @cython.locals(B=Py_ssize_t, k=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t)
 cpdef list block_hashes(object tokens, Py_ssize_t block, object base=*, object base_hashes=*, object base_tail=*)
 cpdef list extend_hashes(object tokens, Py_ssize_t block, object hashes)
@@ -9,7 +28,7 @@ cpdef list chain_hashes(object h, object tokens, Py_ssize_t start, Py_ssize_t bl
 
 cdef class PathHashes:
     cdef public Py_ssize_t block
-    cdef public object memo
+    cdef public Lineage memo
 
     cpdef list hashes(self, object tokens, str path=*)
     cpdef void remember(self, str path, object tokens, list hs, object tail=*)

@@ -193,7 +193,7 @@ def test_recorded_keys_chain_the_survivors_steps_sim(compose_cfg):
 def test_lineage_returns_the_nearest_ancestors_entry_of_the_current_problem():
     """Mutations caught: the problem change not forgetting the entries; the search stopping at the
     path itself (no ancestors)."""
-    from systems.tts.beams import Lineage
+    from systems.tts.sim import Lineage
     lin = Lineage()
     assert lin.get("3/0.1") is None
     lin.put("3/0", "a")
@@ -211,9 +211,9 @@ def test_synthetic_prm_continues_from_the_parents_state_when_it_applies(monkeypa
     parent's tokens before the parent's last scored end; a sibling wanting an earlier step).
     Mutations caught: the tokens not compared (continuing past a different prefix); always hashing
     from the start."""
-    from systems.tts import beams
-    from systems.tts.beams import SyntheticPrm, synthetic_prm_values
-    prm = SyntheticPrm(7)
+    from systems.tts import sim
+    from systems.tts.beams import synthetic_prm_values
+    prm = sim.SyntheticPrm(7)
     parent = list(range(100, 130))
     child = parent[:20] + list(range(500, 515))
     grandchild = child + list(range(900, 905))
@@ -223,8 +223,8 @@ def test_synthetic_prm_continues_from_the_parents_state_when_it_applies(monkeypa
              (grandchild, [10, 20, 32, 35, 40], [False, True, True, True, True], "1/0.2.3")]
     want = [synthetic_prm_values(7, 1, tokens, ends, computed) for tokens, ends, computed, _ in cases]
     starts = []
-    read = beams._read_scores
-    monkeypatch.setattr(beams, "_read_scores", lambda h, t, at, *a: starts.append(at) or read(h, t, at, *a))
+    read = sim._read_scores
+    monkeypatch.setattr(sim, "_read_scores", lambda h, t, at, *a: starts.append(at) or read(h, t, at, *a))
     assert [prm.values(1, *case) for case in cases] == want
     assert starts == [0, 0, 35, 0]
 
