@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 if __name__ == "__main__":
-    gc.disable()            # start-up makes ~100,000 lasting objects and no garbage: see main()
+    gc.disable()            # until the start-up ends: harness.run.end_startup
 
 import hydra
 from omegaconf import DictConfig
@@ -22,13 +22,9 @@ EXIT = {"code": 0}      # a single run's exit status, set by main() (Hydra disca
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    if __name__ == "__main__" and not gc.isenabled():      # the first job: start-up is over
-        # Imports and composition ran without the cyclic collector (its ~150 collections walked
-        # the libraries' objects: ~0.06 s); those objects live as long as the process, so they
-        # are kept out of every later collection, then the collector runs as usual.
-        gc.freeze()
-        gc.enable()
-    from harness.run import exit_code, in_multirun, remove_unused_run_dir, run, run_isolated, should_isolate
+    from harness.run import (end_startup, exit_code, in_multirun, remove_unused_run_dir, run, run_isolated,
+                             should_isolate)
+    end_startup()               # the collector on (OutputDirCheck's callback did it, unless callbacks were replaced)
     try:
         rec = run_isolated(cfg) if should_isolate(cfg) else run(cfg)
     except ConfigError as e:

@@ -33,3 +33,34 @@ def test_collector_left_as_it_is_when_not_paused_or_already_off(gc_on):
     with collector_paused():
         assert not gc.isenabled()
     assert not gc.isenabled()
+
+
+def test_end_startup_freezes_the_start_up_objects_and_turns_the_collector_on(gc_on):
+    """run.py starts with the collector off; harness.run.end_startup ends that once. Mutations
+    caught: the collector left off; nothing frozen; a collector that is on frozen again."""
+    from harness.run import end_startup
+    try:
+        gc.unfreeze()
+        gc.disable()
+        end_startup()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+        gc.unfreeze()
+        end_startup()                                  # already on: nothing to do
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+
+
+def test_run_and_sweep_hooks_end_the_start_up(monkeypatch):
+    """OutputDirCheck's hooks end the start-up before a single run and before a sweep (a parallel
+    sweep's driver never calls run.py's main(): without the multirun hook its collector stayed off
+    for the whole sweep). Mutation caught: either hook not calling end_startup."""
+    import harness.run as hr
+    calls = []
+    monkeypatch.setattr(hr, "end_startup", lambda: calls.append(1))
+    monkeypatch.setattr(hr.OutputDirCheck, "_check", staticmethod(lambda config, key: None))
+    monkeypatch.setattr(hr.OutputDirCheck, "new_run_dir", None)
+    hr.OutputDirCheck().on_run_start(None)
+    assert calls == [1]
+    hr.OutputDirCheck().on_multirun_start(None)
+    assert calls == [1, 1]
