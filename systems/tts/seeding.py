@@ -102,8 +102,8 @@ def _word_groups(entropies: Sequence[Entropy]) -> List[Tuple[Sequence[int], np.n
     nothing: SeedSequence pads its pool of 4 words with zeros (the number of words matters only
     past 4). Any other batch (or a negative entropy: its error) goes through :func:`_words`."""
     if all(type(e) is int for e in entropies):
-        try:
-            v = np.array(entropies, np.uint64)          # OverflowError: negative, or 2**64 and over
+        try:       # OverflowError: 2**64 and over (and, on numpy 2, a negative: numpy 1 wraps it, hence the min)
+            v = np.array(entropies, np.uint64) if min(entropies, default=0) >= 0 else None
         except OverflowError:
             v = None
         if v is not None:
