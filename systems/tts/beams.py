@@ -32,7 +32,7 @@ def stable_hashes(parts: tuple, lasts: Sequence) -> List[int]:
     out = []
     for x in lasts:
         c = h.copy()
-        c.update(repr(x).encode() + b"\x1f")           # _encoded((x,)), without its join
+        c.update(_encoded((x,)))
         out.append(int.from_bytes(c.digest(), "little"))
     return out
 
