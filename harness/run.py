@@ -547,6 +547,25 @@ def _child(cfg_yaml: str, multirun: bool, overrides: Optional[List[str]] = None)
     run(OmegaConf.create(cfg_yaml), multirun=multirun, overrides=overrides)
 
 
+@contextmanager
+def _stdlib_start_method() -> Iterator[None]:
+    """The process-wide start method set to ``spawn`` inside the block when it is one the standard
+    library does not know, and set back after it. A spawned child first sets its parent's start
+    method (``multiprocessing.spawn.prepare``); inside a joblib worker (a parallel sweep's job) that
+    is ``loky``, which a fresh interpreter has not registered: the child would die with "cannot find
+    context for 'loky'" before running the job."""
+    import multiprocessing as mp
+    method = mp.get_start_method(allow_none=True)
+    foreign = method is not None and method not in mp.get_all_start_methods()
+    if foreign:
+        mp.set_start_method("spawn", force=True)
+    try:
+        yield
+    finally:
+        if foreign:
+            mp.set_start_method(method, force=True)
+
+
 def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
     """Run the job in a fresh child process (spawned), so no GPU/vLLM state leaks into the next
     job of the sweep; a child that dies (segfault, OOM kill) is recorded as ``error``. Returns the
@@ -558,7 +577,8 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
     resolved["output_dir"] = str(outdir)
     p = mp.get_context("spawn").Process(target=_child, args=(OmegaConf.to_yaml(resolved), in_multirun(),
                                                              task_overrides()))
-    p.start()
+    with _stdlib_start_method():
+        p.start()
     p.join()
     rec_path = outdir / "run.json"
     if p.exitcode != 0 and not rec_path.exists():

@@ -33,3 +33,18 @@ def test_dead_job_process_is_recorded_and_the_sweep_goes_on(tmp_path):
         assert r["message"] == "job process died (exit code 3) before writing its record"
     assert (tmp_path / "sweeps/t/runs.parquet").exists()
 
+
+
+def test_isolated_jobs_of_a_parallel_sweep_run(tmp_path):
+    """``isolate=true`` in a parallel (joblib, loky workers) sweep of simulated jobs: each job's child
+    is spawned from a loky worker, whose process-wide start method is ``loky``; the child must not try
+    to set it (it died with "cannot find context for 'loky'", every job recorded as error). Mutation
+    caught: ``run_isolated`` starting the child without ``_stdlib_start_method``."""
+    out = subprocess.run([sys.executable, "run.py", "-m", "system=lbs", "model=opt-6.7b", "beams=4,8",
+                          "isolate=true", "hydra.launcher.n_jobs=2", "tracking=none", "progress=false",
+                          f"results_dir={tmp_path}", "sweep_name=t"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, WANDB_MODE="disabled"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("sweeps/t/*/run.json"))]
+    assert sorted((r["config"]["workload"]["beams"], r["status"]) for r in recs) == [(4, "ok"), (8, "ok")]
