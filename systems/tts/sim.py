@@ -45,19 +45,20 @@ class Lineage:
     parent's (block hashes, the synthetic PRM's hash): callers check the entry still applies."""
 
     def __init__(self):
-        self.problem, self.seen = None, {}
+        self.problem, self.seen = None, {}            # problem: the current problem's prefix ("3/")
 
     def get(self, path: str):
-        problem, _, name = path.partition("/")
-        if problem != self.problem:
-            self.problem, self.seen = problem, {}
-        while name and path not in self.seen:
-            name = name.rpartition(".")[0]
-            path = f"{problem}/{name}"
-        return self.seen.get(path)
+        if self.problem is None or not path.startswith(self.problem):
+            self.problem, self.seen = path.partition("/")[0] + "/", {}
+        seen = self.seen
+        while path not in seen:
+            path = path.rpartition(".")[0]            # the parent's name ("3/0.1" -> "3/0")
+            if "/" not in path:                       # past the root path ("3/0" -> ""): no ancestor has one
+                return None
+        return seen[path]
 
     def put(self, path: str, value) -> None:
-        if path and path.partition("/")[0] == self.problem:
+        if path and self.problem is not None and path.startswith(self.problem):
             self.seen[path] = value
 
 
