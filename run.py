@@ -11,7 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from harness.config import register_configs, register_resolvers
-from harness.errors import ConfigError
+from harness.errors import ConfigError, RunInterrupted
 
 register_resolvers()
 register_configs()
@@ -33,6 +33,15 @@ def main(cfg: DictConfig) -> None:
             remove_unused_run_dir()
             sys.exit(2)
         return
+    except KeyboardInterrupt as e:         # SIGINT (Ctrl-C); RunInterrupted: after the job's record was written
+        if in_multirun():
+            raise                          # the sweeper stops the sweep (hydra_plugins.harness_sweeper)
+        if isinstance(e, RunInterrupted):
+            print(f"interrupted: the run's record (status interrupted) is {e.record}", file=sys.stderr)
+        else:
+            print("interrupted before the run started: nothing recorded", file=sys.stderr)
+            remove_unused_run_dir()
+        sys.exit(130)
     if not in_multirun():                  # status error -> exit 1 (oom is a recorded result: 0)
         EXIT["code"] = exit_code(rec)
 

@@ -3,6 +3,8 @@
 - :class:`ConfigError`: bad input, raised before any work (exit code 2).
 - :class:`RunOOM`: a configuration does not fit in (real or simulated) memory: a recorded result
   (status ``oom``), never a crash.
+- :class:`RunInterrupted`: a job was interrupted (SIGINT, Ctrl-C) and its record (status
+  ``interrupted``) written; raised after the record so the process or sweep stops.
 """
 from __future__ import annotations
 
@@ -17,9 +19,19 @@ class RunOOM(RuntimeError):
     """Raised by an engine or a memory plan when the configuration does not fit in (real or simulated) memory."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """A job interrupted by SIGINT (Ctrl-C) whose record, status ``interrupted``, is at ``record``
+    (what it had done kept, as the runner returned it); a KeyboardInterrupt, so whatever does not
+    know it stops as on Ctrl-C."""
+
+    def __init__(self, record: str):
+        super().__init__(record)
+        self.record = record
+
+
 def bad(field_name: str, value: Any, allowed: str) -> ConfigError:
     """Build a ConfigError naming the field, the value and what is allowed."""
     return ConfigError(f"{field_name}={value!r} is not allowed: {allowed}")
 
 
-__all__ = ["ConfigError", "RunOOM", "bad"]
+__all__ = ["ConfigError", "RunInterrupted", "RunOOM", "bad"]

@@ -1,7 +1,7 @@
 """Run records: ``run.json`` plus parquet tables per run, written atomically (temp file + rename).
 
 A record holds the resolved config, git SHA + dirty flag, package versions, hardware inventory,
-seeds, backend (real/simulated), status (ok | oom | error | skipped) with its message, and summary
+seeds, backend (real/simulated), status (ok | oom | timeout | error | interrupted | skipped) with its message, and summary
 metrics. ``load_valid_record`` lets a sweep skip jobs that already finished.
 """
 from __future__ import annotations

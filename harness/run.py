@@ -29,7 +29,7 @@ from harness import clock_locks, logs, machine, records
 from harness.logs import say
 from harness.backend import Backend, resolve_backend
 from harness.config import validate_common
-from harness.errors import ConfigError, RunOOM, bad
+from harness.errors import ConfigError, RunInterrupted, RunOOM, bad
 from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
 from systems import compiled
@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 # A runner that warms its engine up before measuring puts the warm-up's wall time (s) in its summary
 # under this key; the warm-up is excluded from every other timing, and the record says so per repeat.
 WARMUP_KEY = "warmup_s"
+
+
+INTERRUPTED = "interrupted (SIGINT, Ctrl-C); re-running the same command runs the job again"
 
 
 @dataclass
@@ -52,7 +55,7 @@ class RunResult:
     tables: name -> pandas DataFrame, list of row dicts or dict of columns (name -> numpy array),
         each written as ``<name>.parquet``.
     """
-    status: str = "ok"                   # ok | oom | timeout (system.deadline passed) | error
+    status: str = "ok"                   # ok | oom | timeout (system.deadline passed) | error | interrupted (SIGINT)
     message: str = ""
     summary: Dict[str, Any] = field(default_factory=dict)
     display: List[Tuple[str, str, Callable[[Any], str]]] = field(default_factory=list)
@@ -123,7 +126,8 @@ def in_multirun() -> bool:
 
 def exit_code(record: Dict[str, Any]) -> int:
     """Exit status of a finished job: 1 when its record's status is ``error``, else 0 (``ok``, and
-    ``oom`` and ``timeout``, which are recorded results). Bad input exits 2 before any record (run.py)."""
+    ``oom`` and ``timeout``, which are recorded results). Bad input exits 2 before any record, an
+    interrupted job 130 (run.py)."""
     return 1 if record.get("status") == "error" else 0
 
 
@@ -399,8 +403,11 @@ def _record_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg
         rec["threads"] = machine.set_threads(cfg.backend.get("threads", 1))
     t0 = time.perf_counter()
     compiled.LOADED.clear()              # what this job runs as compiled twins (systems.compiled.twin records it)
-    repeats = [_run_repeat(runner, cfg, backend, outdir, tracker, i, seed, len(seeds))
-               for i, seed in enumerate(seeds)]
+    repeats = []
+    for i, seed in enumerate(seeds):
+        repeats.append(_run_repeat(runner, cfg, backend, outdir, tracker, i, seed, len(seeds)))
+        if repeats[-1].result.status == "interrupted":     # no further repeat; the record keeps this one's work
+            break
     res = _combine_repeats(repeats, rec)
     if res.display:                      # the metric a sweep's one-line output and summary table show
         rec["headline"] = {"label": res.display[0][0], "key": res.display[0][1]}
@@ -423,6 +430,8 @@ def _record_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg
     else:
         log_record(tracker, res.status, backend.simulated, res.summary, res.tables)
     (print_line if multirun else print_table)(cfg, backend, res, outdir, rec.get("summary_ci95"))
+    if res.status == "interrupted":
+        raise RunInterrupted(str(outdir / "run.json"))
     return rec
 
 
@@ -473,6 +482,8 @@ def _run_once(runner, cfg, ctx: RunContext) -> RunResult:
             for g in meter.gpus] if meter is not None else None
     try:
         res = runner.run(cfg, ctx)
+    except KeyboardInterrupt:                 # SIGINT (Ctrl-C): recorded, then the job stops (_record_job)
+        res = RunResult(status="interrupted", message=INTERRUPTED)
     except RunOOM as e:
         res = RunResult(status="oom", message=str(e))
     except MemoryError as e:
@@ -496,7 +507,7 @@ def _run_once(runner, cfg, ctx: RunContext) -> RunResult:
 def _combine_repeats(repeats: List[Repeat], rec: Dict[str, Any]) -> RunResult:
     """The job's result from its repeats, and the repeat fields of its record.
 
-    status: error if any repeat errored, else oom if any ran out of memory, else timeout if any
+    status: interrupted if a repeat was (the last one run), else error if any repeat errored, else oom if any ran out of memory, else timeout if any
     passed its deadline, else ok. summary: over
     the repeats that finished ok (all of them when none did), each value the mean of the repeats or
     the value they all share (:func:`harness.stats.aggregate`); ``summary_ci95`` (repeats >= 2): per
@@ -508,7 +519,8 @@ def _combine_repeats(repeats: List[Repeat], rec: Dict[str, Any]) -> RunResult:
         res = first
     else:
         bad_runs = [r for r in repeats if r.result.status != "ok"]
-        status = next((s for s in ("error", "oom", "timeout") if any(r.result.status == s for r in repeats)), "ok")
+        status = next((s for s in ("interrupted", "error", "oom", "timeout") if any(r.result.status == s for r in repeats)),
+                      "ok")
         ok = [r.result.summary for r in repeats if r.result.status == "ok"]
         summary, intervals = aggregate(ok or [r.result.summary for r in repeats])
         rec["summary_ci95"] = intervals
@@ -544,7 +556,10 @@ def _child(cfg_yaml: str, multirun: bool, overrides: Optional[List[str]] = None)
     from harness.config import register_configs, register_resolvers
     register_resolvers()
     register_configs()
-    run(OmegaConf.create(cfg_yaml), multirun=multirun, overrides=overrides)
+    try:
+        run(OmegaConf.create(cfg_yaml), multirun=multirun, overrides=overrides)
+    except KeyboardInterrupt:               # its record says so (RunInterrupted); the parent stops too
+        sys.exit(130)
 
 
 @contextmanager
@@ -579,8 +594,17 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
                                                              task_overrides()))
     with _stdlib_start_method():
         p.start()
-    p.join()
     rec_path = outdir / "run.json"
+    try:
+        p.join()
+    except KeyboardInterrupt:               # Ctrl-C reaches the child too: let it write its record first
+        p.join(timeout=60)
+        if p.is_alive():
+            p.terminate()
+            p.join()
+        if rec_path.exists() and json.loads(rec_path.read_text()).get("status") == "interrupted":
+            raise RunInterrupted(str(rec_path)) from None
+        raise
     if p.exitcode != 0 and not rec_path.exists():
         how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
         rec = {"record_version": records.RECORD_VERSION, "run_id": outdir.name, "status": "error",
@@ -590,7 +614,10 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
         records.atomic_write_json(rec_path, rec)
         say(f"job died ({how}); recorded as error in {rec_path}")
         return rec
-    return json.loads(rec_path.read_text())
+    rec = json.loads(rec_path.read_text())
+    if rec.get("status") == "interrupted":          # the child's RunInterrupted, raised here in turn
+        raise RunInterrupted(str(rec_path))
+    return rec
 
 
 def should_isolate(cfg: DictConfig) -> bool:

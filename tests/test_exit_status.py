@@ -26,27 +26,72 @@ if os.environ.get("FAIL_MID_RUN"):
 """
 
 
+# The same for SIGINT: the LBS runner is interrupted (KeyboardInterrupt, as on Ctrl-C) mid-run.
+INTERRUPT_MID_RUN = """
+import os
+if os.environ.get("INTERRUPT_MID_RUN"):
+    import systems.ttc.runner as r
+    def run(cfg, ctx):
+        raise KeyboardInterrupt
+    r.run = run
+"""
+
+
 def run_py(*args, env=None, timeout=120):
     return subprocess.run([sys.executable, "run.py", *args, "tracking=none", "progress=false"],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, WANDB_MODE="disabled", **(env or {})))
 
 
+def run_py_patched(tmp_path, patch: str, flag: str, *args):
+    """``run_py(*args)`` with ``patch`` loaded by every Python process it starts (a sitecustomize on
+    PYTHONPATH), active where the environment variable ``flag`` is set (it is)."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(patch)
+    return run_py(*args, env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", flag: "1"})
+
+
 @pytest.mark.parametrize("isolate", ["false", "true"])
 def test_a_run_with_status_error_exits_1_and_keeps_its_record(tmp_path, isolate):
     """Mutation caught: run.py ignoring the record (EXIT left at 0) -> exit 0 here; run_isolated
     returning None for a child that wrote its record -> the isolate=true case fails."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(FAIL_MID_RUN)
-    out = run_py("system=lbs", "beams=4", f"isolate={isolate}", f"results_dir={tmp_path / 'r'}",
-                 env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "FAIL_MID_RUN": "1"})
+    out = run_py_patched(tmp_path, FAIL_MID_RUN, "FAIL_MID_RUN", "system=lbs", "beams=4", f"isolate={isolate}",
+                         f"results_dir={tmp_path / 'r'}")
     assert out.returncode == 1, out.stderr[-2000:]
     assert "Error executing job" not in out.stderr          # exit 1 by decision, not by a crash
     (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
     rec = json.loads(rec_path.read_text())
     assert rec["status"] == "error"
     assert rec["message"] == "RuntimeError: injected failure mid-run"
+
+
+@pytest.mark.parametrize("isolate", ["false", "true"])
+def test_an_interrupted_run_is_recorded_and_exits_130(tmp_path, isolate):
+    """Ctrl-C mid-run: the record says status interrupted, exit 130, one line saying where the record
+    is (no traceback). Mutations caught: _run_once not catching KeyboardInterrupt (no record, a
+    traceback); run.py exiting 1."""
+    out = run_py_patched(tmp_path, INTERRUPT_MID_RUN, "INTERRUPT_MID_RUN", "system=lbs", "beams=4",
+                         f"isolate={isolate}", f"results_dir={tmp_path / 'r'}")
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
+    rec = json.loads(rec_path.read_text())
+    assert rec["status"] == "interrupted" and rec["message"].startswith("interrupted (SIGINT, Ctrl-C)")
+    assert f"interrupted: the run's record (status interrupted) is {rec_path}" in out.stderr
+
+
+def test_an_interrupted_sweep_stops_and_records_only_the_interrupted_job(tmp_path):
+    """Ctrl-C in a sweep's first job (joblib's sequential backend): exit 130; the interrupted job is
+    recorded as interrupted, the job that did not start gets no record (it was recorded as 'error: job
+    failed outside its run'). Mutation caught: the sweeper not catching the launcher's
+    KeyboardInterrupt."""
+    out = run_py_patched(tmp_path, INTERRUPT_MID_RUN, "INTERRUPT_MID_RUN", "-m", "system=lbs", "beams=4,8",
+                         "hydra.launcher.n_jobs=1", f"results_dir={tmp_path / 'r'}", "sweep_name=t")
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert "sweep interrupted: the records written so far stay in" in out.stderr
+    recs = {p.parent.name: json.loads(p.read_text())["status"] for p in (tmp_path / "r").glob("sweeps/t/*/run.json")}
+    assert list(recs.values()) == ["interrupted"] and "beams=4" in next(iter(recs))
 
 
 def test_an_oom_run_is_a_recorded_result_and_exits_0(tmp_path):
@@ -161,3 +206,19 @@ def test_a_run_past_its_deadline_is_recorded_as_timeout_and_exits_0(tmp_path, re
     rec = json.loads(rec_path.read_text())
     assert rec["status"] == "timeout"
     assert [r["status"] for r in rec["repeat_runs"]] == ["timeout"] * repeats
+
+
+def test_an_interrupt_is_recognised_behind_the_error_raised_while_handling_it():
+    """joblib's sequential backend can fail in its own clean-up after Ctrl-C (an AttributeError whose
+    context is the KeyboardInterrupt): that is an interrupt, not a lost batch. Mutation caught: not
+    following ``__context__``."""
+    from hydra_plugins.harness_sweeper import interrupted
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise AttributeError("'Parallel' object has no attribute '_pre_dispatch_amount'")
+    except AttributeError as e:
+        during = e
+    assert interrupted(during) and interrupted(KeyboardInterrupt())
+    assert not interrupted(RuntimeError("worker died")) and not interrupted(None)

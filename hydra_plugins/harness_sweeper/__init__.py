@@ -24,7 +24,9 @@ serially, in the parent before launching. For the 225-job Fig.9 sweep that was m
    config. ``hydra.output_subdir=.hydra`` on the command line keeps them.
 5. A sweep goes on past failed jobs. A job whose task raised, or that a launcher lost (a worker
    process killed, a cluster job that died), and that left no record, is recorded as ``error``
-   in its job folder, so a re-run runs it again. ``harness.callbacks.SweepReport`` prints the
+   in its job folder, so a re-run runs it again. SIGINT (Ctrl-C) stops the sweep instead (exit
+   130): an interrupted job keeps the record it wrote (status ``interrupted``), and jobs that did
+   not start get none. ``harness.callbacks.SweepReport`` prints the
    count per status at the end and exits 1 when any job's status is ``error``.
 
 6. A job with a valid record of its config is skipped here, before launching: the check
@@ -99,12 +101,17 @@ class FastBasicSweeper(Sweeper):
             batch = jobs[start:start + size]
             try:
                 results: Sequence[Any] = self.launcher.launch(batch, initial_job_idx=start)
+            except KeyboardInterrupt:
+                self._interrupted(sweep_dir)
             except Exception as e:       # the launcher lost the batch: its jobs without a record are errors
-                print(f"launcher failed ({type(e).__name__}: {e}); jobs of this batch without a record "
-                      f"are recorded as error", file=sys.stderr)
+                if not interrupted(e):
+                    print(f"launcher failed ({type(e).__name__}: {e}); jobs of this batch without a record "
+                          f"are recorded as error", file=sys.stderr)
                 results = [e] * len(batch)
-            for overrides, r in zip(batch, results):
-                failure = r if isinstance(r, Exception) else job_failure(r)
+            failures = [(o, r if isinstance(r, Exception) else job_failure(r)) for o, r in zip(batch, results)]
+            if any(interrupted(f) for _, f in failures if f is not None):
+                self._interrupted(sweep_dir)
+            for overrides, failure in failures:
                 if failure is not None:
                     self._record_failed_job(overrides, failure)
             returns.append(results)
@@ -176,6 +183,15 @@ class FastBasicSweeper(Sweeper):
                 with read_write(launcher_cfg), open_dict(launcher_cfg):
                     launcher_cfg.batch_size = "auto"
 
+    @staticmethod
+    def _interrupted(sweep_dir: Path) -> None:
+        """Stop the sweep after SIGINT (Ctrl-C): exit 130. Jobs keep the records they wrote (a job
+        interrupted while running: status interrupted, when it got to write it); jobs that did not
+        start get none, so re-running the same command runs exactly those and the interrupted ones."""
+        print(f"sweep interrupted: the records written so far stay in {sweep_dir}; re-running the same "
+              f"command runs the jobs without a valid record", file=sys.stderr)
+        sys.exit(130)
+
     def _record_failed_job(self, overrides: Sequence[str], why: Any) -> None:
         """An ``error`` record for a job that ended without writing one (a finished record stays)."""
         from harness import records
@@ -190,6 +206,19 @@ class FastBasicSweeper(Sweeper):
             "message": message, "system": cfg.system.name, "model": cfg.model.name,
             "summary": {}, "config": {"overrides": list(overrides)}})
         print(f"{' '.join(overrides)}: {message}; recorded as error in {rec_path}", file=sys.stderr)
+
+
+def interrupted(e: Optional[BaseException]) -> bool:
+    """Whether ``e`` is a KeyboardInterrupt (SIGINT) or was raised while handling one (joblib's
+    sequential backend fails in its own clean-up after Ctrl-C: an AttributeError whose context is
+    the KeyboardInterrupt)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def job_failure(ret: JobReturn) -> Optional[BaseException]:

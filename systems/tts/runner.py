@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from harness.errors import ConfigError, bad
 from harness.errors import RunOOM
-from harness.run import RunResult
+from harness.run import INTERRUPTED, RunResult
 from systems.tts.beams import step_logit_biases, step_probabilities
 from systems.tts.checkpoint import DELIMITER, is_local
 from systems.tts.config import AGGREGATIONS, KV_OVERFLOW, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
@@ -396,8 +396,8 @@ def grade(cfg, backend, problems, results, n: int):
 
 def run(cfg, ctx) -> RunResult:
     """Search every problem. A failure after the first problem ends the run with status error (oom
-    for RunOOM) and keeps the problems searched before it; one in the first problem propagates
-    (harness.run records it). A simulated run imports no pandas (its tables are row dicts) and
+    for RunOOM; interrupted for SIGINT) and keeps the problems searched before it; one in the first
+    problem propagates (harness.run records it). A simulated run imports no pandas (its tables are row dicts) and
     runs with Python's cyclic collector paused (harness.run)."""
     from systems.tts import metrics
     from systems.tts.search import Search
@@ -419,6 +419,11 @@ def run(cfg, ctx) -> RunResult:
         for p in problems:
             try:
                 r = search.run_problem(p.index, prompts[p.index])
+            except KeyboardInterrupt:     # SIGINT (Ctrl-C): the problems searched so far stay recorded
+                if not results:
+                    raise
+                status, message = "interrupted", f"{INTERRUPTED}; interrupted in problem {p.index} (line {p.line})"
+                break
             except Exception as e:        # the problems searched so far stay recorded
                 if not results:
                     raise

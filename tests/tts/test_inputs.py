@@ -1,4 +1,6 @@
 """Bad inputs give a clear ConfigError before any work; the math workloads read the shared data."""
+import json
+
 import pytest
 
 from harness.errors import ConfigError
@@ -135,6 +137,32 @@ def test_failure_mid_run_is_status_error_and_keeps_earlier_problems(compose_cfg,
     rec = run(compose_cfg("system=vllm_tts", "backend=sim", "n=8", "workload.num_problems=3",
                           "workload.num_iterations=2", output_dir=tmp_path / "run"))
     assert rec["status"] == "error" and "problem 1 (line 2): RuntimeError: engine died" in rec["message"]
+    assert rec["summary"]["problems"] == 1
+    assert set(pd.read_parquet(tmp_path / "run" / "iterations.parquet")["problem"]) == {0}
+
+
+def test_an_interrupt_mid_run_is_recorded_as_interrupted_with_earlier_problems(compose_cfg, tmp_path, monkeypatch):
+    """SIGINT (KeyboardInterrupt) in problem 2: the record is written with status interrupted and the
+    problems searched before it, then RunInterrupted (a KeyboardInterrupt) stops the caller.
+    Mutations caught: the runner not catching KeyboardInterrupt (no record: the problems are lost);
+    harness.run returning the record instead of raising (a sweep would go on after Ctrl-C)."""
+    import pandas as pd
+    from harness.errors import RunInterrupted
+    from harness.run import run
+    from systems.tts.search import Search
+    orig = Search.run_problem
+
+    def interrupted(self, pidx, prompt):
+        if pidx == 1:
+            raise KeyboardInterrupt
+        return orig(self, pidx, prompt)
+    monkeypatch.setattr(Search, "run_problem", interrupted)
+    with pytest.raises(RunInterrupted) as e:
+        run(compose_cfg("system=vllm_tts", "backend=sim", "n=8", "workload.num_problems=3",
+                        "workload.num_iterations=2", output_dir=tmp_path / "run"))
+    assert e.value.record == str(tmp_path / "run" / "run.json")
+    rec = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert rec["status"] == "interrupted" and rec["message"].endswith("interrupted in problem 1 (line 2)")
     assert rec["summary"]["problems"] == 1
     assert set(pd.read_parquet(tmp_path / "run" / "iterations.parquet")["problem"]) == {0}
 
