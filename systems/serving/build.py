@@ -252,11 +252,11 @@ def display_rows(clock_applied: bool = True):
 
     def num(v):
         return f"{v:,.4g}"
-    return [
+    return [                                   # the first row is the headline (a sweep's line and summary)
+        ("energy / output token", "energy_per_token_j", lambda v: f"{v:.3f} J"),
         ("requests (completed)", "completed", lambda v: f"{v:,}"),
         ("SLOs", "slos", str),
         ("energy", "energy_j", lambda v: f"{v / 1e3:,.1f} kJ"),
-        ("energy / output token", "energy_per_token_j", lambda v: f"{v:.3f} J"),
         ("average power", "avg_power_w", lambda v: f"{v:,.0f} W"),
         ("TTFT P50", "ttft_p50_s", ms),
         ("TTFT P90", "ttft_p90_s", ms),
