@@ -15,7 +15,9 @@ skipped) with its log in ``<results_dir>/reproduce/<name>.log``. Then:
   counts; the paper numbers of figures without a sweep are listed last, per figure, as ``not run``.
 - ``<results_dir>/index.html``: every sweep's figures and tables on one static page.
 
-An experiment that fails is listed with its exit code and log; the others still run.
+Extra arguments (``tracking=none``) go to every experiment; they are checked first as ``run.py``
+checks its own (an unknown option or key exits 2 before anything runs). An experiment that fails is
+listed with its exit code and log, and the log's last lines are printed; the others still run.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pandas as pd
+
+from harness.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 # real-engine studies (CPU here): module -> sweep folder it writes
@@ -60,6 +64,32 @@ def _run(cmd: List[str], log: Path, timeout_s: float) -> Dict:
     return {"rc": rc, "wall_s": time.perf_counter() - t0, "log": str(log)}
 
 
+def _tell_failure(r: Dict, lines: int = 5) -> None:
+    """A failed command's last log lines (its reason) on stderr, with the log's path."""
+    if str(r["rc"]) == "0":
+        return
+    tail = Path(r["log"]).read_text(errors="replace").splitlines()[-lines:]
+    print(f"[reproduce] last lines of {r['log']}:\n" + "\n".join(f"  {ln}" for ln in tail), file=sys.stderr, flush=True)
+
+
+def check_overrides(overrides: List[str], collect_only: bool) -> None:
+    """Raise ConfigError for extra arguments that no experiment could run with: ignored (with
+    --collect-only), set by this command itself (``experiment=``, ``results_dir=``), or refused by
+    run.py's own pre-flight (an unknown option or key: :func:`harness.cli.preflight`)."""
+    from harness.cli import preflight
+    from harness.config import register_configs
+    if overrides and collect_only:
+        raise ConfigError(f"{' '.join(overrides)}: --collect-only runs no experiment, so these overrides would "
+                          f"be ignored (drop them, or drop --collect-only)")
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in ("experiment", "results_dir"):
+            raise ConfigError(f"{o}: set by this command (use --only NAME,... for experiments, --results-dir "
+                              f"PATH for the results folder)")
+    register_configs()
+    preflight(overrides, ROOT / "conf")
+
+
 def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[str], timeout_s: float) -> pd.DataFrame:
     """Run the experiments (and real-engine studies); returns one row per command with its status."""
     rows = []
@@ -69,11 +99,13 @@ def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[st
         r = _run([py, "run.py", "-m", f"experiment={name}", f"results_dir={results_dir}", "progress=false", *extra],
                  results_dir / "reproduce" / f"{name}.log", timeout_s)
         print(f"[reproduce] experiment={name}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
+        _tell_failure(r)
         rows.append({"command": f"run.py -m experiment={name}", **r})
     for mod in real:
         print(f"[reproduce] python -m {mod} ...", flush=True)
         r = _run([py, "-m", mod, f"results_dir={results_dir}"], results_dir / "reproduce" / f"{mod}.log", timeout_s)
         print(f"[reproduce] {mod}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
+        _tell_failure(r)
         rows.append({"command": f"python -m {mod}", **r})
     return pd.DataFrame(rows)
 
@@ -216,6 +248,11 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         names = wanted
+    try:
+        check_overrides(a.overrides, a.collect_only)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     runs = None
     real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
     if not a.collect_only:
