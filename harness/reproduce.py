@@ -13,6 +13,7 @@ skipped) with its log in ``<results_dir>/reproduce/<name>.log``. Then:
   every sweep's ``verdicts.csv`` (with ``--only``, the named experiments' sweeps only); on top, how
   many of all paper numbers (every row of ``results/reference/*.csv``) were run, and the verdict
   counts; the paper numbers of figures without a sweep are listed last, per figure, as ``not run``.
+  A figure with several sweeps gives the verdicts of one: the newest complete one (the page names the others).
 - ``<results_dir>/index.html``: every sweep's figures and tables on one static page.
 
 Extra arguments (``tracking=none``) go to every experiment; they are checked first as ``run.py``
@@ -117,21 +118,47 @@ def _by_figure(df: pd.DataFrame, *then: str) -> pd.DataFrame:
     return df.sort_values(["paper", "_f", "_n", *then], kind="stable").drop(columns=["_f", "_n"]).reset_index(drop=True)
 
 
+def _complete(sweep_dir: Path) -> bool:
+    """Whether the sweep has nothing left to run: its runs.parquet lists jobs, each with a valid
+    record (``records.VALID_STATUSES``, what a re-run skips)."""
+    from harness.records import VALID_STATUSES
+    p = sweep_dir / "runs.parquet"
+    if not p.exists():
+        return False
+    status = pd.read_parquet(p, columns=["status"])["status"]
+    return bool(len(status)) and bool(status.isin(VALID_STATUSES).all())
+
+
+def _one_sweep_per_figure(v: pd.DataFrame) -> pd.DataFrame:
+    """Per paper figure, the rows of one sweep: the newest complete one (:func:`_complete`; newest =
+    its verdicts.csv written last), else the newest; column ``over`` names the sweeps left out."""
+    fig = [(str(p), str(f)) for p, f in zip(v["paper"], v["figure"])]
+    best: Dict[tuple, str] = {}
+    others: Dict[tuple, List[str]] = {}
+    for f, _, _, sweep in sorted(set(zip(fig, v["complete"], v["written"], v["sweep"])),
+                                 key=lambda t: t[1:], reverse=True):        # complete first, then newest
+        if best.setdefault(f, sweep) != sweep:
+            others.setdefault(f, []).append(sweep)
+    keep = [best[f] == s for f, s in zip(fig, v["sweep"])]
+    return v[keep].assign(over=[", ".join(others.get(f, [])) for f, k in zip(fig, keep) if k])
+
+
 def collect(results_dir: Path, sweeps: Optional[List[str]] = None) -> pd.DataFrame:
-    """Every ``verdicts.csv`` under ``<results_dir>/sweeps`` as one table (column ``sweep`` added);
-    ``sweeps``: only those sweep folders (None = all)."""
+    """Every ``verdicts.csv`` under ``<results_dir>/sweeps`` as one table (column ``sweep`` added),
+    one sweep per paper figure (:func:`_one_sweep_per_figure`: a second sweep of an experiment does
+    not count its paper numbers twice); ``sweeps``: only those sweep folders (None = all)."""
     frames = []
     for p in sorted((results_dir / "sweeps").glob("*/verdicts.csv")):
         if sweeps is not None and p.parent.name not in sweeps:
             continue
         df = pd.read_csv(p)
         df.insert(0, "sweep", p.parent.name)
-        frames.append(df)
+        frames.append(df.assign(complete=_complete(p.parent), written=p.stat().st_mtime))
     if frames:
-        return _by_figure(pd.concat(frames, ignore_index=True), "sweep")
+        return _by_figure(_one_sweep_per_figure(pd.concat(frames, ignore_index=True)), "sweep")
     return pd.DataFrame(
         columns=["sweep", "paper", "figure", "quantity", "paper_value", "kind", "paper_hi", "ours", "ours_hi",
-                 "unit", "simulated", "source", "note", "verdict"])
+                 "unit", "simulated", "source", "note", "verdict", "complete", "written", "over"])
 
 
 def _value(lo, hi, kind: str = "=", unit: str = "") -> str:
@@ -176,6 +203,11 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
               "(one per source of ours; a stated min-max pair is one range): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
                                                          ("reproduced", "partly", "not reproduced", "no result")) + "**.",
               ""]
+    over = v[v["over"].astype(bool)].drop_duplicates(["paper", "figure"]) if len(v) else v
+    if len(over):
+        lines += ["Figures with more than one sweep: each shows the newest complete sweep (every job recorded ok "
+                  "or oom; newest = its verdicts.csv written last), else the newest; the others are left out:", ""]
+        lines += [f"- {r.paper} {r.figure}: `{r.sweep}` (left out: {r.over})" for r in over.itertuples()] + [""]
     if runs is not None and len(runs):
         bad = runs[runs["rc"].astype(str) != "0"]
         if len(bad):

@@ -105,3 +105,36 @@ def test_failed_experiment_prints_the_reason_from_its_log(tmp_path, capsys):
     assert "[reproduce] experiment=lbs_fig7: exit 2 in " in out.out
     assert f"[reproduce] last lines of {tmp_path / 'reproduce' / 'lbs_fig7.log'}:\n" in out.err
     assert "  error: beams='abc' is not allowed: an integer (sets workload.beams)\n" in out.err
+
+
+def _runs(root, name, *statuses, mtime):
+    import os
+
+    import pandas as pd
+    d = root / "sweeps" / name
+    pd.DataFrame({"status": list(statuses)}).to_parquet(d / "runs.parquet")
+    os.utime(d / "verdicts.csv", (mtime, mtime))
+
+
+def test_a_second_sweep_of_a_figure_counts_its_paper_numbers_once(tmp_path):
+    """Two sweeps of lbs fig9 (the experiment's and a re-run under another sweep_name): one verdict
+    per paper number, from the newest complete sweep, the other named as left out; an incomplete
+    newer sweep (a job with status error) loses to a complete older one. Before: both sweeps' rows,
+    "Verdicts of 2" for 1 paper number. Mutations caught: no choice (every sweep's rows); completeness
+    ignored; age ignored (the sweep's name decides)."""
+    row = dict(paper="lbs", figure="fig9", quantity="speedup", paper_value=3.39, kind="range", paper_hi=9.72, unit="x")
+    _sweep(tmp_path, "lbs_fig9", [V.Row(**row, ours=5.0)], png=False)
+    _sweep(tmp_path, "a_rerun", [V.Row(**row, ours=20.0)], png=False)
+    _runs(tmp_path, "lbs_fig9", "ok", "oom", mtime=1_000_000)
+    _runs(tmp_path, "a_rerun", "ok", "ok", mtime=2_000_000)
+    v = R.collect(tmp_path)
+    assert list(v["sweep"]) == ["a_rerun"] and list(v["verdict"]) == ["not reproduced"]
+    md = R.write_reproduction(tmp_path, v).read_text()
+    ran = len(_reference_rows("lbs", "fig9"))
+    assert f"**{ran} of " in md and "Verdicts of 1 paper numbers" in md
+    assert "**0 reproduced, 0 partly, 1 not reproduced, 0 no result**" in md
+    assert "- lbs fig9: `a_rerun` (left out: lbs_fig9)" in md
+    assert md.count("| lbs | fig9 | speedup |") == 1
+    _runs(tmp_path, "a_rerun", "ok", "error", mtime=2_000_000)
+    v = R.collect(tmp_path)
+    assert list(v["sweep"]) == ["lbs_fig9"] and list(v["verdict"]) == ["reproduced"] and list(v["over"]) == ["a_rerun"]
