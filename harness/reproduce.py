@@ -13,9 +13,12 @@ skipped) with its log in ``<results_dir>/reproduce/<name>.log``. Then:
   every sweep's ``verdicts.csv`` (with ``--only``, the named experiments' sweeps only); on top, how
   many of all paper numbers (every row of ``results/reference/*.csv``) were run, and the verdict
   counts; the paper numbers of figures without a sweep are listed last, per figure, as ``not run``.
+  A figure with several sweeps gives the verdicts of one: the newest complete one (the page names the others).
 - ``<results_dir>/index.html``: every sweep's figures and tables on one static page.
 
-An experiment that fails is listed with its exit code and log; the others still run.
+Extra arguments (``tracking=none``) go to every experiment; they are checked first as ``run.py``
+checks its own (an unknown option or key exits 2 before anything runs). An experiment that fails is
+listed with its exit code and log, and the log's last lines are printed; the others still run.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pandas as pd
+
+from harness.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 # real-engine studies (CPU here): module -> sweep folder it writes
@@ -60,6 +65,32 @@ def _run(cmd: List[str], log: Path, timeout_s: float) -> Dict:
     return {"rc": rc, "wall_s": time.perf_counter() - t0, "log": str(log)}
 
 
+def _tell_failure(r: Dict, lines: int = 5) -> None:
+    """A failed command's last log lines (its reason) on stderr, with the log's path."""
+    if str(r["rc"]) == "0":
+        return
+    tail = Path(r["log"]).read_text(errors="replace").splitlines()[-lines:]
+    print(f"[reproduce] last lines of {r['log']}:\n" + "\n".join(f"  {ln}" for ln in tail), file=sys.stderr, flush=True)
+
+
+def check_overrides(overrides: List[str], collect_only: bool) -> None:
+    """Raise ConfigError for extra arguments that no experiment could run with: ignored (with
+    --collect-only), set by this command itself (``experiment=``, ``results_dir=``), or refused by
+    run.py's own pre-flight (an unknown option or key: :func:`harness.cli.preflight`)."""
+    from harness.cli import preflight
+    from harness.config import register_configs
+    if overrides and collect_only:
+        raise ConfigError(f"{' '.join(overrides)}: --collect-only runs no experiment, so these overrides would "
+                          f"be ignored (drop them, or drop --collect-only)")
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in ("experiment", "results_dir"):
+            raise ConfigError(f"{o}: set by this command (use --only NAME,... for experiments, --results-dir "
+                              f"PATH for the results folder)")
+    register_configs()
+    preflight(overrides, ROOT / "conf")
+
+
 def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[str], timeout_s: float) -> pd.DataFrame:
     """Run the experiments (and real-engine studies); returns one row per command with its status."""
     rows = []
@@ -69,11 +100,13 @@ def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[st
         r = _run([py, "run.py", "-m", f"experiment={name}", f"results_dir={results_dir}", "progress=false", *extra],
                  results_dir / "reproduce" / f"{name}.log", timeout_s)
         print(f"[reproduce] experiment={name}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
+        _tell_failure(r)
         rows.append({"command": f"run.py -m experiment={name}", **r})
     for mod in real:
         print(f"[reproduce] python -m {mod} ...", flush=True)
         r = _run([py, "-m", mod, f"results_dir={results_dir}"], results_dir / "reproduce" / f"{mod}.log", timeout_s)
         print(f"[reproduce] {mod}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
+        _tell_failure(r)
         rows.append({"command": f"python -m {mod}", **r})
     return pd.DataFrame(rows)
 
@@ -85,21 +118,47 @@ def _by_figure(df: pd.DataFrame, *then: str) -> pd.DataFrame:
     return df.sort_values(["paper", "_f", "_n", *then], kind="stable").drop(columns=["_f", "_n"]).reset_index(drop=True)
 
 
+def _complete(sweep_dir: Path) -> bool:
+    """Whether the sweep has nothing left to run: its runs.parquet lists jobs, each with a valid
+    record (``records.VALID_STATUSES``, what a re-run skips)."""
+    from harness.records import VALID_STATUSES
+    p = sweep_dir / "runs.parquet"
+    if not p.exists():
+        return False
+    status = pd.read_parquet(p, columns=["status"])["status"]
+    return bool(len(status)) and bool(status.isin(VALID_STATUSES).all())
+
+
+def _one_sweep_per_figure(v: pd.DataFrame) -> pd.DataFrame:
+    """Per paper figure, the rows of one sweep: the newest complete one (:func:`_complete`; newest =
+    its verdicts.csv written last), else the newest; column ``over`` names the sweeps left out."""
+    fig = [(str(p), str(f)) for p, f in zip(v["paper"], v["figure"])]
+    best: Dict[tuple, str] = {}
+    others: Dict[tuple, List[str]] = {}
+    for f, _, _, sweep in sorted(set(zip(fig, v["complete"], v["written"], v["sweep"])),
+                                 key=lambda t: t[1:], reverse=True):        # complete first, then newest
+        if best.setdefault(f, sweep) != sweep:
+            others.setdefault(f, []).append(sweep)
+    keep = [best[f] == s for f, s in zip(fig, v["sweep"])]
+    return v[keep].assign(over=[", ".join(others.get(f, [])) for f, k in zip(fig, keep) if k])
+
+
 def collect(results_dir: Path, sweeps: Optional[List[str]] = None) -> pd.DataFrame:
-    """Every ``verdicts.csv`` under ``<results_dir>/sweeps`` as one table (column ``sweep`` added);
-    ``sweeps``: only those sweep folders (None = all)."""
+    """Every ``verdicts.csv`` under ``<results_dir>/sweeps`` as one table (column ``sweep`` added),
+    one sweep per paper figure (:func:`_one_sweep_per_figure`: a second sweep of an experiment does
+    not count its paper numbers twice); ``sweeps``: only those sweep folders (None = all)."""
     frames = []
     for p in sorted((results_dir / "sweeps").glob("*/verdicts.csv")):
         if sweeps is not None and p.parent.name not in sweeps:
             continue
         df = pd.read_csv(p)
         df.insert(0, "sweep", p.parent.name)
-        frames.append(df)
+        frames.append(df.assign(complete=_complete(p.parent), written=p.stat().st_mtime))
     if frames:
-        return _by_figure(pd.concat(frames, ignore_index=True), "sweep")
+        return _by_figure(_one_sweep_per_figure(pd.concat(frames, ignore_index=True)), "sweep")
     return pd.DataFrame(
         columns=["sweep", "paper", "figure", "quantity", "paper_value", "kind", "paper_hi", "ours", "ours_hi",
-                 "unit", "simulated", "source", "note", "verdict"])
+                 "unit", "simulated", "source", "note", "verdict", "complete", "written", "over"])
 
 
 def _value(lo, hi, kind: str = "=", unit: str = "") -> str:
@@ -144,6 +203,11 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
               "(one per source of ours; a stated min-max pair is one range): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
                                                          ("reproduced", "partly", "not reproduced", "no result")) + "**.",
               ""]
+    over = v[v["over"].astype(bool)].drop_duplicates(["paper", "figure"]) if len(v) else v
+    if len(over):
+        lines += ["Figures with more than one sweep: each shows the newest complete sweep (every job recorded ok "
+                  "or oom; newest = its verdicts.csv written last), else the newest; the others are left out:", ""]
+        lines += [f"- {r.paper} {r.figure}: `{r.sweep}` (left out: {r.over})" for r in over.itertuples()] + [""]
     if runs is not None and len(runs):
         bad = runs[runs["rc"].astype(str) != "0"]
         if len(bad):
@@ -216,6 +280,11 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         names = wanted
+    try:
+        check_overrides(a.overrides, a.collect_only)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     runs = None
     real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
     if not a.collect_only:

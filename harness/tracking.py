@@ -8,7 +8,8 @@ A simulated single job takes well under a second; starting W&B takes longer (imp
 record (config, summary, tables) into the job's W&B run (``RUN_DIR/wandb``, its output in
 ``RUN_DIR/wandb/mirror.log``) a few seconds later. Real-engine jobs open their W&B run before the
 run (W&B samples the host/GPU meanwhile) and log into it in-process. The same command mirrors any
-record by hand: ``python -m harness.tracking RUN_DIR``.
+record by hand: ``python -m harness.tracking RUN_DIR`` (``--mode offline`` for a record made with
+``tracking=none``); it says whether anything was mirrored and exits 0 only if it was.
 """
 from __future__ import annotations
 
@@ -139,27 +140,61 @@ def mirror_later(outdir: Path, tracking, name: str, group: Optional[str]) -> Opt
     return logfile
 
 
-def mirror(outdir: Path, name: Optional[str] = None, group: Optional[str] = None) -> None:
+class MirrorError(RuntimeError):
+    """Nothing was mirrored: W&B is off for the record (``disabled``) or could not start or log."""
+
+    def __init__(self, message: str, disabled: bool = False):
+        super().__init__(message)
+        self.disabled = disabled
+
+
+def mirror(outdir: Path, name: Optional[str] = None, group: Optional[str] = None, mode: Optional[str] = None) -> str:
     """Mirror the record in ``outdir`` (run.json and its parquet tables) into a new W&B run there,
-    named ``name`` (default ``<system>-<run_id>``) in ``group``, as its job would have."""
+    named ``name`` (default ``<system>-<run_id>``) in ``group``, as its job would have. ``mode``
+    (``offline``/``online``): W&B in this mode whatever the record's tracking (``tracking=none``
+    too); it does not override ``$WANDB_MODE`` (:func:`main` sets that). Returns what was done;
+    raises MirrorError when nothing was mirrored."""
     import pandas as pd
     outdir = Path(outdir)
     rec = json.loads((outdir / "run.json").read_text())
+    cfg = rec["config"]
+    tracking = {**cfg["tracking"], **({"name": "wandb", "mode": mode} if mode else {})}
+    if not tracking_on(tracking) or wandb_mode(tracking) == "disabled":
+        why = (f"tracking={tracking['name']}, tracking.mode={tracking['mode']}" if not tracking_on(tracking)
+               else "$WANDB_MODE=disabled")
+        raise MirrorError(f"not mirrored: W&B is disabled for this record ({why}); "
+                          f"`python -m harness.tracking {outdir} --mode offline` mirrors it anyway", disabled=True)
     tables = {t: pd.read_parquet(outdir / f"{t}.parquet") for t in rec.get("tables", [])
               if (outdir / f"{t}.parquet").exists()}
-    cfg = rec["config"]
-    tracker = make_tracker(cfg, cfg["tracking"], outdir, name=name or f"{rec['system']}-{rec['run_id']}", group=group)
-    log_record(tracker, rec["status"], rec["backend"]["simulated"], rec.get("summary") or {}, tables)
-    print(f"mirrored {outdir / 'run.json'} to W&B ({wandb_mode(cfg['tracking'])}) in {outdir / 'wandb'}", flush=True)
+    try:
+        tracker = WandbTracker(cfg, tracking, outdir, name=name or f"{rec['system']}-{rec['run_id']}", group=group)
+        log_record(tracker, rec["status"], rec["backend"]["simulated"], rec.get("summary") or {}, tables)
+    except Exception as e:          # noqa: BLE001 (W&B raises many kinds; each is reported)
+        raise MirrorError(f"not mirrored: W&B ({wandb_mode(tracking)}) failed: {e}") from e
+    return f"mirrored {outdir / 'run.json'} to W&B ({wandb_mode(tracking)}) in {Path(tracker.run.dir).parent}"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Mirror a run's record (run.json + tables) into a W&B run.")
+    ap = argparse.ArgumentParser(prog="python -m harness.tracking",
+                                 description="Mirror a run's record (run.json + tables) into a W&B run in its folder.")
     ap.add_argument("run_dir", type=Path, help="the job's folder (holds run.json)")
     ap.add_argument("--name", help="W&B run name (default: <system>-<run folder>)")
     ap.add_argument("--group", help="W&B group (a single run's: its sweep_name)")
+    ap.add_argument("--mode", choices=("offline", "online"),
+                    help="W&B mode for this command, over the record's tracking and $WANDB_MODE (default: "
+                         "the record's tracking.mode, or $WANDB_MODE; a record made with tracking=none needs it)")
     args = ap.parse_args(argv)
-    mirror(args.run_dir, args.name, args.group)
+    if not (args.run_dir / "run.json").is_file():
+        print(f"error: {args.run_dir}: no run.json here (pass a job's folder, e.g. results/runs/<run>)",
+              file=sys.stderr)
+        return 2
+    if args.mode:
+        os.environ["WANDB_MODE"] = args.mode
+    try:
+        print(mirror(args.run_dir, args.name, args.group, args.mode), flush=True)
+    except MirrorError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2 if e.disabled else 1
     return 0
 
 

@@ -63,7 +63,48 @@ def test_data_dir_order(monkeypatch, tmp_path):
     assert resolve("/abs/file") == Path("/abs/file")
     monkeypatch.delenv("TTC_DATA_DIR")
     assert data_dir() == SHARED.resolve() or data_dir() == SHARED
-    assert data_dir(for_writing=True).name == "data" and ".cache" in str(data_dir(for_writing=True))
+    import workloads.data as D
+    monkeypatch.setattr(D, "SHARED", tmp_path / "no-shared-mirror")
+    assert data_dir() == D.CACHE and D.CACHE.name == "data" and ".cache" in str(D.CACHE)
+
+
+@pytest.fixture
+def team_layout(monkeypatch, tmp_path):
+    """``../shared/data`` exists (with the math files) and wins over an empty cache folder; TTC_DATA_DIR unset."""
+    import workloads.data as D
+    shared, cache = tmp_path / "shared" / "data", tmp_path / "cache"
+    F.fetch(shared, mirror=SHARED, only="math/", log=lambda *_: None)
+    monkeypatch.delenv("TTC_DATA_DIR", raising=False)
+    monkeypatch.setattr(D, "SHARED", shared)
+    monkeypatch.setattr(D, "CACHE", cache)
+    assert data_dir() == shared
+    return shared, cache
+
+
+def test_cli_checks_and_fetches_the_folder_runs_read(team_layout, capsys, monkeypatch):
+    """--check and fetch default to data_dir() (before: the cache folder, so --check reported every
+    file missing while every run read ../shared/data); each message names the folder; --help says the
+    default; the missing-data hint of run errors names it too.
+    Mutations caught: main's default back to the cache folder; the error not naming the folder;
+    missing_hint naming the cache folder."""
+    shared, cache = team_layout
+    assert F.main(["--check", "--only", "math/"]) == 0
+    assert capsys.readouterr().out == f"data in {shared}: 3 present, 0 fetched\n"
+    (shared / "math/amc23/test.jsonl").unlink()
+    assert F.main(["--check", "--only", "math/"]) == 1
+    assert capsys.readouterr().err == (f"error: 1 of the data files in {shared} could not be verified:\n"
+                                       f"  math/amc23/test.jsonl: missing\n")
+    assert F.main(["--from", str(SHARED), "--only", "math/amc23/"]) == 0
+    assert capsys.readouterr().out == f"data in {shared}: 0 present, 1 fetched\n"
+    assert (shared / "math/amc23/test.jsonl").is_file() and not cache.exists()
+    monkeypatch.setenv("COLUMNS", "1000")           # argparse: one line per option
+    with pytest.raises(SystemExit):
+        F.main(["--help"])
+    help_text = capsys.readouterr().out
+    assert (f"default: the one runs read: $TTC_DATA_DIR, else ../shared/data beside the repository when it "
+            f"exists, else ~/.cache/ttc-sched-bench/data; here {shared})") in help_text
+    from workloads.data import missing_hint
+    assert f"downloads the pinned public files into {shared}, the folder runs read;" in missing_hint()
 
 
 def test_cli_bad_mirror_exits_2(tmp_path, capsys):

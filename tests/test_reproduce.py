@@ -3,6 +3,8 @@ results/reference/*.csv (every paper number, run or not), index.html shows every
 --only collects only the named experiments; a bad --only exits 2."""
 from pathlib import Path
 
+import pytest
+
 from harness import reproduce as R
 from harness import verdict as V
 
@@ -69,3 +71,70 @@ def test_only_collects_the_named_experiments_and_counts_every_paper_number(tmp_p
     assert "- lbs fig9:" not in md
     page = (tmp_path / "index.html").read_text()       # the figure page follows --only too
     assert "href='#lbs_fig9'" in page and "beam_fig7" not in page
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["tracking=nonee"], "tracking='nonee' is not allowed: one of none, wandb (conf/tracking/*.yaml)"),
+    (["sytem.prefetch=false"], "'sytem.prefetch' is not a config key; did you mean 'system'? "
+                               "(python run.py --help lists the groups and shortcuts)"),
+    (["experiment=lbs_fig9"], "experiment=lbs_fig9: set by this command (use --only NAME,... for experiments, "
+                              "--results-dir PATH for the results folder)"),
+])
+def test_bad_extra_argument_exits_2_before_anything_runs(tmp_path, capsys, monkeypatch, extra, message):
+    """Before: every experiment ran with it (each exiting 2, the reason only in its log), then both
+    pages were rewritten and the command exited 1. Mutations caught: check_overrides not called;
+    run.py's preflight left out of it."""
+    monkeypatch.setattr(R, "_run", lambda *a, **k: pytest.fail("an experiment ran"))
+    assert R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), *extra]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert not list(tmp_path.iterdir())
+
+
+def test_overrides_with_collect_only_exit_2(tmp_path, capsys):
+    assert R.main(["--collect-only", "--results-dir", str(tmp_path), "tracking=none"]) == 2
+    assert capsys.readouterr().err == ("error: tracking=none: --collect-only runs no experiment, so these overrides "
+                                       "would be ignored (drop them, or drop --collect-only)\n")
+    assert not list(tmp_path.iterdir())
+
+
+def test_failed_experiment_prints_the_reason_from_its_log(tmp_path, capsys):
+    """A value run.py's sweep refuses (beams=abc: exit 2 before any job) -- the reason is printed, not
+    only "exit 2". Mutation caught: _tell_failure not called."""
+    assert R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), "tracking=none", "beams=abc"]) == 1
+    out = capsys.readouterr()
+    assert "[reproduce] experiment=lbs_fig7: exit 2 in " in out.out
+    assert f"[reproduce] last lines of {tmp_path / 'reproduce' / 'lbs_fig7.log'}:\n" in out.err
+    assert "  error: beams='abc' is not allowed: an integer (sets workload.beams)\n" in out.err
+
+
+def _runs(root, name, *statuses, mtime):
+    import os
+
+    import pandas as pd
+    d = root / "sweeps" / name
+    pd.DataFrame({"status": list(statuses)}).to_parquet(d / "runs.parquet")
+    os.utime(d / "verdicts.csv", (mtime, mtime))
+
+
+def test_a_second_sweep_of_a_figure_counts_its_paper_numbers_once(tmp_path):
+    """Two sweeps of lbs fig9 (the experiment's and a re-run under another sweep_name): one verdict
+    per paper number, from the newest complete sweep, the other named as left out; an incomplete
+    newer sweep (a job with status error) loses to a complete older one. Before: both sweeps' rows,
+    "Verdicts of 2" for 1 paper number. Mutations caught: no choice (every sweep's rows); completeness
+    ignored; age ignored (the sweep's name decides)."""
+    row = dict(paper="lbs", figure="fig9", quantity="speedup", paper_value=3.39, kind="range", paper_hi=9.72, unit="x")
+    _sweep(tmp_path, "lbs_fig9", [V.Row(**row, ours=5.0)], png=False)
+    _sweep(tmp_path, "a_rerun", [V.Row(**row, ours=20.0)], png=False)
+    _runs(tmp_path, "lbs_fig9", "ok", "oom", mtime=1_000_000)
+    _runs(tmp_path, "a_rerun", "ok", "ok", mtime=2_000_000)
+    v = R.collect(tmp_path)
+    assert list(v["sweep"]) == ["a_rerun"] and list(v["verdict"]) == ["not reproduced"]
+    md = R.write_reproduction(tmp_path, v).read_text()
+    ran = len(_reference_rows("lbs", "fig9"))
+    assert f"**{ran} of " in md and "Verdicts of 1 paper numbers" in md
+    assert "**0 reproduced, 0 partly, 1 not reproduced, 0 no result**" in md
+    assert "- lbs fig9: `a_rerun` (left out: lbs_fig9)" in md
+    assert md.count("| lbs | fig9 | speedup |") == 1
+    _runs(tmp_path, "a_rerun", "ok", "error", mtime=2_000_000)
+    v = R.collect(tmp_path)
+    assert list(v["sweep"]) == ["lbs_fig9"] and list(v["verdict"]) == ["reproduced"] and list(v["over"]) == ["a_rerun"]

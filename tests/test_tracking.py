@@ -130,3 +130,55 @@ def test_no_mirror_when_wandb_is_disabled(tmp_path):
     started whatever the mode."""
     run_dir, _ = _single_run(tmp_path, "disabled")
     assert (run_dir / "run.json").exists() and not (run_dir / "wandb").exists()
+
+
+@pytest.fixture(scope="module")
+def untracked_run(tmp_path_factory):
+    """A simulated single run made with ``tracking=none``: its record and no W&B folder."""
+    res = tmp_path_factory.mktemp("untracked")
+    out = subprocess.run([sys.executable, "run.py", "system=lbs", "beams=4", "gen_len=64", "progress=false",
+                          "tracking=none", f"results_dir={res}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (run_dir,) = (res / "runs").iterdir()
+    assert not (run_dir / "wandb").exists()
+    return run_dir
+
+
+def _mirror_by_hand(run_dir, *args, **env):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    return subprocess.run([sys.executable, "-m", "harness.tracking", str(run_dir), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={**base, "WANDB_SILENT": "true", **env})
+
+
+@pytest.mark.slow
+def test_mirror_by_hand_says_when_nothing_was_mirrored_and_mirrors_with_a_mode(untracked_run, tmp_path):
+    """A tracking=none record by hand: exit 2, "not mirrored" and the fix, nothing written (before:
+    "mirrored ... to W&B (disabled)", exit 0); ``--mode offline`` mirrors it, over $WANDB_MODE=disabled;
+    online without an API key: exit 1 with W&B's reason (before: exit 0 and "mirrored ... (online)").
+    Mutations caught: the disabled check removed; --mode not applied to the record's tracking; --mode
+    not set over $WANDB_MODE; W&B's failure caught into a NullTracker again (make_tracker)."""
+    out = _mirror_by_hand(untracked_run)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == (f"error: not mirrored: W&B is disabled for this record (tracking=none, tracking.mode=disabled); "
+                          f"`python -m harness.tracking {untracked_run} --mode offline` mirrors it anyway\n")
+    assert not (untracked_run / "wandb").exists()
+
+    out = _mirror_by_hand(untracked_run, "--mode", "online", HOME=str(tmp_path))       # no API key anywhere
+    assert out.returncode == 1 and "mirrored" not in out.stdout
+    assert out.stderr.startswith("error: not mirrored: W&B (online) failed: ") and "API key" in out.stderr
+
+    out = _mirror_by_hand(untracked_run, "--mode", "offline", WANDB_MODE="disabled")
+    assert out.returncode == 0, out.stderr
+    (wb,) = untracked_run.glob("wandb/offline-run-*")
+    assert out.stdout == f"mirrored {untracked_run / 'run.json'} to W&B (offline) in {wb}\n"
+    (steps,) = wb.glob("files/media/table/steps_*.table.json")
+    import pandas as pd
+    want = pd.read_parquet(untracked_run / "steps.parquet")
+    table = json.loads(steps.read_text())
+    assert table["columns"] == list(want.columns) and len(table["data"]) == len(want) == 2
+
+
+def test_mirror_by_hand_of_a_folder_without_a_record_exits_2(tmp_path, capsys):
+    from harness.tracking import main
+    assert main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path}: no run.json here (pass a job's folder, e.g. results/runs/<run>)\n"

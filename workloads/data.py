@@ -2,8 +2,8 @@
 
 Data (math problem sets, serving traces) is never copied into the repository. Lookup order:
 ``$TTC_DATA_DIR``; else ``<repo>/../shared/data`` when it exists (this team's layout, and what CI
-uses); else ``~/.cache/ttc-sched-bench/data``, where ``python -m workloads.fetch`` puts the files by
-default. :func:`missing_hint` is the sentence every "no such data file" error ends with.
+uses); else ``~/.cache/ttc-sched-bench/data``. ``python -m workloads.fetch`` fetches into and checks
+the same folder by default. :func:`missing_hint` is the sentence every "no such data file" error ends with.
 """
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ CACHE = Path.home() / ".cache" / "ttc-sched-bench" / "data"
 MANIFEST = Path(__file__).resolve().parent / "data_manifest.json"
 
 
-def data_dir(for_writing: bool = False) -> Path:
-    """The data folder (module docstring). ``for_writing``: where the fetch command writes
-    (``$TTC_DATA_DIR``, else the cache folder; never the shared mirror)."""
+def data_dir() -> Path:
+    """The data folder every run reads (module docstring)."""
     env = os.environ.get("TTC_DATA_DIR")
     if env:
         return Path(env).expanduser()
-    if not for_writing and SHARED.is_dir():
+    if SHARED.is_dir():
         return SHARED
     return CACHE
 
@@ -35,4 +34,4 @@ def resolve(path) -> Path:
 
 def missing_hint() -> str:
     return (f"get the data with `python -m workloads.fetch` (downloads the pinned public files into "
-            f"{data_dir(for_writing=True)}; `--from DIR` copies a local mirror), or set TTC_DATA_DIR")
+            f"{data_dir()}, the folder runs read; `--from DIR` copies a local mirror), or set TTC_DATA_DIR")

@@ -6,8 +6,10 @@
 
 Every file is pinned: its public repository, commit and path, and the sha256 of the file as the
 experiments read it (``workloads/data_manifest.json``); a file whose checksum differs is refused and
-not kept. The destination is :func:`workloads.data.data_dir` (``$TTC_DATA_DIR``, else
-``~/.cache/ttc-sched-bench/data``), or ``--dest``. Nothing is ever copied into the repository.
+not kept. The destination (and what ``--check`` verifies) is the folder the runs read,
+:func:`workloads.data.data_dir` (``$TTC_DATA_DIR``, else ``../shared/data`` beside the repository
+when it exists, else ``~/.cache/ttc-sched-bench/data``), or ``--dest``. Nothing is ever copied into
+the repository.
 
 Two sources are cut, as the shared copy was (recorded in the manifest as ``cut``): ServeGen's
 ``language/m-large`` keeps day 1 (trace rows and dataset keys with timestamp < 86400 s; datasets
@@ -130,7 +132,8 @@ def fetch(dest: Path, mirror: Optional[Path] = None, only: Optional[str] = None,
             errors.append(f"{rel}: {ex}")
     if errors:
         shown = "\n  ".join(errors[:10]) + (f"\n  ... and {len(errors) - 10} more" if len(errors) > 10 else "")
-        raise FetchError(f"{len(errors)} of the data files could not be {'verified' if check_only else 'obtained'}:"
+        raise FetchError(f"{len(errors)} of the data files in {dest} could not be "
+                         f"{'verified' if check_only else 'obtained'}:"
                          f"\n  {shown}")
     log(f"data in {dest}: {counts['present']} present, {counts['fetched']} fetched")
     return counts
@@ -153,8 +156,9 @@ def write_manifest(src: Path) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workloads.fetch", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dest", type=Path, default=None, help="data folder (default: $TTC_DATA_DIR or "
-                                                              "~/.cache/ttc-sched-bench/data)")
+    ap.add_argument("--dest", type=Path, default=None,
+                    help=f"data folder (default: the one runs read: $TTC_DATA_DIR, else ../shared/data beside the "
+                         f"repository when it exists, else ~/.cache/ttc-sched-bench/data; here {data_dir()})")
     ap.add_argument("--from", dest="mirror", type=Path, default=None, help="copy from a local mirror instead")
     ap.add_argument("--only", default=None, help="only files under this prefix, e.g. math/ or traces/azure_llm_2023/")
     ap.add_argument("--check", action="store_true", help="verify checksums, fetch nothing")
@@ -163,7 +167,7 @@ def main(argv=None) -> int:
     if a.write_manifest:
         print(f"{write_manifest(a.write_manifest)} files -> {MANIFEST}")
         return 0
-    dest = a.dest or data_dir(for_writing=True)
+    dest = a.dest or data_dir()
     if a.mirror is not None and not a.mirror.is_dir():
         print(f"error: --from {a.mirror}: not a directory", file=sys.stderr)
         return 2
