@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from harness import clock_locks, logs, machine, records
 from harness.logs import say
 from harness.backend import Backend, resolve_backend
-from harness.config import validate_common
+from harness.config import check_results_dir, validate_common
 from harness.errors import ConfigError, RunOOM, bad
 from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
@@ -144,7 +144,7 @@ def end_startup() -> None:
 
 class OutputDirCheck(Callback):
     """Hydra callback (``hydra.callbacks``): before Hydra creates the run or sweep directory, check
-    it can be written; if not, print our message (the path, the fix) and exit 2. Without it Hydra's
+    ``results_dir`` is not empty and the directory can be written; if not, print our message (the path, the fix) and exit 2. Without it Hydra's
     own ``mkdir`` fails with a traceback and exit 1."""
 
     new_run_dir: Optional[Path] = None   # the run dir, when it did not exist before (see remove_unused_run_dir)
@@ -166,9 +166,11 @@ class OutputDirCheck(Callback):
         try:
             HydraConfig.instance().set_config(config)     # for ${hydra:...} in the path
             path = OmegaConf.select(config, key)
+            results_dir = config.get("results_dir", "results")
         except OmegaConfBaseException:
             return None                                   # Hydra reports a bad interpolation itself
         try:
+            check_results_dir(results_dir)
             records.check_creatable(path, key)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
