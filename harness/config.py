@@ -208,6 +208,8 @@ def _env_or(name: str, default: str) -> str:
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("env_or"):
         OmegaConf.register_new_resolver("env_or", _env_or)
+    if not OmegaConf.has_resolver("pid"):
+        OmegaConf.register_new_resolver("pid", os.getpid)      # ${pid:}: this process's id (run folders)
     if not OmegaConf.has_resolver("repo_path"):
         OmegaConf.register_new_resolver("repo_path", _repo_path)
     if not OmegaConf.has_resolver("first"):
