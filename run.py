@@ -47,7 +47,8 @@ def main(cfg: DictConfig) -> None:
 
 
 def _record_invalid_sweep_job(cfg: DictConfig, err: Exception) -> bool:
-    """In a multirun, an invalid job is recorded (status error) so the sweep goes on."""
+    """In a multirun, an invalid job is recorded (status error) so the sweep goes on; a record already
+    in its folder (one of another config, which the job refused to replace) stays."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     if HydraConfig.get().mode != RunMode.MULTIRUN:
@@ -56,6 +57,8 @@ def _record_invalid_sweep_job(cfg: DictConfig, err: Exception) -> bool:
 
     from harness import records
     out = Path(HydraConfig.get().runtime.output_dir)
+    if (out / "run.json").exists():
+        return True
     records.atomic_write_json(out / "run.json", {
         "record_version": records.RECORD_VERSION, "run_id": out.name, "status": "error",
         "message": f"invalid configuration: {err}", "system": cfg.system.name, "model": cfg.model.name,

@@ -12,6 +12,7 @@ starts.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -197,7 +198,18 @@ def _repo_path(*parts: str) -> str:
     return str(Path(__file__).resolve().parent.parent.joinpath(*parts))
 
 
+def _env_or(name: str, default: str) -> str:
+    """Resolver ``${env_or:NAME,default}``: the environment variable ``NAME``, or ``default`` when it
+    is unset or empty (``oc.env`` returns an exported empty value as is: ``TTC_RESULTS_DIR=`` put
+    every record under ``/``; an empty variable almost always means "unset")."""
+    return os.environ.get(name) or default
+
+
 def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("env_or"):
+        OmegaConf.register_new_resolver("env_or", _env_or)
+    if not OmegaConf.has_resolver("pid"):
+        OmegaConf.register_new_resolver("pid", os.getpid)      # ${pid:}: this process's id (run folders)
     if not OmegaConf.has_resolver("repo_path"):
         OmegaConf.register_new_resolver("repo_path", _repo_path)
     if not OmegaConf.has_resolver("first"):
@@ -209,8 +221,17 @@ def register_resolvers() -> None:
 SWEEP_JOBS = ("auto", "runs", "table")
 
 
+def check_results_dir(value: Any) -> None:
+    """Raise ConfigError for an empty (or null) ``results_dir``: its ``runs/``, ``sweeps/`` and
+    ``cache/`` would be made at the file system root (``${results_dir}/runs/...`` = ``/runs/...``)."""
+    if value is None or not str(value).strip():
+        raise bad("results_dir", value, "a folder (records, sweeps and caches go under it; "
+                                        "leave results_dir out for $TTC_RESULTS_DIR, else <repo>/results)")
+
+
 def validate_common(cfg) -> None:
     """Checks shared by every family. Raises ConfigError."""
+    check_results_dir(cfg.get("results_dir", "results"))
     if cfg.backend.name not in BACKENDS:
         raise bad("backend", cfg.backend.name, f"one of {', '.join(BACKENDS)}")
     if cfg.backend.device not in DEVICES:

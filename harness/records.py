@@ -281,18 +281,29 @@ def config_hash(cfg_dict: Dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(_jsonable(core), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_valid_record(outdir: Path, cfg_hash: Optional[str] = None) -> Optional[Dict[str, Any]]:
-    """Return the run.json in ``outdir`` if it is a finished, valid record (status ok/oom, same
-    record version and, when given, the same config hash); else None."""
+def read_record(outdir: Path) -> Optional[Dict[str, Any]]:
+    """The run.json in ``outdir``, parsed; None when there is none or it is not readable JSON."""
     p = Path(outdir) / "run.json"
     if not p.exists():
         return None
     try:
-        rec = json.loads(p.read_text())
+        return json.loads(p.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    if rec.get("record_version") != RECORD_VERSION or rec.get("status") not in VALID_STATUSES:
+
+
+def same_config(rec: Dict[str, Any], cfg_hash: str) -> bool:
+    """Whether record ``rec`` is of the config hashed ``cfg_hash`` (:func:`config_hash`): the rule by
+    which resume skips a job and by which a job refuses a folder holding another config's record."""
+    return rec.get("config_hash") == cfg_hash
+
+
+def load_valid_record(outdir: Path, cfg_hash: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """Return the run.json in ``outdir`` if it is a finished, valid record (status ok/oom, same
+    record version and, when given, the same config hash); else None."""
+    rec = read_record(outdir)
+    if rec is None or rec.get("record_version") != RECORD_VERSION or rec.get("status") not in VALID_STATUSES:
         return None
-    if cfg_hash is not None and rec.get("config_hash") != cfg_hash:
+    if cfg_hash is not None and not same_config(rec, cfg_hash):
         return None
     return rec

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from harness import clock_locks, logs, machine, records
 from harness.logs import say
 from harness.backend import Backend, resolve_backend
-from harness.config import validate_common
+from harness.config import check_results_dir, validate_common
 from harness.errors import ConfigError, RunInterrupted, RunOOM, bad
 from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
@@ -148,8 +148,10 @@ def end_startup() -> None:
 
 class OutputDirCheck(Callback):
     """Hydra callback (``hydra.callbacks``): before Hydra creates the run or sweep directory, check
-    it can be written; if not, print our message (the path, the fix) and exit 2. Without it Hydra's
-    own ``mkdir`` fails with a traceback and exit 1."""
+    ``results_dir`` is not empty and the directory can be written, and that a single run's directory
+    holds no record of another config (:func:`check_no_other_record`; Hydra would write its
+    ``.hydra/`` over that run's); if not, print our message (the path, the fix) and exit 2. Without
+    it Hydra's own ``mkdir`` fails with a traceback and exit 1."""
 
     new_run_dir: Optional[Path] = None   # the run dir, when it did not exist before (see remove_unused_run_dir)
 
@@ -157,6 +159,8 @@ class OutputDirCheck(Callback):
         end_startup()
         path = self._check(config, "hydra.run.dir")
         OutputDirCheck.new_run_dir = Path(path) if path and not Path(path).exists() else None
+        if path and (Path(path) / "run.json").exists():
+            self._check_no_other_record(config, Path(path))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         end_startup()
@@ -170,14 +174,31 @@ class OutputDirCheck(Callback):
         try:
             HydraConfig.instance().set_config(config)     # for ${hydra:...} in the path
             path = OmegaConf.select(config, key)
+            results_dir = config.get("results_dir", "results")
         except OmegaConfBaseException:
             return None                                   # Hydra reports a bad interpolation itself
         try:
+            check_results_dir(results_dir)
             records.check_creatable(path, key)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
         return path
+
+    @staticmethod
+    def _check_no_other_record(config: DictConfig, path: Path) -> None:
+        """Exit 2 when the run dir ``path`` holds the record of another config (a config that does
+        not resolve is left to the job's validation)."""
+        from omegaconf.errors import OmegaConfBaseException
+        try:
+            chash = job_config(config)[1]
+        except OmegaConfBaseException:
+            return
+        try:
+            check_no_other_record(path, chash, "hydra.run.dir")
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
 
 
 def remove_unused_run_dir() -> None:
@@ -206,12 +227,36 @@ def output_dir(cfg) -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
-def writable_output_dir(cfg) -> Path:
-    """The job's output directory, created; ConfigError naming the setting when it cannot be written."""
+def writable_output_dir(cfg, chash: str) -> Path:
+    """The job's output directory, created; ConfigError naming the setting when it cannot be written
+    or holds the record of a config other than the job's (config hash ``chash``, see
+    :func:`check_no_other_record`)."""
     outdir = output_dir(cfg)
     key = "output_dir" if cfg.get("output_dir") else "hydra.sweep.dir" if in_multirun() else "hydra.run.dir"
     records.check_writable(outdir, key)
+    check_no_other_record(outdir, chash, key)
     return outdir
+
+
+_OTHER_FOLDER = {"hydra.run.dir": "hydra.run.dir=PATH", "output_dir": "output_dir=PATH",
+                 "hydra.sweep.dir": "another sweep_name=NAME, or hydra.sweep.dir=PATH"}
+
+
+def check_no_other_record(outdir: Path, chash: str, key: str) -> None:
+    """Raise ConfigError when ``outdir`` holds the record (run.json) of a config other than the
+    job's, whose config hash is ``chash`` (:func:`records.same_config`, the rule of resume): running
+    would replace it. The same config's record is the job's own (skipped by resume, replaced with
+    ``resume=false``); a record without a hash (a sweep's error record of a job that never ran, an
+    unreadable file) is no config's and is replaced as before. ``key``: the setting that named the
+    folder (``hydra.run.dir``, ``hydra.sweep.dir`` or ``output_dir``), for the fix."""
+    prev = records.read_record(outdir)
+    if prev is None or prev.get("config_hash") is None or records.same_config(prev, chash):
+        return
+    theirs = " ".join(prev.get("overrides") or []) or "none"
+    raise ConfigError(f"{key}: {str(outdir)!r} holds the record of a different config (run.json, status "
+                      f"{prev.get('status')}, overrides: {theirs}; config hash {prev['config_hash']}, "
+                      f"this job's {chash}); nothing was run. "
+                      f"Pass another folder ({_OTHER_FOLDER[key]}) or delete {str(outdir)!r} to run here")
 
 
 def validate(cfg) -> Tuple[Any, Backend]:
@@ -335,8 +380,8 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
     logs.quiet_engines(bool(cfg.get("verbose", False)))
     runner, backend = validate_config(cfg)
     multirun = in_multirun() if multirun is None else multirun
-    outdir = writable_output_dir(cfg)
     cfg_dict, chash = job_config(cfg)
+    outdir = writable_output_dir(cfg, chash)
     if cfg.get("resume", True):
         prev = recorded(outdir, chash)
         if prev is not None:
@@ -587,7 +632,7 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
     job's record."""
     import multiprocessing as mp
     validate_config(cfg)                            # bad input fails here, before any work
-    outdir = writable_output_dir(cfg)
+    outdir = writable_output_dir(cfg, job_config(cfg)[1])
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["output_dir"] = str(outdir)
     p = mp.get_context("spawn").Process(target=_child, args=(OmegaConf.to_yaml(resolved), in_multirun(),

@@ -98,13 +98,15 @@ def test_default_kv_budget_per_device():
     assert mf.default_kv_budget(1000, 300, 100) == 600
 
 
-def test_lbs_runs_use_the_derived_budget(compose_cfg):
+def test_lbs_runs_use_the_derived_budget(compose_cfg, tmp_path):
     """The LBS family's budget with no override is the derived one; weights that leave less than one
     beam's KV are a recorded oom (exit 0), not a crash."""
     from harness.run import run
-    rec = run(compose_cfg("system=lbs", "model=opt-6.7b", "beams=4", "gen_len=64", "backend=sim"), multirun=True)
+    rec = run(compose_cfg("system=lbs", "model=opt-6.7b", "beams=4", "gen_len=64", "backend=sim",
+                          output_dir=tmp_path / "opt"), multirun=True)
     assert rec["status"] == "ok" and rec["summary"]["kv_budget_bytes"] == 7 * 2**30
-    rec = run(compose_cfg("system=lbs", "model=qwen2.5-32b", "beams=4", "gen_len=64", "backend=sim"), multirun=True)
+    rec = run(compose_cfg("system=lbs", "model=qwen2.5-32b", "beams=4", "gen_len=64", "backend=sim",
+                          output_dir=tmp_path / "qwen"), multirun=True)
     assert rec["status"] == "oom" and "less than one beam" in rec["message"]
 
 

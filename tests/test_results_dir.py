@@ -21,10 +21,14 @@ def _results_dir(cwd: Path, **env) -> str:
 
 
 def test_results_dir_is_the_repositorys_from_any_directory_unless_the_env_names_one(tmp_path, monkeypatch):
-    """run.py and harness.reproduce agree. Mutation caught: conf/config.yaml's default back to a bare
-    ``results`` (relative to the current directory: 'results' here, not <repo>/results)."""
+    """run.py and harness.reproduce agree; an exported but empty $TTC_RESULTS_DIR counts as unset
+    (it made every folder at the file system root: /runs/...). Mutations caught: conf/config.yaml's
+    default back to a bare ``results`` (relative to the current directory: 'results' here, not
+    <repo>/results); back to ``oc.env`` (the empty variable gives results_dir '')."""
     monkeypatch.delenv("TTC_RESULTS_DIR")
     assert _results_dir(tmp_path) == str(ROOT / "results") == str(reproduce.default_results_dir())
+    monkeypatch.setenv("TTC_RESULTS_DIR", "")
+    assert _results_dir(tmp_path, TTC_RESULTS_DIR="") == str(ROOT / "results") == str(reproduce.default_results_dir())
     monkeypatch.setenv("TTC_RESULTS_DIR", str(tmp_path / "r"))
     assert _results_dir(tmp_path, TTC_RESULTS_DIR=str(tmp_path / "r")) == str(tmp_path / "r")
     assert reproduce.default_results_dir() == tmp_path / "r"

@@ -120,30 +120,49 @@ def test_jobs_with_a_valid_record_of_their_config_are_not_launched(tmp_path, cap
     """The sweeper skips a recorded job before launching it (a fully recorded Fig.9 re-run took
     39 s, 0.15 s per job of Hydra set-up before the job's own check), with the job's own check: lbs
     has a valid record of its config (hashed from Hydra's composition, as ``harness.run.run`` does)
-    and is skipped; layerwise's record is of another config (beams=8) and in_gpu's has status error,
-    so both are launched and check themselves. Mutations caught: hashing the config unresolved or
-    with its hydra node (lbs launched); not comparing the hash (layerwise skipped); no pre-launch
-    skip (lbs launched)."""
+    and is skipped; in_gpu's record has status error, so it is launched and checks itself.
+    Mutations caught: hashing the config unresolved or with its hydra node (lbs refused as another
+    config's folder); no pre-launch skip (lbs launched)."""
     kept = _record(tmp_path, "lbs")
-    _record(tmp_path, "layerwise", hashed_beams=8)
     _record(tmp_path, "in_gpu", status="error")
     launcher = RecordingLauncher()
-    recs = stub_sweep(tmp_path, launcher, systems="layerwise,lbs,in_gpu")
-    assert [job[0] for job in launcher.launched] == ["system=layerwise", "system=in_gpu"]
+    recs = stub_sweep(tmp_path, launcher, systems="lbs,in_gpu")
+    assert [job[0] for job in launcher.launched] == ["system=in_gpu"]
     assert recs["beams=4,system=lbs"] == kept
     assert capsys.readouterr().out.count("skipping: valid record exists") == 1
 
 
+def test_a_job_folder_holding_another_configs_record_stops_the_sweep_before_any_work(tmp_path, capsys):
+    """A re-used sweep_name whose job changed in a value not in its folder name: layerwise's folder
+    holds the record of the beams=8 config. The sweep exits 2 naming the folder, launches nothing
+    and leaves the record and the earlier sweep's multirun.yaml as they were. Mutations caught:
+    not comparing the hash (layerwise skipped as recorded: no exit); the sweeper launching it (the
+    job would replace the record); multirun.yaml written before the check (overwritten)."""
+    other = _record(tmp_path, "layerwise", hashed_beams=8)
+    multirun = tmp_path / "sweeps/t/multirun.yaml"
+    multirun.write_text("earlier sweep\n")
+    launcher = RecordingLauncher()
+    with pytest.raises(SystemExit) as e:
+        stub_sweep(tmp_path, launcher, systems="lbs,layerwise")
+    assert e.value.code == 2 and launcher.launched == []
+    folder = tmp_path / "sweeps/t/beams=4,system=layerwise"
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: hydra.sweep.dir: {str(folder)!r} holds the record of a different config")
+    assert f"Pass another folder (another sweep_name=NAME, or hydra.sweep.dir=PATH) or delete {str(folder)!r}" in err
+    assert json.loads((folder / "run.json").read_text()) == other
+    assert multirun.read_text() == "earlier sweep\n"
+
+
 def test_recorded_jobs_of_one_config_group_are_each_checked_with_their_own_values(tmp_path):
     """Jobs differing in plain values share one reused config view (``MemoConfigLoader.job_view``):
-    beams=8 has a valid record of its config and is skipped; beams=4's folder holds a record of the
-    beams=8 config, so it is launched. Mutation caught: ``job_view`` not setting the job's values
-    (beams=8 checked with beams=4's config: launched)."""
+    beams=4 and beams=8 each have a valid record of their own config, so a re-run launches neither
+    (and refuses neither). Mutation caught: ``job_view`` not setting the job's values (beams=8
+    checked with beams=4's config: its folder taken for another config's, exit 2)."""
     _record(tmp_path, "lbs", beams=8)
-    _record(tmp_path, "lbs", beams=4, hashed_beams=8)
+    _record(tmp_path, "lbs", beams=4)
     launcher = RecordingLauncher()
     stub_sweep(tmp_path, launcher, systems="lbs", beams="4,8")
-    assert [job[:2] for job in launcher.launched] == [["system=lbs", "beams=4"]]
+    assert launcher.launched == []
 
 
 def _record(tmp_path, system, status="ok", beams=4, hashed_beams=None):

@@ -33,7 +33,9 @@ serially, in the parent before launching. For the 225-job Fig.9 sweep that was m
    ``harness.run.run`` makes (record version, status ok/oom, config hash of the job's resolved
    config), on ``MemoConfigLoader.job_view`` (no composition or copy per job). A re-run of a fully
    recorded Fig.9 sweep spent ~0.15 s per job in Hydra's job set-up and composition to reach the
-   same check in the job. Jobs it cannot check this way are launched and check themselves.
+   same check in the job. Jobs it cannot check this way are launched and check themselves. A job
+   whose folder holds the record of another config stops the sweep here, before any work (exit 2;
+   ``harness.run.check_no_other_record``); a launched job refuses it itself and the record stays.
 
 Only Hydra's public plugin API is used (``hydra.plugins``, ``hydra.core``); tests/test_sweeps.py
 checks that no module of ours imports ``hydra._internal``.
@@ -88,10 +90,10 @@ class FastBasicSweeper(Sweeper):
                 self.config.hydra.output_subdir = None
         jobs = self.jobs(arguments)
         self.validate_batch_is_legal(jobs)
-        sweep_dir = Path(self.config.hydra.sweep.dir)
-        atomic_write_bytes(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config).encode())
         n_all = len(jobs)
         jobs = [job for job in jobs if not self.recorded(job)]            # point 6 of the module doc
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        atomic_write_bytes(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config).encode())
         self.launcher = self._instantiate_launcher(len(jobs))
         done = f", {n_all - len(jobs)} already recorded" if len(jobs) < n_all else ""
         print(f"sweep: {n_all} jobs -> {sweep_dir} ({type(self.launcher).__name__}{done})", flush=True)
@@ -137,15 +139,24 @@ class FastBasicSweeper(Sweeper):
         """Whether the job has a valid record of its config (``harness.run.recorded``, the check
         ``harness.run.run`` makes before it would run the job, on the job's resolved config); says
         "skipping: valid record exists" when so. False when the
-        job sets ``resume=false`` or ``output_dir``, or its config needs Hydra's own composition."""
-        from harness.run import job_config, recorded
+        job sets ``resume=false`` or ``output_dir``, or its config needs Hydra's own composition.
+        Exits 2 (nothing run, nothing written) when the job's folder holds the record of another
+        config (``harness.run.check_no_other_record``: a re-used sweep_name whose jobs changed)."""
+        from harness.errors import ConfigError
+        from harness.run import check_no_other_record, job_config, recorded
         cfg = self.hydra_context.config_loader.job_view(self.config, list(job))
-        if cfg is None or not cfg.get("resume", True) or cfg.get("output_dir"):
+        if cfg is None or cfg.get("output_dir"):
             return False
         outdir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
         if not (outdir / "run.json").exists():
             return False
-        return recorded(outdir, job_config(cfg)[1], tell=print) is not None
+        chash = job_config(cfg)[1]
+        try:
+            check_no_other_record(outdir, chash, "hydra.sweep.dir")
+        except ConfigError as e:
+            print(f"error: {e}\n  (in the sweep job {' '.join(job)}; nothing was run)", file=sys.stderr)
+            sys.exit(2)
+        return bool(cfg.get("resume", True)) and recorded(outdir, chash, tell=print) is not None
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from harness.errors import ConfigError

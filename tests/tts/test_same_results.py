@@ -84,7 +84,7 @@ def test_per_iteration_replanning_reads_no_config(compose_cfg, monkeypatch):
     assert len(res.iterations) == 2
 
 
-def test_a_simulated_search_runs_without_the_cyclic_collector(compose_cfg, monkeypatch):
+def test_a_simulated_search_runs_without_the_cyclic_collector(compose_cfg, monkeypatch, tmp_path):
     """The simulated search, and the summaries and tables built from its results, run with Python's
     cyclic GC paused (15-20 % of the search's CPU, 2-8x the tables', was collector passes over the
     live tree) and the collector is on again afterwards, also when the run fails. Mutations caught:
@@ -115,7 +115,8 @@ def test_a_simulated_search_runs_without_the_cyclic_collector(compose_cfg, monke
         def boom(self, *a, **k):
             raise RuntimeError("search failed")
         monkeypatch.setattr(Search, "run_problem", boom)
-        assert run(compose_cfg("system=fasttts", "backend=sim", "n=8", "workload.num_problems=1"))["status"] == "error"
+        assert run(compose_cfg("system=fasttts", "backend=sim", "n=8", "workload.num_problems=1",
+                               output_dir=tmp_path / "failed"))["status"] == "error"
         assert gc.isenabled()
     finally:
         gc.enable()                      # the rest of the session keeps its collector whatever failed

@@ -1,0 +1,130 @@
+"""Where a job writes: every single run its own folder, a folder holding the record of another
+config never written over (exit 2 before any work), an empty results_dir refused."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.errors import ConfigError
+from tests.test_exit_status import ROOT, run_py
+
+RUN_DIR = re.compile(r"\d{8}-\d{6}\.\d{6}-p(\d+)-lbs-opt-6\.7b")    # <date>-<time>.<microseconds>-p<pid>-<system>-<model>
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
+    """Two runs started together (as a fast shell loop or a parallel start does): two folders, each
+    named by time to the microsecond and the run's process id, each with its own record and log.
+    Mutation caught: hydra.run.dir back to ``${now:%Y%m%d-%H%M%S}-...`` (one folder: the later
+    run.json replaced the earlier)."""
+    cmd = [sys.executable, "run.py", "tracking=none", "progress=false", f"results_dir={tmp_path}"]
+    env = dict(os.environ, WANDB_MODE="disabled")
+    procs = {b: subprocess.Popen([*cmd, f"beams={b}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for b in (4, 8)}
+    for b, p in procs.items():
+        assert p.wait(timeout=120) == 0, p.stderr.read()[-2000:]
+    folders = sorted((tmp_path / "runs").iterdir())
+    assert len(folders) == 2 and all(RUN_DIR.fullmatch(f.name) for f in folders), folders
+    by_beams = {json.loads((f / "run.json").read_text())["config"]["beams"]: f for f in folders}
+    assert sorted(by_beams) == [4, 8]
+    for b, f in by_beams.items():
+        assert RUN_DIR.fullmatch(f.name).group(1) == str(procs[b].pid)
+        assert (f / "run.log").read_text().count("record: ") == 1
+
+
+def test_a_folder_holding_another_configs_record_is_refused_before_any_work(tmp_path):
+    """``hydra.run.dir`` re-used: beams=16 into beams=8's folder exits 2 naming the folder and the
+    fix, and leaves its run.json, .hydra/ and run.log as they were; beams=8 again is skipped by
+    resume; beams=8 resume=false re-runs the same config in place. Mutations caught: no check in
+    run() (and OutputDirCheck) -> the record replaced; OutputDirCheck.on_run_start not checking ->
+    Hydra writes beams=16's .hydra/ over the first run's (run() still refuses); the same config also
+    refused (the resume=false re-run fails)."""
+    d = tmp_path / "x"
+    first = run_py(f"hydra.run.dir={d}", "beams=8")
+    assert first.returncode == 0, first.stderr[-2000:]
+    kept = {p: p.read_bytes() for p in [d / "run.json", d / "run.log", *(d / ".hydra").iterdir()]}
+    started = json.loads((d / "run.json").read_text())["started_at"]
+
+    other = run_py(f"hydra.run.dir={d}", "beams=16")
+    assert other.returncode == 2, other.stderr[-2000:]
+    assert other.stderr.startswith(f"error: hydra.run.dir: {str(d)!r} holds the record of a different config "
+                                   "(run.json, status ok, overrides: beams=8 tracking=none progress=false; ")
+    assert other.stderr.rstrip().endswith(f"nothing was run. Pass another folder (hydra.run.dir=PATH) or "
+                                          f"delete {str(d)!r} to run here")
+    assert {p: p.read_bytes() for p in kept} == kept
+
+    same = run_py(f"hydra.run.dir={d}", "beams=8")
+    assert same.returncode == 0 and f"skipping: valid record exists ({d / 'run.json'}, status ok)" in same.stdout
+    assert json.loads((d / "run.json").read_text())["started_at"] == started
+
+    again = run_py(f"hydra.run.dir={d}", "beams=8", "resume=false")
+    assert again.returncode == 0, again.stderr[-2000:]
+    rec = json.loads((d / "run.json").read_text())
+    assert rec["started_at"] != started and rec["config"]["beams"] == 8
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_run_refuses_an_output_dir_holding_another_configs_record(compose_cfg, tmp_path, isolate):
+    """run() (API callers, sweep jobs) and run_isolated() (before it starts the child) refuse too;
+    the record stays. Mutations caught: writable_output_dir without check_no_other_record (the
+    record replaced); run_isolated without it (the child fails, the parent returns the old record)."""
+    from harness.run import run, run_isolated
+    out = tmp_path / "job"
+    rec = run(compose_cfg("system=lbs", "beams=8", output_dir=out))
+    with pytest.raises(ConfigError, match=rf"^output_dir: '{re.escape(str(out))}' holds the record of a different "
+                                          r"config .* Pass another folder \(output_dir=PATH\)"):
+        (run_isolated if isolate else run)(compose_cfg("system=lbs", "beams=16", output_dir=out))
+    assert json.loads((out / "run.json").read_text()) == json.loads(json.dumps(rec))
+
+
+def test_a_sweep_job_never_replaces_another_configs_record(tmp_path):
+    """A sweep re-used (sweep_name=t) with a changed value its folder names leave out: refused before
+    any work (exit 2, the sweeper's check); with a ``+key=`` override the sweeper cannot check before
+    launching, each job refuses itself and its folder keeps the record. The same sweep again resumes
+    as before: both jobs skipped, exit 0. Mutation caught: run.py's invalid-job record written over
+    the existing run.json (the +tag sweep replaces both records with error records)."""
+    base = ["-m", "system=lbs", "beams=4,8", f"results_dir={tmp_path}", "sweep_name=t"]
+    first = run_py(*base)
+    assert first.returncode == 0, first.stderr[-2000:]
+    recs = {p: p.read_bytes() for p in (tmp_path / "sweeps/t").glob("*/run.json")}
+    assert len(recs) == 2
+    hidden = "hydra.job.config.override_dirname.exclude_keys=[gen_len,tag,tracking,progress,results_dir,sweep_name]"
+    changed = run_py(*base, "gen_len=128", hidden)
+    assert changed.returncode == 2 and "holds the record of a different config" in changed.stderr, changed.stderr[-2000:]
+    assert "nothing was run" in changed.stderr and "sweep:" not in changed.stdout
+    tagged = run_py(*base, "+tag=x", hidden)
+    assert tagged.stderr.count("holds the record of a different config") == 2, tagged.stderr[-2000:]
+    assert {p: p.read_bytes() for p in recs} == recs
+    again = run_py(*base)
+    assert again.returncode == 0 and again.stdout.count("skipping: valid record exists") == 2, again.stderr[-2000:]
+    assert {p: p.read_bytes() for p in recs} == recs
+
+
+@pytest.mark.parametrize("args", [["results_dir="], ["results_dir=null"],
+                                  ["-m", "system=lbs,in_gpu", "results_dir=", "sweep_name=t"]])
+def test_an_empty_results_dir_exits_2_before_any_folder_is_made(args, tmp_path):
+    """``results_dir=`` made every folder at the file system root (/runs/..., /sweeps/...). Run from
+    tmp_path as the current directory, so a relative folder (``None/``) would land there. Mutation
+    caught: the check left out of OutputDirCheck._check (Hydra makes /runs/<run>, and run() refuses
+    only then; ``null``: a folder None/ here)."""
+    at_root = {d: Path(d).exists() for d in ("/runs", "/sweeps")}
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), *args, "tracking=none", "progress=false"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, WANDB_MODE="disabled"))
+    assert out.returncode == 2, out.stderr[-2000:]
+    value = "None" if "results_dir=null" in args else "''"
+    assert out.stderr == (f"error: results_dir={value} is not allowed: a folder (records, sweeps and caches go "
+                          "under it; leave results_dir out for $TTC_RESULTS_DIR, else <repo>/results)\n")
+    assert list(tmp_path.iterdir()) == []
+    assert {d: Path(d).exists() for d in at_root} == at_root
+
+
+def test_run_refuses_an_empty_results_dir(compose_cfg):
+    """API callers (output_dir set: no Hydra run dir) get the same error. Mutation caught: the check
+    left out of validate_common (the run writes its record, serving caches would go to /cache)."""
+    from harness.run import run
+    with pytest.raises(ConfigError, match=r"^results_dir='' is not allowed: a folder"):
+        run(compose_cfg("system=lbs", "beams=4", "results_dir="))
