@@ -1,4 +1,4 @@
-"""The checks every family shares (harness.config.validate_common): a hardware
+"""The checks every family shares (harness.config.validate_common, harness.cli.preflight): a hardware
 profile's and a model's numbers, kv_budget against the device, seed, the on/off settings and
 tracking's, each a ConfigError (exit 2) naming the field and what is allowed, before any work."""
 from pathlib import Path
@@ -81,3 +81,17 @@ def test_every_profile_and_model_in_conf_passes_the_number_checks(compose_cfg, g
         check_numbers(group, compose_cfg(f"{group}={p.stem}")[group], limits)
     check_numbers("hardware", OmegaConf.create({"kv_reserve_bytes": None, "launch_overhead_s": 0}), HARDWARE_NUMBERS)
 
+
+def test_a_value_of_the_wrong_type_for_a_group_field_stops_the_preflight():
+    """system.prefetch=maybe was Hydra's "Error merging override" (exit 1). Mutation caught: preflight
+    without check_value_type."""
+    from harness.cli import preflight
+    for args, message in [(["system.prefetch=maybe"], "system.prefetch='maybe' is not allowed: true or false"),
+                          (["-m", "system.prefetch=true,maybe"], "system.prefetch='maybe' is not allowed: true or false"),
+                          (["hardware.memory_bytes=2.5e10"], "hardware.memory_bytes='2.5e10' is not allowed: an integer"),
+                          (["hardware.h2d_bw=fast"], "hardware.h2d_bw='fast' is not allowed: a number")]:
+        with pytest.raises(ConfigError) as e:
+            preflight(args, CONF)
+        assert str(e.value) == message
+    preflight(["system.prefetch=false", "system.prefetch=true,false", "hardware.kv_reserve_bytes=null",
+               "hardware.h2d_bw=1e10", "system.kv_budget=7GiB", "workload.num_problems=null"], CONF)

@@ -190,6 +190,7 @@ def test_memoised_composition_falls_back_for_additions():
     (["hardware.h2d_bw=-5"], "hardware.h2d_bw=-5.0 is not allowed: a bandwidth in bytes/s > 0"),
     (["-m", "system=vanilla", "workload=poisson", "seed=-1,0"], "seed=-1 is not allowed: an integer >= 0"),
     (["-m", "system=vanilla", "workload=poisson", "rate=1,inf"], "workload.rate=inf is not allowed"),
+    (["system.prefetch=maybe"], "system.prefetch='maybe' is not allowed: true or false"),
 ])
 def test_bad_input_stops_single_runs_and_sweeps_before_work(tmp_path, args, message):
     """A typo in an option, a value of the wrong type or a bad value of a swept parameter: exit 2
