@@ -4,7 +4,8 @@ Hydra's own messages for a typo list internal ``_*_schema`` entries (``system=lb
 "Key 'sytem' is not in struct" and exit 1. Before Hydra starts, :func:`preflight` checks every
 ``key=value`` argument: a config group's option must exist (``conf/<group>/<option>.yaml``), and a
 key must exist in ``conf/config.yaml`` or in some option or schema of its group; otherwise a
-ConfigError names the key and the nearest valid one (exit 2). ``+key=`` (add), ``~key`` (delete),
+ConfigError names the key and the nearest valid one (exit 2); a value a typed schema field cannot
+hold (``system.prefetch=maybe``) is named with the type allowed. ``+key=`` (add), ``~key`` (delete),
 ``hydra.*`` and arguments with sweep functions or interpolations are left to Hydra.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import difflib
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
-from harness.errors import ConfigError, bad
+from harness.errors import TYPE_WORDS, ConfigError, bad
 
 CONFIG_GROUPS = ("hardware", "model", "verifier", "workload", "system", "backend", "tracking", "experiment")
 _OWN_SEARCH_PATH = ("--config-dir", "-cd", "--config-path", "-cp", "hydra.searchpath")
@@ -126,6 +127,35 @@ def check_key(key: str, conf_dir, _cache: Optional[dict] = None) -> None:
         tree = tree[p]
 
 
+def check_value_type(key: str, value: str) -> None:
+    """Raise ConfigError when ``value`` (each value of an ``a,b`` sweep) converts to the type of
+    the field ``key`` in none of its group's schemas that declare it as a bool, an integer or a
+    number (``system.prefetch=maybe``: Hydra's "Error merging override", exit 1)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf, ValueNode
+    from omegaconf.errors import ValidationError
+    group, *path = key.split(".")
+    typed = []                               # (the field's node in a schema, "an integer" / ...)
+    for entry in (ConfigStore.instance().repo.get(group) or {}).values():
+        node = getattr(entry, "node", None)
+        for p in path:
+            node = node._get_node(p) if OmegaConf.is_dict(node) and p in node.keys() else None
+        word = TYPE_WORDS.get(type(node).__name__.removesuffix("Node"))
+        if isinstance(node, ValueNode) and word:
+            typed.append((node, word))
+    for v in (x.strip() for x in value.split(",")):
+        if typed and v != "null" and not any(_converts(node, v, ValidationError) for node, _ in typed):
+            raise bad(key, v, typed[0][1])
+
+
+def _converts(node, value: str, error) -> bool:
+    try:
+        node.validate_and_convert(value)
+        return True
+    except error:
+        return False
+
+
 def check_group_options(args, conf_dir) -> None:
     """Raise ConfigError for a command-line ``group=option`` (or ``group=a,b`` sweep) naming no
     ``conf/<group>/<option>.yaml``, listing the options that exist."""
@@ -154,3 +184,6 @@ def preflight(args: List[str], conf_dir) -> None:
         if key.startswith("hydra.") or key == "hydra" or not key.replace(".", "").replace("_", "").replace("-", "").isalnum():
             continue
         check_key(key, conf_dir, cache)
+        value = a.split("=", 1)[1]
+        if key.split(".")[0] in CONFIG_GROUPS and not any(c in value for c in "()[]{}*$'\""):
+            check_value_type(key, value)

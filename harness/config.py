@@ -12,6 +12,7 @@ starts.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
@@ -219,6 +220,74 @@ def register_resolvers() -> None:
 
 
 SWEEP_JOBS = ("auto", "runs", "table")
+TRACKING_NAMES = ("wandb", "none")
+TRACKING_MODES = ("offline", "online", "disabled")
+
+# The range each numeric field of a hardware profile or a model must be in (a finite number always;
+# null only where the schema allows it). ">= 0" where 0 means none or not modelled.
+RANGES = {"> 0": lambda x: x > 0, ">= 0": lambda x: x >= 0, "in (0, 1]": lambda x: 0 < x <= 1}
+HARDWARE_NUMBERS = {           # field: (what it is, range, what 0 or null means)
+    "num_gpus": ("a GPU count", "> 0", ""),
+    "memory_bytes": ("a device memory size in bytes", "> 0", ""),
+    "peak_flops": ("a compute rate in FLOP/s", "> 0", ""),
+    "mem_bw": ("a bandwidth in bytes/s", "> 0", ""),
+    "h2d_bw": ("a bandwidth in bytes/s", "> 0", ""),
+    "d2h_bw": ("a bandwidth in bytes/s", "> 0", ""),
+    "launch_overhead_s": ("a time in seconds", ">= 0", ""),
+    "flops_efficiency": ("a fraction of peak_flops", "in (0, 1]", ""),
+    "mem_efficiency": ("a fraction of mem_bw", "in (0, 1]", ""),
+    "interconnect_bw": ("a bandwidth in bytes/s", ">= 0", "0 = no GPU-to-GPU link"),
+    "tdp_w": ("a power in watts", ">= 0", "0 = not measured"),
+    "idle_w": ("a power in watts", ">= 0", "0 = not measured"),
+    "clock_min_mhz": ("a clock in MHz", ">= 0", "0 = no clock range"),
+    "clock_max_mhz": ("a clock in MHz", ">= 0", "0 = no clock range"),
+    "clock_default_mhz": ("a clock in MHz", ">= 0", "0 = no clock range"),
+    "clock_step_mhz": ("a clock step in MHz", "> 0", ""),
+    "kv_reserve_bytes": ("a size in bytes", ">= 0", "null = 10 % of memory_bytes"),
+}
+MODEL_NUMBERS = {
+    **{k: ("a count", "> 0", "") for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                                           "intermediate_size", "vocab_size")},
+    "max_position": ("a token count", "> 0", ""),
+    "num_params": ("a parameter count", ">= 0", "null or 0 = derived from the shapes"),
+}
+
+
+def check_number(field_name: str, value: Any, what: str, rng: str = "> 0", note: str = "") -> None:
+    """ConfigError unless ``value`` is a finite number in ``rng`` (a key of :data:`RANGES`), naming
+    the field and what is allowed: "hardware.h2d_bw=-5.0 is not allowed: a bandwidth in bytes/s > 0"."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        x = math.nan
+    if isinstance(value, bool) or not (math.isfinite(x) and RANGES[rng](x)):
+        finite = "" if math.isfinite(x) else " and finite"
+        raise bad(field_name, value, f"{what} {rng}{finite}" + (f" ({note})" if note else ""))
+
+
+def check_numbers(group: str, node, limits: Dict[str, tuple]) -> None:
+    """:func:`check_number` for each field of ``limits`` set in ``node`` (null: a schema default)."""
+    for key, (what, rng, note) in limits.items():
+        value = node.get(key)
+        if value is not None:
+            check_number(f"{group}.{key}", value, what, rng, note)
+
+
+def check_kv_budget(cfg) -> None:
+    """``kv_budget`` (bytes of KV cache per device, harness/model_facts.py), when set: a size, and
+    at most the device's memory (its default, memory - weights - reserve, always is)."""
+    from harness.units import parse_size
+    val, hw = cfg.system.get("kv_budget"), cfg.hardware
+    if val in (None, "None"):
+        return
+    try:
+        size = parse_size(val, "kv_budget")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if size > hw.memory_bytes:
+        raise bad("kv_budget", val, f"a KV cache size per device of at most the device's memory, "
+                                    f"hardware.memory_bytes={hw.memory_bytes} B ({hw.memory_bytes / 2**30:.2f} GiB "
+                                    f"on {hw.name})")
 
 
 def check_results_dir(value: Any) -> None:
@@ -240,15 +309,31 @@ def validate_common(cfg) -> None:
         raise bad("model.dtype", cfg.model.dtype, f"one of {', '.join(DTYPES)}")
     if cfg.hardware.kind not in ("gpu", "cpu"):
         raise bad("hardware.kind", cfg.hardware.kind, "gpu or cpu")
+    check_numbers("hardware", cfg.hardware, HARDWARE_NUMBERS)
+    check_numbers("model", cfg.model, MODEL_NUMBERS)
+    if cfg.get("verifier") is not None and cfg.verifier.get("name", "none") != "none":
+        check_numbers("verifier", cfg.verifier, MODEL_NUMBERS)
+    check_kv_budget(cfg)
     seed = cfg.get("seed", 0)
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise bad("seed", seed, "an integer (repeats use seeds seed..seed+repeats-1)")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise bad("seed", seed, "an integer >= 0 (repeats use seeds seed..seed+repeats-1)")
     repeats = cfg.get("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise bad("repeats", repeats, "an integer >= 1 (repeats of the job, seeds seed..seed+repeats-1)")
     threads = cfg.backend.get("threads", 1)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
         raise bad("backend.threads", threads, "an integer >= 0 (0 = torch's default thread count)")
+    for key in ("progress", "resume", "verbose"):
+        if not isinstance(cfg.get(key, False), bool):
+            raise bad(key, cfg.get(key), "true or false")
+    isolate = cfg.get("isolate", "auto")
+    if not (isinstance(isolate, bool) or isolate == "auto"):
+        raise bad("isolate", isolate, "auto, true or false")
     tracking = cfg.get("tracking")
-    if tracking is not None and tracking.get("sweep_jobs", "auto") not in SWEEP_JOBS:
-        raise bad("tracking.sweep_jobs", tracking.sweep_jobs, f"one of {', '.join(SWEEP_JOBS)}")
+    if tracking is not None:
+        if tracking.get("sweep_jobs", "auto") not in SWEEP_JOBS:
+            raise bad("tracking.sweep_jobs", tracking.sweep_jobs, f"one of {', '.join(SWEEP_JOBS)}")
+        if tracking.get("name") not in TRACKING_NAMES:
+            raise bad("tracking.name", tracking.get("name"), f"one of {', '.join(TRACKING_NAMES)}")
+        if tracking.get("mode") not in TRACKING_MODES:
+            raise bad("tracking.mode", tracking.get("mode"), f"one of {', '.join(TRACKING_MODES)}")

@@ -29,9 +29,13 @@ class RunInterrupted(KeyboardInterrupt):
         self.record = record
 
 
+# What a value of each OmegaConf node type must be, in a message (``IntegerNode`` -> "an integer").
+TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
+
+
 def bad(field_name: str, value: Any, allowed: str) -> ConfigError:
     """Build a ConfigError naming the field, the value and what is allowed."""
     return ConfigError(f"{field_name}={value!r} is not allowed: {allowed}")
 
 
-__all__ = ["ConfigError", "RunInterrupted", "RunOOM", "bad"]
+__all__ = ["ConfigError", "RunInterrupted", "RunOOM", "TYPE_WORDS", "bad"]

@@ -29,7 +29,7 @@ from harness import clock_locks, logs, machine, records
 from harness.logs import say
 from harness.backend import Backend, resolve_backend
 from harness.config import check_results_dir, validate_common
-from harness.errors import ConfigError, RunInterrupted, RunOOM, bad
+from harness.errors import TYPE_WORDS, ConfigError, RunInterrupted, RunOOM, bad
 from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
 from systems import compiled
@@ -274,9 +274,6 @@ def validate(cfg) -> Tuple[Any, Backend]:
     return runner, backend
 
 
-_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}
-
-
 def validate_config(cfg) -> Tuple[Any, Backend]:
     """:func:`validate`, with OmegaConf's type and interpolation errors raised as ConfigError naming
     the field: a value of the wrong type as the setting given, the value and the type allowed
@@ -294,7 +291,7 @@ def validate_config(cfg) -> Tuple[Any, Backend]:
         if typed:
             shortcut = re.search(r"interpolation '\$\{first:\$\{(\w+)\}", msg)
             field_name = shortcut.group(1) if shortcut else key
-            allowed = _TYPE_WORDS.get(typed.group(2), typed.group(2)) + (f" (sets {key})" if shortcut and key else "")
+            allowed = TYPE_WORDS.get(typed.group(2), typed.group(2)) + (f" (sets {key})" if shortcut and key else "")
             raise bad(field_name or "value", typed.group(1), allowed) from None
         raise ConfigError(f"{key}: {msg}" if key else msg) from None
 

@@ -187,6 +187,10 @@ def test_memoised_composition_falls_back_for_additions():
     (["sytem=lbs"], "'sytem' is not a config key; did you mean 'system'?"),
     (["system=beam", "system.dvfs.actuat=true"], "system.dvfs has no field 'actuat'; did you mean 'actuate'?"),
     (["-m", "workload.num_problem=3,4"], "workload has no field 'num_problem'; did you mean 'num_problems'?"),
+    (["hardware.h2d_bw=-5"], "hardware.h2d_bw=-5.0 is not allowed: a bandwidth in bytes/s > 0"),
+    (["-m", "system=vanilla", "workload=poisson", "seed=-1,0"], "seed=-1 is not allowed: an integer >= 0"),
+    (["-m", "system=vanilla", "workload=poisson", "rate=1,inf"], "workload.rate=inf is not allowed"),
+    (["system.prefetch=maybe"], "system.prefetch='maybe' is not allowed: true or false"),
 ])
 def test_bad_input_stops_single_runs_and_sweeps_before_work(tmp_path, args, message):
     """A typo in an option, a value of the wrong type or a bad value of a swept parameter: exit 2

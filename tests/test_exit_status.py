@@ -183,7 +183,7 @@ def test_a_run_rejected_before_work_leaves_no_run_folder(tmp_path):
 @pytest.mark.parametrize("override,message", [
     ("beams=abc", "beams='abc' is not allowed: an integer (sets workload.beams)"),
     ("step=1.5", "step='1.5' is not allowed: an integer (sets workload.step)"),
-    ("seed=x", "seed='x' is not allowed: an integer (repeats use seeds seed..seed+repeats-1)"),
+    ("seed=x", "seed='x' is not allowed: an integer >= 0 (repeats use seeds seed..seed+repeats-1)"),
 ])
 def test_a_shortcut_of_the_wrong_type_names_the_value_and_the_type(compose_cfg, override, message):
     """Mutations caught: validate_config without its typed-value branch (the message is OmegaConf's

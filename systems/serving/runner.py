@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.config import check_number
 from harness.errors import ConfigError, RunOOM, bad
 from harness.run import RunResult
 from systems.serving.build import (CLOCK_NOT_APPLIED, build_table, cache_dir, configured_kv_budget, controller_for,
@@ -39,12 +40,11 @@ def validate(cfg) -> None:
     if s.controller not in CONTROLLERS:
         raise bad("system.controller", s.controller, f"one of {', '.join(CONTROLLERS)}")
     for fld in ("duration_s", "slo_ttft_s", "slo_tbt_s", "time_scale"):
-        if not float(w[fld]) > 0:
-            raise bad(f"workload.{fld}", w[fld], "a number > 0")
-    if w.kind in ("poisson", "burst", "ramp") and not float(w.rate) > 0:
-        raise bad("workload.rate", w.rate, "a request rate > 0 req/s")
-    if w.kind in ("burst", "ramp") and not float(w.rate_high) > 0:
-        raise bad("workload.rate_high", w.rate_high, "a request rate > 0 req/s")
+        check_number(f"workload.{fld}", w[fld], "a number")
+    if w.kind in ("poisson", "burst", "ramp"):
+        check_number("workload.rate", w.rate, "a request rate in req/s")
+    if w.kind in ("burst", "ramp"):
+        check_number("workload.rate_high", w.rate_high, "a request rate in req/s")
     if w.kind == "trace" and w.format not in TRACE_FORMATS:
         raise bad("workload.format", w.format, f"one of {', '.join(TRACE_FORMATS)}")
     if w.input_len < 1 or w.output_len < 1:

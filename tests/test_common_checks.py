@@ -1,0 +1,97 @@
+"""The checks every family shares (harness.config.validate_common, harness.cli.preflight): a hardware
+profile's and a model's numbers, kv_budget against the device, seed, the on/off settings and
+tracking's, each a ConfigError (exit 2) naming the field and what is allowed, before any work."""
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.config import HARDWARE_NUMBERS, MODEL_NUMBERS, check_numbers
+from harness.errors import ConfigError
+from harness.run import validate_config
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+FAMILIES = {            # a small job of each family
+    "lbs": ("system=lbs",),
+    "fasttts": ("system=fasttts", "model=tiny-qwen2", "verifier=tiny-prm", "workload=aime24", "n=8"),
+    "beam": ("system=vanilla", "workload=poisson", "hardware=rtx4090"),
+}
+
+
+@pytest.mark.parametrize("override,message", [
+    ("hardware.h2d_bw=-5", "hardware.h2d_bw=-5.0 is not allowed: a bandwidth in bytes/s > 0"),
+    ("hardware.h2d_bw=0", "hardware.h2d_bw=0.0 is not allowed: a bandwidth in bytes/s > 0"),
+    ("hardware.peak_flops=0", "hardware.peak_flops=0.0 is not allowed: a compute rate in FLOP/s > 0"),
+    ("hardware.mem_bw=inf", "hardware.mem_bw=inf is not allowed: a bandwidth in bytes/s > 0 and finite"),
+    ("hardware.memory_bytes=-1", "hardware.memory_bytes=-1 is not allowed: a device memory size in bytes > 0"),
+    ("hardware.flops_efficiency=1.5", "hardware.flops_efficiency=1.5 is not allowed: a fraction of peak_flops in (0, 1]"),
+    ("hardware.kv_reserve_bytes=-1",
+     "hardware.kv_reserve_bytes=-1 is not allowed: a size in bytes >= 0 (null = 10 % of memory_bytes)"),
+    ("model.num_layers=0", "model.num_layers=0 is not allowed: a count > 0"),
+    ("kv_budget=1e30", "kv_budget=1e+30 is not allowed: a KV cache size per device of at most the device's "
+                       "memory, hardware.memory_bytes=25757220864 B (23.99 GiB on rtx4090)"),
+    ("progress=maybe", "progress='maybe' is not allowed: true or false"),
+    ("resume=maybe", "resume='maybe' is not allowed: true or false"),
+    ("isolate=sometimes", "isolate='sometimes' is not allowed: auto, true or false"),
+    ("tracking.mode=bogus", "tracking.mode='bogus' is not allowed: one of offline, online, disabled"),
+])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_impossible_shared_value_is_refused_in_every_family(compose_cfg, family, override, message):
+    """Mutations caught: validate_common without check_numbers for hardware / model (h2d_bw=-5, num_layers=0
+    ran with status ok; 0 divided by zero mid-run), "> 0" as ">= 0", no isfinite, without check_kv_budget
+    (1e30 overflowed mid-run), without the true/false, isolate or tracking.mode checks (accepted, rc 0)."""
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg(*FAMILIES[family], override))
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_negative_seed_is_refused_in_every_family(compose_cfg, family):
+    """seed=-1 was an error record (LBS), a run (FastTTS) or a crash (BEAM). Mutation caught: no ``seed < 0``."""
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg(*FAMILIES[family], "seed=-1", "repeats=2"))
+    assert str(e.value) == "seed=-1 is not allowed: an integer >= 0 (repeats use seeds seed..seed+repeats-1)"
+
+
+def test_a_kv_budget_above_the_device_memory_is_refused_even_for_the_in_gpu_baseline(compose_cfg):
+    """system=in_gpu beams=64 kv_budget=1TiB on the 24 GB RTX 4090 reported status ok with 64 GiB of
+    device KV; the device's whole memory itself is allowed (whether the weights fit too is the run's)."""
+    with pytest.raises(ConfigError, match=r"^kv_budget='1TiB' is not allowed: a KV cache size per device of at "
+                                          r"most the device's memory, hardware.memory_bytes=25757220864 B"):
+        validate_config(compose_cfg("system=in_gpu", "beams=64", "kv_budget=1TiB"))
+    validate_config(compose_cfg("system=in_gpu", "beams=64", "kv_budget=25757220864"))
+
+
+def test_an_infinite_request_rate_is_refused(compose_cfg):
+    """rate=inf reached numpy ("lam value too large", a traceback). Mutation caught: the serving
+    runner's rate check as ``float(rate) > 0`` (inf passes)."""
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg(*FAMILIES["beam"], "rate=inf"))
+    assert str(e.value) == "workload.rate=inf is not allowed: a request rate in req/s > 0 and finite"
+
+
+@pytest.mark.parametrize("group,limits", [("hardware", HARDWARE_NUMBERS), ("model", MODEL_NUMBERS),
+                                          ("verifier", MODEL_NUMBERS)])
+def test_every_profile_and_model_in_conf_passes_the_number_checks(compose_cfg, group, limits):
+    """The ranges allow what the shipped options use: 0 where it means none (cpu.yaml's tdp_w, clocks,
+    interconnect_bw), null kv_reserve_bytes / num_params. Mutation caught: interconnect_bw as "> 0"."""
+    for p in sorted((CONF / group).glob("*.yaml")):
+        if p.stem == "none":
+            continue
+        check_numbers(group, compose_cfg(f"{group}={p.stem}")[group], limits)
+    check_numbers("hardware", OmegaConf.create({"kv_reserve_bytes": None, "launch_overhead_s": 0}), HARDWARE_NUMBERS)
+
+
+def test_a_value_of_the_wrong_type_for_a_group_field_stops_the_preflight():
+    """system.prefetch=maybe was Hydra's "Error merging override" (exit 1). Mutation caught: preflight
+    without check_value_type."""
+    from harness.cli import preflight
+    for args, message in [(["system.prefetch=maybe"], "system.prefetch='maybe' is not allowed: true or false"),
+                          (["-m", "system.prefetch=true,maybe"], "system.prefetch='maybe' is not allowed: true or false"),
+                          (["hardware.memory_bytes=2.5e10"], "hardware.memory_bytes='2.5e10' is not allowed: an integer"),
+                          (["hardware.h2d_bw=fast"], "hardware.h2d_bw='fast' is not allowed: a number")]:
+        with pytest.raises(ConfigError) as e:
+            preflight(args, CONF)
+        assert str(e.value) == message
+    preflight(["system.prefetch=false", "system.prefetch=true,false", "hardware.kv_reserve_bytes=null",
+               "hardware.h2d_bw=1e10", "system.kv_budget=7GiB", "workload.num_problems=null"], CONF)
