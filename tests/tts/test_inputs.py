@@ -57,14 +57,14 @@ def test_token_spaces_not_matching_step_tag(compose_cfg):
     validate(compose_cfg("system=fasttts", "verifier=math-shepherd-7b", "backend=sim"))
 
 
-def test_kv_memory_too_small_is_a_recorded_oom_not_bad_input(compose_cfg):
+def test_kv_memory_too_small_is_a_recorded_oom_not_bad_input(compose_cfg, tmp_path):
     """A plan that does not fit the device passes validation (a sweep goes on) and the run is
     recorded as oom naming the engine short of memory; a kv_budget no configuration accepts stays
     bad input. Mutation caught: check_fits raising ConfigError again (the issue-14 sweep abort)."""
     from harness.run import run
     validate(compose_cfg(*REAL, "n=8", "kv_budget=4MiB"))
     for extra in (["system=vllm_tts", "kv_budget=4MiB"], ["system=fasttts", "kv_budget=100MiB"]):   # fixed split, M
-        rec = run(compose_cfg(*extra, "backend=sim", "n=8", "workload.num_problems=1"))
+        rec = run(compose_cfg(*extra, "backend=sim", "n=8", "workload.num_problems=1", output_dir=tmp_path / extra[0].split("=")[1]))
         assert rec["status"] == "oom", rec["message"]
         assert "KV memory too small on rtx4090" in rec["message"] and "generator" in rec["message"]
     for bad_budget in ("0", "lots"):
