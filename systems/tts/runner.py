@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from harness.errors import ConfigError, bad
 from harness.errors import RunOOM
+from harness.logs import say
 from harness.run import INTERRUPTED, RunResult
 from systems.tts.beams import step_logit_biases, step_probabilities
 from systems.tts.checkpoint import DELIMITER, is_local
@@ -306,6 +307,10 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
     on_cpu = _on_cpu(cfg, backend)
     t = texts(cfg)
     space, tmap, problems, skipped = t.space, t.tmap, t.problems, t.skipped
+    held = len(problems) + len(skipped)
+    if w.num_problems is not None and held < w.num_problems:      # a cap (a sweep over sets of several sizes)
+        say(f"workload.num_problems={w.num_problems}: {w.path} holds {held} problems; all {held} are used",
+            warning=True)
     prompts = {p.index: t.prompts[p.index] for p in problems}
     vprompts = {p.index: t.vprompts[p.index] for p in problems}
     mean, cap = step_model(cfg, on_cpu)

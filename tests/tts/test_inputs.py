@@ -202,3 +202,15 @@ def test_the_baseline_split_follows_memory_fraction(compose_cfg):
         mem = share * cfg.hardware.memory_bytes
         assert a.gen_kv_bytes == int(mem - mf.weight_bytes(cfg.model) - ACTIVATION_RESERVE * mem)
         assert a.ver_kv_bytes == int(mem - mf.weight_bytes(cfg.verifier) - ACTIVATION_RESERVE * mem)
+
+
+def test_num_problems_above_the_sets_size_is_a_cap_and_says_so(compose_cfg, capsys):
+    """``workload.num_problems`` larger than the file: every problem is searched (a cap, so one value
+    serves a sweep over sets of several sizes) and a warning says how many the file holds. Mutation
+    caught: the warning dropped."""
+    from harness.run import run
+    rec = run(compose_cfg("system=vllm_tts", "backend=sim", "n=4", "workload=aime24", "workload.num_problems=31",
+                          "workload.num_iterations=1"))
+    assert rec["status"] == "ok" and rec["summary"]["problems"] == 30
+    assert "warning: workload.num_problems=31: math/aime24/test.jsonl holds 30 problems; all 30 are used" \
+        in capsys.readouterr().err
