@@ -121,7 +121,10 @@ def validate(cfg) -> None:
     # token spaces and the step tag (FastTTS §1.3); a local tokenizer defines its own ids
     if not is_local(m.weights) and (not 0 <= w.step_delimiter_id < m.vocab_size or not 0 <= w.eos_token_id < m.vocab_size):
         raise ConfigError(f"workload.step_delimiter_id={w.step_delimiter_id} / eos_token_id={w.eos_token_id} "
-                          f"are not allowed: both must be ids of the generator's vocabulary [0, {m.vocab_size})")
+                          f"are not allowed: both must be ids of the generator's vocabulary [0, {m.vocab_size}) "
+                          f"(model={m.name}); generators whose vocabulary holds them: "
+                          f"{', '.join(_models_with_ids(max(w.step_delimiter_id, w.eos_token_id))) or 'none'}"
+                          f" (or set both ids for this model's tokenizer)")
     if not is_local(v.weights) and (v.step_tag_id is None or not 0 <= v.step_tag_id < v.vocab_size):
         raise ConfigError(f"verifier.step_tag_id={v.step_tag_id} is not allowed: the verifier {v.name} needs a "
                           f"step tag inside its vocabulary [0, {v.vocab_size})")
@@ -220,6 +223,14 @@ class Texts(NamedTuple):
     skipped: List[dict]              # problems too long for the engines (workload.on_too_long=skip)
     prompts: Dict[int, List[int]]    # problem index -> generator prompt ids (chat template included)
     vprompts: Dict[int, List[int]]   # problem index -> verifier prompt ids
+
+
+def _models_with_ids(top_id: int) -> List[str]:
+    """The model configs (conf/model) whose vocabulary holds token id ``top_id`` (an error's hint)."""
+    from omegaconf import OmegaConf
+    conf = Path(__file__).resolve().parents[2] / "conf" / "model"
+    return sorted(p.stem for p in conf.glob("*.yaml")
+                  if not p.stem.startswith("_") and int(OmegaConf.load(p).get("vocab_size") or 0) > top_id)
 
 
 def texts(cfg) -> Texts:

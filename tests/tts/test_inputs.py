@@ -214,3 +214,15 @@ def test_num_problems_above_the_sets_size_is_a_cap_and_says_so(compose_cfg, caps
     assert rec["status"] == "ok" and rec["summary"]["problems"] == 30
     assert "warning: workload.num_problems=31: math/aime24/test.jsonl holds 30 problems; all 30 are used" \
         in capsys.readouterr().err
+
+
+def test_a_generator_without_the_step_ids_names_the_models_that_have_them(compose_cfg):
+    """``system=fasttts model=opt-6.7b``: the step delimiter / end token (Qwen2.5 ids) lie outside OPT's
+    vocabulary; the error names the model configs whose vocabulary holds them. Mutation caught: the
+    vocabulary compared with >= (a model exactly one id short listed)."""
+    with pytest.raises(ConfigError, match=r"vocabulary \[0, 50272\) \(model=opt-6.7b\); generators whose vocabulary "
+                                          r"holds them: qwen-4b, qwen-7b, qwen2.5-32b, qwen2.5-math-1.5b, "
+                                          r"qwen2.5-math-7b, tiny-qwen2 \(or set"):
+        validate(compose_cfg("system=fasttts", "model=opt-6.7b"))
+    from systems.tts.runner import _models_with_ids
+    assert "llama-3.1-8b" in _models_with_ids(128255) and "llama-3.1-8b" not in _models_with_ids(128256)
