@@ -1,5 +1,6 @@
 """Entry point: ``python run.py system=lbs model=opt-6.7b beams=64`` (one job) or
 ``python run.py -m experiment=lbs_fig9`` (a paper figure's sweep). See README.md."""
+import errno
 import gc
 import sys
 from pathlib import Path
@@ -42,6 +43,12 @@ def main(cfg: DictConfig) -> None:
             print("interrupted before the run started: nothing recorded", file=sys.stderr)
             remove_unused_run_dir()
         sys.exit(130)
+    except OSError as e:                   # a full disk or quota: say so instead of a traceback
+        if in_multirun() or e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"error: {e.strerror} writing {e.filename or 'the record'}: this run could not be recorded; "
+              f"records written before are intact (every file is written atomically)", file=sys.stderr)
+        sys.exit(1)
     if not in_multirun():                  # status error -> exit 1 (oom is a recorded result: 0)
         EXIT["code"] = exit_code(rec)
 

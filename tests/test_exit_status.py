@@ -37,6 +37,17 @@ if os.environ.get("INTERRUPT_MID_RUN"):
 """
 
 
+# A full disk when the record is written (ENOSPC from the atomic JSON write).
+DISK_FULL_AT_RECORD = """
+import errno, os
+if os.environ.get("DISK_FULL_AT_RECORD"):
+    import harness.records as rec
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    rec.atomic_write_json = full
+"""
+
+
 def run_py(*args, env=None, timeout=120):
     return subprocess.run([sys.executable, "run.py", *args, "tracking=none", "progress=false"],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout,
@@ -92,6 +103,17 @@ def test_an_interrupted_sweep_stops_and_records_only_the_interrupted_job(tmp_pat
     assert "sweep interrupted: the records written so far stay in" in out.stderr
     recs = {p.parent.name: json.loads(p.read_text())["status"] for p in (tmp_path / "r").glob("sweeps/t/*/run.json")}
     assert list(recs.values()) == ["interrupted"] and "beams=4" in next(iter(recs))
+
+
+def test_a_full_disk_at_the_record_is_one_clear_line_and_exit_1(tmp_path):
+    """No space left when run.json is written: exit 1 with one line naming the file (no traceback).
+    Mutation caught: the OSError handler dropped (a traceback)."""
+    out = run_py_patched(tmp_path, DISK_FULL_AT_RECORD, "DISK_FULL_AT_RECORD", "system=lbs", "beams=4",
+                         f"results_dir={tmp_path / 'r'}")
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert "error: No space left on device writing " in out.stderr and "run.json: this run could not be recorded" \
+        in out.stderr
 
 
 def test_an_oom_run_is_a_recorded_result_and_exits_0(tmp_path):
