@@ -148,7 +148,7 @@ class Driver:
                 pref[r] += ntok
                 pf += ntok
         emitted = it.emitted
-        self.em_req.extend(emitted)
+        self.em_req.fromlist(emitted)            # fromlist: one resize (extend appends item by item, ~3x slower)
         self.em_n.append(len(emitted))
         self.em_t.append(t)
         entered, gen = 0, self.gen
@@ -165,8 +165,8 @@ class Driver:
             self.n_dec -= len(it.finished)
         n, ctx, pairs, seqs = it.shape or iteration_shape(sch)
         cpu, e = it.cpu_s, it.energy_j
-        self.it_log.extend((t, it.latency_s, math.nan if cpu is None else cpu, n, ctx, pairs, seqs, pf, n - pf,
-                            it.budget, it.clock_mhz, math.nan if e is None else e))
+        self.it_log.fromlist([t, it.latency_s, math.nan if cpu is None else cpu, n, ctx, pairs, seqs, pf, n - pf,
+                              it.budget, it.clock_mhz, math.nan if e is None else e])
         if it.finished:
             self._call(self.ctl.on_finish, t, "finish")
         elif entered and not self.waiting:
