@@ -97,6 +97,17 @@ def test_main_command_end_to_end(tmp_path):
     assert len(list(tmp_path.glob("runs/*/run.json"))) == 1
 
 
+def test_a_real_engine_command_ends_without_leak_warnings(tmp_path):
+    """The README's real-engine command (shorter): exit 0 and none of triton's nanobind "leaked"
+    warnings, which run.py's final gc.freeze() caused after torch was imported. Mutation caught:
+    gc.freeze() whatever was imported."""
+    out = subprocess.run([sys.executable, "run.py", "system=layerwise", "backend=torch", "model=tiny-opt", "beams=4",
+                          "step=16", "gen_len=32", "kv_budget=2MiB", "tracking=none", "progress=false",
+                          f"results_dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "nanobind" not in out.stderr, out.stderr[-2000:]
+
+
 def test_multirun_sweep_leaves_a_record_per_job(tmp_path):
     out = subprocess.run([sys.executable, "run.py", "-m", "system=in_gpu,lbs", "beams=4,64", "gen_len=256",
                           "tracking=none", "progress=false", f"results_dir={tmp_path}", "sweep_name=t"],
