@@ -225,7 +225,8 @@ TRACKING_MODES = ("offline", "online", "disabled")
 
 # The range each numeric field of a hardware profile or a model must be in (a finite number always;
 # null only where the schema allows it). ">= 0" where 0 means none or not modelled.
-RANGES = {"> 0": lambda x: x > 0, ">= 0": lambda x: x >= 0, "in (0, 1]": lambda x: 0 < x <= 1}
+RANGES = {"> 0": lambda x: x > 0, ">= 0": lambda x: x >= 0, "in (0, 1]": lambda x: 0 < x <= 1,
+          "in [0, 1]": lambda x: 0 <= x <= 1}
 HARDWARE_NUMBERS = {           # field: (what it is, range, what 0 or null means)
     "num_gpus": ("a GPU count", "> 0", ""),
     "memory_bytes": ("a device memory size in bytes", "> 0", ""),
@@ -244,6 +245,16 @@ HARDWARE_NUMBERS = {           # field: (what it is, range, what 0 or null means
     "clock_default_mhz": ("a clock in MHz", ">= 0", "0 = no clock range"),
     "clock_step_mhz": ("a clock step in MHz", "> 0", ""),
     "kv_reserve_bytes": ("a size in bytes", ">= 0", "null = 10 % of memory_bytes"),
+}
+POWER_NUMBERS = {             # hardware.power: the serving power model (systems/serving/gpu_model.py)
+    "act_a_w": ("a power in watts", ">= 0", ""),
+    "act_b_w": ("a power in watts", ">= 0", ""),
+    "act_alpha": ("an exponent", "> 0", ""),
+    "mem_beta": ("a fraction of the active power", "in [0, 1]", ""),
+    "blocking_w": ("a power in watts", ">= 0", ""),
+    "mem_knee_frac": ("a fraction of clock_max_mhz", "in [0, 1]", ""),
+    "limit_w": ("a power in watts", "> 0", ""),
+    "tile_tokens": ("a token count", "> 0", ""),
 }
 MODEL_NUMBERS = {
     **{k: ("a count", "> 0", "") for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -271,6 +282,31 @@ def check_numbers(group: str, node, limits: Dict[str, tuple]) -> None:
         value = node.get(key)
         if value is not None:
             check_number(f"{group}.{key}", value, what, rng, note)
+
+
+def check_hardware(hw) -> None:
+    """A hardware profile's numbers (:data:`HARDWARE_NUMBERS`, ``power``: :data:`POWER_NUMBERS`) and
+    their order: the clocks set (> 0) as min <= default <= max, idle power at most the TDP (when
+    both are set). Raises ConfigError naming the field."""
+    check_numbers("hardware", hw, HARDWARE_NUMBERS)
+    if hw.get("power"):
+        check_numbers("hardware.power", hw.power, POWER_NUMBERS)
+    clocks = [(k, hw.get(k)) for k in ("clock_min_mhz", "clock_default_mhz", "clock_max_mhz") if hw.get(k)]
+    for (k1, f1), (k2, f2) in zip(clocks, clocks[1:]):
+        if f1 > f2:
+            raise bad(f"hardware.{k1}", f1, f"a clock at most hardware.{k2}={f2} MHz "
+                                            "(clock_min_mhz <= clock_default_mhz <= clock_max_mhz)")
+    if hw.get("tdp_w") and hw.get("idle_w") and hw.idle_w > hw.tdp_w:
+        raise bad("hardware.idle_w", hw.idle_w, f"a power at most hardware.tdp_w={hw.tdp_w} W")
+
+
+def check_model(group: str, m) -> None:
+    """A model's numbers (:data:`MODEL_NUMBERS`) and its attention heads: ``num_kv_heads`` divides
+    ``num_heads`` (grouped-query attention; equal for multi-head). Raises ConfigError."""
+    check_numbers(group, m, MODEL_NUMBERS)
+    heads, kv = m.get("num_heads"), m.get("num_kv_heads")
+    if heads and kv and heads % kv:
+        raise bad(f"{group}.num_kv_heads", kv, f"a divisor of {group}.num_heads={heads} (grouped-query attention)")
 
 
 def check_kv_budget(cfg) -> None:
@@ -309,10 +345,10 @@ def validate_common(cfg) -> None:
         raise bad("model.dtype", cfg.model.dtype, f"one of {', '.join(DTYPES)}")
     if cfg.hardware.kind not in ("gpu", "cpu"):
         raise bad("hardware.kind", cfg.hardware.kind, "gpu or cpu")
-    check_numbers("hardware", cfg.hardware, HARDWARE_NUMBERS)
-    check_numbers("model", cfg.model, MODEL_NUMBERS)
+    check_hardware(cfg.hardware)
+    check_model("model", cfg.model)
     if cfg.get("verifier") is not None and cfg.verifier.get("name", "none") != "none":
-        check_numbers("verifier", cfg.verifier, MODEL_NUMBERS)
+        check_model("verifier", cfg.verifier)
     check_kv_budget(cfg)
     seed = cfg.get("seed", 0)
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):

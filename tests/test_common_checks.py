@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.config import HARDWARE_NUMBERS, MODEL_NUMBERS, check_numbers
+from harness.config import HARDWARE_NUMBERS, check_hardware, check_model, check_numbers
 from harness.errors import ConfigError
 from harness.run import validate_config
 
@@ -70,16 +70,42 @@ def test_an_infinite_request_rate_is_refused(compose_cfg):
     assert str(e.value) == "workload.rate=inf is not allowed: a request rate in req/s > 0 and finite"
 
 
-@pytest.mark.parametrize("group,limits", [("hardware", HARDWARE_NUMBERS), ("model", MODEL_NUMBERS),
-                                          ("verifier", MODEL_NUMBERS)])
-def test_every_profile_and_model_in_conf_passes_the_number_checks(compose_cfg, group, limits):
+@pytest.mark.parametrize("group", ["hardware", "model", "verifier"])
+def test_every_profile_and_model_in_conf_passes_the_number_checks(compose_cfg, group):
     """The ranges allow what the shipped options use: 0 where it means none (cpu.yaml's tdp_w, clocks,
-    interconnect_bw), null kv_reserve_bytes / num_params. Mutation caught: interconnect_bw as "> 0"."""
+    interconnect_bw), null kv_reserve_bytes / num_params, a clock range without a minimum (rtx3070ti),
+    profiles without a power model. Mutation caught: interconnect_bw as "> 0"."""
+    check = check_hardware if group == "hardware" else lambda node: check_model(group, node)
     for p in sorted((CONF / group).glob("*.yaml")):
         if p.stem == "none":
             continue
-        check_numbers(group, compose_cfg(f"{group}={p.stem}")[group], limits)
+        check(compose_cfg(f"{group}={p.stem}")[group])
     check_numbers("hardware", OmegaConf.create({"kv_reserve_bytes": None, "launch_overhead_s": 0}), HARDWARE_NUMBERS)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("hardware.power.act_a_w=-500", "hardware.power.act_a_w=-500 is not allowed: a power in watts >= 0"),
+    ("hardware.power.blocking_w=nan", "hardware.power.blocking_w=nan is not allowed: a power in watts >= 0 and finite"),
+    ("hardware.power.limit_w=-1", "hardware.power.limit_w=-1 is not allowed: a power in watts > 0"),
+    ("hardware.power.mem_beta=5", "hardware.power.mem_beta=5 is not allowed: a fraction of the active power in [0, 1]"),
+    ("hardware.clock_default_mhz=9999", "hardware.clock_default_mhz=9999 is not allowed: a clock at most "
+     "hardware.clock_max_mhz=3105 MHz (clock_min_mhz <= clock_default_mhz <= clock_max_mhz)"),
+    ("hardware.clock_min_mhz=4000", "hardware.clock_min_mhz=4000 is not allowed: a clock at most "
+     "hardware.clock_default_mhz=2520 MHz (clock_min_mhz <= clock_default_mhz <= clock_max_mhz)"),
+    ("hardware.idle_w=1000", "hardware.idle_w=1000.0 is not allowed: a power at most hardware.tdp_w=450.0 W"),
+    ("model.num_kv_heads=5", "model.num_kv_heads=5 is not allowed: a divisor of model.num_heads=32 "
+     "(grouped-query attention)"),
+    ("model.num_kv_heads=64", "model.num_kv_heads=64 is not allowed: a divisor of model.num_heads=32 "
+     "(grouped-query attention)"),
+])
+def test_a_profiles_power_model_clock_order_and_a_models_heads_are_checked(compose_cfg, override, message):
+    """A negative or NaN power-model term gave negative or NaN energy recorded as ok; a default clock
+    above the maximum, an idle power above the TDP and KV heads that do not divide the heads ran too
+    (QA). Mutations caught: the power block not checked; the clock order not checked; the idle/TDP
+    check dropped; the heads check dropped."""
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg("system=lbs", "beams=4", override))
+    assert str(e.value) == message
 
 
 def test_a_value_of_the_wrong_type_for_a_group_field_stops_the_preflight():
