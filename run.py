@@ -37,10 +37,13 @@ def main(cfg: DictConfig) -> None:
     except KeyboardInterrupt as e:         # SIGINT (Ctrl-C); RunInterrupted: after the job's record was written
         if in_multirun():
             raise                          # the sweeper stops the sweep (hydra_plugins.harness_sweeper)
-        if isinstance(e, RunInterrupted):
+        if isinstance(e, RunInterrupted) and e.status == "interrupted":
             print(f"interrupted: the run's record (status interrupted) is {e.record}", file=sys.stderr)
+        elif isinstance(e, RunInterrupted):
+            print(f"interrupted after the run's work ended: its record (status {e.status}) is {e.record}",
+                  file=sys.stderr)
         else:
-            print("interrupted before the run started: nothing recorded", file=sys.stderr)
+            print("interrupted: no record was written", file=sys.stderr)
             remove_unused_run_dir()
         sys.exit(130)
     except OSError as e:                   # a full disk or quota: say so instead of a traceback

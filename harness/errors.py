@@ -20,13 +20,14 @@ class RunOOM(RuntimeError):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """A job interrupted by SIGINT (Ctrl-C) whose record, status ``interrupted``, is at ``record``
-    (what it had done kept, as the runner returned it); a KeyboardInterrupt, so whatever does not
-    know it stops as on Ctrl-C."""
+    """A job interrupted by SIGINT (Ctrl-C) whose record is at ``record``: ``status`` interrupted
+    (what it had done kept, as the runner returned it), or the status of a job whose work had ended
+    when the signal came (held until its record was written); a KeyboardInterrupt, so whatever does
+    not know it stops as on Ctrl-C."""
 
-    def __init__(self, record: str):
+    def __init__(self, record: str, status: str = "interrupted"):
         super().__init__(record)
-        self.record = record
+        self.record, self.status = record, status
 
 
 # What a value of each OmegaConf node type must be, in a message (``IntegerNode`` -> "an integer").

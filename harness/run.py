@@ -179,6 +179,11 @@ class OutputDirCheck(Callback):
             return None                                   # Hydra reports a bad interpolation itself
         try:
             check_results_dir(results_dir)
+            if path is None or not str(path).strip():         # '' = the current folder
+                raise bad(key, path, "a folder (leave it out for the default under results_dir)")
+            if key == "hydra.sweep.dir" and Path(path).resolve() == (Path(str(results_dir)) / "sweeps").resolve():
+                raise bad("sweep_name", config.get("sweep_name"), "a name: the sweep's folder under "
+                          f"{Path(str(results_dir)) / 'sweeps'} (leave it out for a timestamp)")
             records.check_creatable(path, key)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -388,6 +393,24 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
         return _run_job(cfg, runner, backend, multirun, outdir, cfg_dict, chash, overrides)
 
 
+@contextmanager
+def sigint_held() -> Iterator[List[int]]:
+    """SIGINT (Ctrl-C) inside the block is held until the block ends, then the caller sees it in the
+    list the block gets (non-empty): what the block writes (a record and its tables) is written
+    whole. Only in the main thread (elsewhere Python delivers no signal: the list stays empty)."""
+    import signal
+    import threading
+    got: List[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _run_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg_dict: dict, chash: str,
              overrides: Optional[List[str]]) -> Dict[str, Any]:
     """:func:`run` after validation and the resume check, with run.log open. A simulated job runs
@@ -450,30 +473,31 @@ def _record_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg
         repeats.append(_run_repeat(runner, cfg, backend, outdir, tracker, i, seed, len(seeds)))
         if repeats[-1].result.status == "interrupted":     # no further repeat; the record keeps this one's work
             break
-    res = _combine_repeats(repeats, rec)
-    if res.display:                      # the metric a sweep's one-line output and summary table show
-        rec["headline"] = {"label": res.display[0][0], "key": res.display[0][1]}
-    rec.update(status=res.status, message=res.message, wall_s=time.perf_counter() - t0,
-               finished_at=datetime.now(timezone.utc).isoformat(),
-               summary=res.summary, tables=sorted(res.tables), **res.extra)
-    if compiled.LOADED:          # which modules ran as compiled twins: a timing compares only with one of the same kind
-        rec["compiled"] = dict(compiled.LOADED)
-    for rep in repeats:                  # each repeat's tables in its own folder (repeat 0: the job's)
-        for name, df in rep.result.tables.items():
-            try:
-                records.atomic_write_parquet(rep.outdir / f"{name}.parquet", df)
-            except Exception as e:   # a table that cannot be written must not lose the record
-                rec.setdefault("table_errors", {})[f"{rep.dir_name}/{name}"] = str(e)
-    records.atomic_write_json(outdir / "run.json", rec)
-    if later:
-        mirror_log = mirror_later(outdir, tracking, wandb_name, wandb_group)
-        if mirror_log:
-            logs.log.info("W&B: the record is mirrored in the background (%s)", mirror_log)
-    else:
-        log_record(tracker, res.status, backend.simulated, res.summary, res.tables)
-    (print_line if multirun else print_table)(cfg, backend, res, outdir, rec.get("summary_ci95"))
-    if res.status == "interrupted":
-        raise RunInterrupted(str(outdir / "run.json"))
+    with sigint_held() as held:          # the work is done: its tables, record and table are written whole
+        res = _combine_repeats(repeats, rec)
+        if res.display:                      # the metric a sweep's one-line output and summary table show
+            rec["headline"] = {"label": res.display[0][0], "key": res.display[0][1]}
+        rec.update(status=res.status, message=res.message, wall_s=time.perf_counter() - t0,
+                   finished_at=datetime.now(timezone.utc).isoformat(),
+                   summary=res.summary, tables=sorted(res.tables), **res.extra)
+        if compiled.LOADED:          # which modules ran as compiled twins: a timing compares only with one of the same kind
+            rec["compiled"] = dict(compiled.LOADED)
+        for rep in repeats:                  # each repeat's tables in its own folder (repeat 0: the job's)
+            for name, df in rep.result.tables.items():
+                try:
+                    records.atomic_write_parquet(rep.outdir / f"{name}.parquet", df)
+                except Exception as e:   # a table that cannot be written must not lose the record
+                    rec.setdefault("table_errors", {})[f"{rep.dir_name}/{name}"] = str(e)
+        records.atomic_write_json(outdir / "run.json", rec)
+        if later:
+            mirror_log = mirror_later(outdir, tracking, wandb_name, wandb_group)
+            if mirror_log:
+                logs.log.info("W&B: the record is mirrored in the background (%s)", mirror_log)
+        else:
+            log_record(tracker, res.status, backend.simulated, res.summary, res.tables)
+        (print_line if multirun else print_table)(cfg, backend, res, outdir, rec.get("summary_ci95"))
+    if res.status == "interrupted" or held:
+        raise RunInterrupted(str(outdir / "run.json"), res.status)
     return rec
 
 
@@ -644,8 +668,8 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
         if p.is_alive():
             p.terminate()
             p.join()
-        if rec_path.exists() and json.loads(rec_path.read_text()).get("status") == "interrupted":
-            raise RunInterrupted(str(rec_path)) from None
+        if rec_path.exists():                # the child's record (interrupted, or its work had ended)
+            raise RunInterrupted(str(rec_path), json.loads(rec_path.read_text()).get("status", "?")) from None
         raise
     if p.exitcode != 0 and not rec_path.exists():
         how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"

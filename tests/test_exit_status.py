@@ -48,6 +48,19 @@ if os.environ.get("DISK_FULL_AT_RECORD"):
 """
 
 
+# SIGINT while the record's tables are written (the run's work has ended).
+INTERRUPT_AT_RECORD = """
+import os, signal
+if os.environ.get("INTERRUPT_AT_RECORD"):
+    import harness.records as rec
+    write = rec.atomic_write_parquet
+    def interrupted_write(path, df):
+        os.kill(os.getpid(), signal.SIGINT)
+        return write(path, df)
+    rec.atomic_write_parquet = interrupted_write
+"""
+
+
 def run_py(*args, env=None, timeout=120):
     return subprocess.run([sys.executable, "run.py", *args, "tracking=none", "progress=false"],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout,
@@ -90,6 +103,20 @@ def test_an_interrupted_run_is_recorded_and_exits_130(tmp_path, isolate):
     rec = json.loads(rec_path.read_text())
     assert rec["status"] == "interrupted" and rec["message"].startswith("interrupted (SIGINT, Ctrl-C)")
     assert f"interrupted: the run's record (status interrupted) is {rec_path}" in out.stderr
+
+
+def test_an_interrupt_while_the_record_is_written_is_held_until_it_is_whole(tmp_path):
+    """Ctrl-C after the run's work, while its tables are written: the tables and run.json are written
+    whole (status ok: the work had ended), then exit 130 with one line saying so. Mutation caught:
+    _record_job without sigint_held (no run.json, 'no record was written')."""
+    out = run_py_patched(tmp_path, INTERRUPT_AT_RECORD, "INTERRUPT_AT_RECORD", "system=lbs", "beams=4",
+                         f"results_dir={tmp_path / 'r'}")
+    assert out.returncode == 130, out.stderr[-2000:]
+    (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
+    rec = json.loads(rec_path.read_text())
+    assert rec["status"] == "ok" and all((rec_path.parent / f"{t}.parquet").exists() for t in rec["tables"])
+    assert f"interrupted after the run's work ended: its record (status ok) is {rec_path}" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_an_interrupted_sweep_stops_and_records_only_the_interrupted_job(tmp_path):
@@ -244,3 +271,29 @@ def test_an_interrupt_is_recognised_behind_the_error_raised_while_handling_it():
         during = e
     assert interrupted(during) and interrupted(KeyboardInterrupt())
     assert not interrupted(RuntimeError("worker died")) and not interrupted(None)
+
+
+def test_a_sweep_for_a_cluster_launcher_checks_the_machine_independent_values_first(tmp_path):
+    """SLURM/Ray sweeps skip the job's full validation up front (the submitting host may lack the
+    devices), but a value wrong on any machine (seed=-1) stops them before submitting: exit 2, no
+    job folder. Mutation caught: the sweeper skipping every check for non-local launchers."""
+    out = run_py("-m", "hydra/launcher=slurm", "system=lbs", "beams=4,8", "seed=-1", f"results_dir={tmp_path}",
+                 "sweep_name=t")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "seed=-1 is not allowed: an integer >= 0" in out.stderr and "nothing was run" in out.stderr
+    assert not list(tmp_path.glob("sweeps/t/*/"))
+
+
+@pytest.mark.parametrize("args,key", [(["hydra.run.dir="], "hydra.run.dir"),
+                                      (["-m", "system=lbs", "hydra.sweep.dir="], "hydra.sweep.dir"),
+                                      (["-m", "system=lbs", "sweep_name="], "sweep_name")])
+def test_an_empty_run_or_sweep_folder_exits_2(tmp_path, args, key):
+    """``hydra.run.dir=`` wrote the run into the current folder, ``hydra.sweep.dir=`` made it the sweep
+    (its report collected every run.json below it) and ``sweep_name=`` made results/sweeps itself the
+    sweep (QA). Mutation caught: OutputDirCheck not checking for an empty folder / the sweeps root."""
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), *args, "beams=4", "tracking=none", "progress=false",
+                          f"results_dir={tmp_path / 'r'}"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, WANDB_MODE="disabled"))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"error: {key}='' is not allowed:" in out.stderr
+    assert not (tmp_path / "run.json").exists() and not (tmp_path / "r").exists()

@@ -10,8 +10,9 @@ serially, in the parent before launching. For the 225-job Fig.9 sweep that was m
    parameter appears in at least one checked job (5 jobs of Fig.9's 225). A bad value stops the
    sweep before any work, with the job's overrides and exit code 2. Values that are invalid only
    in combination are found by the job itself and recorded as an invalid job (status error). With
-   launchers that run jobs on other machines (SLURM, Ray) only Hydra's composition is checked up
-   front: the submitting host may lack the devices a job's validation looks for.
+   launchers that run jobs on other machines (SLURM, Ray) only Hydra's composition and the checks
+   that do not depend on the machine (``harness.config.validate_common``) are made up front: the
+   submitting host may lack the devices a job's validation looks for.
 2. The launcher gets ``harness.compose.MemoConfigLoader``, which composes once per set of config
    groups in each process and applies plain value overrides to a copy (see that module).
 3. With the joblib launcher and ``batch_size: auto``, jobs go to the workers in chunks of about
@@ -160,15 +161,17 @@ class FastBasicSweeper(Sweeper):
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from harness.errors import ConfigError
+        from harness.config import validate_common
         from harness.run import validate_config
         local = self._launcher_name() in LOCAL_LAUNCHERS
         for job in covering_jobs(batch):
             # Hydra's own check (what its basic sweeper does for every job): the job's config composes
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
-            if not local:
-                continue    # SLURM/Ray: jobs run elsewhere (a login node may lack the GPU they check for)
             try:
-                validate_config(cfg)
+                if local:
+                    validate_config(cfg)
+                else:       # SLURM/Ray: jobs run elsewhere (a login node may lack the GPU they check for):
+                    validate_common(cfg)    # only the checks that do not depend on the machine
             except ConfigError as e:
                 print(f"error: {e}\n  (in the sweep job {' '.join(job)}; nothing was run)", file=sys.stderr)
                 sys.exit(2)
