@@ -282,14 +282,16 @@ def config_hash(cfg_dict: Dict[str, Any]) -> str:
 
 
 def read_record(outdir: Path) -> Optional[Dict[str, Any]]:
-    """The run.json in ``outdir``, parsed; None when there is none or it is not readable JSON."""
+    """The run.json in ``outdir``, parsed; None when there is none or it is not a readable JSON
+    object (a record is one; ``[1, 2]`` is no record)."""
     p = Path(outdir) / "run.json"
     if not p.exists():
         return None
     try:
-        return json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError):
+        rec = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+    return rec if isinstance(rec, dict) else None
 
 
 def same_config(rec: Dict[str, Any], cfg_hash: str) -> bool:

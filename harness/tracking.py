@@ -188,6 +188,10 @@ def main(argv=None) -> int:
         print(f"error: {args.run_dir}: no run.json here (pass a job's folder, e.g. results/runs/<run>)",
               file=sys.stderr)
         return 2
+    from harness.records import read_record
+    if read_record(args.run_dir) is None:
+        print(f"error: {args.run_dir / 'run.json'} is not a record (not a readable JSON object)", file=sys.stderr)
+        return 2
     if args.mode:
         os.environ["WANDB_MODE"] = args.mode
     try:

@@ -128,3 +128,15 @@ def test_run_refuses_an_empty_results_dir(compose_cfg):
     from harness.run import run
     with pytest.raises(ConfigError, match=r"^results_dir='' is not allowed: a folder"):
         run(compose_cfg("system=lbs", "beams=4", "results_dir="))
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "{bad", "\xff"])
+def test_a_run_json_that_is_no_json_object_is_no_record(tmp_path, text):
+    """A run.json holding valid JSON that is not an object (or no JSON) is no record: the folder's
+    checks treat it as none (it crashed them with AttributeError, QA), and mirroring it by hand
+    exits 2 saying so. Mutation caught: read_record returning any parsed JSON."""
+    from harness.records import read_record
+    from harness.tracking import main as mirror_main
+    (tmp_path / "run.json").write_text(text, encoding="latin-1")
+    assert read_record(tmp_path) is None
+    assert mirror_main([str(tmp_path)]) == 2
