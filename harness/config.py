@@ -15,7 +15,7 @@ import importlib
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
@@ -307,6 +307,36 @@ def check_model(group: str, m) -> None:
     heads, kv = m.get("num_heads"), m.get("num_kv_heads")
     if heads and kv and heads % kv:
         raise bad(f"{group}.num_kv_heads", kv, f"a divisor of {group}.num_heads={heads} (grouped-query attention)")
+
+
+# Top-level shortcuts (conf/config.yaml) other than kv_budget (check_kv_budget): each feeds its group's
+# field through ``${first:${key},default}``; a set value is checked here even where nothing reads it.
+SHORTCUTS = {"beams": "a beam count", "step": "a token count", "gen_len": "a token count",
+             "prompt_len": "a token count", "n": "a path count", "tp": "a GPU count", "pp": "a GPU count"}
+
+
+def check_shortcuts(cfg, keys: List[str]) -> None:
+    """The top-level shortcuts ``keys`` (set ones that no setting reads, :func:`unused_shortcuts`:
+    the families check the ones they read, naming the field they set): counts positive integers
+    (:data:`SHORTCUTS`), ``rate`` a finite request rate > 0 (req/s), so that ``rate=inf`` with a
+    trace workload is refused like with a Poisson one. Raises ConfigError."""
+    for key in keys:
+        v = cfg.get(key)
+        if key == "rate":
+            check_number("rate", v, "a request rate in req/s", "> 0")
+        elif key in SHORTCUTS and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise bad(key, v, f"{SHORTCUTS[key]}: an integer > 0")
+
+
+def unused_shortcuts(cfg) -> List[str]:
+    """The top-level shortcuts set (not null) that no setting of this config reads (no
+    ``${key}`` in its unresolved values): e.g. ``rate`` with a trace workload (servegen replays
+    its own arrival times). For a warning: a sweep may set one for jobs of several workloads."""
+    keys = [k for k in (*SHORTCUTS, "rate", "kv_budget") if cfg.get(k) is not None]
+    if not keys:
+        return []
+    text = repr(OmegaConf.to_container(cfg, resolve=False))
+    return [k for k in keys if "${" + k + "}" not in text]
 
 
 def check_kv_budget(cfg) -> None:

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from harness import clock_locks, logs, machine, records
 from harness.logs import say
 from harness.backend import Backend, resolve_backend
-from harness.config import check_results_dir, validate_common
+from harness.config import check_results_dir, check_shortcuts, unused_shortcuts, validate_common
 from harness.errors import TYPE_WORDS, ConfigError, RunInterrupted, RunOOM, bad
 from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
@@ -273,6 +273,7 @@ def validate(cfg) -> Tuple[Any, Backend]:
     except ModuleNotFoundError as e:
         raise ConfigError(f"system={cfg.system.name!r}: family {family!r} is not available ({e})") from None
     runner.validate(cfg)
+    check_shortcuts(cfg, unused_shortcuts(cfg))          # the set shortcuts nothing reads: their values too
     backend = resolve_backend(cfg, family)
     if hasattr(runner, "validate_backend"):
         runner.validate_backend(cfg, backend)
@@ -382,6 +383,10 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
     logs.quiet_engines(bool(cfg.get("verbose", False)))
     runner, backend = validate_config(cfg)
     multirun = in_multirun() if multirun is None else multirun
+    if not multirun:                     # a sweep may set one for jobs of several workloads: no warning there
+        for key in unused_shortcuts(cfg):
+            say(f"{key}={cfg.get(key)} has no effect: no setting of this run reads it "
+                f"(system={cfg.system.name}, workload={cfg.workload.get('name', '?')})", warning=True)
     cfg_dict, chash = job_config(cfg)
     outdir = writable_output_dir(cfg, chash)
     if cfg.get("resume", True):

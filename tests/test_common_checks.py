@@ -121,3 +121,31 @@ def test_a_value_of_the_wrong_type_for_a_group_field_stops_the_preflight():
         assert str(e.value) == message
     preflight(["system.prefetch=false", "system.prefetch=true,false", "hardware.kv_reserve_bytes=null",
                "hardware.h2d_bw=1e10", "system.kv_budget=7GiB", "workload.num_problems=null"], CONF)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (("system=vanilla", "rate=inf"), "rate=inf is not allowed: a request rate in req/s > 0 and finite"),
+    (("system=lbs", "rate=-1"), "rate=-1 is not allowed: a request rate in req/s > 0"),
+    (("system=lbs", "n=-5"), "n=-5 is not allowed: a path count: an integer > 0"),
+])
+def test_a_shortcut_nothing_reads_is_still_checked(compose_cfg, overrides, message):
+    """``rate`` with the ServeGen trace (which replays its own arrivals) or with LBS, ``n`` with LBS:
+    no setting reads them, so no family checked them and rate=inf ran with rc 0 (QA). Mutation
+    caught: validate without check_shortcuts."""
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg(*overrides))
+    assert str(e.value) == message
+
+
+def test_a_single_run_warns_of_a_shortcut_nothing_reads(compose_cfg, capsys):
+    """``rate=2`` on LBS runs (a sweep may set a shortcut for jobs of several workloads, so it is no
+    error) and the run says the value has no effect; a shortcut that is read gets no warning.
+    Mutation caught: unused_shortcuts returning none."""
+    from harness.config import unused_shortcuts
+    from harness.run import run
+    rec = run(compose_cfg("system=lbs", "beams=4", "rate=2"), multirun=False)
+    assert rec["status"] == "ok"
+    assert "warning: rate=2 has no effect: no setting of this run reads it (system=lbs, workload=ttc_beam)" \
+        in capsys.readouterr().err
+    assert unused_shortcuts(compose_cfg("system=lbs", "beams=4")) == []
+    assert unused_shortcuts(compose_cfg("system=vanilla", "workload=poisson", "rate=2")) == []
