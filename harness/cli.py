@@ -131,10 +131,12 @@ def check_value_type(key: str, value: str) -> None:
     """Raise ConfigError when ``value`` (each value of an ``a,b`` sweep) converts to the type of
     the field ``key`` in none of its group's schemas that declare it as a bool, an integer or a
     number (``system.prefetch=maybe``: Hydra's "Error merging override", exit 1)."""
+    group, *path = key.split(".")
+    if not path:                             # ``system=lbs`` selects an option: check_group_options' job
+        return
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf, ValueNode
     from omegaconf.errors import ValidationError
-    group, *path = key.split(".")
     typed = []                               # (the field's node in a schema, "an integer" / ...)
     for entry in (ConfigStore.instance().repo.get(group) or {}).values():
         node = getattr(entry, "node", None)
