@@ -29,7 +29,8 @@ EXAMPLES = """\
   python run.py -m experiment=lbs_fig9                                  # a paper figure: sweep + figure + table"""
 
 
-def _options(conf_dir: Path, group: str) -> List[str]:
+def group_options(conf_dir: Path, group: str) -> List[str]:
+    """The options of config group ``group`` (``conf/<group>/*.yaml``, schemas ``_*`` left out), sorted."""
     return sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
@@ -45,7 +46,7 @@ def usage(conf_dir) -> str:
              "simulates the hardware profile's GPU and labels every number simulated.", "",
              "config groups (group=option):"]
     for g in CONFIG_GROUPS:
-        lines.append(f"  {g:<10} {', '.join(_options(conf_dir, g))}")
+        lines.append(f"  {g:<10} {', '.join(group_options(conf_dir, g))}")
     lines += ["", "shortcuts (key=value; null = the group's own default):"]
     raw = OmegaConf.to_container(root, resolve=False)
     shortcuts = [k for k, v in raw.items() if k not in ("defaults", "hydra") and not isinstance(v, dict)]
@@ -170,7 +171,7 @@ def check_group_options(args, conf_dir) -> None:
             continue
         for v in (x.strip() for x in value.split(",")):
             if v and not (conf_dir / key / f"{v}.yaml").exists():
-                raise bad(key, v, f"one of {', '.join(_options(conf_dir, key))} (conf/{key}/*.yaml)")
+                raise bad(key, v, f"one of {', '.join(group_options(conf_dir, key))} (conf/{key}/*.yaml)")
 
 
 def preflight(args: List[str], conf_dir) -> None:

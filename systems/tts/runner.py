@@ -228,9 +228,11 @@ class Texts(NamedTuple):
 def _models_with_ids(top_id: int) -> List[str]:
     """The model configs (conf/model) whose vocabulary holds token id ``top_id`` (an error's hint)."""
     from omegaconf import OmegaConf
-    conf = Path(__file__).resolve().parents[2] / "conf" / "model"
-    return sorted(p.stem for p in conf.glob("*.yaml")
-                  if not p.stem.startswith("_") and int(OmegaConf.load(p).get("vocab_size") or 0) > top_id)
+
+    from harness.cli import group_options
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    return [m for m in group_options(conf, "model")
+            if int(OmegaConf.load(conf / "model" / f"{m}.yaml").get("vocab_size") or 0) > top_id]
 
 
 def texts(cfg) -> Texts:
