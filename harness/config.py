@@ -356,12 +356,18 @@ def check_kv_budget(cfg) -> None:
                                     f"on {hw.name})")
 
 
-def check_results_dir(value: Any) -> None:
-    """Raise ConfigError for an empty (or null) ``results_dir``: its ``runs/``, ``sweeps/`` and
-    ``cache/`` would be made at the file system root (``${results_dir}/runs/...`` = ``/runs/...``)."""
+def check_folder(key: str, value: Any, allowed: str) -> None:
+    """Raise ConfigError for an empty (or null) folder setting ``key``: a path built on it lands at the
+    file system root (``${results_dir}/runs/...`` = ``/runs/...``) or in the current folder (``hydra.run.dir=``).
+    ``allowed``: what to pass instead, for the message."""
     if value is None or not str(value).strip():
-        raise bad("results_dir", value, "a folder (records, sweeps and caches go under it; "
-                                        "leave results_dir out for $TTC_RESULTS_DIR, else <repo>/results)")
+        raise bad(key, value, allowed)
+
+
+def check_results_dir(value: Any) -> None:
+    """:func:`check_folder` for ``results_dir`` (its ``runs/``, ``sweeps/`` and ``cache/``)."""
+    check_folder("results_dir", value, "a folder (records, sweeps and caches go under it; "
+                                       "leave results_dir out for $TTC_RESULTS_DIR, else <repo>/results)")
 
 
 def validate_common(cfg) -> None:

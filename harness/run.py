@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from harness import clock_locks, logs, machine, records
 from harness.logs import say
 from harness.backend import Backend, resolve_backend
-from harness.config import check_results_dir, check_shortcuts, unused_shortcuts, validate_common
+from harness.config import check_folder, check_results_dir, check_shortcuts, unused_shortcuts, validate_common
 from harness.errors import TYPE_WORDS, ConfigError, RunInterrupted, RunOOM, bad
 from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
@@ -179,8 +179,7 @@ class OutputDirCheck(Callback):
             return None                                   # Hydra reports a bad interpolation itself
         try:
             check_results_dir(results_dir)
-            if path is None or not str(path).strip():         # '' = the current folder
-                raise bad(key, path, "a folder (leave it out for the default under results_dir)")
+            check_folder(key, path, "a folder (leave it out for the default under results_dir)")
             if key == "hydra.sweep.dir" and Path(path).resolve() == (Path(str(results_dir)) / "sweeps").resolve():
                 raise bad("sweep_name", config.get("sweep_name"), "a name: the sweep's folder under "
                           f"{Path(str(results_dir)) / 'sweeps'} (leave it out for a timestamp)")
