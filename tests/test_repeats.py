@@ -78,7 +78,8 @@ def test_repeats_record_every_seed_summary_and_interval(compose_cfg, tmp_path):
 
 
 class _FlakyRunner:
-    """A family runner whose seed-1 repeat fails (error) or runs out of memory (oom)."""
+    """A family runner whose seed-1 repeat fails (error), runs out of memory (oom) or is interrupted
+    (Ctrl-C)."""
 
     def __init__(self, failure):
         self.failure = failure
@@ -91,6 +92,8 @@ class _FlakyRunner:
         if cfg.seed == 1:
             if self.failure == "oom":
                 return RunResult(status="oom", message="KV does not fit", summary={"t": 100.0})
+            if self.failure == "interrupted":
+                raise KeyboardInterrupt
             raise RuntimeError("engine crashed")
         return RunResult(summary={"t": float(cfg.seed + 1)})
 
@@ -107,6 +110,21 @@ def test_a_failed_repeat_marks_the_job_and_keeps_every_repeat(compose_cfg, tmp_p
     assert [r["status"] for r in rec["repeat_runs"]] == ["ok", failure, "ok"]
     assert rec["summary"]["t"] == 2.0 and rec["summary_ci95"]["t"]["n"] == 2      # seeds 0 and 2: 1.0, 3.0
     assert json.loads((tmp_path / failure / "run.json").read_text())["status"] == failure
+
+
+def test_an_interrupted_repeat_ends_the_job_as_interrupted(compose_cfg, tmp_path, monkeypatch):
+    """Ctrl-C in repeat 1 of 3: no repeat after it runs, the job's status is interrupted (not ok from
+    repeat 0) and RunInterrupted stops the caller once the record is written. Mutation caught:
+    'interrupted' left out of the repeats' status order (the job recorded as ok, the run going on)."""
+    import harness.run as hr
+    from harness.errors import RunInterrupted
+    monkeypatch.setattr(hr, "load_runner", lambda family: _FlakyRunner("interrupted"))
+    with pytest.raises(RunInterrupted):
+        run(compose_cfg("backend=sim", "repeats=3", output_dir=tmp_path / "i"))
+    rec = json.loads((tmp_path / "i" / "run.json").read_text())
+    assert rec["status"] == "interrupted"
+    assert [r["status"] for r in rec["repeat_runs"]] == ["ok", "interrupted"]
+    assert rec["summary"]["t"] == 1.0
 
 
 @pytest.mark.parametrize("bad", ["repeats=0", "repeats=abc", "repeats=1.5", "backend.threads=-1"])
