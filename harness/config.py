@@ -210,7 +210,9 @@ def register_resolvers() -> None:
     if not OmegaConf.has_resolver("env_or"):
         OmegaConf.register_new_resolver("env_or", _env_or)
     if not OmegaConf.has_resolver("pid"):
-        OmegaConf.register_new_resolver("pid", os.getpid)      # ${pid:}: this process's id (run folders)
+        # ${pid:}: the id of the process that composed the config (run and sweep folders); cached, as
+        # Hydra's ${now:}, so a sweep's jobs (their configs copy the cache, loky workers included) keep it
+        OmegaConf.register_new_resolver("pid", os.getpid, use_cache=True)
     if not OmegaConf.has_resolver("repo_path"):
         OmegaConf.register_new_resolver("repo_path", _repo_path)
     if not OmegaConf.has_resolver("first"):

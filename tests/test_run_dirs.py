@@ -35,6 +35,29 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
         assert (f / "run.log").read_text().count("record: ") == 1
 
 
+
+def test_sweeps_started_in_the_same_second_get_their_own_folders(tmp_path):
+    """Two ad-hoc sweeps (no sweep_name) started together: each in its own folder, named by time and
+    the id of the process that composed it, both jobs of each in it, though they ran in loky worker
+    processes (with ``isolate=true`` a third job runs in a child of its own). Mutations caught: the
+    default sweep_name without the pid (one folder: a summary mixing both sweeps' jobs); the pid
+    resolver not cached (each worker resolved its own pid: jobs scattered over other folders)."""
+    cmd = [sys.executable, "run.py", "-m", "tracking=none", "progress=false", "report=null",
+           f"results_dir={tmp_path}", "hydra.launcher.n_jobs=2"]
+    env = dict(os.environ, WANDB_MODE="disabled")
+    procs = {g: subprocess.Popen([*cmd, f"beams={g}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for g in ("4,8", "16,32")}
+    procs["iso"] = subprocess.Popen([*cmd, "beams=4", "isolate=true"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+    for p in procs.values():
+        assert p.wait(timeout=240) == 0, p.stderr.read()[-2000:]
+    folders = {f.name: f for f in (tmp_path / "sweeps").iterdir()}
+    assert len(folders) == 3, sorted(folders)
+    for g, p in procs.items():
+        name = next(n for n in folders if n.endswith(f"-p{p.pid}"))
+        assert re.fullmatch(rf"\d{{8}}-\d{{6}}-p{p.pid}", name)
+        beams = sorted(json.loads(r.read_text())["config"]["beams"] for r in folders[name].glob("*/run.json"))
+        assert beams == ([4] if g == "iso" else [int(b) for b in g.split(",")])
 def test_a_folder_holding_another_configs_record_is_refused_before_any_work(tmp_path):
     """``hydra.run.dir`` re-used: beams=16 into beams=8's folder exits 2 naming the folder and the
     fix, and leaves its run.json, .hydra/ and run.log as they were; beams=8 again is skipped by
