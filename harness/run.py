@@ -415,6 +415,27 @@ def sigint_held() -> Iterator[List[int]]:
         signal.signal(signal.SIGINT, previous)
 
 
+def record_header(cfg, backend: Backend, outdir: Path, cfg_dict: dict, chash: str,
+                  overrides: Optional[List[str]]) -> Dict[str, Any]:
+    """What every record of a job says of it, whatever became of it (a result, or the job's process
+    dying before it wrote one): record version, run id, experiment, system, family, model, hardware
+    profile, backend (whether simulated), seed, config hash, command-line overrides, resolved config.
+    A sweep's summary reads its swept columns from ``overrides`` and its source from ``backend``."""
+    return {
+        "record_version": records.RECORD_VERSION,
+        "run_id": outdir.name,
+        "experiment": cfg.get("experiment_name"),
+        "system": cfg.system.name, "family": family_of(cfg), "model": cfg.model.name,
+        "hardware_profile": cfg.hardware.name,
+        "backend": {"name": backend.name, "device": backend.device, "simulated": backend.simulated,
+                    "label": backend.label, "reason": backend.reason},
+        "seed": cfg.get("seed"),
+        "config_hash": chash,
+        "overrides": overrides,
+        "config": cfg_dict,
+    }
+
+
 def _run_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg_dict: dict, chash: str,
              overrides: Optional[List[str]]) -> Dict[str, Any]:
     """:func:`run` after validation and the resume check, with run.log open. A simulated job runs
@@ -440,17 +461,7 @@ def _record_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg
         say(w, warning=True)
 
     rec: Dict[str, Any] = {
-        "record_version": records.RECORD_VERSION,
-        "run_id": outdir.name,
-        "experiment": cfg.get("experiment_name"),
-        "system": cfg.system.name, "family": family_of(cfg), "model": cfg.model.name,
-        "hardware_profile": cfg.hardware.name,
-        "backend": {"name": backend.name, "device": backend.device, "simulated": backend.simulated,
-                    "label": backend.label, "reason": backend.reason},
-        "seed": cfg.get("seed"),
-        "config_hash": chash,
-        "overrides": overrides,
-        "config": cfg_dict,
+        **record_header(cfg, backend, outdir, cfg_dict, chash, overrides),
         "git": dict(records.git_info()),
         "packages": dict(records.package_versions()),
         "inventory": dict(records.hardware_inventory()),
@@ -656,8 +667,9 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
     job of the sweep; a child that dies (segfault, OOM kill) is recorded as ``error``. Returns the
     job's record."""
     import multiprocessing as mp
-    validate_config(cfg)                            # bad input fails here, before any work
-    outdir = writable_output_dir(cfg, job_config(cfg)[1])
+    _, backend = validate_config(cfg)               # bad input fails here, before any work
+    cfg_dict, chash = job_config(cfg)
+    outdir = writable_output_dir(cfg, chash)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["output_dir"] = str(outdir)
     p = mp.get_context("spawn").Process(target=_child, args=(OmegaConf.to_yaml(resolved), in_multirun(),
@@ -677,10 +689,8 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
         raise
     if p.exitcode != 0 and not rec_path.exists():
         how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
-        rec = {"record_version": records.RECORD_VERSION, "run_id": outdir.name, "status": "error",
-               "message": f"job process died ({how}) before writing its record",
-               "system": cfg.system.name, "family": family_of(cfg), "model": cfg.model.name,
-               "config": resolved, "config_hash": records.config_hash(resolved), "summary": {}}
+        rec = {**record_header(cfg, backend, outdir, cfg_dict, chash, task_overrides()), "status": "error",
+               "message": f"job process died ({how}) before writing its record", "summary": {}}
         records.atomic_write_json(rec_path, rec)
         say(f"job died ({how}); recorded as error in {rec_path}")
         return rec

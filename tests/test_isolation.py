@@ -34,6 +34,27 @@ def test_dead_job_process_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert (tmp_path / "sweeps/t/runs.parquet").exists()
 
 
+def test_a_dead_jobs_record_says_which_job_it_was(tmp_path):
+    """A simulated job whose process died (``isolate=true``): its record names the job as a result's
+    record does (``record_header``), so the sweep's summary shows its swept value and ``simulated``.
+    Mutation caught: the dead job's record without overrides and backend (the summary's rows had no
+    beams column and said ``measured``)."""
+    sc = tmp_path / "site"
+    sc.mkdir()
+    (sc / "sitecustomize.py").write_text(DIE_IN_SPAWNED_CHILD)
+    env = dict(os.environ, PYTHONPATH=str(sc), DIE_IN_SPAWNED_CHILD="1", WANDB_MODE="disabled")
+    out = subprocess.run([sys.executable, "run.py", "-m", "system=lbs", "beams=4,8", "isolate=true", "tracking=none",
+                          "progress=false", f"results_dir={tmp_path}", "sweep_name=t"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 1, out.stderr[-2000:]
+    recs = sorted((json.loads(p.read_text()) for p in tmp_path.glob("sweeps/t/*/run.json")), key=lambda r: r["run_id"])
+    assert [(r["status"], r["backend"]["simulated"], r["hardware_profile"]) for r in recs] == [("error", True, "rtx4090")] * 2
+    assert sorted(next(o for o in r["overrides"] if o.startswith("beams=")) for r in recs) == ["beams=4", "beams=8"]
+    rows = [line.split("|")[1:4] for line in (tmp_path / "sweeps/t/summary.md").read_text().splitlines()
+            if line.startswith("|") and "error" in line]
+    assert sorted([c.strip() for c in r] for r in rows) == [["4", "error", "simulated"], ["8", "error", "simulated"]]
+
+
 
 def test_isolated_jobs_of_a_parallel_sweep_run(tmp_path):
     """``isolate=true`` in a parallel (joblib, loky workers) sweep of simulated jobs: each job's child
