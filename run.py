@@ -63,16 +63,12 @@ def _record_invalid_sweep_job(cfg: DictConfig, err: Exception) -> bool:
     from hydra.types import RunMode
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         return False
-    from pathlib import Path
-
     from harness import records
+    from harness.run import invalid_job_record, task_overrides
     out = Path(HydraConfig.get().runtime.output_dir)
     if (out / "run.json").exists():
         return True
-    records.atomic_write_json(out / "run.json", {
-        "record_version": records.RECORD_VERSION, "run_id": out.name, "status": "error",
-        "message": f"invalid configuration: {err}", "system": cfg.system.name, "model": cfg.model.name,
-        "summary": {}, "config": {"overrides": list(HydraConfig.get().overrides.task)}})
+    records.atomic_write_json(out / "run.json", invalid_job_record(cfg, err, out, task_overrides()))
     return True
 
 

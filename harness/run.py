@@ -436,6 +436,22 @@ def record_header(cfg, backend: Backend, outdir: Path, cfg_dict: dict, chash: st
     }
 
 
+def invalid_job_record(cfg, err: Exception, outdir: Path, overrides: Optional[List[str]]) -> Dict[str, Any]:
+    """The record (status error) of a sweep job found invalid when it ran (one the sweeper's check of a
+    covering subset of jobs did not run): the job named as far as its config allows (:func:`record_header`;
+    a backend it cannot resolve: the one it asked for), so the sweep's summary shows its swept values."""
+    rec: Dict[str, Any] = {"record_version": records.RECORD_VERSION, "run_id": outdir.name,
+                           "system": cfg.system.name, "model": cfg.model.name, "overrides": overrides,
+                           "backend": {"name": cfg.backend.name, "simulated": cfg.backend.name == "sim"}}
+    try:
+        cfg_dict, chash = job_config(cfg)
+        rec.update(record_header(cfg, resolve_backend(cfg, family_of(cfg)), outdir, cfg_dict, chash, overrides))
+    except Exception:                 # e.g. a real backend this machine lacks, a value that does not resolve
+        pass
+    rec.update(status="error", message=f"invalid configuration: {err}", summary={})
+    return rec
+
+
 def _run_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg_dict: dict, chash: str,
              overrides: Optional[List[str]]) -> Dict[str, Any]:
     """:func:`run` after validation and the resume check, with run.log open. A simulated job runs

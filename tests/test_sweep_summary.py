@@ -80,3 +80,21 @@ def test_summary_md_lists_failed_jobs(tmp_path):
     assert "Jobs without a result (2; marked on the figure's x axis):" in md
     assert "- system=in_gpu, beams=16: oom: in_gpu: KV of 16 beams exceeds the KV budget" in md
     assert "- system=in_gpu, beams=64: oom:" in md and (tmp_path / "summary.png").exists()
+
+
+def test_a_job_found_invalid_when_it_ran_is_a_named_row(tmp_path):
+    """beam_width=3 with beams=4 is invalid only jointly: the sweeper checks a covering subset of jobs
+    (each value once), the job itself refuses when it runs and is recorded as error. Its record names
+    the job (``harness.run.invalid_job_record``): the summary's row has its swept values and says
+    simulated, and no constant override becomes a column. Mutation caught: the record without top-level
+    overrides and backend (the row was all nan, 'measured', and tracking/progress/... became columns)."""
+    p = subprocess.run([sys.executable, "run.py", "-m", "system=lbs", "workload.beam_width=2,3", "beams=4,6",
+                        "tracking=none", "progress=false", f"results_dir={tmp_path}", "sweep_name=s"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "1 job(s) with status error" in p.stderr, p.stderr[-2000:]
+    md = (tmp_path / "sweeps" / "s" / "summary.md").read_text()
+    rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in md.splitlines() if ln.startswith("|")]
+    assert rows[0] == ["workload.beam_width", "beams", "status", "source", "e2e_s"]
+    assert [r[:4] for r in rows[2:]] == [["2", "4", "ok", "simulated"], ["2", "6", "ok", "simulated"],
+                                         ["3", "4", "error", "simulated"], ["3", "6", "ok", "simulated"]]
+    assert "- workload.beam_width=3, beams=4: error: invalid configuration: beams=4 is not allowed" in md
