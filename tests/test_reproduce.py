@@ -79,11 +79,16 @@ def test_only_collects_the_named_experiments_and_counts_every_paper_number(tmp_p
                                "(python run.py --help lists the groups and shortcuts)"),
     (["experiment=lbs_fig9"], "experiment=lbs_fig9: set by this command (use --only NAME,... for experiments, "
                               "--results-dir PATH for the results folder)"),
+    (["seed=-1"], "seed=-1 is not allowed: an integer >= 0 (repeats use seeds seed..seed+repeats-1) "
+                  "(experiment=lbs_fig7 with seed=-1; nothing was run)"),
+    (["beams=abc"], "beams='abc' is not allowed: an integer (sets workload.beams) "
+                    "(experiment=lbs_fig7 with beams=abc; nothing was run)"),
 ])
 def test_bad_extra_argument_exits_2_before_anything_runs(tmp_path, capsys, monkeypatch, extra, message):
     """Before: every experiment ran with it (each exiting 2, the reason only in its log), then both
     pages were rewritten and the command exited 1. Mutations caught: check_overrides not called;
-    run.py's preflight left out of it."""
+    run.py's preflight left out of it; the experiments' configs not validated with the overrides
+    (seed=-1, beams=abc: each experiment ran and exited 2)."""
     monkeypatch.setattr(R, "_run", lambda *a, **k: pytest.fail("an experiment ran"))
     assert R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), *extra]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
@@ -98,13 +103,14 @@ def test_overrides_with_collect_only_exit_2(tmp_path, capsys):
 
 
 def test_failed_experiment_prints_the_reason_from_its_log(tmp_path, capsys):
-    """A value run.py's sweep refuses (beams=abc: exit 2 before any job) -- the reason is printed, not
-    only "exit 2". Mutation caught: _tell_failure not called."""
-    assert R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), "tracking=none", "beams=abc"]) == 1
+    """A folder run.py's sweep cannot write (found when it starts: exit 2 before any job) -- the reason
+    is printed, not only "exit 2". Mutation caught: _tell_failure not called."""
+    assert R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), "tracking=none",
+                   "hydra.sweep.dir=/dev/null/x"]) == 1
     out = capsys.readouterr()
     assert "[reproduce] experiment=lbs_fig7: exit 2 in " in out.out
     assert f"[reproduce] last lines of {tmp_path / 'reproduce' / 'lbs_fig7.log'}:\n" in out.err
-    assert "  error: beams='abc' is not allowed: an integer (sets workload.beams)\n" in out.err
+    assert "  error: output directory '/dev/null/x' (hydra.sweep.dir) cannot be written: " in out.err
 
 
 def _runs(root, name, *statuses, mtime):
