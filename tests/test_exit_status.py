@@ -61,6 +61,27 @@ if os.environ.get("INTERRUPT_AT_RECORD"):
 """
 
 
+# SIGINT when the module named by $SIGINT_ON_IMPORT is first imported (an audit hook): a Ctrl-C at a
+# known point of the start-up, before any job runs.
+INTERRUPT_ON_IMPORT = """
+import os, signal, sys
+def _hook(event, args):
+    if event == "import" and args[0] == os.environ["SIGINT_ON_IMPORT"]:
+        os.kill(os.getpid(), signal.SIGINT)
+sys.addaudithook(_hook)
+"""
+
+# SIGINT in a sweep's report (an ad-hoc sweep's summary), after its jobs were recorded.
+INTERRUPT_IN_REPORT = """
+import os
+if os.environ.get("INTERRUPT_IN_REPORT"):
+    import harness.sweep_summary as s
+    def write_summary(sweep_dir, runs):
+        raise KeyboardInterrupt
+    s.write_summary = write_summary
+"""
+
+
 def run_py(*args, env=None, timeout=120):
     return subprocess.run([sys.executable, "run.py", *args, "tracking=none", "progress=false"],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout,
@@ -117,6 +138,35 @@ def test_an_interrupt_while_the_record_is_written_is_held_until_it_is_whole(tmp_
     assert rec["status"] == "ok" and all((rec_path.parent / f"{t}.parquet").exists() for t in rec["tables"])
     assert f"interrupted after the run's work ended: its record (status ok) is {rec_path}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("module", ["omegaconf", "hydra._internal.logging_config", "harness.clock_locks"])
+def test_an_interrupt_before_any_job_is_one_line_and_exit_130(tmp_path, module):
+    """Ctrl-C while run.py imports its libraries, while Hydra starts, and while the task imports the
+    harness: exit 130, one line, no traceback, nothing written. Mutations caught: no SIGINT handler for
+    the imports, no KeyboardInterrupt handler around main() (a traceback, exit 1)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(INTERRUPT_ON_IMPORT)
+    out = run_py("system=lbs", f"results_dir={tmp_path / 'r'}",
+                 env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "SIGINT_ON_IMPORT": module})
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert out.stderr == ("interrupted while no job was running (start-up or a sweep's report): every record "
+                          "written before is intact\n")
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_interrupt_in_a_sweeps_report_keeps_its_records(tmp_path):
+    """Ctrl-C while an ad-hoc sweep's summary is made: its records and runs.parquet stay, exit 130 with
+    one line, no traceback. Mutation caught: no KeyboardInterrupt handler around main()."""
+    out = run_py_patched(tmp_path, INTERRUPT_IN_REPORT, "INTERRUPT_IN_REPORT", "-m", "system=lbs", "beams=4,8",
+                         f"results_dir={tmp_path / 'r'}", "sweep_name=t")
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and out.stderr.endswith(
+        "interrupted while no job was running (start-up or a sweep's report): every record written before is intact\n")
+    d = tmp_path / "r" / "sweeps" / "t"
+    assert sorted(json.loads(p.read_text())["status"] for p in d.glob("*/run.json")) == ["ok", "ok"]
+    assert (d / "runs.parquet").exists()
 
 
 def test_an_interrupted_sweep_stops_and_records_only_the_interrupted_job(tmp_path):
