@@ -74,11 +74,11 @@ def _record_invalid_sweep_job(cfg: DictConfig, err: Exception) -> bool:
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         return False
     from harness import records
-    from harness.run import invalid_job_record, task_overrides
+    from harness.run import error_record, task_overrides
     out = Path(HydraConfig.get().runtime.output_dir)
     if (out / "run.json").exists():
         return True
-    records.atomic_write_json(out / "run.json", invalid_job_record(cfg, err, out, task_overrides()))
+    records.atomic_write_json(out / "run.json", error_record(cfg, out, task_overrides(), f"invalid configuration: {err}"))
     return True
 
 
@@ -96,6 +96,8 @@ if __name__ == "__main__":
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:              # outside a job: composing the config, a sweep's report
+        if "harness.run" in sys.modules:   # a single run's folder Hydra made before the task began
+            sys.modules["harness.run"].remove_unused_run_dir()
         print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)
     # The interpreter's shutdown collects and frees every object still alive, the imported

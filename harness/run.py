@@ -436,19 +436,23 @@ def record_header(cfg, backend: Backend, outdir: Path, cfg_dict: dict, chash: st
     }
 
 
-def invalid_job_record(cfg, err: Exception, outdir: Path, overrides: Optional[List[str]]) -> Dict[str, Any]:
-    """The record (status error) of a sweep job found invalid when it ran (one the sweeper's check of a
-    covering subset of jobs did not run): the job named as far as its config allows (:func:`record_header`;
-    a backend it cannot resolve: the one it asked for), so the sweep's summary shows its swept values."""
+def error_record(cfg, outdir: Path, overrides: Optional[List[str]], message: str,
+                 backend: Optional[Backend] = None) -> Dict[str, Any]:
+    """The record (status error) of a job that ended without writing its own: found invalid when it
+    ran (a combination the sweeper's check of a covering subset of jobs did not run), its process
+    died, its task raised or a launcher lost it. The job is named as far as its config allows
+    (:func:`record_header`; a backend it cannot resolve: the one it asked for), so the sweep's
+    summary shows its swept values and whether it was simulated."""
     rec: Dict[str, Any] = {"record_version": records.RECORD_VERSION, "run_id": outdir.name,
                            "system": cfg.system.name, "model": cfg.model.name, "overrides": overrides,
                            "backend": {"name": cfg.backend.name, "simulated": cfg.backend.name == "sim"}}
     try:
         cfg_dict, chash = job_config(cfg)
-        rec.update(record_header(cfg, resolve_backend(cfg, family_of(cfg)), outdir, cfg_dict, chash, overrides))
+        rec.update(record_header(cfg, backend or resolve_backend(cfg, family_of(cfg)), outdir, cfg_dict, chash,
+                                 overrides))
     except Exception:                 # e.g. a real backend this machine lacks, a value that does not resolve
         pass
-    rec.update(status="error", message=f"invalid configuration: {err}", summary={})
+    rec.update(status="error", message=message, summary={})
     return rec
 
 
@@ -705,8 +709,8 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
         raise
     if p.exitcode != 0 and not rec_path.exists():
         how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
-        rec = {**record_header(cfg, backend, outdir, cfg_dict, chash, task_overrides()), "status": "error",
-               "message": f"job process died ({how}) before writing its record", "summary": {}}
+        rec = error_record(cfg, outdir, task_overrides(), f"job process died ({how}) before writing its record",
+                           backend)
         records.atomic_write_json(rec_path, rec)
         say(f"job died ({how}); recorded as error in {rec_path}")
         return rec

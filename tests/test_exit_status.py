@@ -61,12 +61,13 @@ if os.environ.get("INTERRUPT_AT_RECORD"):
 """
 
 
-# SIGINT when the module named by $SIGINT_ON_IMPORT is first imported (an audit hook): a Ctrl-C at a
-# known point of the start-up, before any job runs.
+# SIGINT when the module named by $SIGINT_ON_IMPORT is first imported, or a file whose path ends with
+# $SIGINT_ON_OPEN is opened (an audit hook): a Ctrl-C at a known point of the start-up.
 INTERRUPT_ON_IMPORT = """
 import os, signal, sys
 def _hook(event, args):
-    if event == "import" and args[0] == os.environ["SIGINT_ON_IMPORT"]:
+    if (event == "import" and args[0] == os.environ.get("SIGINT_ON_IMPORT")) or (
+            event == "open" and os.environ.get("SIGINT_ON_OPEN") and str(args[0]).endswith(os.environ["SIGINT_ON_OPEN"])):
         os.kill(os.getpid(), signal.SIGINT)
 sys.addaudithook(_hook)
 """
@@ -140,20 +141,22 @@ def test_an_interrupt_while_the_record_is_written_is_held_until_it_is_whole(tmp_
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("module", ["omegaconf", "hydra._internal.logging_config", "harness.clock_locks"])
-def test_an_interrupt_before_any_job_is_one_line_and_exit_130(tmp_path, module):
-    """Ctrl-C while run.py imports its libraries, while Hydra starts, and while the task imports the
-    harness: exit 130, one line, no traceback, nothing written. Mutations caught: no SIGINT handler for
-    the imports, no KeyboardInterrupt handler around main() (a traceback, exit 1)."""
+@pytest.mark.parametrize("at", [("SIGINT_ON_IMPORT", "omegaconf"), ("SIGINT_ON_IMPORT", "hydra._internal.logging_config"),
+                                ("SIGINT_ON_IMPORT", "harness.clock_locks"), ("SIGINT_ON_OPEN", "/.hydra/overrides.yaml")])
+def test_an_interrupt_before_any_job_is_one_line_and_exit_130(tmp_path, at):
+    """Ctrl-C while run.py imports its libraries, while Hydra starts, while the task imports the
+    harness, and while Hydra writes the new run folder: exit 130, one line, no traceback, no run folder
+    left. Mutations caught: no SIGINT handler for the imports, no KeyboardInterrupt handler around
+    main() (a traceback, exit 1); the run folder not removed (.hydra/ and run.log left)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(INTERRUPT_ON_IMPORT)
     out = run_py("system=lbs", f"results_dir={tmp_path / 'r'}",
-                 env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", "SIGINT_ON_IMPORT": module})
+                 env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", at[0]: at[1]})
     assert out.returncode == 130, out.stderr[-2000:]
     assert out.stderr == ("interrupted while no job was running (start-up or a sweep's report): every record "
                           "written before is intact\n")
-    assert not (tmp_path / "r").exists()
+    assert not list((tmp_path / "r").glob("runs/*"))
 
 
 def test_an_interrupt_in_a_sweeps_report_keeps_its_records(tmp_path):

@@ -85,7 +85,7 @@ def test_summary_md_lists_failed_jobs(tmp_path):
 def test_a_job_found_invalid_when_it_ran_is_a_named_row(tmp_path):
     """beam_width=3 with beams=4 is invalid only jointly: the sweeper checks a covering subset of jobs
     (each value once), the job itself refuses when it runs and is recorded as error. Its record names
-    the job (``harness.run.invalid_job_record``): the summary's row has its swept values and says
+    the job (``harness.run.error_record``): the summary's row has its swept values and says
     simulated, and no constant override becomes a column. Mutation caught: the record without top-level
     overrides and backend (the row was all nan, 'measured', and tracking/progress/... became columns)."""
     p = subprocess.run([sys.executable, "run.py", "-m", "system=lbs", "workload.beam_width=2,3", "beams=4,6",

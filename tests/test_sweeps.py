@@ -99,10 +99,16 @@ def test_job_whose_task_raised_is_recorded_as_error(tmp_path):
 
 def test_jobs_a_launcher_lost_are_recorded_as_error(tmp_path):
     """A launcher that raises (a killed worker process, a lost cluster): every job of its batch
-    without a record gets an error record, and the sweep returns instead of crashing."""
+    without a record gets an error record, and the sweep returns instead of crashing. The record
+    names the job (``harness.run.error_record``: its overrides, simulated backend, config hash), as
+    the sweep's summary reads it. Mutation caught: the record without them (the summary's row was all
+    nan and 'measured')."""
     recs = stub_sweep(tmp_path, StubLauncher(error=ConnectionError("cluster gone")))
     assert sorted(recs) == ["beams=4,system=layerwise", "beams=4,system=lbs"]
     assert {r["message"] for r in recs.values()} == {"job failed outside its run (ConnectionError: cluster gone)"}
+    for name, r in recs.items():
+        assert {"beams=4", f"system={name.rsplit('=', 1)[1]}"} <= set(r["overrides"])
+        assert r["backend"]["simulated"] is True and r["hardware_profile"] == "rtx4090" and len(r["config_hash"]) == 16
 
 
 class RecordingLauncher:

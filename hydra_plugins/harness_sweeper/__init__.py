@@ -209,16 +209,14 @@ class FastBasicSweeper(Sweeper):
     def _record_failed_job(self, overrides: Sequence[str], why: Any) -> None:
         """An ``error`` record for a job that ended without writing one (a finished record stays)."""
         from harness import records
+        from harness.run import error_record
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
         outdir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
         rec_path = outdir / "run.json"
         if rec_path.exists():
             return
         message = f"job failed outside its run ({type(why).__name__}: {why})"
-        records.atomic_write_json(rec_path, {
-            "record_version": records.RECORD_VERSION, "run_id": outdir.name, "status": "error",
-            "message": message, "system": cfg.system.name, "model": cfg.model.name,
-            "summary": {}, "config": {"overrides": list(overrides)}})
+        records.atomic_write_json(rec_path, error_record(cfg, outdir, list(overrides), message))
         print(f"{' '.join(overrides)}: {message}; recorded as error in {rec_path}", file=sys.stderr)
 
 
