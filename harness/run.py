@@ -250,11 +250,13 @@ def check_no_other_record(outdir: Path, chash: str, key: str) -> None:
     """Raise ConfigError when ``outdir`` holds the record (run.json) of a config other than the
     job's, whose config hash is ``chash`` (:func:`records.same_config`, the rule of resume): running
     would replace it. The same config's record is the job's own (skipped by resume, replaced with
-    ``resume=false``); a record without a hash (a sweep's error record of a job that never ran, an
-    unreadable file) is no config's and is replaced as before. ``key``: the setting that named the
-    folder (``hydra.run.dir``, ``hydra.sweep.dir`` or ``output_dir``), for the fix."""
+    ``resume=false``); a record without a hash (an unreadable file, an older error record) or with
+    status error and no summary (no result: :func:`error_record`'s, a run that failed before any)
+    holds nothing to lose and is replaced as before. ``key``: the setting that named the folder (``hydra.run.dir``,
+    ``hydra.sweep.dir`` or ``output_dir``), for the fix."""
     prev = records.read_record(outdir)
-    if prev is None or prev.get("config_hash") is None or records.same_config(prev, chash):
+    if prev is None or prev.get("config_hash") is None or (prev.get("status") == "error" and not prev.get("summary")) \
+            or records.same_config(prev, chash):
         return
     theirs = " ".join(prev.get("overrides") or []) or "none"
     raise ConfigError(f"{key}: {str(outdir)!r} holds the record of a different config (run.json, status "

@@ -163,3 +163,19 @@ def test_a_run_json_that_is_no_json_object_is_no_record(tmp_path, text):
     (tmp_path / "run.json").write_text(text, encoding="latin-1")
     assert read_record(tmp_path) is None
     assert mirror_main([str(tmp_path)]) == 2
+
+
+def test_an_error_record_without_a_result_is_no_obstacle(tmp_path):
+    """A folder holding another config's record of status error with no summary (a job found invalid,
+    lost or dead: ``harness.run.error_record``, which carries a config hash) is replaced as before; one
+    of status error that holds a summary (a failed repeat after others that ran) is refused. Mutations
+    caught: error records refused like results (the first raises); every error record replaced (the
+    second passes)."""
+    from harness import records
+    from harness.run import check_no_other_record
+    out = tmp_path / "job"
+    records.atomic_write_json(out / "run.json", {"status": "error", "config_hash": "a" * 16, "summary": {}})
+    check_no_other_record(out, "b" * 16, "hydra.sweep.dir")
+    records.atomic_write_json(out / "run.json", {"status": "error", "config_hash": "a" * 16, "summary": {"e2e_s": 1.0}})
+    with pytest.raises(ConfigError, match="holds the record of a different config"):
+        check_no_other_record(out, "b" * 16, "hydra.sweep.dir")
