@@ -17,8 +17,9 @@ skipped) with its log in ``<results_dir>/reproduce/<name>.log``. Then:
 - ``<results_dir>/index.html``: every sweep's figures and tables on one static page.
 
 Extra arguments (``tracking=none``) go to every experiment; they are checked first as ``run.py``
-checks its own (an unknown option or key, or a value that makes an experiment's config invalid,
-exits 2 before anything runs). An experiment that fails is
+checks its own, then by each experiment's sweep with them (``$TTC_SWEEP_CHECK_ONLY``: its up-front
+checks of its jobs, nothing run); an unknown option or key, or a value an experiment's jobs refuse,
+exits 2 before anything runs. An experiment that fails is
 listed with its exit code and log, and the log's last lines are printed; the others still run.
 """
 from __future__ import annotations
@@ -74,15 +75,20 @@ def _tell_failure(r: Dict, lines: int = 5) -> None:
     print(f"[reproduce] last lines of {r['log']}:\n" + "\n".join(f"  {ln}" for ln in tail), file=sys.stderr, flush=True)
 
 
-def check_overrides(overrides: List[str], collect_only: bool, names: List[str] = ()) -> None:
+def check_overrides(overrides: List[str], collect_only: bool, names: List[str] = (),
+                    results_dir: Optional[Path] = None) -> None:
     """Raise ConfigError for extra arguments that no experiment could run with: ignored (with
     --collect-only), set by this command itself (``experiment=``, ``results_dir=``), refused by
-    run.py's own pre-flight (an unknown option or key: :func:`harness.cli.preflight`), or making the
-    config of one of the experiments ``names`` invalid (``harness.run.validate_config`` of the
-    experiment's config with them, as its sweep checks its jobs': ``seed=-1``, ``beams=abc``); the
-    error names the experiment. ~0.15 s per experiment, only when there are overrides."""
+    run.py's own pre-flight (an unknown option or key: :func:`harness.cli.preflight`), or refused by
+    the sweep of one of the experiments ``names`` (``seed=-1``, ``tp=3`` where the experiment's jobs
+    need tp x pp <= 8 GPUs, a folder holding another config's record): each experiment's sweep makes its
+    own up-front checks with them and runs nothing (``$TTC_SWEEP_CHECK_ONLY``, the sweeper's point 7;
+    ~1-3 s each, two at a time, only when there are overrides); the error is the sweep's, naming the
+    experiment."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from harness.cli import preflight
-    from harness.config import register_configs, register_resolvers
+    from harness.config import register_configs
     if overrides and collect_only:
         raise ConfigError(f"{' '.join(overrides)}: --collect-only runs no experiment, so these overrides would "
                           f"be ignored (drop them, or drop --collect-only)")
@@ -93,18 +99,24 @@ def check_overrides(overrides: List[str], collect_only: bool, names: List[str] =
                               f"PATH for the results folder)")
     register_configs()
     preflight(overrides, ROOT / "conf")
-    if not overrides or collect_only:
+    if not overrides or collect_only or not names:
         return
-    from hydra import compose, initialize_config_dir
+    print(f"[reproduce] checking {' '.join(overrides)} with the jobs of {len(names)} experiment(s) ...", flush=True)
+    env = dict(os.environ, TTC_SWEEP_CHECK_ONLY="1", WANDB_MODE="disabled")
 
-    from harness.run import validate_config
-    register_resolvers()
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        for name in names:
-            try:
-                validate_config(compose(config_name="config", overrides=[f"experiment={name}", *overrides]))
-            except ConfigError as e:
-                raise ConfigError(f"{e} (experiment={name} with {' '.join(overrides)}; nothing was run)") from None
+    def check(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "run.py", "-m", f"experiment={name}",
+                               f"results_dir={results_dir or default_results_dir()}", "progress=false", *overrides],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for name, p in zip(names, pool.map(check, names)):
+            if p.returncode != 0:
+                lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+                why = "\n".join(ln for ln in lines if ln.startswith(("error:", "  (in the sweep job"))) \
+                    or "\n".join(lines[-5:])
+                raise ConfigError(f"experiment={name} refuses {' '.join(overrides)} (exit {p.returncode}; nothing was "
+                                  f"run):\n{why}")
 
 
 def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[str], timeout_s: float) -> pd.DataFrame:
@@ -297,7 +309,7 @@ def main(argv=None) -> int:
             return 2
         names = wanted
     try:
-        check_overrides(a.overrides, a.collect_only, names)
+        check_overrides(a.overrides, a.collect_only, names, a.results_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """harness.reproduce: REPRODUCTION.md counts and rows come from the sweeps' verdicts.csv files and
 results/reference/*.csv (every paper number, run or not), index.html shows every figure and table;
 --only collects only the named experiments; a bad --only exits 2."""
+import os
 from pathlib import Path
 
 import pytest
@@ -79,20 +80,38 @@ def test_only_collects_the_named_experiments_and_counts_every_paper_number(tmp_p
                                "(python run.py --help lists the groups and shortcuts)"),
     (["experiment=lbs_fig9"], "experiment=lbs_fig9: set by this command (use --only NAME,... for experiments, "
                               "--results-dir PATH for the results folder)"),
-    (["seed=-1"], "seed=-1 is not allowed: an integer >= 0 (repeats use seeds seed..seed+repeats-1) "
-                  "(experiment=lbs_fig7 with seed=-1; nothing was run)"),
-    (["beams=abc"], "beams='abc' is not allowed: an integer (sets workload.beams) "
-                    "(experiment=lbs_fig7 with beams=abc; nothing was run)"),
+    (["seed=-1"], "experiment=lbs_fig7 refuses seed=-1 (exit 2; nothing was run):\nerror: seed=-1 is not allowed: "
+                  "an integer >= 0 (repeats use seeds seed..seed+repeats-1)\n  (in the sweep job system=layerwise "
+                  "step=32 experiment=lbs_fig7 results_dir={d} progress=False seed=-1; nothing was run)"),
+    (["beams=abc"], "experiment=lbs_fig7 refuses beams=abc (exit 2; nothing was run):\nerror: beams='abc' is not "
+                    "allowed: an integer (sets workload.beams)\n  (in the sweep job system=layerwise step=32 "
+                    "experiment=lbs_fig7 results_dir={d} progress=False beams=abc; nothing was run)"),
 ])
 def test_bad_extra_argument_exits_2_before_anything_runs(tmp_path, capsys, monkeypatch, extra, message):
     """Before: every experiment ran with it (each exiting 2, the reason only in its log), then both
     pages were rewritten and the command exited 1. Mutations caught: check_overrides not called;
-    run.py's preflight left out of it; the experiments' configs not validated with the overrides
-    (seed=-1, beams=abc: each experiment ran and exited 2)."""
+    run.py's preflight left out of it; the experiments' sweeps not asked to check them (seed=-1,
+    beams=abc: each experiment ran and exited 2)."""
     monkeypatch.setattr(R, "_run", lambda *a, **k: pytest.fail("an experiment ran"))
     assert R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), *extra]) == 2
-    assert capsys.readouterr().err == f"error: {message}\n"
+    assert capsys.readouterr().err == f"error: {message.format(d=tmp_path)}\n"
     assert not list(tmp_path.iterdir())
+
+
+def test_overrides_are_checked_with_each_experiments_jobs(tmp_path, capsys, monkeypatch):
+    """The check is each experiment's own sweep check (``$TTC_SWEEP_CHECK_ONLY``), on its jobs, not its
+    base config: ``tp=3`` passes beam_fig7 but not beam_fig1 (whose jobs run pp=4 on 8 GPUs), a swept
+    list (``seed=0,1``) and a group its jobs use (``workload=ablation`` for beam_fig1) pass, and
+    nothing is written. Mutations caught: the base config validated instead (beam_fig1's base is
+    LBS's: workload=ablation refused; tp=3 passed); Hydra's compose() (seed=0,1: a traceback)."""
+    monkeypatch.setattr(R, "_run", lambda *a, **k: pytest.fail("an experiment ran"))
+    assert R.main(["--only", "beam_fig7,beam_fig1", "--results-dir", str(tmp_path), "tp=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: experiment=beam_fig1 refuses tp=3 (exit 2; nothing was run):\nerror: tp x pp = "
+                          "3 x 4 = 12 GPUs is not allowed: hardware 'a100-80gb' has 8 GPUs (choose tp x pp <= 8)\n")
+    R.check_overrides(["seed=0,1"], False, ["lbs_fig7"], tmp_path)
+    R.check_overrides(["workload=ablation", "tracking=none"], False, ["beam_fig1"], tmp_path)
+    assert not (tmp_path / "sweeps").exists() and not (tmp_path / "runs").exists()      # (a request cache: no record)
 
 
 def test_overrides_with_collect_only_exit_2(tmp_path, capsys):
@@ -102,15 +121,21 @@ def test_overrides_with_collect_only_exit_2(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
-def test_failed_experiment_prints_the_reason_from_its_log(tmp_path, capsys):
-    """A folder run.py's sweep cannot write (found when it starts: exit 2 before any job) -- the reason
-    is printed, not only "exit 2". Mutation caught: _tell_failure not called."""
-    assert R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), "tracking=none",
-                   "hydra.sweep.dir=/dev/null/x"]) == 1
+def test_failed_experiment_prints_the_reason_from_its_log(tmp_path, capsys, monkeypatch):
+    """An experiment whose jobs fail when they run (the LBS runner raises: tests/test_exit_status.py's
+    FAIL_MID_RUN) -- the reason is printed, not only "exit 1". Mutation caught: _tell_failure not called."""
+    from tests.test_exit_status import FAIL_MID_RUN
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FAIL_MID_RUN)
+    monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{R.ROOT}")
+    monkeypatch.setenv("FAIL_MID_RUN", "1")
+    out_dir = tmp_path / "r"
+    assert R.main(["--only", "lbs_fig7", "--results-dir", str(out_dir), "tracking=none"]) == 1
     out = capsys.readouterr()
-    assert "[reproduce] experiment=lbs_fig7: exit 2 in " in out.out
-    assert f"[reproduce] last lines of {tmp_path / 'reproduce' / 'lbs_fig7.log'}:\n" in out.err
-    assert "  error: output directory '/dev/null/x' (hydra.sweep.dir) cannot be written: " in out.err
+    assert "[reproduce] experiment=lbs_fig7: exit 1 in " in out.out
+    assert f"[reproduce] last lines of {out_dir / 'reproduce' / 'lbs_fig7.log'}:\n" in out.err
+    assert "  sweep failed: 6 job(s) with status error (their message: the 'message' column of " in out.err
 
 
 def _runs(root, name, *statuses, mtime):

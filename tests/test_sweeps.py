@@ -283,3 +283,17 @@ def test_memoised_composition_keeps_the_schemas_and_struct_mode():
         got.workload.beamz = 4
     with pytest.raises(ValidationError):
         got.workload.beam_width = "two"
+
+
+def test_check_only_sweep_checks_and_runs_nothing(tmp_path):
+    """``$TTC_SWEEP_CHECK_ONLY``: the sweep's up-front checks, then exit 0 with nothing written (no
+    multirun.yaml, no job folder); a bad value still exits 2 naming the job. Mutation caught: the
+    variable ignored (the sweep ran and wrote its records)."""
+    env = dict(os.environ, TTC_SWEEP_CHECK_ONLY="1", WANDB_MODE="disabled")
+    cmd = [sys.executable, "run.py", "-m", "system=lbs,layerwise", "beams=4,8", f"results_dir={tmp_path}", *SWEEP_ARGS]
+    ok = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "sweep check: 4 jobs; nothing was run" in ok.stdout, ok.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
+    bad = subprocess.run([*cmd, "seed=-1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: seed=-1 is not allowed")
+    assert not list(tmp_path.iterdir())

@@ -38,6 +38,10 @@ serially, in the parent before launching. For the 225-job Fig.9 sweep that was m
    whose folder holds the record of another config stops the sweep here, before any work (exit 2;
    ``harness.run.check_no_other_record``); a launched job refuses it itself and the record stays.
 
+7. With ``$TTC_SWEEP_CHECK_ONLY`` set (``harness.reproduce`` does, to check its extra arguments with
+   every experiment before running any), the sweep makes the checks of points 1 and 6 (a bad value, a
+   folder holding another config's record: exit 2) and exits 0 without writing or launching anything.
+
 Only Hydra's public plugin API is used (``hydra.plugins``, ``hydra.core``); tests/test_sweeps.py
 checks that no module of ours imports ``hydra._internal``.
 """
@@ -61,6 +65,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from harness.compose import MemoConfigLoader
 
 LOCAL_LAUNCHERS = ("JoblibLauncher", "BasicLauncher")     # run jobs on this host
+CHECK_ONLY = "TTC_SWEEP_CHECK_ONLY"       # set (non-empty): the sweep's checks only (point 7 of the module doc)
 
 
 class FastBasicSweeper(Sweeper):
@@ -92,6 +97,11 @@ class FastBasicSweeper(Sweeper):
         jobs = self.jobs(arguments)
         self.validate_batch_is_legal(jobs)
         n_all = len(jobs)
+        if os.environ.get(CHECK_ONLY):                                    # point 7 of the module doc
+            for job in jobs:
+                self.recorded(job, tell=lambda _: None)
+            print(f"sweep check: {n_all} jobs; nothing was run", flush=True)
+            sys.exit(0)
         jobs = [job for job in jobs if not self.recorded(job)]            # point 6 of the module doc
         sweep_dir = Path(self.config.hydra.sweep.dir)
         atomic_write_bytes(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config).encode())
@@ -136,7 +146,7 @@ class FastBasicSweeper(Sweeper):
                                      f"({o.input_line}); list the values (a=1,2,3) or use range(...)")
         return [list(job) for job in itertools.product(*lists.values())]
 
-    def recorded(self, job: Sequence[str]) -> bool:
+    def recorded(self, job: Sequence[str], tell=print) -> bool:
         """Whether the job has a valid record of its config (``harness.run.recorded``, the check
         ``harness.run.run`` makes before it would run the job, on the job's resolved config); says
         "skipping: valid record exists" when so. False when the
@@ -157,7 +167,7 @@ class FastBasicSweeper(Sweeper):
         except ConfigError as e:
             print(f"error: {e}\n  (in the sweep job {' '.join(job)}; nothing was run)", file=sys.stderr)
             sys.exit(2)
-        return bool(cfg.get("resume", True)) and recorded(outdir, chash, tell=print) is not None
+        return bool(cfg.get("resume", True)) and recorded(outdir, chash, tell=tell) is not None
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from harness.errors import ConfigError
