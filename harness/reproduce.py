@@ -105,8 +105,7 @@ def check_overrides(overrides: List[str], collect_only: bool, names: List[str] =
     env = dict(os.environ, TTC_SWEEP_CHECK_ONLY="1", WANDB_MODE="disabled")
 
     def check(name: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "run.py", "-m", f"experiment={name}",
-                               f"results_dir={results_dir or default_results_dir()}", "progress=false", *overrides],
+        return subprocess.run(experiment_command(name, results_dir or default_results_dir(), overrides),
                               cwd=ROOT, env=env, capture_output=True, text=True)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -119,14 +118,18 @@ def check_overrides(overrides: List[str], collect_only: bool, names: List[str] =
                                   f"run):\n{why}")
 
 
+def experiment_command(name: str, results_dir: Path, extra: List[str]) -> List[str]:
+    """The command that runs experiment ``name`` (its sweep) with the extra arguments."""
+    return [sys.executable, "run.py", "-m", f"experiment={name}", f"results_dir={results_dir}", "progress=false", *extra]
+
+
 def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[str], timeout_s: float) -> pd.DataFrame:
     """Run the experiments (and real-engine studies); returns one row per command with its status."""
     rows = []
     py = sys.executable
     for name in names:
         print(f"[reproduce] experiment={name} ...", flush=True)
-        r = _run([py, "run.py", "-m", f"experiment={name}", f"results_dir={results_dir}", "progress=false", *extra],
-                 results_dir / "reproduce" / f"{name}.log", timeout_s)
+        r = _run(experiment_command(name, results_dir, extra), results_dir / "reproduce" / f"{name}.log", timeout_s)
         print(f"[reproduce] experiment={name}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
         _tell_failure(r)
         rows.append({"command": f"run.py -m experiment={name}", **r})
