@@ -179,3 +179,18 @@ def test_an_error_record_without_a_result_is_no_obstacle(tmp_path):
     records.atomic_write_json(out / "run.json", {"status": "error", "config_hash": "a" * 16, "summary": {"e2e_s": 1.0}})
     with pytest.raises(ConfigError, match="holds the record of a different config"):
         check_no_other_record(out, "b" * 16, "hydra.sweep.dir")
+
+
+@pytest.mark.parametrize("backend,simulated", [(["backend=torch", "backend.device=cuda"], False), (["backend=sim"], True)])
+def test_an_error_record_names_a_backend_it_cannot_resolve_by_the_one_asked_for(compose_cfg, tmp_path, backend,
+                                                                                 simulated):
+    """``error_record`` of a job whose backend does not resolve here (a CUDA device on this CPU machine):
+    the record says the backend it asked for and that it is not simulated, with the job's overrides; a
+    resolvable one gets the full header. Mutations caught: the fallback's ``== "sim"`` turned into
+    ``!= "sim"`` (a real-engine job said simulated); the fallback without overrides."""
+    from harness.run import error_record
+    cfg = compose_cfg("system=lbs", *backend)
+    rec = error_record(cfg, tmp_path / "job", ["system=lbs", *backend], "invalid configuration: x")
+    assert rec["backend"]["name"] == cfg.backend.name and rec["backend"]["simulated"] is simulated
+    assert rec["overrides"] == ["system=lbs", *backend] and rec["status"] == "error" and rec["summary"] == {}
+    assert ("config_hash" in rec) is simulated            # the full header only where the backend resolved
