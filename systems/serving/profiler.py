@@ -19,6 +19,7 @@ Sampling in the small region uses single-token sequences with ``ctx`` tokens of 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -90,11 +91,20 @@ def build_table(measure: Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np
     return LatencyEnergyTable(np.asarray(clocks, float), L, E, np.asarray(idle_w, float), pts)
 
 
+def decode_batch_max(small_max: int, max_num_seqs: int, ctx: float, kv_tokens: float = math.inf) -> int:
+    """Largest decode batch the profiling pass measures as one: at most ``small_max`` sequences (the
+    small region), the engine's ``max_num_seqs``, and as many sequences of ``ctx`` context tokens as
+    ``kv_tokens`` (the KV tokens that fit per device or stage) holds; a larger batch cannot run at
+    once, so larger n are measured as one n-token prefill chunk (on the simulator and on vLLM)."""
+    fit = math.inf if not math.isfinite(kv_tokens) else int(kv_tokens // max(ctx, 1.0))
+    return int(max(0, min(int(small_max), int(max_num_seqs), fit)))
+
+
 def sim_measure(cost, ctx: float, small_max: int, max_decodes: Optional[int] = None):
     """A ``measure`` callable that charges iterations exactly as the simulated executor does
     (:func:`systems.serving.protocol.iteration_shape`, then ``cost.step1``): a batch of ``n``
-    decodes with ``ctx`` tokens of context each for n <= small_max (and <= ``max_decodes``, the
-    engine's max_num_seqs: a larger decode batch cannot run), one n-token prefill chunk otherwise.
+    decodes with ``ctx`` tokens of context each for n <= small_max (and <= ``max_decodes``,
+    :func:`decode_batch_max`: a larger decode batch cannot run), one n-token prefill chunk otherwise.
     ``cost``: an :class:`systems.serving.protocol.IterationCost` (e.g. a StageModel)."""
     dec_max = small_max if max_decodes is None else min(small_max, int(max_decodes))
     def measure(n, f):

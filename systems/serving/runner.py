@@ -16,6 +16,8 @@ that is not a size is bad input.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from harness.config import check_number
@@ -112,12 +114,16 @@ def validate_backend(cfg, backend) -> None:
     validate_real(cfg, backend)
 
 
-def sim_profile(cfg, stage, cost):
+def sim_profile(cfg, stage, cost, kv_tokens: float = math.inf):
     """The profiling pass on the simulated backend: iterations charged by ``cost`` (the executor's
-    ground truth), seen with ``system.profile_error``. Returns (table, truth measure)."""
-    from systems.serving.profiler import ProfileError, clock_scaled, sim_measure, with_error
+    ground truth), seen with ``system.profile_error``; decode batches up to
+    :func:`~systems.serving.profiler.decode_batch_max` (``kv_tokens``: KV tokens per stage). Returns
+    (table, truth measure)."""
+    from systems.serving.profiler import ProfileError, clock_scaled, decode_batch_max, sim_measure, with_error
     s = cfg.system
-    truth = sim_measure(cost, profile_context(cfg.workload), int(s.profile_small_max), int(s.max_num_seqs))
+    ctx_tok = profile_context(cfg.workload)
+    truth = sim_measure(cost, ctx_tok, int(s.profile_small_max),
+                        decode_batch_max(int(s.profile_small_max), int(s.max_num_seqs), ctx_tok, kv_tokens))
     if not cost.follows_clock:        # a measured CPU profile: the clock menu comes from the hardware model
         at_fmax = truth
         truth = clock_scaled(lambda n: at_fmax(n, stage.f_max)[0], stage)
@@ -156,7 +162,7 @@ def run_sim(cfg, ctx) -> RunResult:
         cost = load_profile(s.latency_profile).cost()
     else:
         cost = stage
-    table, truth = sim_profile(cfg, stage, cost)
+    table, truth = sim_profile(cfg, stage, cost, kv_cap)
     ctl = controller_for(cfg, table)
     if s.controller == "window_dvfs":
         ctl.load_profile = window_profile(cfg, table, req, kv_cap, pp, tp)

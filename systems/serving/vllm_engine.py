@@ -27,7 +27,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -206,13 +206,22 @@ class VllmServer:
 
 
 def profile_latency(server: VllmServer, points: List[int], vocab: int, ctx: float, max_decodes: int,
-                    reps: int = 3) -> dict:
+                    reps: int = 3) -> Tuple[dict, List[int]]:
     """Measured iteration latency (s, median of ``reps``) at each token count: a decode batch of n
-    sequences with ``ctx`` context each for n <= max_decodes, one n-token prefill above
-    (profiler.sim_measure's rule)."""
+    sequences with ``ctx`` context each for n <= max_decodes (``profiler.decode_batch_max``), one
+    n-token prefill above (profiler.sim_measure's rule). Returns (latency by n, the n <= max_decodes
+    measured as a prefill because vLLM never ran their n decodes in one step, e.g. KV blocks for the
+    probe's extra decoded tokens: an empty probe would make the whole table NaN)."""
     rng = np.random.default_rng(1)
-    return {n: float(np.median(server.probe_decode(n, int(ctx), rng, vocab, reps) if n <= max_decodes
-                               else server.probe_prefill(n, rng, vocab, reps))) for n in points}
+    out, as_prefill = {}, []
+    for n in points:
+        ts = server.probe_decode(n, int(ctx), rng, vocab, reps) if n <= max_decodes else []
+        if not ts:
+            if n <= max_decodes:
+                as_prefill.append(n)
+            ts = server.probe_prefill(n, rng, vocab, reps)
+        out[n] = float(np.median(ts))
+    return out, as_prefill
 
 
 class VllmExecutor:
@@ -289,7 +298,7 @@ def run_real(cfg, ctx) -> RunResult:
     from systems.compiled import twin
     from systems.serving.gpu_model import StageModel
     from systems.serving.metrics import summarize
-    from systems.serving.profiler import clock_scaled, sample_points
+    from systems.serving.profiler import clock_scaled, decode_batch_max, sample_points
     from systems.serving.build import (CLOCK_NOT_APPLIED, build_table, controller_for, display_rows, kv_budget_bytes,
                                        kv_capacity, profile_context, requests_for, serve, slo_check, stop_time,
                                        table_grid, window_profile)
@@ -321,9 +330,10 @@ def run_real(cfg, ctx) -> RunResult:
             clocks = stage.clocks(int(s.freq_step_mhz))[::-1][::10][::-1]
             measure = device_measure(lambda n: server.probe_prefill(n, rng, m.vocab_size, 1), act, meter, clocks,
                                      gpus=act.num_gpus)
-            meas = {}
+            meas, as_prefill = {}, []
         else:
-            meas = profile_latency(server, pts, m.vocab_size, ctx_tok, min(small_max, int(s.max_num_seqs)))
+            meas, as_prefill = profile_latency(server, pts, m.vocab_size, ctx_tok,
+                                               decode_batch_max(small_max, int(s.max_num_seqs), ctx_tok, kv_cap))
             n_s, lat_s = np.array(pts), np.array([meas[n] for n in pts])
             measure = clock_scaled(lambda n: np.interp(n, n_s, lat_s), stage)
         table = build_table(measure, stage, s)
@@ -352,6 +362,7 @@ def run_real(cfg, ctx) -> RunResult:
                 distinct_budgets=len(np.unique(its["budget"])),
                 clocks_actuated=bool(act.actuate and act.available), clock_requests=len(act.log),
                 profile_points=len(pts), profile_latency_s={str(k): v for k, v in meas.items()},
+                profile_decodes_as_prefill=as_prefill,
                 profile_source="device (locked clocks)" if act.available else "measured latency x clock model",
                 slo_infeasible=bool(note), workload_note=req.note, executor="vLLM")
     summ[WARMUP_KEY] = warmup_s

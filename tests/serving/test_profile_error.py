@@ -81,3 +81,45 @@ def test_beam_predicts_with_the_erroneous_table(compose_cfg, tmp_path):
         ttft_err[bias] = float(np.median((a.pred_ttft_s.to_numpy() - actual) / actual))
     assert tbt[-0.2] / tbt[0.0] < 0.9 and tbt[0.2] / tbt[0.0] > 1.1
     assert ttft_err[-0.2] < -0.1 and ttft_err[-0.2] < ttft_err[0.0] < ttft_err[0.2]
+
+
+def test_decode_batch_max_is_the_smallest_cap():
+    """The largest decode batch a profiling pass measures: the small region, max_num_seqs, and the
+    sequences of ctx tokens the KV holds (mutations caught: the KV term dropped, ctx ignored)."""
+    from systems.serving.profiler import decode_batch_max
+    assert decode_batch_max(256, 128, 512.0) == 128
+    assert decode_batch_max(256, 512, 512.0) == 256
+    assert decode_batch_max(256, 512, 512.0, kv_tokens=100 * 512 + 511) == 100
+    assert decode_batch_max(256, 512, 1000.0, kv_tokens=50_000) == 50
+    assert decode_batch_max(256, 512, 512.0, kv_tokens=100) == 0
+
+
+def test_profile_measures_decodes_only_where_they_fit_in_kv(a100):
+    """A KV capacity below small_max decodes of the profile's context: the sampled points past what
+    fits are charged as one n-token prefill (as vLLM's profile measures them), those below as decodes
+    (mutation caught: sim_profile ignoring kv_tokens)."""
+    from systems.serving.build import profile_context
+    from systems.serving.protocol import iteration_shape
+    cfg, st = a100("system.profile_error.noise=0")
+    ctx = profile_context(cfg.workload)
+    fit = 40
+    _, truth = sim_profile(cfg, st, st, kv_tokens=fit * ctx)
+    _, free = sim_profile(cfg, st, st)
+    f = st.f_max
+    def cost(batch):
+        sh = iteration_shape(batch)
+        return st.step1(sh[0], f, sh[1], sh[2], sh[3])[0]
+    n = 64
+    assert truth(np.array([n]), f)[0][0] == pytest.approx(cost([(0, n, 0)]), rel=1e-12)
+    assert free(np.array([n]), f)[0][0] == pytest.approx(cost([(i, 1, ctx - 1) for i in range(n)]), rel=1e-12)
+    assert truth(np.array([fit]), f)[0][0] == pytest.approx(free(np.array([fit]), f)[0][0], rel=1e-12)
+
+
+def test_simulated_run_profiles_with_its_kv_capacity(compose_cfg, tmp_path, monkeypatch):
+    """run_sim hands the profiling pass the KV tokens per stage it serves with (mutation caught: the
+    profile built without them)."""
+    import systems.serving.runner as runner
+    seen, orig = [], runner.sim_profile
+    monkeypatch.setattr(runner, "sim_profile", lambda cfg, stage, cost, *a: seen.append(a) or orig(cfg, stage, cost, *a))
+    rec = run(compose_cfg("system=beam", "workload=ablation", "workload.duration_s=5", output_dir=tmp_path / "r"))
+    assert seen == [(rec["summary"]["kv_capacity_tokens"],)]

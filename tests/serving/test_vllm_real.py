@@ -62,6 +62,19 @@ def test_probes_time_the_iterations_they_name(server):
     assert not server.busy()
 
 
+def test_profile_measures_a_decode_batch_vllm_cannot_form_as_a_prefill(server):
+    """A decode point vLLM never runs as one batch (9 sequences on an engine capped at 8, as a batch
+    whose probe outgrows the KV blocks) is measured as a prefill and named, not left empty: an empty
+    probe's median was NaN, and NaN through the whole latency table (mutation caught: no fallback)."""
+    import math
+
+    from systems.serving.vllm_engine import profile_latency
+    lat, as_prefill = profile_latency(server, [4, 9], 1000, 40.0, max_decodes=9, reps=1)
+    assert as_prefill == [9]
+    assert sorted(lat) == [4, 9] and all(math.isfinite(v) and v > 0 for v in lat.values())
+    assert not server.busy()
+
+
 def test_beam_on_real_vllm_records_decisions(compose_cfg, tmp_path, monkeypatch):
     """One real run, several promises: it is served by the driver with a VllmExecutor; the start
     clock is system.fixed_clock_mhz (same meaning as on the simulator); kv_budget reaches vLLM;
