@@ -174,8 +174,27 @@ def check_group_options(args, conf_dir) -> None:
                 raise bad(key, v, f"one of {', '.join(group_options(conf_dir, key))} (conf/{key}/*.yaml)")
 
 
+_MODES = {"-m": "--multirun", "--multirun": "--multirun", "--cfg": "--cfg", "-c": "--cfg", "--info": "--info",
+          "-i": "--info", "--run": "--run", "-r": "--run"}
+
+
+def check_mode_flags(args: List[str]) -> None:
+    """Hydra runs one mode per command (``--multirun``, ``--cfg``, ``--info``, ``--run``); two of
+    them was Hydra's ValueError traceback. Raises ConfigError naming both and what to run instead."""
+    modes = list(dict.fromkeys(_MODES[a.split("=", 1)[0]] for a in args if a.split("=", 1)[0] in _MODES))
+    if len(modes) < 2:
+        return
+    hint = ""
+    if "--multirun" in modes and ("--cfg" in modes or "--info" in modes):
+        hint = ("; to see a sweep job's config, drop -m and give one value per swept key "
+                "(python run.py experiment=NAME KEY=VALUE --cfg job)")
+    raise ConfigError(f"{' and '.join(modes)} cannot be combined: Hydra runs one of --run, --multirun, "
+                      f"--cfg, --info per command{hint}")
+
+
 def preflight(args: List[str], conf_dir) -> None:
     """All command-line checks before Hydra starts. Raises ConfigError."""
+    check_mode_flags(args)
     if any(a.split("=", 1)[0] in _OWN_SEARCH_PATH for a in args):
         return                           # another config search path: Hydra decides
     check_group_options(args, conf_dir)

@@ -149,3 +149,17 @@ def test_a_single_run_warns_of_a_shortcut_nothing_reads(compose_cfg, capsys):
         in capsys.readouterr().err
     assert unused_shortcuts(compose_cfg("system=lbs", "beams=4")) == []
     assert unused_shortcuts(compose_cfg("system=vanilla", "workload=poisson", "rate=2")) == []
+
+
+@pytest.mark.parametrize("args,modes", [(["-m", "experiment=beam_fig10", "--cfg", "job"], "--multirun and --cfg"),
+                                        (["--multirun", "-c", "job"], "--multirun and --cfg"),
+                                        (["--info", "--cfg=job"], "--info and --cfg")])
+def test_two_hydra_modes_are_one_clear_error(args, modes):
+    """``run.py -m experiment=... --cfg job`` was Hydra's ValueError traceback (QA). Mutation caught:
+    preflight without check_mode_flags; one flag alone still passes."""
+    from harness.cli import preflight
+    with pytest.raises(ConfigError) as e:
+        preflight(args, CONF)
+    assert str(e.value).startswith(f"{modes} cannot be combined")
+    preflight(["experiment=beam_fig10", "--cfg", "job"], CONF)
+    preflight(["-m", "experiment=beam_fig10"], CONF)
