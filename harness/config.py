@@ -343,8 +343,15 @@ def unused_shortcuts(cfg) -> List[str]:
 
 def check_kv_budget(cfg) -> None:
     """``kv_budget`` (bytes of KV cache per device, harness/model_facts.py), when set: a size, and
-    at most the device's memory (its default, memory - weights - reserve, always is)."""
+    at most the device's memory (its default, memory - weights - reserve, always is).
+    ``system.cpu_kv_budget`` (the default on a real CPU engine), where a system has one: a size, also
+    in a run that does not use it (it was parsed only on a real CPU run, so a typo passed elsewhere)."""
     from harness.units import parse_size
+    if cfg.system.get("cpu_kv_budget") is not None:
+        try:
+            parse_size(cfg.system.cpu_kv_budget, "system.cpu_kv_budget")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     val, hw = cfg.system.get("kv_budget"), cfg.hardware
     if val in (None, "None"):
         return

@@ -163,3 +163,15 @@ def test_two_hydra_modes_are_one_clear_error(args, modes):
     assert str(e.value).startswith(f"{modes} cannot be combined")
     preflight(["experiment=beam_fig10", "--cfg", "job"], CONF)
     preflight(["-m", "experiment=beam_fig10"], CONF)
+
+
+@pytest.mark.parametrize("system", ["beam", "fasttts"])
+@pytest.mark.parametrize("value,message", [("lots", "system.cpu_kv_budget='lots' is not a size"),
+                                           ("-3", "system.cpu_kv_budget=-3 must be >= 0 bytes")])
+def test_a_bad_cpu_kv_budget_is_refused_where_it_is_not_used(compose_cfg, system, value, message):
+    """system.cpu_kv_budget=lots ran with rc 0 on the simulator (parsed only by a real CPU engine).
+    Mutation caught: check_kv_budget without the cpu_kv_budget check."""
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg(f"system={system}", f"system.cpu_kv_budget={value}"))
+    assert str(e.value).startswith(message)
+    validate_config(compose_cfg(f"system={system}", "system.cpu_kv_budget=1GiB"))
