@@ -32,7 +32,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import pandas as pd
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, RunOOM
 from harness.model_facts import CAUSAL_LM as ARCH   # architecture class per model type
 from harness.run import WARMUP_KEY, RunResult
 from systems.serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
@@ -312,8 +312,19 @@ def run_real(cfg, ctx) -> RunResult:
     mdir = write_model_dir(m, ctx.outdir / "model")
     t_init = time.perf_counter()
     cpu = ctx.backend.device == "cpu"
-    server = VllmServer(mdir, m.dtype, n_max, int(s.max_num_seqs), budget, max(max_len, n_max + 8),
-                        int(cfg.seed or 0), int(cfg.backend.get("threads", 1)), cpu)
+    model_len = max(max_len, n_max + 8)
+    short = (f"the profiling pass prefills up to {n_max} tokens (the largest chunk candidate + max_num_seqs) "
+             f"as one sequence, so vLLM's max_model_len is {model_len} tokens")
+    if kv_cap < model_len:
+        raise RunOOM(f"KV budget {budget / 2**20:.1f} MiB holds {kv_cap:.0f} tokens < {model_len}: {short}; raise "
+                     f"kv_budget or lower system.chunk_candidates/max_num_seqs")
+    try:
+        server = VllmServer(mdir, m.dtype, n_max, int(s.max_num_seqs), budget, model_len,
+                            int(cfg.seed or 0), int(cfg.backend.get("threads", 1)), cpu)
+    except ValueError as e:          # vLLM's own check of max_model_len against its KV blocks
+        if "max seq len" not in str(e) and "maximum model length" not in str(e):
+            raise
+        raise RunOOM(f"vLLM: {str(e).splitlines()[0]} ({short}; raise kv_budget)") from None
     init_s = time.perf_counter() - t_init
     act = None
     try:

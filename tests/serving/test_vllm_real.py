@@ -114,3 +114,24 @@ def test_beam_on_real_vllm_records_decisions(compose_cfg, tmp_path, monkeypatch)
     assert (r.generated == 8).all() and (r.ttft_s > 0).all()
     # every prompt token was booked as prefill progress once, every other token as a decode
     assert its.prefill_tokens.sum() == r.input_len.sum() and its.decodes.sum() == (r.generated - 1).sum()
+
+
+SMALL = ("system=vanilla", "backend=vllm", "model=tiny-llama", "workload=poisson", "rate=4", "workload.duration_s=2",
+         "workload.input_len=96", "workload.output_len=8", "system.chunk_candidates=[32,64,128]",
+         "system.default_chunk=128", "system.max_num_seqs=16")
+
+
+@pytest.mark.parametrize("kv_tokens,says", [(140, "holds 140 tokens < 152: the profiling pass prefills up to 144"),
+                                            (160, "vLLM: To serve at least one request")])
+def test_a_kv_budget_below_the_profiles_longest_prefill_is_an_oom_result(compose_cfg, tmp_path, kv_tokens, says):
+    """kv_budget=3MiB on real vLLM was status error (vLLM's ValueError: max_model_len above its KV
+    blocks; the profile prefills the largest chunk + max_num_seqs tokens as one sequence): an oom
+    result like every family's, caught before vLLM starts (140 tokens) or from vLLM's own check (160
+    tokens hold 4 blocks of 32 by vLLM's count). Mutations caught: no pre-check, no ValueError
+    conversion."""
+    from harness.model_facts import kv_bytes_per_token
+    cfg = compose_cfg(*SMALL, "kv_budget=1MiB", output_dir=tmp_path / "probe")
+    per_tok = kv_bytes_per_token(cfg.model)
+    rec = run(compose_cfg(*SMALL, f"kv_budget={int(kv_tokens * per_tok)}", output_dir=tmp_path / "r"))
+    assert rec["status"] == "oom", rec["message"]
+    assert says in rec["message"]
