@@ -109,7 +109,8 @@ class MemoryPlan:
 
     def __init__(self, cfg, on_cpu: bool, real: bool):
         s, w = cfg.system, cfg.workload
-        self.cfg, self.on_cpu, self.hw_name = cfg, on_cpu, str(cfg.hardware.name)
+        self.cfg, self.on_cpu = cfg, on_cpu
+        self.hw_name = "this CPU" if on_cpu and real else str(cfg.hardware.name)   # a real CPU run's hardware profile is not where it ran
         self.gen, self.ver = shapes(cfg)
         self.budget = kv_budget(cfg, on_cpu)
         self.memory, self.offload = bool(s.memory), bool(s.offload) and not real

@@ -226,3 +226,15 @@ def test_a_generator_without_the_step_ids_names_the_models_that_have_them(compos
         validate(compose_cfg("system=fasttts", "model=opt-6.7b"))
     from systems.tts.runner import _models_with_ids
     assert "llama-3.1-8b" in _models_with_ids(128255) and "llama-3.1-8b" not in _models_with_ids(128256)
+
+
+def test_a_real_cpu_runs_oom_names_this_cpu_not_the_hardware_profile(compose_cfg):
+    """vLLM on this CPU short of KV said "... on rtx4090" (the default hardware profile, not where it
+    ran; QA); simulated, the profile is where it runs. Mutation caught: hw_name always the profile's."""
+    from harness.errors import RunOOM
+    from systems.tts.plan import MemoryPlan
+    cfg = compose_cfg(*REAL, "n=8", "kv_budget=64KiB")
+    for real, where in ((True, "on this CPU"), (False, "on rtx4090")):
+        plan = MemoryPlan(cfg, True, real)
+        with pytest.raises(RunOOM, match=f"KV memory too small (for M's plan )?{where}"):
+            plan.check_fits(plan.per_run(8, 400.0, 64.0))
