@@ -43,6 +43,8 @@ def validate(cfg) -> None:
         raise bad("system.controller", s.controller, f"one of {', '.join(CONTROLLERS)}")
     for fld in ("duration_s", "slo_ttft_s", "slo_tbt_s", "time_scale"):
         check_number(f"workload.{fld}", w[fld], "a number")
+    check_number("system.window_s", s.window_s, "a Window-DVFS period in s")    # <= 0 never ticked (-5 hung)
+    check_number("system.max_num_seqs", s.max_num_seqs, "a batch cap in sequences")   # 0 served nothing, status ok
     if w.kind in ("poisson", "burst", "ramp"):
         check_number("workload.rate", w.rate, "a request rate in req/s")
     if w.kind in ("burst", "ramp"):

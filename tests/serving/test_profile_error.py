@@ -123,3 +123,15 @@ def test_simulated_run_profiles_with_its_kv_capacity(compose_cfg, tmp_path, monk
     monkeypatch.setattr(runner, "sim_profile", lambda cfg, stage, cost, *a: seen.append(a) or orig(cfg, stage, cost, *a))
     rec = run(compose_cfg("system=beam", "workload=ablation", "workload.duration_s=5", output_dir=tmp_path / "r"))
     assert seen == [(rec["summary"]["kv_capacity_tokens"],)]
+
+
+@pytest.mark.parametrize("over,says", [("system.window_s=-5", "system.window_s=-5.0 is not allowed: a Window-DVFS period in s > 0"),
+                                       ("system.window_s=0", "system.window_s=0.0 is not allowed"),
+                                       ("system.max_num_seqs=0", "system.max_num_seqs=0 is not allowed")])
+def test_a_period_or_batch_cap_that_is_not_positive_is_bad_input(compose_cfg, over, says):
+    """system.window_s=-5 hung the Window-DVFS run forever, =0 never ticked (a fixed clock), and
+    max_num_seqs=0 served none of the requests with status ok (QA). Mutation caught: either check dropped."""
+    from harness.errors import ConfigError
+    from harness.run import validate_config
+    with pytest.raises(ConfigError, match=says):
+        validate_config(compose_cfg("system=window_dvfs", "workload=poisson", over))
