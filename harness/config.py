@@ -347,18 +347,17 @@ def check_kv_budget(cfg) -> None:
     ``system.cpu_kv_budget`` (the default on a real CPU engine), where a system has one: a size, also
     in a run that does not use it (it was parsed only on a real CPU run, so a typo passed elsewhere)."""
     from harness.units import parse_size
-    if cfg.system.get("cpu_kv_budget") is not None:
+    def size_of(value, field: str) -> int:
         try:
-            parse_size(cfg.system.cpu_kv_budget, "system.cpu_kv_budget")
+            return parse_size(value, field)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    if cfg.system.get("cpu_kv_budget") is not None:
+        size_of(cfg.system.cpu_kv_budget, "system.cpu_kv_budget")
     val, hw = cfg.system.get("kv_budget"), cfg.hardware
     if val in (None, "None"):
         return
-    try:
-        size = parse_size(val, "kv_budget")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    size = size_of(val, "kv_budget")
     if size > hw.memory_bytes:
         raise bad("kv_budget", val, f"a KV cache size per device of at most the device's memory, "
                                     f"hardware.memory_bytes={hw.memory_bytes} B ({hw.memory_bytes / 2**30:.2f} GiB "
