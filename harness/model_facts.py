@@ -156,6 +156,28 @@ def weight_bytes(m) -> int:
     return num_params(m) * dtype_bytes(_get(m, "dtype"))
 
 
+# The largest random-weight model a real engine runs on a CPU: 2 GiB of weights. The tiny-* models
+# (0.06-0.16 GiB) show a schedule in seconds; random weights of a paper-size model measure nothing
+# more and load for minutes, then search for hours on a 2-core machine (QA). A local checkpoint
+# (``weights: /dir``) is the user's choice and is not limited.
+CPU_MAX_WEIGHT_BYTES = 2 << 30
+
+
+def check_cpu_model(m, engine: str, role: str = "model") -> None:
+    """One rule for every real engine on a CPU (LBS on torch, FastTTS and BEAM on vLLM): raise
+    ConfigError, before any work, for a random-weight model whose weights exceed
+    :data:`CPU_MAX_WEIGHT_BYTES`. ``engine`` names the engine in the message (``vLLM``, ``torch``);
+    ``role`` the config key (``model``, ``verifier``)."""
+    from harness.errors import ConfigError
+    if str(_get(m, "weights") or "random") != "random":
+        return
+    need = weight_bytes(m)
+    if need > CPU_MAX_WEIGHT_BYTES:
+        raise ConfigError(f"{role}={m.name!r} with random weights ({need / 2**30:.1f} GiB) is not allowed for "
+                          f"{engine} on CPU: use a tiny-* model (<= {CPU_MAX_WEIGHT_BYTES >> 30} GiB of weights), "
+                          f"backend=sim, a CUDA GPU, or {role}.weights=/dir (a local checkpoint)")
+
+
 def kv_bytes_per_token_layer(m) -> int:
     """KV bytes of one token in one layer: 2 (K and V) x KV heads x head dim x dtype bytes
     (the LBS paper's ``KV``; OPT-6.7B fp16: 16 KiB)."""

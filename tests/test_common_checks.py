@@ -175,3 +175,32 @@ def test_a_bad_cpu_kv_budget_is_refused_where_it_is_not_used(compose_cfg, system
         validate_config(compose_cfg(f"system={system}", f"system.cpu_kv_budget={value}"))
     assert str(e.value).startswith(message)
     validate_config(compose_cfg(f"system={system}", "system.cpu_kv_budget=1GiB"))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (("system=layerwise", "backend=torch", "model=opt-6.7b"),
+     "model='opt-6.7b' with random weights (12.4 GiB) is not allowed for torch on CPU"),
+    (("system=fasttts", "backend=vllm", "model=qwen2.5-math-7b", "verifier=tiny-prm", "workload=aime24", "n=8"),
+     "model='qwen2.5-math-7b' with random weights (14.2 GiB) is not allowed for vLLM on CPU"),
+    (("system=fasttts", "backend=vllm", "model=tiny-qwen2", "verifier=skywork-prm-1.5b", "workload=aime24", "n=8"),
+     "verifier='skywork-prm-1.5b' with random weights (2.9 GiB) is not allowed for vLLM on CPU"),
+    (("system=beam", "backend=vllm", "model=llama-3.1-8b", "workload=poisson"),
+     "model='llama-3.1-8b' with random weights (15.0 GiB) is not allowed for vLLM on CPU"),
+])
+def test_a_paper_size_random_model_on_a_real_cpu_engine_is_refused_in_every_family(compose_cfg, overrides, message):
+    """One rule (harness.model_facts.check_cpu_model) for the three real engines on a CPU: LBS on torch
+    and FastTTS on vLLM loaded random 7B weights for minutes, then searched for hours (QA); BEAM's
+    vLLM refused them already. Mutations caught: the call dropped from the LBS / FastTTS
+    validate_backend (each), the verifier not checked, ``>`` as ``<``."""
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg(*overrides))
+    assert str(e.value).startswith(message + ": use a tiny-* model (<= 2 GiB of weights), backend=sim, a CUDA GPU")
+
+
+def test_a_local_checkpoint_or_a_tiny_model_passes_the_cpu_engine_rule(tmp_path):
+    from harness.model_facts import check_cpu_model
+    big = OmegaConf.load(CONF / "model" / "opt-6.7b.yaml")
+    big.name = "opt-6.7b"
+    check_cpu_model(OmegaConf.merge(big, {"weights": str(tmp_path)}), "torch")   # the user's own checkpoint
+    tiny = OmegaConf.load(CONF / "model" / "tiny-opt.yaml")
+    check_cpu_model(tiny, "torch")

@@ -159,8 +159,9 @@ def measure(server, vocab: int, reps: int, rounds: int) -> List[dict]:
 def calibrate(model, out: Path, threads: int = 1, reps: int = 3, rounds: int = 3) -> dict:
     """Measure, fit and write the profile for ``model`` (a model config). Raises ConfigError for a
     model too large for vLLM on CPU (before any work)."""
-    from systems.serving.vllm_engine import VllmServer, check_cpu_model, write_model_dir
-    check_cpu_model(model)
+    from harness.model_facts import check_cpu_model
+    from systems.serving.vllm_engine import VllmServer, write_model_dir
+    check_cpu_model(model, "vLLM")
     load0 = os.getloadavg()
     engine = {"max_num_batched_tokens": 1024, "max_num_seqs": max(DECODE_BATCH), "kv_cache_bytes": 256 << 20,
               "max_model_len": 2048, "block_size": 32, "enforce_eager": True}

@@ -34,11 +34,9 @@ import pandas as pd
 
 from harness.errors import ConfigError, RunOOM
 from harness.model_facts import CAUSAL_LM as ARCH   # architecture class per model type
+from harness.model_facts import check_cpu_model
 from harness.run import WARMUP_KEY, RunResult
 from systems.serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
-
-CPU_MAX_WEIGHT_BYTES = 2 << 30
-
 
 def validate_real(cfg, backend) -> None:
     """Checks for the real vLLM path (before any work)."""
@@ -49,7 +47,7 @@ def validate_real(cfg, backend) -> None:
     if m.weights != "random" and not Path(m.weights).exists():
         raise ConfigError(f"model.weights={m.weights!r} is not allowed: 'random' or an existing checkpoint dir")
     if backend.device == "cpu":
-        check_cpu_model(m)
+        check_cpu_model(m, "vLLM")
         for k in ("tp", "pp"):
             v = cfg.get(k)
             if v is not None and int(v) != 1:
@@ -72,15 +70,6 @@ def check_one_device(s) -> None:
     par = str(raw.get("parallel") or "")
     if par and not par.startswith("${") and par.lower() != "1x1":
         raise ConfigError(f"system.parallel={par!r} is not allowed for backend=vllm on CPU: one device (1x1)")
-
-
-def check_cpu_model(m) -> None:
-    """Raise ConfigError for a model too large for vLLM on this CPU."""
-    from harness.model_facts import weight_bytes
-    need = weight_bytes(m)
-    if need > CPU_MAX_WEIGHT_BYTES:
-        raise ConfigError(f"model={m.name!r} ({need / 2**30:.1f} GiB of weights) is not allowed for vLLM on CPU: "
-                          f"use a tiny-* model (<= {CPU_MAX_WEIGHT_BYTES >> 30} GiB of weights)")
 
 
 def write_model_dir(model, path: Path) -> Path:

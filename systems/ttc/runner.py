@@ -23,7 +23,7 @@ import numpy as np
 
 from harness.config import plain
 from harness.errors import ConfigError, RunOOM, bad
-from harness.model_facts import default_kv_budget, kv_reserve_bytes, weight_bytes
+from harness.model_facts import check_cpu_model, default_kv_budget, kv_reserve_bytes, weight_bytes
 from harness.run import WARMUP_KEY, RunContext, RunResult
 from harness.units import parse_size
 from systems.ttc import analytic
@@ -95,6 +95,8 @@ def validate_backend(cfg, backend) -> None:
         return
     if backend.simulated and cfg.system.scheduler == "hf_offload":
         raise bad("backend", "sim", "torch for system=hf_offload (it runs transformers' own offloaded cache)")
+    if backend.name == "torch" and backend.device == "cpu":
+        check_cpu_model(cfg.model, "torch")
 
 
 def _executor(cfg, ctx: RunContext, budget) -> Executor:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 from harness.errors import ConfigError, bad
 from harness.errors import RunOOM
 from harness.logs import say
+from harness.model_facts import check_cpu_model
 from harness.run import INTERRUPTED, RunResult
 from systems.tts.beams import step_logit_biases, step_probabilities
 from systems.tts.checkpoint import DELIMITER, is_local
@@ -192,6 +193,9 @@ def validate_backend(cfg, backend) -> None:
         raise ConfigError(f"system.replan=per_iteration is not allowed with backend={backend.name}: vLLM allocates "
                           f"each engine's KV cache once, at start-up (kv_cache_memory_bytes), and cannot resize it "
                           f"between iterations; allowed: system.replan=per_run, or backend=sim")
+    if backend.name == "vllm" and _on_cpu(cfg, backend):
+        check_cpu_model(cfg.model, "vLLM")
+        check_cpu_model(cfg.verifier, "vLLM", role="verifier")
     if backend.name == "vllm":
         _check_memory(cfg, _on_cpu(cfg, backend), True)
 
