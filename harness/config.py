@@ -228,7 +228,7 @@ TRACKING_MODES = ("offline", "online", "disabled")
 # The range each numeric field of a hardware profile or a model must be in (a finite number always;
 # null only where the schema allows it). ">= 0" where 0 means none or not modelled.
 RANGES = {"> 0": lambda x: x > 0, ">= 0": lambda x: x >= 0, "in (0, 1]": lambda x: 0 < x <= 1,
-          "in [0, 1]": lambda x: 0 <= x <= 1}
+          "in [0, 1]": lambda x: 0 <= x <= 1, "in (0, 1)": lambda x: 0 < x < 1}
 HARDWARE_NUMBERS = {           # field: (what it is, range, what 0 or null means)
     "num_gpus": ("a GPU count", "> 0", ""),
     "memory_bytes": ("a device memory size in bytes", "> 0", ""),

@@ -17,6 +17,30 @@ ON_TOO_LONG = ("error", "skip")          # workload.on_too_long
 KV_OVERFLOW = ("recompute", "lbs")       # system.kv_overflow
 
 
+# The FastTTS family's numbers, checked before any work (harness.config.check_numbers):
+# field: (what it is, range, what a boundary value means). Outside these, a run divided by zero
+# mid-run (block_size=0), served nothing (max_num_seqs=0, max_step_tokens=0) or planned negative
+# memory (gen_memory_share=1.5), or took top_p=2 / temperature=-1 as given (QA).
+MATH_WORKLOAD_NUMBERS = {
+    "temperature": ("a sampling temperature", ">= 0", "0 = greedy"),
+    "top_p": ("a nucleus sampling mass", "in (0, 1]", ""),
+    "max_step_tokens": ("a token count per generator call", "> 0", ""),
+    "cpu_max_step_tokens": ("a token count per generator call", "> 0", ""),
+    "max_model_len": ("a sequence length in tokens", "> 0", ""),
+}
+TTS_SYSTEM_NUMBERS = {
+    "memory_fraction": ("a share of device memory", "in (0, 1]", ""),
+    "gen_memory_share": ("the generator's share of the KV budget", "in (0, 1)",
+                         "the verifier keeps the rest; both need some"),
+    "spec_truncation_std": ("a standard deviation", ">= 0", ""),
+    "spec_max_beams": ("a sequence count", "> 0", ""),
+    "max_num_seqs": ("a sequence count per engine step", "> 0", ""),
+    "block_size": ("a KV block size in tokens", "> 0", ""),
+    "vg_short_iterations": ("an iteration count", ">= 0", ""),
+    "vg_short_tokens": ("a token count", "> 0", ""),
+}
+
+
 @dataclass
 class MathWorkload:
     """A math problem set read from a local JSONL file (one problem per line; ``problem`` and

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 
+from harness.config import check_numbers
 from harness.errors import ConfigError, bad
 from harness.errors import RunOOM
 from harness.logs import say
@@ -23,7 +24,8 @@ from harness.model_facts import check_cpu_model
 from harness.run import INTERRUPTED, RunResult
 from systems.tts.beams import step_logit_biases, step_probabilities
 from systems.tts.checkpoint import DELIMITER, is_local
-from systems.tts.config import AGGREGATIONS, KV_OVERFLOW, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES, SEARCHES
+from systems.tts.config import (AGGREGATIONS, KV_OVERFLOW, MATH_WORKLOAD_NUMBERS, ON_TOO_LONG, PRM_KINDS, SCORE_SOURCES,
+                                SEARCHES, TTS_SYSTEM_NUMBERS)
 from systems.tts.memory import ModelShape, Roofline
 from systems.tts import replay
 from systems.tts.plan import REPLANS, MemoryPlan, kv_budget, unset
@@ -105,6 +107,8 @@ def validate(cfg) -> None:
             raise bad(f"workload.{key}", w[key], "> 1 (the random-weight step model: tokens per step, steps per path)")
     if not 0.0 <= s.spec_truncation_ratio <= 1.0:
         raise bad("system.spec_truncation_ratio", s.spec_truncation_ratio, "in [0, 1]")
+    check_numbers("workload", w, MATH_WORKLOAD_NUMBERS)
+    check_numbers("system", s, TTS_SYSTEM_NUMBERS)
     if v.name == "none" or not v.vocab_size:
         raise bad("verifier", v.name, "a process reward model (skywork-prm-1.5b, math-shepherd-7b, tiny-prm)")
     if v.prm_kind not in PRM_KINDS:

@@ -238,3 +238,26 @@ def test_a_real_cpu_runs_oom_names_this_cpu_not_the_hardware_profile(compose_cfg
         plan = MemoryPlan(cfg, True, real)
         with pytest.raises(RunOOM, match=f"KV memory too small (for M's plan )?{where}"):
             plan.check_fits(plan.per_run(8, 400.0, 64.0))
+
+
+@pytest.mark.parametrize("override,message", [
+    ("system.memory_fraction=1.5", "system.memory_fraction=1.5 is not allowed: a share of device memory in (0, 1]"),
+    ("system.gen_memory_share=1.5", "system.gen_memory_share=1.5 is not allowed: the generator's share of the KV "
+                                    "budget in (0, 1) (the verifier keeps the rest; both need some)"),
+    ("system.gen_memory_share=0", "system.gen_memory_share=0.0 is not allowed: the generator's share of the KV "
+                                  "budget in (0, 1) (the verifier keeps the rest; both need some)"),
+    ("system.block_size=0", "system.block_size=0 is not allowed: a KV block size in tokens > 0"),
+    ("system.max_num_seqs=0", "system.max_num_seqs=0 is not allowed: a sequence count per engine step > 0"),
+    ("workload.max_step_tokens=0", "workload.max_step_tokens=0 is not allowed: a token count per generator call > 0"),
+    ("workload.temperature=-1", "workload.temperature=-1.0 is not allowed: a sampling temperature >= 0 (0 = greedy)"),
+    ("workload.top_p=2", "workload.top_p=2.0 is not allowed: a nucleus sampling mass in (0, 1]"),
+    ("workload.top_p=0", "workload.top_p=0.0 is not allowed: a nucleus sampling mass in (0, 1]"),
+])
+def test_a_fasttts_number_outside_its_range_stops_before_any_work(compose_cfg, override, message):
+    """memory_fraction=1.5 ran with 30 GB of KV on a 24 GB card, gen_memory_share=1.5 gave a negative
+    MiB oom, block_size=0 divided by zero mid-run, max_step_tokens=0 and top_p=2 ran (QA). Mutations
+    caught: the system table not checked, the workload table not checked, "in (0, 1)" as "in [0, 1]"."""
+    from harness.run import validate_config
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg("system=fasttts", "workload=aime24", "n=8", override))
+    assert str(e.value) == message
