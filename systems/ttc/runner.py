@@ -21,7 +21,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from harness.config import plain
+from harness.config import check_number, plain
 from harness.errors import ConfigError, RunOOM, bad
 from harness.model_facts import check_cpu_model, default_kv_budget, kv_reserve_bytes, weight_bytes
 from harness.run import WARMUP_KEY, RunContext, RunResult
@@ -69,11 +69,16 @@ def validate(cfg) -> None:
         raise bad("gen_len", w.gen_len, "an integer >= 1")
     if not 0 < w.step <= w.gen_len:
         raise bad("step", w.step, f"an integer in 1..gen_len={w.gen_len}")
+    if w.prompt_len >= cfg.model.max_position:
+        raise bad("prompt_len", w.prompt_len, f"an integer below the model's max_position ({cfg.model.max_position}) "
+                                              f"for {cfg.model.name}, leaving room for gen_len")
     if w.prompt_len + w.gen_len > cfg.model.max_position:
         raise bad("gen_len", w.gen_len, f"prompt_len + gen_len <= the model's max_position "
                                         f"({cfg.model.max_position}) for {cfg.model.name}")
     if w.scorer not in ("logprob",):
         raise bad("workload.scorer", w.scorer, "logprob")
+    check_number("workload.temperature", w.temperature, "a sampling temperature", "> 0",
+                 "beams are ranked by log-probabilities of the tempered distribution")
     if s.get("deadline") is not None and not isinstance(s.get("deadline"), (int, float)):
         raise bad("system.deadline", s.get("deadline"), "Unix seconds (a number) or null")
     if s.get("replay_tree"):
