@@ -49,6 +49,18 @@ def validate(cfg) -> None:
         check_number("workload.rate", w.rate, "a request rate in req/s")
     if w.kind in ("burst", "ramp"):
         check_number("workload.rate_high", w.rate_high, "a request rate in req/s")
+    if w.kind == "burst":          # an empty or inverted window ran a plain Poisson stream (QA)
+        check_number("workload.burst_start_s", w.burst_start_s, "a time in s", ">= 0")
+        if not float(w.burst_start_s) < float(w.burst_end_s):
+            raise bad("workload.burst_end_s", w.burst_end_s, f"a time after workload.burst_start_s={w.burst_start_s} s "
+                                                             f"(the burst is [burst_start_s, burst_end_s))")
+        if not float(w.burst_start_s) < float(w.duration_s):
+            raise bad("workload.burst_start_s", w.burst_start_s, f"a time before the run's end, workload.duration_s="
+                                                                 f"{w.duration_s} s")
+    check_number("workload.len_jitter", w.len_jitter, "a fraction of input_len/output_len", "in [0, 1]",
+                 "lengths uniform within +-len_jitter of the means")   # 2 was clipped at 1 token silently
+    if w.max_requests is not None:     # 0 was "no requests in [0, 60) s: widen workload.duration_s"
+        check_number("workload.max_requests", w.max_requests, "a request count", "> 0", "null = every request")
     if w.kind == "trace" and w.format not in TRACE_FORMATS:
         raise bad("workload.format", w.format, f"one of {', '.join(TRACE_FORMATS)}")
     if w.input_len < 1 or w.output_len < 1:

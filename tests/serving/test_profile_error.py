@@ -135,3 +135,23 @@ def test_a_period_or_batch_cap_that_is_not_positive_is_bad_input(compose_cfg, ov
     from harness.run import validate_config
     with pytest.raises(ConfigError, match=says):
         validate_config(compose_cfg("system=window_dvfs", "workload=poisson", over))
+
+
+@pytest.mark.parametrize("over,says", [
+    (("workload=burst", "workload.burst_start_s=5", "workload.burst_end_s=1"),
+     r"workload.burst_end_s=1.0 is not allowed: a time after workload.burst_start_s=5.0 s"),
+    (("workload=burst", "workload.burst_start_s=5", "workload.burst_end_s=5"), r"workload.burst_end_s=5.0 is not allowed"),
+    (("workload=burst", "workload.burst_start_s=150", "workload.burst_end_s=200"),
+     r"workload.burst_start_s=150.0 is not allowed: a time before the run's end, workload.duration_s=150.0 s"),
+    (("workload=poisson", "workload.len_jitter=2"),
+     r"workload.len_jitter=2.0 is not allowed: a fraction of input_len/output_len in \[0, 1\]"),
+    (("workload=poisson", "workload.max_requests=0"), r"workload.max_requests=0 is not allowed: a request count > 0"),
+])
+def test_a_burst_window_jitter_or_request_cap_that_means_nothing_is_bad_input(compose_cfg, over, says):
+    """An inverted burst window ran a plain Poisson stream with status ok, len_jitter=2 was clipped at one
+    token silently, and max_requests=0 was blamed on duration_s (QA). Mutations caught: ``<`` as ``<=``
+    for the window, the start-before-end check dropped, the jitter check dropped, the cap check dropped."""
+    from harness.errors import ConfigError
+    from harness.run import validate_config
+    with pytest.raises(ConfigError, match=says):
+        validate_config(compose_cfg("system=vanilla", *over))
