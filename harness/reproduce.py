@@ -295,7 +295,8 @@ def write_index(results_dir: Path, only: Optional[List[str]] = None) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.reproduce", description=__doc__.split("\n\n")[0])
     ap.add_argument("--real", action="store_true", help="also the real-engine fidelity studies (CPU)")
-    ap.add_argument("--only", default="", help="comma-separated experiment names")
+    ap.add_argument("--only", action="append", default=None,
+                    help="comma-separated experiment names (may be repeated: the union)")
     ap.add_argument("--collect-only", action="store_true", help="only rebuild REPRODUCTION.md and index.html")
     ap.add_argument("--results-dir", type=Path, default=default_results_dir(),
                     help="default: $TTC_RESULTS_DIR, else <repo>/results (as run.py's results_dir)")
@@ -303,8 +304,12 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra overrides for every experiment (e.g. tracking=none)")
     a = ap.parse_args(argv)
     names = paper_experiments()
-    if a.only:
-        wanted = [x.strip() for x in a.only.split(",") if x.strip()]
+    if a.only is not None:       # every --only counts; an empty one is an error, not "all" (QA)
+        wanted = list(dict.fromkeys(x.strip() for o in a.only for x in o.split(",") if x.strip()))
+        if not wanted:
+            print(f"error: --only {','.join(map(repr, a.only))}: names no experiment; one or more of "
+                  f"{', '.join(names)} (comma-separated), or no --only for all", file=sys.stderr)
+            return 2
         unknown = sorted(set(wanted) - set(names))
         if unknown:
             print(f"error: --only {','.join(unknown)}: not a paper experiment; one of {', '.join(names)}",
@@ -320,7 +325,7 @@ def main(argv=None) -> int:
     real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
     if not a.collect_only:
         runs = run_all(names, a.results_dir, real, a.overrides, a.timeout)
-    collected = [*names, *(REAL[m] for m in real)] if a.only else None
+    collected = [*names, *(REAL[m] for m in real)] if a.only is not None else None
     v = collect(a.results_dir, collected)
     rep = write_reproduction(a.results_dir, v, runs, collected)
     idx = write_index(a.results_dir, collected)

@@ -39,6 +39,27 @@ def test_bad_only_exits_2(capsys):
     assert "not a paper experiment" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("only", [[""], [","], [" , "]])
+def test_an_only_naming_nothing_exits_2_instead_of_running_everything(tmp_path, capsys, only):
+    """``--only ""`` ran every experiment and ``--only ,`` a KeyError 'rc' after the work (QA).
+    Mutation caught: the empty-list check dropped (exit 0, the whole suite collected)."""
+    argv = [x for o in only for x in ("--only", o)]
+    assert R.main([*argv, "--collect-only", "--results-dir", str(tmp_path)]) == 2
+    assert "names no experiment; one or more of beam_fig1," in capsys.readouterr().err
+    assert not (tmp_path / "REPRODUCTION.md").exists()
+
+
+def test_repeated_only_options_are_their_union(tmp_path):
+    """``--only lbs_fig9 --only beam_fig7`` kept only the last (QA). Mutation caught: action="store"."""
+    _sweep(tmp_path, "lbs_fig9", [V.Row("lbs", "fig9", "speedup", 3.39, "range", 9.72, ours=5.0, unit="x")])
+    _sweep(tmp_path, "beam_fig7", [V.Row("beam", "fig7", "energy vs vanilla", 0.49, ours=0.496, unit="fraction")])
+    assert R.main(["--only", "lbs_fig9", "--only", "beam_fig7,lbs_fig9", "--collect-only",
+                   "--results-dir", str(tmp_path)]) == 0
+    md = (tmp_path / "REPRODUCTION.md").read_text()
+    assert "Only these experiments' sweeps are collected (--only): lbs_fig9, beam_fig7;" in md
+    assert "energy vs vanilla" in md
+
+
 def test_rows_in_natural_figure_order(tmp_path):
     for name, fig in (("lbs_fig10", "fig10"), ("lbs_3080ti", "3080ti"), ("lbs_fig4", "fig4")):
         _sweep(tmp_path, name, [V.Row("lbs", fig, "q", 1.0, ours=1.0)], png=False)
