@@ -11,6 +11,8 @@ hold (``system.prefetch=maybe``) is named with the type allowed. ``+key=`` (add)
 from __future__ import annotations
 
 import difflib
+import importlib
+import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
@@ -192,9 +194,33 @@ def check_mode_flags(args: List[str]) -> None:
                       f"--cfg, --info per command{hint}")
 
 
+def check_report(args: List[str]) -> None:
+    """A command-line ``report=module.function`` must name a function (it is called at a sweep's end
+    with ``(sweep_dir, runs, cfg)``); a bad one failed only after every job had run (QA). Raises
+    ConfigError naming the value and what is allowed. Without ``-m`` it warns that the report will
+    not run (a single run has no sweep end)."""
+    multirun = any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args)
+    for a in args:
+        key, _, value = a.partition("=")
+        if key.lstrip("+") != "report" or value in ("", "null"):
+            continue
+        if not multirun:
+            print(f"warning: report={value} has no effect: a report runs at a sweep's end (python run.py -m ...); "
+                  f"this is a single run", file=sys.stderr)
+        mod, _, fn = value.rpartition(".")
+        try:
+            why = "" if callable(getattr(importlib.import_module(mod), fn, None)) else f"{mod} has no function {fn!r}"
+        except Exception as e:  # noqa: BLE001 - any import failure is the value's
+            why = f"{type(e).__name__}: {e}" if mod else "not a dotted module.function"
+        if why:
+            raise bad("report", value, "a module.function called at a sweep's end with (sweep_dir, runs, cfg), "
+                                       f"e.g. systems.ttc.report.fig9, or null ({why})")
+
+
 def preflight(args: List[str], conf_dir) -> None:
     """All command-line checks before Hydra starts. Raises ConfigError."""
     check_mode_flags(args)
+    check_report(args)
     if any(a.split("=", 1)[0] in _OWN_SEARCH_PATH for a in args):
         return                           # another config search path: Hydra decides
     check_group_options(args, conf_dir)

@@ -204,3 +204,35 @@ def test_a_local_checkpoint_or_a_tiny_model_passes_the_cpu_engine_rule(tmp_path)
     check_cpu_model(OmegaConf.merge(big, {"weights": str(tmp_path)}), "torch")   # the user's own checkpoint
     tiny = OmegaConf.load(CONF / "model" / "tiny-opt.yaml")
     check_cpu_model(tiny, "torch")
+
+
+@pytest.mark.parametrize("value,why", [("foo.bar", "ModuleNotFoundError: No module named 'foo'"),
+                                       ("systems.ttc.report.nothere", "systems.ttc.report has no function 'nothere'"),
+                                       ("fig9", "not a dotted module.function")])
+def test_a_report_that_names_no_function_stops_a_sweep_before_its_jobs(value, why, capsys):
+    """``-m report=foo.bar`` ran every job, then failed at the sweep's end (QA). Mutation caught:
+    preflight without check_report; a function that exists refused."""
+    from harness.cli import preflight
+    with pytest.raises(ConfigError) as e:
+        preflight(["-m", f"report={value}", "beams=4,8"], CONF)
+    assert str(e.value) == (f"report={value!r} is not allowed: a module.function called at a sweep's end with "
+                            f"(sweep_dir, runs, cfg), e.g. systems.ttc.report.fig9, or null ({why})")
+    preflight(["-m", "report=systems.ttc.report.fig9", "beams=4,8"], CONF)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_report_on_a_single_run_warns_and_stays_out_of_job_folder_names(capsys):
+    """A single run ignored ``report=`` silently, and in a sweep the value landed in every job's folder
+    name (QA). Mutations caught: no warning; ``report`` not in hydra.job.config.override_dirname.exclude_keys."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from harness.cli import preflight
+    preflight(["report=systems.ttc.report.fig9"], CONF)
+    assert "warning: report=systems.ttc.report.fig9 has no effect: a report runs at a sweep's end" \
+        in capsys.readouterr().err
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        master = compose("config", overrides=["tracking=none"], return_hydra_config=True)
+        job = GlobalHydra.instance().config_loader().load_sweep_config(
+            master, ["tracking=none", "report=systems.ttc.report.fig9", "beams=4"])
+    assert job.hydra.job.override_dirname == "beams=4"
