@@ -190,6 +190,10 @@ def validate_backend(cfg, backend) -> None:
     if backend.simulated and cfg.system.score_source == "prm":
         raise bad("system.score_source", "prm", "auto or synthetic with a simulated backend (it runs no PRM: its "
                   "verifier returns the synthetic content-keyed scores)")
+    if cfg.system.offload and not backend.simulated:     # the plan turned it off silently (QA)
+        raise bad("system.offload", True, f"false with backend={backend.name} (the §4.3.2 offload extension, e.g. "
+                  f"system=fasttts_offload, runs on the simulated backend only: vLLM keeps each engine's KV on its "
+                  f"device)")
     if cfg.system.kv_overflow == "lbs" and not backend.simulated:
         raise bad("system.kv_overflow", "lbs", f"recompute with backend={backend.name} (lbs runs on the simulated "
                   f"backend only: vLLM's KV cache is its own)")

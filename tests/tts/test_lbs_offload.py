@@ -99,6 +99,16 @@ def test_bad_kv_overflow_is_a_config_error(compose_cfg):
         runner.validate_backend(compose_cfg("system=fasttts_lbs"), Backend("vllm", "cpu", False, "test"))
 
 
+def test_the_offload_extension_on_a_real_engine_is_a_config_error(compose_cfg):
+    """``system=fasttts_offload backend=vllm`` ran with status ok and offload silently off (QA).
+    Mutation caught: the check dropped."""
+    with pytest.raises(ConfigError, match=r"^system.offload=True is not allowed: false with backend=vllm \(the "
+                                          r"§4.3.2 offload extension, e.g. system=fasttts_offload, runs on the simulated"):
+        runner.validate_backend(compose_cfg("system=fasttts_offload", "model=tiny-qwen2", "verifier=tiny-prm"),
+                                Backend("vllm", "cpu", False, "test"))
+    runner.validate_backend(compose_cfg("system=fasttts_offload"), Backend("sim", "sim", True, "test"))
+
+
 def test_offload_extension_is_charged_with_a_per_run_plan(compose_cfg):
     """When M's per-run plan chooses the offload extension, both engines swap their KV around every
     call (before, only the per-iteration plan set the swap bandwidth: offload was free). Mutation
