@@ -341,6 +341,20 @@ def unused_shortcuts(cfg) -> List[str]:
     return [k for k in keys if "${" + k + "}" not in text]
 
 
+CONFIG_GROUP_KEYS = ("system", "workload", "model", "verifier", "hardware", "backend")   # groups whose fields shortcuts set
+
+
+def shortcut_overridden_by(key: str, overrides: Optional[List[str]]) -> Optional[str]:
+    """For a shortcut that no setting reads (:func:`unused_shortcuts`), the command-line override of
+    a group field of the same name that replaced its ``${key}`` (``system.kv_budget=1GiB`` beside
+    ``kv_budget=2GiB``), as given; None when there is none (the shortcut is simply not read here)."""
+    for o in overrides or ():
+        name = o.split("=", 1)[0].lstrip("+~")
+        if "=" in o and name.count(".") == 1 and name.split(".")[1] == key and name.split(".")[0] in CONFIG_GROUP_KEYS:
+            return o.lstrip("+")
+    return None
+
+
 def check_kv_budget(cfg) -> None:
     """``kv_budget`` (bytes of KV cache per device, harness/model_facts.py), when set: a size, and
     at most the device's memory (its default, memory - weights - reserve, always is).

@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from harness import clock_locks, logs, machine, records
 from harness.logs import say
 from harness.backend import Backend, resolve_backend
-from harness.config import check_folder, check_results_dir, check_shortcuts, unused_shortcuts, validate_common
+from harness.config import (check_folder, check_results_dir, check_shortcuts, shortcut_overridden_by, unused_shortcuts,
+                            validate_common)
 from harness.errors import TYPE_WORDS, ConfigError, RunInterrupted, RunOOM, bad
 from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
@@ -386,8 +387,11 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
     multirun = in_multirun() if multirun is None else multirun
     if not multirun:                     # a sweep may set one for jobs of several workloads: no warning there
         for key in unused_shortcuts(cfg):
-            say(f"{key}={cfg.get(key)} has no effect: no setting of this run reads it "
-                f"(system={cfg.system.name}, workload={cfg.workload.get('name', '?')})", warning=True)
+            own = shortcut_overridden_by(key, task_overrides() if overrides is None else overrides)
+            why = (f"{own} is set too and wins (drop one of the two)" if own else
+                   f"no setting of this run reads it (system={cfg.system.name}, "
+                   f"workload={cfg.workload.get('name', '?')})")
+            say(f"{key}={cfg.get(key)} has no effect: {why}", warning=True)
     cfg_dict, chash = job_config(cfg)
     outdir = writable_output_dir(cfg, chash)
     if cfg.get("resume", True):

@@ -151,6 +151,17 @@ def test_a_single_run_warns_of_a_shortcut_nothing_reads(compose_cfg, capsys):
     assert unused_shortcuts(compose_cfg("system=vanilla", "workload=poisson", "rate=2")) == []
 
 
+def test_a_shortcut_beside_its_own_group_field_names_the_field_that_wins(compose_cfg, capsys, tmp_path):
+    """``system.kv_budget=8GiB kv_budget=9GiB`` said the shortcut was read by no setting of the run (QA);
+    it names the field now. Mutation caught: the overrides not passed (the old message)."""
+    from harness.run import run
+    over = ["system=lbs", "beams=4", "system.kv_budget=8GiB", "kv_budget=9GiB"]
+    rec = run(compose_cfg(*over, output_dir=tmp_path / "r"), multirun=False, overrides=over)
+    assert rec["status"] == "ok" and rec["summary"]["kv_budget_bytes"] == 8 << 30
+    assert "warning: kv_budget=9GiB has no effect: system.kv_budget=8GiB is set too and wins (drop one of the two)" \
+        in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args,modes", [(["-m", "experiment=beam_fig10", "--cfg", "job"], "--multirun and --cfg"),
                                         (["--multirun", "-c", "job"], "--multirun and --cfg"),
                                         (["--info", "--cfg=job"], "--info and --cfg")])
