@@ -75,8 +75,10 @@ class LbsOverflowGenerator:
         ``step_mean`` expected tokens of a step ended by the delimiter, ``answer_mean`` of a step
         decoded to the end token (the last iteration)."""
 
-    def __init__(self, inner, *, h2d_bw: float, d2h_bw: float, step_mean: float, answer_mean: float):
+    def __init__(self, inner, *, h2d_bw: float, d2h_bw: float, step_mean: float, answer_mean: float,
+                 overlap: bool = True):
         self.inner, self.h2d_bw, self.d2h_bw = inner, float(h2d_bw), float(d2h_bw)
+        self.overlap = overlap                 # copies beside compute (systems.ttc.sim.copies_overlap)
         self.step_mean, self.answer_mean = float(step_mean), float(answer_mean)
         self.block_bytes = inner.block * inner.m.kv_bytes_per_token
         self.host: set = set()                # block hashes whose KV the host holds (current problem)
@@ -127,7 +129,7 @@ class LbsOverflowGenerator:
                 k = prefetch_count(cap, len(members), len(groups[i + 1]))
                 prefetch = self._missing([hs[j] for j in groups[i + 1][:k]])
             g = group_time(max(0, load - carried) / self.h2d_bw, res.time_s, prefetch / self.h2d_bw,
-                           written / self.d2h_bw)
+                           written / self.d2h_bw, self.overlap)
             t += g
             self.io_stall_s += g - res.time_s
             carried = prefetch

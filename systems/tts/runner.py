@@ -364,8 +364,10 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
             ver.configure(alloc.ver_kv_bytes, alloc.b_pre, float(cfg.hardware.h2d_bw))
         if s.kv_overflow == "lbs":
             from systems.tts.lbs_overflow import LbsOverflowGenerator
+            from systems.ttc.sim import copies_overlap
             gen = LbsOverflowGenerator(gen, h2d_bw=float(cfg.hardware.h2d_bw), d2h_bw=float(cfg.hardware.d2h_bw),
-                                       step_mean=mean, answer_mean=mean * float(w.steps_per_answer_mean))
+                                       step_mean=mean, answer_mean=mean * float(w.steps_per_answer_mean),
+                                       overlap=copies_overlap(cfg.hardware))
         closer = lambda: None
     else:
         from systems.tts.engines import VllmGenerator, VllmVerifier
