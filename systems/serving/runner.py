@@ -23,7 +23,7 @@ import numpy as np
 from harness.config import check_number
 from harness.errors import ConfigError, RunOOM, bad
 from harness.run import RunResult
-from systems.serving.build import (CLOCK_NOT_APPLIED, build_table, cache_dir, configured_kv_budget, controller_for,
+from systems.serving.build import (build_table, clock_note, cache_dir, configured_kv_budget, controller_for,
                                    display_rows, kv_budget_bytes, kv_capacity, parallelism, profile_context,
                                    requests_for, serve, slo_check, stop_time, table_grid, window_profile)
 from systems.serving.config import CONTROLLERS, TRACE_FORMATS, WORKLOAD_KINDS
@@ -198,7 +198,7 @@ def run_sim(cfg, ctx) -> RunResult:
         executor="simulator (measured vLLM-CPU latency profile)" if s.get("latency_profile") else "simulator",
     )
     applied = cost.follows_clock
-    msg = "; ".join(x for x in (note, "" if applied else CLOCK_NOT_APPLIED) if x)
+    msg = "; ".join(x for x in (note, clock_note(applied, summ)) if x)
     return RunResult(status="ok", message=msg, summary=summ, display=display_rows(applied),
                      tables={"requests": res.requests, "decisions": res.decisions, "iterations": res.iterations,
                              "timeline": res.timeline})

@@ -304,7 +304,7 @@ def run_real(cfg, ctx) -> RunResult:
     from systems.serving.gpu_model import StageModel
     from systems.serving.metrics import summarize
     from systems.serving.profiler import clock_scaled, decode_batch_max, sample_points
-    from systems.serving.build import (CLOCK_NOT_APPLIED, build_table, controller_for, display_rows, kv_budget_bytes,
+    from systems.serving.build import (build_table, clock_note, controller_for, display_rows, kv_budget_bytes,
                                        kv_capacity, profile_context, requests_for, serve, slo_check, stop_time,
                                        table_grid, window_profile)
     from harness.model_facts import kv_bytes_per_token, weight_bytes
@@ -384,7 +384,7 @@ def run_real(cfg, ctx) -> RunResult:
     summ[WARMUP_KEY] = warmup_s
     applied = bool(act.actuate and act.available)
     msg = "; ".join(x for x in (note, res.energy_reason if res.energy_j is None else "",
-                                "" if applied else CLOCK_NOT_APPLIED) if x)
+                                clock_note(applied, summ)) if x)
     return RunResult(status="ok", message=msg, summary=summ, display=display_rows(applied),
                      tables={"requests": res.requests, "decisions": res.decisions, "iterations": its,
                              "timeline": res.timeline,

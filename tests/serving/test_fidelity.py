@@ -77,7 +77,8 @@ def test_the_simulator_charged_by_a_profile_and_the_report(compose_cfg, tmp_path
 clock scaling). The report pairs a measured run with its simulated twin; here the
     "measured" one is that same run (marked measured), so every error is 0. Mutations caught: the
     replay dropping a term (sequences), the clock changing a profile's latency, the not-applied note
-dropped."""
+dropped; the note on a vanilla / Window-DVFS record (no predictions).
+    """
     prof = write_profile(tmp_path / "p.yaml")
     sweep = tmp_path / "sweep"
     rec = run(compose_cfg("system=beam", *FID, f"system.latency_profile={prof}", output_dir=sweep / "sim"))
@@ -89,6 +90,12 @@ dropped."""
     c = calibrate.load_profile(prof).cost()
     expect = [c.step1(r.tokens, 0.0, r.ctx_tokens, r.attn_pairs, r.seqs)[0] for r in its.itertuples()]
     assert its.latency_s.tolist() == pytest.approx(expect) and its.clock_mhz.nunique() > 1
+    for system in ("vanilla", "window_dvfs"):      # no predictions: the note is not theirs (QA)
+        other = run(compose_cfg(f"system={system}", *FID, f"system.latency_profile={prof}",
+                                output_dir=tmp_path / system))
+        assert other["summary"]["pred_ttft_mape_pct"] is None and "never applied" not in other["message"]
+    from systems.serving.build import clock_note
+    assert clock_note(True, rec["summary"]) == ""               # applied clocks: the predictions hold
     shutil.copytree(sweep / "sim", sweep / "real")
     r = json.loads((sweep / "real" / "run.json").read_text())
     r["backend"]["simulated"] = False
