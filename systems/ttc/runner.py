@@ -167,8 +167,11 @@ def run(cfg, ctx: RunContext) -> RunResult:
                             step=w.step, mem_gpu=budget or 0, dtype_bytes=geom.dtype_bytes)
     summary = {"kv_budget_bytes": budget, "beams": n_beams, "step": w.step, "gen_len": w.gen_len,
                "prompt_len": w.prompt_len, "full_kv_bytes": scheduler.full_kv_bytes(n_beams), **pred}
+    # Eq.4-5 count LBS's loads with the KV offloaded; a request that fits the budget stays resident and
+    # moves nothing (as Eq.1-3 give 0 for layer-wise then), so its prediction is 0, not Eq.5 (QA)
+    lbs_moves = sysc.scheduler == "lbs" and not scheduler.fits_whole_request(n_beams)
     summary["eq_prediction_bytes"] = (pred["eq3_layerwise_bytes"] if sysc.scheduler == "layerwise"
-                                      else pred["eq5_lbs_bytes"] if sysc.scheduler == "lbs" else 0)
+                                      else pred["eq5_lbs_bytes"] if lbs_moves else 0)
     if sysc.scheduler == "in_gpu" and not scheduler.fits_whole_request(n_beams):
         summary["oom"] = True
         return RunResult(status="oom", summary=summary, display=display_rows(summary, sysc),

@@ -161,3 +161,15 @@ def test_on_a_cpu_profile_every_copy_adds_to_the_step_time(compose_cfg, tmp_path
     assert (gpu["plan_h2d_bytes"], gpu["plan_d2h_bytes"]) == (cpu["plan_h2d_bytes"], cpu["plan_d2h_bytes"])
     assert gpu["io_stall_s"] < 0.9 * copies
     assert cpu["e2e_s"] > gpu["e2e_s"]
+
+
+def test_the_eq_prediction_of_a_request_that_fits_is_zero_as_the_bytes_moved(compose_cfg, tmp_path):
+    """LBS keeps a request that fits its budget resident and moves nothing; its Eq.4-5 prediction said
+    125 GiB beside 0 measured (QA). Layer-wise's Eq.1-3 give 0 there by themselves; an overflowing LBS
+    run keeps Eq.5. Mutation caught: eq_prediction_bytes = Eq.5 regardless of the fit."""
+    fits = run(compose_cfg("system=lbs", "beams=4", "kv_budget=16GiB", output_dir=tmp_path / "a"))["summary"]
+    assert (fits["h2d_bytes"], fits["eq_prediction_bytes"]) == (0, 0) and fits["eq5_lbs_bytes"] > 0
+    lw = run(compose_cfg("system=layerwise", "beams=4", "kv_budget=16GiB", output_dir=tmp_path / "b"))["summary"]
+    assert (lw["h2d_bytes"], lw["eq_prediction_bytes"]) == (0, 0)
+    over = run(compose_cfg("system=lbs", "beams=16", output_dir=tmp_path / "c"))["summary"]
+    assert over["h2d_bytes"] > 0 and over["eq_prediction_bytes"] == over["eq5_lbs_bytes"]
