@@ -261,3 +261,18 @@ def test_a_fasttts_number_outside_its_range_stops_before_any_work(compose_cfg, o
     with pytest.raises(ConfigError) as e:
         validate_config(compose_cfg("system=fasttts", "workload=aime24", "n=8", override))
     assert str(e.value) == message
+
+
+def test_a_simulated_run_records_no_cpu_seconds_even_where_no_verifier_call_was_made(compose_cfg, tmp_path):
+    """The simulator measures no CPU time: every iteration's gen_cpu_s / ver_cpu_s is null. An iteration
+    whose steps were all scored already (no verifier call) recorded ver_cpu_s = 0.0, as if measured (6 of
+    300 rows here; QA). Mutation caught: the no-call result's cpu_s back to 0.0."""
+    import pandas as pd
+
+    from harness.run import run
+    out = tmp_path / "r"
+    rec = run(compose_cfg("system=fasttts", "model=tiny-qwen2", "verifier=tiny-prm", "workload=aime24", "n=16",
+                          "hardware=cpu-tts", output_dir=out))
+    assert rec["status"] == "ok"
+    it = pd.read_parquet(out / "iterations.parquet")
+    assert len(it) > 100 and it.ver_cpu_s.isna().all() and it.gen_cpu_s.isna().all()
