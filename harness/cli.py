@@ -217,10 +217,38 @@ def check_report(args: List[str]) -> None:
                                        f"e.g. systems.ttc.report.fig9, or null ({why})")
 
 
+def hydra_group_options(conf_dir, group: str) -> List[str]:
+    """The options of a Hydra group ``hydra/<group>`` (``launcher``, ``sweeper``, ...): this project's
+    ``conf/hydra/<group>/*.yaml``, Hydra's own and its plugins' (ConfigStore)."""
+    import hydra
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+    Plugins.instance()                           # registers the installed plugins' configs
+    names = {p.stem for d in (Path(conf_dir) / "hydra" / group, Path(hydra.__file__).parent / "conf" / "hydra" / group)
+             if d.is_dir() for p in d.glob("*.yaml")}
+    node = ConfigStore.instance().repo.get("hydra", {}).get(group, {})
+    names |= {k[:-5] for k in node if isinstance(k, str) and k.endswith(".yaml")}
+    return sorted(names)
+
+
+def check_hydra_groups(args, conf_dir) -> None:
+    """A command-line ``hydra/<group>=option`` naming no option (``hydra/launcher=foo``) was Hydra's
+    MissingConfigException and exit 1 (QA). Raises ConfigError listing the options."""
+    for a in args:
+        key, _, value = a.partition("=")
+        key = key.lstrip("+~")
+        if not key.startswith("hydra/") or not value or any(c in value for c in "()[]{}*$,"):
+            continue
+        allowed = hydra_group_options(conf_dir, key.split("/", 1)[1])
+        if allowed and value not in allowed:
+            raise bad(key, value, f"one of {', '.join(allowed)}")
+
+
 def preflight(args: List[str], conf_dir) -> None:
     """All command-line checks before Hydra starts. Raises ConfigError."""
     check_mode_flags(args)
     check_report(args)
+    check_hydra_groups(args, conf_dir)
     if any(a.split("=", 1)[0] in _OWN_SEARCH_PATH for a in args):
         return                           # another config search path: Hydra decides
     check_group_options(args, conf_dir)

@@ -247,3 +247,14 @@ def test_a_report_on_a_single_run_warns_and_stays_out_of_job_folder_names(capsys
         job = GlobalHydra.instance().config_loader().load_sweep_config(
             master, ["tracking=none", "report=systems.ttc.report.fig9", "beams=4"])
     assert job.hydra.job.override_dirname == "beams=4"
+
+
+def test_a_hydra_group_option_that_does_not_exist_is_one_clear_error():
+    """``hydra/launcher=foo`` was Hydra's MissingConfigException, exit 1 (QA). Mutation caught: preflight
+    without check_hydra_groups; an existing option (ours, Hydra's, a plugin's) refused."""
+    from harness.cli import preflight
+    with pytest.raises(ConfigError) as e:
+        preflight(["-m", "hydra/launcher=foo", "beams=4,8"], CONF)
+    assert str(e.value).startswith("hydra/launcher='foo' is not allowed: one of basic, joblib, local, ray, slurm")
+    for ok in ("hydra/launcher=local", "hydra/launcher=basic", "hydra/launcher=joblib", "hydra/job_logging=disabled"):
+        preflight(["-m", ok, "beams=4,8"], CONF)
