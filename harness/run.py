@@ -209,10 +209,14 @@ class OutputDirCheck(Callback):
 def remove_unused_run_dir() -> None:
     """After a single run was rejected before any work (ConfigError, exit 2): remove the run dir
     Hydra made for it, when it did not exist before and holds nothing but Hydra's ``.hydra/`` and
-    ``run.log`` (the message went to the console), so ``results/runs/`` lists only runs that ran."""
+    ``<hydra.job.name>.log`` (``run.log``; the message went to the console), so ``results/runs/``
+    lists only runs that ran (with ``hydra.job.name=x`` the folder holding x.log was left; QA)."""
     import shutil
+
+    from hydra.core.hydra_config import HydraConfig
     d = OutputDirCheck.new_run_dir
-    if d is not None and d.is_dir() and {p.name for p in d.iterdir()} <= {".hydra", "run.log"}:
+    log_name = f"{HydraConfig.get().job.name}.log" if HydraConfig.initialized() else "run.log"
+    if d is not None and d.is_dir() and {p.name for p in d.iterdir()} <= {".hydra", "run.log", log_name}:
         logging.shutdown()                 # Hydra's run.log handler lets go of the file
         shutil.rmtree(d, ignore_errors=True)
 

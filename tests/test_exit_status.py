@@ -271,10 +271,12 @@ def test_a_run_rejected_before_work_leaves_no_run_folder(tmp_path):
     """Hydra makes the run folder (.hydra/, run.log) before our validation; a rejected run removes
     it, but never a folder that existed before. Mutations caught: run.py not calling
     remove_unused_run_dir (a folder with .hydra/ is left); the 'did not exist before' condition
-    dropped (the user's own hydra.run.dir is removed)."""
+    dropped (the user's own hydra.run.dir is removed); only run.log taken for the job's log."""
     out = run_py("beams=63", f"results_dir={tmp_path / 'r'}")
     assert out.returncode == 2 and out.stderr.startswith("error: beams=63 is not allowed"), out.stderr[-2000:]
     assert list((tmp_path / "r").glob("runs/*")) == []
+    out = run_py("beams=63", "hydra.job.name=x", f"results_dir={tmp_path / 'r'}")     # its log is x.log (QA)
+    assert out.returncode == 2 and list((tmp_path / "r").glob("runs/*")) == [], out.stderr[-2000:]
     mine = tmp_path / "mine"
     mine.mkdir()
     out = run_py("beams=63", f"hydra.run.dir={mine}")
