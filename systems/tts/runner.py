@@ -183,6 +183,18 @@ def score_source(cfg, backend) -> str:
     return src
 
 
+def offload_unavailable(cfg, backend) -> str:
+    """The note for a run whose M plan may choose the §4.3.2 offload extension (``system.offload`` with
+    ``system.memory``) on a real engine, which cannot (vLLM keeps each engine's KV on its device;
+    :class:`systems.tts.plan.MemoryPlan` plans without it there); '' otherwise. Not an error: an
+    experiment such as fasttts_gpus opens the option to every job and backend. It was silent (QA)."""
+    s = cfg.system
+    if not (s.offload and s.memory) or backend.simulated:
+        return ""
+    return (f"system.offload=true: the §4.3.2 offload extension runs on the simulated backend only; on "
+            f"backend={backend.name} the memory plan chose without it (system={s.name} ran as without offload)")
+
+
 def validate_backend(cfg, backend) -> None:
     """Checks that need the resolved backend: the memory plan's re-planning must be one the
     backend can honour (vLLM cannot resize an engine's KV cache after start-up); PRM scores need a
@@ -190,10 +202,6 @@ def validate_backend(cfg, backend) -> None:
     if backend.simulated and cfg.system.score_source == "prm":
         raise bad("system.score_source", "prm", "auto or synthetic with a simulated backend (it runs no PRM: its "
                   "verifier returns the synthetic content-keyed scores)")
-    if cfg.system.offload and not backend.simulated:     # the plan turned it off silently (QA)
-        raise bad("system.offload", True, f"false with backend={backend.name} (the §4.3.2 offload extension, e.g. "
-                  f"system=fasttts_offload, runs on the simulated backend only: vLLM keeps each engine's KV on its "
-                  f"device)")
     if cfg.system.kv_overflow == "lbs" and not backend.simulated:
         raise bad("system.kv_overflow", "lbs", f"recompute with backend={backend.name} (lbs runs on the simulated "
                   f"backend only: vLLM's KV cache is its own)")
@@ -444,6 +452,9 @@ def run(cfg, ctx) -> RunResult:
         raise
     st, problems, prompts, alloc = b.settings, b.problems, b.prompts, b.alloc
     results, status, message = [], "ok", ""
+    unavailable = offload_unavailable(cfg, ctx.backend)
+    if unavailable:
+        say(unavailable, warning=True)
     try:
         bar = ctx.progress(len(problems) * (1 if st.search == "best_of_n" else st.num_iterations),
                            f"{cfg.system.name} n={st.n}")
@@ -514,4 +525,7 @@ def run(cfg, ctx) -> RunResult:
     if isinstance(b.gen, replay.TokenRecorder):           # a token list per row: pandas writes those
         import pandas as pd
         tables[replay.TABLE] = pd.DataFrame(b.gen.rows)
+    if unavailable:                                       # real runs only: simulated summaries unchanged
+        summ["offload_available"] = False
+    message = "; ".join(x for x in (message, unavailable) if x)
     return RunResult(status=status, message=message, summary=summ, display=display, tables=tables)
