@@ -194,12 +194,28 @@ def check_mode_flags(args: List[str]) -> None:
                       f"--cfg, --info per command{hint}")
 
 
-def check_report(args: List[str]) -> None:
+def _experiment_is_a_sweep(name: str, conf_dir) -> bool:
+    """Whether ``conf/experiment/<name>.yaml`` (or an experiment it lists in its defaults) sets
+    ``hydra.mode: MULTIRUN``: a sweep without -m."""
+    import yaml
+    path = Path(conf_dir) / "experiment" / f"{name}.yaml"
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    if str(((doc.get("hydra") or {}).get("mode")) or "").upper() == "MULTIRUN":
+        return True
+    return any(_experiment_is_a_sweep(d, conf_dir) for d in doc.get("defaults") or ()   # an experiment it extends
+               if isinstance(d, str) and d != "_self_" and d != name)
+
+
+def check_report(args: List[str], conf_dir) -> None:
     """A command-line ``report=module.function`` must name a function (it is called at a sweep's end
     with ``(sweep_dir, runs, cfg)``); a bad one failed only after every job had run (QA). Raises
     ConfigError naming the value and what is allowed. Without ``-m`` it warns that the report will
     not run (a single run has no sweep end)."""
-    multirun = any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args)
+    multirun = any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args) or any(
+        _experiment_is_a_sweep(a.split("=", 1)[1], conf_dir) for a in args if a.startswith("experiment="))
     for a in args:
         key, _, value = a.partition("=")
         if key.lstrip("+") != "report" or value in ("", "null"):
@@ -247,7 +263,7 @@ def check_hydra_groups(args, conf_dir) -> None:
 def preflight(args: List[str], conf_dir) -> None:
     """All command-line checks before Hydra starts. Raises ConfigError."""
     check_mode_flags(args)
-    check_report(args)
+    check_report(args, conf_dir)
     check_hydra_groups(args, conf_dir)
     if any(a.split("=", 1)[0] in _OWN_SEARCH_PATH for a in args):
         return                           # another config search path: Hydra decides

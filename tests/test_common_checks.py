@@ -234,7 +234,8 @@ def test_a_report_that_names_no_function_stops_a_sweep_before_its_jobs(value, wh
 
 def test_a_report_on_a_single_run_warns_and_stays_out_of_job_folder_names(capsys):
     """A single run ignored ``report=`` silently, and in a sweep the value landed in every job's folder
-    name (QA). Mutations caught: no warning; ``report`` not in hydra.job.config.override_dirname.exclude_keys."""
+    name (QA). Mutations caught: no warning; ``report`` not in hydra.job.config.override_dirname.exclude_keys;
+    the warning for an experiment (a sweep by its hydra.mode; QA), or for one inheriting that mode."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -242,6 +243,9 @@ def test_a_report_on_a_single_run_warns_and_stays_out_of_job_folder_names(capsys
     preflight(["report=systems.ttc.report.fig9"], CONF)
     assert "warning: report=systems.ttc.report.fig9 has no effect: a report runs at a sweep's end" \
         in capsys.readouterr().err
+    for exp in ("lbs_fig4", "beam_fidelity_sim"):     # experiments are sweeps without -m (hydra.mode, or inherited)
+        preflight([f"experiment={exp}", "report=systems.ttc.report.fig5"], CONF)
+        assert capsys.readouterr().err == ""
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         master = compose("config", overrides=["tracking=none"], return_hydra_config=True)
         job = GlobalHydra.instance().config_loader().load_sweep_config(
