@@ -96,7 +96,9 @@ def validate(cfg) -> None:
         raise bad("workload.agg_strategy", w.agg_strategy, f"one of {', '.join(AGGREGATIONS)}")
     if s.score_source not in SCORE_SOURCES:
         raise bad("system.score_source", s.score_source, f"one of {', '.join(SCORE_SOURCES)}")
-    if w.beam_width < 1 or w.n < 1 or w.n % w.beam_width:
+    if w.beam_width < 1:                 # it was blamed on n (QA)
+        raise bad("workload.beam_width", w.beam_width, "an integer >= 1")
+    if w.n < 1 or w.n % w.beam_width:
         raise bad("n", w.n, f"a positive multiple of the beam width ({w.beam_width})")
     if w.num_iterations < 1:
         raise bad("workload.num_iterations", w.num_iterations, ">= 1")
@@ -148,6 +150,10 @@ def validate(cfg) -> None:
     if cfg.backend.name == "vllm" and v.prm_kind == "head" and v.hf_model_type != "qwen2":
         raise ConfigError(f"verifier={v.name!r} is not allowed with backend=vllm: the real path runs Qwen2 PRMs "
                           f"(Qwen2ForProcessRewardModel) and prm_kind=lm causal LMs; use backend=sim for it")
+    longest = min(int(m.max_position), int(v.max_position or m.max_position))
+    if int(w.max_model_len) > longest:   # 100000 was accepted, then an oom for one sequence (QA)
+        raise bad("workload.max_model_len", w.max_model_len, f"at most the engines' context, {longest} tokens "
+                  f"(model {m.name}: {m.max_position}, verifier {v.name}: {v.max_position})")
     if w.on_too_long not in ON_TOO_LONG:
         raise bad("workload.on_too_long", w.on_too_long, f"one of {', '.join(ON_TOO_LONG)}")
     # the data set and every prompt: unknown file, malformed line, a prompt too long -> ConfigError

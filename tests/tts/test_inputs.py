@@ -252,11 +252,15 @@ def test_a_real_cpu_runs_oom_names_this_cpu_not_the_hardware_profile(compose_cfg
     ("workload.temperature=-1", "workload.temperature=-1.0 is not allowed: a sampling temperature >= 0 (0 = greedy)"),
     ("workload.top_p=2", "workload.top_p=2.0 is not allowed: a nucleus sampling mass in (0, 1]"),
     ("workload.top_p=0", "workload.top_p=0.0 is not allowed: a nucleus sampling mass in (0, 1]"),
+    ("workload.beam_width=0", "workload.beam_width=0 is not allowed: an integer >= 1"),
+    ("workload.max_model_len=100000", "workload.max_model_len=100000 is not allowed: at most the engines' context, "
+                                      "4096 tokens (model qwen2.5-math-1.5b: 4096, verifier skywork-prm-1.5b: 4096)"),
 ])
 def test_a_fasttts_number_outside_its_range_stops_before_any_work(compose_cfg, override, message):
     """memory_fraction=1.5 ran with 30 GB of KV on a 24 GB card, gen_memory_share=1.5 gave a negative
     MiB oom, block_size=0 divided by zero mid-run, max_step_tokens=0 and top_p=2 ran (QA). Mutations
-    caught: the system table not checked, the workload table not checked, "in (0, 1)" as "in [0, 1]"."""
+    caught: the system table not checked, the workload table not checked, "in (0, 1)" as "in [0, 1]";
+    beam_width=0 blamed on n; max_model_len above the models' context accepted (an oom later)."""
     from harness.run import validate_config
     with pytest.raises(ConfigError) as e:
         validate_config(compose_cfg("system=fasttts", "workload=aime24", "n=8", override))
