@@ -172,7 +172,7 @@ def check_group_options(args, conf_dir) -> None:
         if key not in CONFIG_GROUPS or any(c in value for c in "()[]{}*$"):
             continue
         for v in (x.strip() for x in value.split(",")):
-            if v and not (conf_dir / key / f"{v}.yaml").exists():
+            if not (v and (conf_dir / key / f"{v}.yaml").exists()):      # empty: Hydra's error, exit 1 (QA)
                 raise bad(key, v, f"one of {', '.join(group_options(conf_dir, key))} (conf/{key}/*.yaml)")
 
 
@@ -253,10 +253,13 @@ def check_hydra_groups(args, conf_dir) -> None:
     for a in args:
         key, _, value = a.partition("=")
         key = key.lstrip("+~")
-        if not key.startswith("hydra/") or not value or any(c in value for c in "()[]{}*$,"):
+        if not key.startswith("hydra/") or "=" not in a or any(c in value for c in "()[]{}*$,"):
             continue
         allowed = hydra_group_options(conf_dir, key.split("/", 1)[1])
-        if allowed and value not in allowed:
+        if not allowed:                  # hydra/foo: no such group
+            known = ", ".join(f"hydra/{g}" for g in ("launcher", "sweeper", "hydra_logging", "job_logging"))
+            raise ConfigError(f"{key} is not a Hydra config group: use one such as {known}")
+        if value not in allowed:
             raise bad(key, value, f"one of {', '.join(allowed)}")
 
 

@@ -255,10 +255,17 @@ def test_a_report_on_a_single_run_warns_and_stays_out_of_job_folder_names(capsys
 
 def test_a_hydra_group_option_that_does_not_exist_is_one_clear_error():
     """``hydra/launcher=foo`` was Hydra's MissingConfigException, exit 1 (QA). Mutation caught: preflight
-    without check_hydra_groups; an existing option (ours, Hydra's, a plugin's) refused."""
+    without check_hydra_groups; an existing option (ours, Hydra's, a plugin's) refused; an empty value or an
+    unknown hydra/ group passed (Hydra's error, exit 1)."""
     from harness.cli import preflight
     with pytest.raises(ConfigError) as e:
         preflight(["-m", "hydra/launcher=foo", "beams=4,8"], CONF)
     assert str(e.value).startswith("hydra/launcher='foo' is not allowed: one of basic, joblib, local, ray, slurm")
+    for bad_arg, message in (("hydra/launcher=", "hydra/launcher='' is not allowed: one of basic, joblib,"),
+                             ("hydra/foo=bar", "hydra/foo is not a Hydra config group: use one such as hydra/launcher"),
+                             ("system=", "system='' is not allowed: one of beam, ")):
+        with pytest.raises(ConfigError) as e:          # empty values and unknown groups were exit 1 too
+            preflight([bad_arg, "beams=4"], CONF)
+        assert str(e.value).startswith(message)
     for ok in ("hydra/launcher=local", "hydra/launcher=basic", "hydra/launcher=joblib", "hydra/job_logging=disabled"):
         preflight(["-m", ok, "beams=4,8"], CONF)
