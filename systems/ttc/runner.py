@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
@@ -100,6 +101,10 @@ def validate_backend(cfg, backend) -> None:
         return
     if backend.simulated and cfg.system.scheduler == "hf_offload":
         raise bad("backend", "sim", "torch for system=hf_offload (it runs transformers' own offloaded cache)")
+    weights = str(cfg.model.get("weights") or "random")
+    if backend.name == "torch" and weights != "random" and not Path(weights).is_dir():   # was an error record (QA)
+        raise bad("model.weights", weights, "random or an existing local checkpoint directory (config.json and "
+                                            "weights; nothing is fetched from a hub)")
     if backend.name == "torch" and backend.device == "cpu":
         check_cpu_model(cfg.model, "torch")
 

@@ -97,6 +97,8 @@ def test_same_seed_same_result_and_resume_skips(compose_cfg, capsys):
     # QA: temperature=0 was a ValueError mid-run on torch; prompt_len=100000 blamed gen_len
     (["workload.temperature=0"], r"workload.temperature=0.0 is not allowed: a sampling temperature > 0"),
     (["prompt_len=2048"], r"prompt_len=2048 is not allowed: an integer below the model's max_position \(2048\)"),
+    (["backend=torch", "model=tiny-opt", "model.weights=/nonexistent"],      # QA: an error record after ~10 s
+     r"model.weights='/nonexistent' is not allowed: random or an existing local checkpoint directory"),
     (["prompt_len=100", "gen_len=1949"], r"gen_len=1949 is not allowed: prompt_len \+ gen_len <= the model's max_position"),
 ])
 def test_bad_input_fails_before_work(compose_cfg, tmp_path, overrides, match):
