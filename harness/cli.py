@@ -267,9 +267,9 @@ def preflight(args: List[str], conf_dir) -> None:
     """All command-line checks before Hydra starts. Raises ConfigError."""
     check_mode_flags(args)
     check_report(args, conf_dir)
-    check_hydra_groups(args, conf_dir)
     if any(a.split("=", 1)[0] in _OWN_SEARCH_PATH for a in args):
         return                           # another config search path: Hydra decides
+    check_hydra_groups(args, conf_dir)
     check_group_options(args, conf_dir)
     cache: dict = {}
     for a in args:
