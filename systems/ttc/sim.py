@@ -8,8 +8,8 @@ Cost model (per decoder layer, per forward launch; ``b`` beams, ``s`` cached tok
   KV read by attention);
 - transfers: bytes / ``h2d_bw`` or ``d2h_bw`` (one copy engine per direction);
 - overlap (a GPU profile; on a ``kind: cpu`` profile every copy is synchronous and adds to the
-  compute, :func:`copies_overlap`): layer-wise prefetches the first offloaded layer while the resident layers compute and
-  each next offloaded layer while a layer computes (``max(compute, load)`` per layer, a load being
+  compute, :func:`copies_overlap`): layer-wise prefetches the first offloaded layer while the
+  resident layers compute and each next offloaded layer while a layer computes (``max(compute, load)`` per layer, a load being
   ``plan.layer_load_bytes``; the step's earlier tokens of the layer are a device copy added to its
   compute); its write-backs (layers leaving residency at the step's start, the step tail at its end)
   are waited for. LBS prefetches the next group's first beams into the free slots while a group
