@@ -341,16 +341,14 @@ def unused_shortcuts(cfg) -> List[str]:
     return [k for k in keys if "${" + k + "}" not in text]
 
 
-CONFIG_GROUP_KEYS = ("system", "workload", "model", "verifier", "hardware", "backend")   # groups whose fields shortcuts set
-
-
 def shortcut_overridden_by(key: str, overrides: Optional[List[str]]) -> Optional[str]:
     """For a shortcut that no setting reads (:func:`unused_shortcuts`), the command-line override of
     a group field of the same name that replaced its ``${key}`` (``system.kv_budget=1GiB`` beside
     ``kv_budget=2GiB``), as given; None when there is none (the shortcut is simply not read here)."""
+    from harness.cli import CONFIG_GROUPS
     for o in overrides or ():
         name = o.split("=", 1)[0].lstrip("+~")
-        if "=" in o and name.count(".") == 1 and name.split(".")[1] == key and name.split(".")[0] in CONFIG_GROUP_KEYS:
+        if "=" in o and name.count(".") == 1 and name.split(".")[1] == key and name.split(".")[0] in CONFIG_GROUPS:
             return o.lstrip("+")
     return None
 

@@ -178,6 +178,19 @@ def check_cpu_model(m, engine: str, role: str = "model") -> None:
                           f"backend=sim, a CUDA GPU, or {role}.weights=/dir (a local checkpoint)")
 
 
+def check_weights(m, role: str = "model") -> None:
+    """``<role>.weights`` must be ``random`` or an existing local checkpoint directory (nothing is
+    fetched from a hub); ConfigError before any work otherwise. One rule for the real engines that
+    load weights (LBS on torch, BEAM on vLLM; FastTTS inspects its checkpoints further)."""
+    from pathlib import Path
+
+    from harness.errors import ConfigError
+    weights = str(_get(m, "weights") or "random")
+    if weights != "random" and not Path(weights).is_dir():
+        raise ConfigError(f"{role}.weights={weights!r} is not allowed: random or an existing local checkpoint "
+                          f"directory (config.json and weights; nothing is fetched from a hub)")
+
+
 def kv_bytes_per_token_layer(m) -> int:
     """KV bytes of one token in one layer: 2 (K and V) x KV heads x head dim x dtype bytes
     (the LBS paper's ``KV``; OPT-6.7B fp16: 16 KiB)."""

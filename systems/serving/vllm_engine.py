@@ -34,7 +34,7 @@ import pandas as pd
 
 from harness.errors import ConfigError, RunOOM
 from harness.model_facts import CAUSAL_LM as ARCH   # architecture class per model type
-from harness.model_facts import check_cpu_model
+from harness.model_facts import check_cpu_model, check_weights
 from harness.run import WARMUP_KEY, RunResult
 from systems.serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
 
@@ -44,8 +44,7 @@ def validate_real(cfg, backend) -> None:
     if m.hf_model_type not in ARCH:
         raise ConfigError(f"model.hf_model_type={m.hf_model_type!r} is not allowed for backend=vllm: one of "
                           f"{', '.join(ARCH)}")
-    if m.weights != "random" and not Path(m.weights).exists():
-        raise ConfigError(f"model.weights={m.weights!r} is not allowed: 'random' or an existing checkpoint dir")
+    check_weights(m)
     if backend.device == "cpu":
         check_cpu_model(m, "vLLM")
         for k in ("tp", "pp"):

@@ -9,11 +9,12 @@ Cost model (per decoder layer, per forward launch; ``b`` beams, ``s`` cached tok
 - transfers: bytes / ``h2d_bw`` or ``d2h_bw`` (one copy engine per direction);
 - overlap (a GPU profile; on a ``kind: cpu`` profile every copy is synchronous and adds to the
   compute, :func:`copies_overlap`): layer-wise prefetches the first offloaded layer while the
-  resident layers compute and each next offloaded layer while a layer computes (``max(compute, load)`` per layer, a load being
-  ``plan.layer_load_bytes``; the step's earlier tokens of the layer are a device copy added to its
-  compute); its write-backs (layers leaving residency at the step's start, the step tail at its end)
-  are waited for. LBS prefetches the next group's first beams into the free slots while a group
-  computes; its write-backs run on the other copy engine and are hidden unless longer than compute;
+  resident layers compute and each next offloaded layer while a layer computes (``max(compute,
+  load)`` per layer, a load being ``plan.layer_load_bytes``; the step's earlier tokens of the layer
+  are a device copy added to its compute); its write-backs (layers leaving residency at the step's
+  start, the step tail at its end) are waited for. LBS prefetches the next group's first beams into
+  the free slots while a group computes; its write-backs run on the other copy engine and are hidden
+  unless longer than compute;
 - prune + expand: device-side copies of parents' KV into children's dense slots (in_gpu and the
   resident layers of layer-wise) at ``2 * bytes / (mem_bw * mem_efficiency)``; LBS shares host
   segments, so expansion moves nothing. Layer-wise's reorder of its offloaded layers in host memory
@@ -59,7 +60,7 @@ def copies_overlap(hw) -> bool:
     is host memory and every copy is a synchronous memcpy on the computing thread
     (:class:`systems.ttc.streams.HostStreams`), so its time adds to the compute. With overlap the
     simulated layer-wise I/O stall on the CPU profile was 0.008 s against 1.73 s measured (QA)."""
-    return str(hw.get("kind", "gpu") if hasattr(hw, "get") else getattr(hw, "kind", "gpu")) != "cpu"
+    return str(hw.get("kind", "gpu")) != "cpu"
 
 
 def group_time(load_s: float, compute_s: float, prefetch_s: float, writeback_s: float,
