@@ -269,3 +269,17 @@ def test_a_hydra_group_option_that_does_not_exist_is_one_clear_error():
         assert str(e.value).startswith(message)
     for ok in ("hydra/launcher=local", "hydra/launcher=basic", "hydra/launcher=joblib", "hydra/job_logging=disabled"):
         preflight(["-m", ok, "beams=4,8"], CONF)
+
+
+@pytest.mark.parametrize("overrides", [("system=lbs", "backend=torch", "model=tiny-opt"),
+                                       ("system=beam", "backend=vllm", "model=tiny-llama", "workload=poisson")])
+def test_a_weights_path_that_is_no_directory_is_refused_where_weights_are_loaded(compose_cfg, overrides, tmp_path):
+    """One rule (harness.model_facts.check_weights) for LBS on torch and BEAM on vLLM: LBS made an error
+    record after ~10 s (QA); BEAM's own copy of the check had no test. Mutations caught: either call
+    dropped; a file accepted as a checkpoint directory."""
+    for weights in ("/nonexistent", str(tmp_path / "f")):
+        (tmp_path / "f").write_text("")
+        with pytest.raises(ConfigError) as e:
+            validate_config(compose_cfg(*overrides, f"model.weights={weights}"))
+        assert str(e.value) == (f"model.weights={weights!r} is not allowed: random or an existing local checkpoint "
+                                f"directory (config.json and weights; nothing is fetched from a hub)")
