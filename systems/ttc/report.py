@@ -581,8 +581,9 @@ def fig12(sweep_dir, runs, cfg):
     table = _verdicts(sweep_dir, "fig12", df, lambda n, d: _span(
         d[d.system == n.cfg["system"]], "io_time_vs_layerwise",
         "I/O stall / layer-wise I/O stall, min-max over models x beams"), "fig12.png")
+    # dropna=False: a system whose ratios are all NaN (no layer-wise run to divide by) keeps its column
     piv = df.pivot_table(index=["model", "beams", "source"], columns="system",
-                         values="io_time_vs_layerwise").reset_index()
+                         values="io_time_vs_layerwise", dropna=False).reset_index()
     out = piv[["model", "beams"]].copy()
     for s in systems:
         out[f"{_name(s)} (%)"] = 100 * piv[s]
@@ -592,6 +593,8 @@ def fig12(sweep_dir, runs, cfg):
     out["source"] = piv.source
     write_markdown(out, sweep_dir / "fig12.md",
                    title=title_label("LBS Fig.12 I/O time, % of layer-wise I/O time", df.simulated),
-                   notes="Paper columns: the paper gives ranges over configurations, not per-configuration values "
+                   notes=("" if len(base) else "No layer-wise run in this sweep: every ratio needs the layer-wise "
+                          "I/O stall of the same model, beams and step (add `layerwise` to `system=`).\n\n")
+                   + "Paper columns: the paper gives ranges over configurations, not per-configuration values "
                          "(step 32): inter-token alone 5-10 % of the layer-wise I/O time; full LBS (inter-beam + "
                          "prefetch) < 2 % in several configurations.\n\n" + table)

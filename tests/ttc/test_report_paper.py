@@ -189,3 +189,18 @@ def test_run_table_one_byte_unit_host_device_and_the_eq_bound(compose_cfg):
     inter = {label for label, _, _ in display_rows({}, {"scheduler": "lbs", "inter_beam": False})}
     assert any(label.startswith("paper Eq.4-5 prediction") for label in inter)
     assert byte_unit([96 << 10, 5 << 30]) == ("MiB", 1 << 20) and byte_unit([7 << 30, 5000 << 30])[0] == "GiB"
+
+
+@pytest.mark.parametrize("name", ["fig7", "fig9", "fig10", "fig11", "fig12"])   # fig4, fig5: layer-wise only
+def test_reports_without_the_layerwise_baseline(sweep, tmp_path, name):
+    """A sweep without the layer-wise baseline (``experiment=lbs_fig12 system=lbs_intertoken``) still
+    gets its report: ratios to layer-wise are n/a, and Fig.12 says which run is missing. (Mutation
+    caught: fig12's pivot without dropna=False: KeyError 'lbs_intertoken' after every job had run.)"""
+    d, runs, cfg = sweep
+    pick = REPORTS[name][1]
+    sub = runs[pick(runs) & (runs.system != "layerwise")].reset_index(drop=True)
+    assert len(sub)
+    getattr(report, name)(tmp_path, sub, cfg)
+    if name == "fig12":
+        text = (tmp_path / "fig12.md").read_text()
+        assert "No layer-wise run in this sweep" in text and re.search(r"\|\s+nan\s+\|", text)
