@@ -99,7 +99,10 @@ def validate_backend(cfg, backend) -> None:
         validate_hf_offload(backend)      # transformers' offloaded cache needs a CUDA GPU
         return
     if backend.simulated and cfg.system.scheduler == "hf_offload":
-        raise bad("backend", "sim", "torch for system=hf_offload (it runs transformers' own offloaded cache)")
+        given = cfg.backend.name                 # auto resolves to the simulator without a CUDA GPU
+        raise bad("backend", given, "torch for system=hf_offload (it runs transformers' own offloaded cache, "
+                  "on a CUDA GPU)" + ("; backend=auto picks the simulator here: no CUDA GPU found"
+                                      if given == "auto" else ""))
     if backend.name == "torch":          # a wrong path was an error record after ~10 s (QA)
         check_weights(cfg.model)
     if backend.name == "torch" and backend.device == "cpu":

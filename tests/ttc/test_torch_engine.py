@@ -303,3 +303,17 @@ def test_hf_offload_needs_cuda(compose_cfg, tmp_path):
         run(compose_cfg("system=hf_offload", "backend=torch", "backend.device=cpu", "model=tiny-opt",
                         output_dir=tmp_path / "hf"))
     assert not (tmp_path / "hf" / "run.json").exists()
+
+
+@pytest.mark.parametrize("backend", ["auto", "sim"])
+def test_hf_offload_on_the_simulator_names_the_backend_given(compose_cfg, tmp_path, monkeypatch, backend):
+    """Without CUDA, backend=auto resolves to the simulator, which cannot run transformers' cache: the
+    error names the value the user gave (auto, not the 'sim' it resolved to) and why auto chose it.
+    (Mutation caught: the resolved name in the message.)"""
+    from harness import backend as hb
+    from harness.errors import ConfigError
+    monkeypatch.setattr(hb, "cuda_available", lambda: False)
+    with pytest.raises(ConfigError, match=rf"backend='{backend}' is not allowed: torch for system=hf_offload") as e:
+        run(compose_cfg("system=hf_offload", f"backend={backend}", "model=tiny-opt", output_dir=tmp_path / "hf"))
+    assert ("no CUDA GPU found" in str(e.value)) == (backend == "auto")
+    assert not (tmp_path / "hf" / "run.json").exists()
