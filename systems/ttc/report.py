@@ -53,6 +53,8 @@ def tidy(runs: pd.DataFrame) -> pd.DataFrame:
     for k, eps in [(t, 1e-9) for t in TIMES] + [("io_share", 1e-9)]:
         df[k] = df[k].mask(df[k].abs() < eps, 0.0)
     df["source"] = [source_of(bool(x)) for x in df["simulated"]]
+    # an in_gpu oom decided from the KV budget before any step ran (systems.ttc.runner)
+    df["oom_predicted"] = runs["summary.oom_predicted"].eq(True) if "summary.oom_predicted" in runs else False
     return df.sort_values(["model", "step", "beams"]).reset_index(drop=True)
 
 
@@ -119,8 +121,8 @@ def _speedups(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _fmt_speed(r) -> str:
-    if r.status == "oom":
-        return "OOM"
+    if r.status == "oom":        # a real engine's record that never ran says so; a simulated one is all predicted
+        return "OOM (predicted)" if r.oom_predicted and not r.simulated else "OOM"
     if r.status != "ok":
         return r.status
     return f"{r.speedup:.2f}x"

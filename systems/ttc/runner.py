@@ -178,11 +178,12 @@ def run(cfg, ctx: RunContext) -> RunResult:
     summary["eq_prediction_bytes"] = (pred["eq3_layerwise_bytes"] if sysc.scheduler == "layerwise"
                                       else pred["eq5_lbs_bytes"] if lbs_moves else 0)
     if sysc.scheduler == "in_gpu" and not scheduler.fits_whole_request(n_beams):
-        summary["oom"] = True
+        # predicted from the budget, never run: on a real engine too nothing was measured (QA)
+        summary["oom"] = summary["oom_predicted"] = True
         return RunResult(status="oom", summary=summary, display=display_rows(summary, sysc),
                          message=f"in_gpu: KV of {n_beams} beams at {w.prompt_len + w.gen_len} tokens "
                                  f"({size_text(scheduler.full_kv_bytes(n_beams))}) exceeds the KV "
-                                 f"budget ({size_text(budget)})")
+                                 f"budget ({size_text(budget)}): predicted from the budget, not run")
 
     replay, recorded = load_beam_tree(sysc.replay_tree, cfg) if sysc.get("replay_tree") else (None, None)
     real = not ctx.backend.simulated

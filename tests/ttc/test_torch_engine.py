@@ -317,3 +317,20 @@ def test_hf_offload_on_the_simulator_names_the_backend_given(compose_cfg, tmp_pa
         run(compose_cfg("system=hf_offload", f"backend={backend}", "model=tiny-opt", output_dir=tmp_path / "hf"))
     assert ("no CUDA GPU found" in str(e.value)) == (backend == "auto")
     assert not (tmp_path / "hf" / "run.json").exists()
+
+
+def test_in_gpu_oom_on_a_real_engine_says_it_was_predicted(compose_cfg, tmp_path):
+    """in_gpu whose KV exceeds the budget is decided before any step: on torch the record says it was
+    predicted, not run, and Fig.9's table writes 'OOM (predicted)' for it (a simulated record stays
+    'OOM'). (Mutations caught: oom_predicted not recorded; the table ignoring it; simulated records
+    marked too.)"""
+    from harness.report import gather_runs
+    from systems.ttc import report
+    for backend in ("torch", "sim"):
+        rec = run(compose_cfg("system=in_gpu", f"backend={backend}", "model=tiny-opt", "beams=64", "gen_len=256",
+                              "kv_budget=1MiB", output_dir=tmp_path / backend))
+        assert rec["status"] == "oom" and rec["summary"]["oom_predicted"] is True
+        assert "predicted from the budget, not run" in rec["message"]
+    df = report.tidy(gather_runs(tmp_path))
+    cells = dict(zip(df.simulated, [report._fmt_speed(r) for _, r in df.iterrows()]))
+    assert cells == {False: "OOM (predicted)", True: "OOM"}
