@@ -390,12 +390,15 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
     runner, backend = validate_config(cfg)
     multirun = in_multirun() if multirun is None else multirun
     if not multirun:                     # a sweep may set one for jobs of several workloads: no warning there
+        given = task_overrides() if overrides is None else overrides
         for key in unused_shortcuts(cfg):
-            own = shortcut_overridden_by(key, task_overrides() if overrides is None else overrides)
+            own = shortcut_overridden_by(key, given)
             why = (f"{own} is set too and wins (drop one of the two)" if own else
                    f"no setting of this run reads it (system={cfg.system.name}, "
                    f"workload={cfg.workload.get('name', '?')})")
             say(f"{key}={cfg.get(key)} has no effect: {why}", warning=True)
+        for text in getattr(runner, "ignored_settings", lambda *_: [])(cfg, given):   # a family's own
+            say(text, warning=True)
     cfg_dict, chash = job_config(cfg)
     outdir = writable_output_dir(cfg, chash)
     if cfg.get("resume", True):

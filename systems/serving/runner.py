@@ -115,6 +115,23 @@ def validate(cfg) -> None:
     configured_kv_budget(s)         # a size, or ConfigError; whether it holds the requests is the run's (oom)
 
 
+def ignored_settings(cfg, overrides) -> list:
+    """Warnings (harness.run, single runs) for settings given on the command line that this run does
+    not use: ``system.parallel`` ("TPxPP", :func:`~systems.serving.build.parallelism`) wins over
+    ``tp``/``pp`` and ``system.tp``/``system.pp``; a value equal to the one used is not warned of."""
+    if not cfg.system.get("parallel"):
+        return []
+    used = dict(zip(("tp", "pp"), parallelism(cfg)))
+    out = []
+    for o in overrides or ():
+        name, eq, value = o.lstrip("+~").partition("=")
+        key = name.removeprefix("system.")
+        if eq and name in ("tp", "pp", "system.tp", "system.pp") and value.strip() != str(used[key]):
+            out.append(f"{name}={value} has no effect: system.parallel={cfg.system.parallel} is set too and wins "
+                       f"(tp={used['tp']}, pp={used['pp']}; drop one of the two)")
+    return out
+
+
 def validate_backend(cfg, backend) -> None:
     if backend.simulated:
         from systems.serving.gpu_model import POWER_KEYS
