@@ -399,6 +399,9 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
             say(f"{key}={cfg.get(key)} has no effect: {why}", warning=True)
         for text in getattr(runner, "ignored_settings", lambda *_: [])(cfg, given):   # a family's own
             say(text, warning=True)
+        if cfg.get("verifier") and cfg.verifier.get("name", "none") != "none" and not getattr(runner, "USES_VERIFIER", False):
+            say(f"verifier={cfg.verifier.name} has no effect: system={cfg.system.name} runs no verifier model "
+                f"(the FastTTS systems do)", warning=True)
     cfg_dict, chash = job_config(cfg)
     outdir = writable_output_dir(cfg, chash)
     if cfg.get("resume", True):

@@ -180,6 +180,18 @@ def test_system_parallel_beside_tp_pp_names_the_setting_that_wins(compose_cfg, c
     assert ignored_settings(compose_cfg("system=beam", "tp=1"), ["tp=1"]) == []
 
 
+def test_a_verifier_on_a_family_without_one_is_warned_of(compose_cfg, capsys, tmp_path):
+    """``system=lbs verifier=skywork-prm-1.5b`` ran without a word (QA): a single run says the verifier
+    has no effect; FastTTS reads it, so no warning there. (Mutations caught: the check dropped; the
+    FastTTS runner without USES_VERIFIER.)"""
+    from harness.run import run
+    run(compose_cfg("system=lbs", "beams=4", "verifier=skywork-prm-1.5b", output_dir=tmp_path / "lbs"), multirun=False)
+    assert "warning: verifier=skywork-prm-1.5b has no effect: system=lbs runs no verifier model" in capsys.readouterr().err
+    run(compose_cfg("system=fasttts", "workload=aime24", "workload.num_problems=1", "n=4", "verifier=skywork-prm-1.5b",
+                    "model=qwen2.5-math-1.5b", output_dir=tmp_path / "tts"), multirun=False)
+    assert "verifier=" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args,modes", [(["-m", "experiment=beam_fig10", "--cfg", "job"], "--multirun and --cfg"),
                                         (["--multirun", "-c", "job"], "--multirun and --cfg"),
                                         (["--info", "--cfg=job"], "--info and --cfg")])

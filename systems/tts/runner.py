@@ -31,6 +31,7 @@ from systems.tts import replay
 from systems.tts.plan import REPLANS, MemoryPlan, kv_budget, unset
 
 log = logging.getLogger(__name__)
+USES_VERIFIER = True        # the one family with a verifier model (harness.run warns of verifier= elsewhere)
 
 
 def _real(cfg, backend=None) -> bool:
