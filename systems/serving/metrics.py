@@ -79,7 +79,11 @@ def summarize(res, slo_ttft: float, slo_tbt: float) -> Dict[str, Any]:
     iterations' stage time over the makespan."""
     req, gaps, dec, its = res.requests, res.gaps, res.decisions, res.iterations
     energy_j, makespan_s = res.energy_j, res.makespan_s
-    n_req, n_dec, n_its = len(req["arrival_s"]), len(dec["time_s"]), len(its["time_s"])
+    # the decision log holds every controller call; a hook that returned no decision (vanilla's, Window-
+    # DVFS at an arrival) is no decision: not counted, and its time is not a decision time
+    made = _given(dec["chunk"])
+    dec_us = dec["decision_us"][made].astype(float)
+    n_req, n_dec, n_its = len(req["arrival_s"]), int(made.sum()), len(its["time_s"])
     ttft = req["ttft_s"].astype(float)
     tbt_mean = req["tbt_mean_s"].astype(float)
     done = np.isfinite(req["finish_s"].astype(float))
@@ -105,8 +109,8 @@ def summarize(res, slo_ttft: float, slo_tbt: float) -> Dict[str, Any]:
         "avg_power_w": (energy_j / makespan_s) if (energy_j is not None and makespan_s > 0) else None,
         "energy_unavailable_reason": res.energy_reason or None,
         "decisions": int(n_dec),
-        "decision_us_p50": _pct(dec["decision_us"].astype(float), 50) if n_dec else None,
-        "decision_us_p99": _pct(dec["decision_us"].astype(float), 99) if n_dec else None,
+        "decision_us_p50": _pct(dec_us, 50) if n_dec else None,
+        "decision_us_p99": _pct(dec_us, 99) if n_dec else None,
         "iterations": int(n_its),
         "iteration_latency_p50_s": _pct(its["latency_s"].astype(float), 50) if n_its else None,
         "stage_utilization": float(its["latency_s"].sum()) / makespan_s if makespan_s > 0 else None,

@@ -31,3 +31,26 @@ def test_predicted_tbt_error_does_not_depend_on_the_order_gaps_arrive_in():
     assert want["pred_tbt_mape_pct"] is not None and want["pred_ttft_mape_pct"] is not None
     perm = rng.permutation(n_gaps)
     assert prediction_error(req, dec, gaps[perm], gap_times[perm]) == want
+
+
+def test_decisions_count_only_hooks_that_decided(compose_cfg, tmp_path):
+    """The decision log holds every controller call; vanilla's hooks and Window-DVFS's arrival hook
+    decide nothing. ``summary.decisions`` counts the rows with a decision and the decision times are
+    theirs only (vanilla: 0 decisions, no decision time; Window-DVFS: its ticks). (Mutations caught:
+    every logged call counted (vanilla 4303 in the stored summaries); percentiles over every call.)"""
+    import pandas as pd
+
+    from harness.run import run
+    from systems.serving.metrics import _pct
+    for system in ("vanilla", "window_dvfs"):
+        rec = run(compose_cfg(f"system={system}", "workload=poisson", "workload.duration_s=20",
+                              output_dir=tmp_path / system))
+        dec = pd.read_parquet(tmp_path / system / "decisions.parquet")
+        decided = dec[dec.chunk.notna()]
+        s = rec["summary"]
+        assert len(dec) > len(decided) and s["decisions"] == len(decided)
+        if system == "vanilla":
+            assert s["decisions"] == 0 and s["decision_us_p50"] is None
+        else:
+            assert set(decided.trigger) == {"tick"} and s["decisions"] > 0
+            assert s["decision_us_p99"] == _pct(decided.decision_us.to_numpy(float), 99)
