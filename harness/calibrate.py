@@ -160,7 +160,8 @@ def write_profile(base: dict, measured: dict, out: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    args = dict(a.split("=", 1) for a in (argv if argv is not None else sys.argv[1:]))
+    from harness.cli import tool_args
+    args = tool_args(list(argv if argv is not None else sys.argv[1:]), __doc__, ("hardware", "out", "quick", "threads"))
     hw = args.get("hardware", "cpu")
     src = ROOT / "conf" / "hardware" / f"{hw}.yaml"
     from harness.cli import check_group_options

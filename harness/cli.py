@@ -282,3 +282,26 @@ def preflight(args: List[str], conf_dir) -> None:
         value = a.split("=", 1)[1]
         if key.split(".")[0] in CONFIG_GROUPS and not any(c in value for c in "()[]{}*$'\""):
             check_value_type(key, value)
+
+
+def tool_args(argv: List[str], doc: str, allowed: Optional[Iterable[str]] = None) -> Dict[str, str]:
+    """The ``key=value`` arguments of one of the project's ``python -m`` tools (calibration, fidelity),
+    as a dict, checked before any work: ``-h``/``--help`` prints ``doc`` (the tool's module docstring)
+    and exits 0; an argument that is not ``key=value``, or (with ``allowed``) a key outside ``allowed``,
+    exits 2 with what is allowed. ``allowed`` None: any key (a tool that passes the rest to run.py).
+    Raises SystemExit. (``python -m systems.serving.fidelity --help`` started a 20-minute vLLM run; QA.)"""
+    if any(a in ("-h", "--help") for a in argv):
+        print(doc.strip())
+        raise SystemExit(0)
+    out: Dict[str, str] = {}
+    for a in argv:
+        key, eq, value = a.partition("=")
+        if not eq or not key:
+            print(f"error: argument {a!r} is not allowed: key=value arguments only (--help lists them)", file=sys.stderr)
+            raise SystemExit(2)
+        if allowed is not None and key not in allowed:
+            print(f"error: {key}={value!r} is not allowed: one of {', '.join(sorted(allowed))} "
+                  f"(--help describes them)", file=sys.stderr)
+            raise SystemExit(2)
+        out[key] = value
+    return out

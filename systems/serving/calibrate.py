@@ -198,7 +198,8 @@ def calibrate(model, out: Path, threads: int = 1, reps: int = 3, rounds: int = 3
 
 
 def main(argv=None) -> int:
-    args = dict(a.split("=", 1) for a in (argv if argv is not None else sys.argv[1:]))
+    from harness.cli import tool_args
+    args = tool_args(list(argv if argv is not None else sys.argv[1:]), __doc__, ("model", "out", "threads", "reps", "rounds"))
     name = args.get("model", "tiny-llama")
     from harness.cli import check_group_options
     try:

@@ -159,7 +159,9 @@ def report(sweep_dir: Path, profile_path: Path, load: str = "") -> pd.DataFrame:
 
 
 def main(argv=None) -> int:
+    from harness.cli import tool_args
     args = list(sys.argv[1:] if argv is None else argv)
+    tool_args(args, __doc__)                 # --help; key=value only (the rest goes to run.py)
     recal = "recalibrate=false" not in args
     args = [a for a in args if not a.startswith("recalibrate=")]
     results = next((a.split("=", 1)[1] for a in args if a.startswith("results_dir=")), "results")

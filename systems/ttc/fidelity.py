@@ -29,7 +29,9 @@ KEYS = ["system", "model", "beams", "step"]
 
 
 def main(argv=None) -> int:
+    from harness.cli import tool_args
     args = list(sys.argv[1:] if argv is None else argv)
+    tool_args(args, __doc__)                 # --help; key=value only (the rest goes to run.py)
     opts = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith(("recalibrate=", "repeats="))}
     args = [a for a in args if not a.startswith(("recalibrate=", "repeats="))]
     repeats = int(opts.get("repeats", 3))

@@ -282,7 +282,9 @@ def compose(overrides: List[str]):
 def main(argv=None) -> int:
     """``refit=<profile.yaml>``: fit that profile's stored points again (after a change of the cost
     terms) instead of measuring."""
-    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
+    from harness.cli import tool_args
+    args = tool_args(list(sys.argv[1:] if argv is None else argv), __doc__,
+                     ("model", "verifier", "threads", "name", "out", "refit"))
     name = args.pop("name", "cpu-tts-calibrated")
     out = Path(args.pop("out", ROOT / "conf" / "hardware" / f"{name}.yaml"))
     threads = int(args.pop("threads", 1))

@@ -170,7 +170,9 @@ def _compose(overrides: List[str]):
 
 
 def main(argv=None) -> int:
-    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
+    from harness.cli import tool_args
+    args = tool_args(list(sys.argv[1:] if argv is None else argv), __doc__,
+                     ("recalibrate", "repeats", "problems", "n", "threads", "workload", "out"))
     out = Path(args.get("out", ROOT / "results" / "tts_fidelity"))
     repeats, threads = int(args.get("repeats", 3)), int(args.get("threads", 1))
     common = [f"workload={args.get('workload', 'aime24')}", f"n={args.get('n', 16)}",
