@@ -263,10 +263,22 @@ def check_hydra_groups(args, conf_dir) -> None:
             raise bad(key, value, f"one of {', '.join(allowed)}")
 
 
+def note_implicit_sweep(args: List[str], conf_dir) -> None:
+    """An experiment whose yaml sets ``hydra.mode: MULTIRUN`` runs its whole sweep without ``-m``
+    (``run.py experiment=lbs_fig9`` ran 225 jobs on every core without a word; QA): say so first."""
+    if any(a.split("=", 1)[0] in _MODES or a.replace(" ", "").startswith("hydra.mode=") for a in args):
+        return                           # -m, --cfg / --info, or a mode of the user's own
+    for a in args:
+        if a.startswith("experiment=") and _experiment_is_a_sweep(a.split("=", 1)[1], conf_dir):
+            print(f"note: {a} is a sweep (its hydra.mode is MULTIRUN): every job of it runs, as with -m; "
+                  f"give one value per swept key with hydra.mode=RUN for a single job", file=sys.stderr)
+
+
 def preflight(args: List[str], conf_dir) -> None:
     """All command-line checks before Hydra starts. Raises ConfigError."""
     check_mode_flags(args)
     check_report(args, conf_dir)
+    note_implicit_sweep(args, conf_dir)
     if any(a.split("=", 1)[0] in _OWN_SEARCH_PATH for a in args):
         return                           # another config search path: Hydra decides
     check_hydra_groups(args, conf_dir)

@@ -313,3 +313,18 @@ def test_a_weights_path_that_is_no_directory_is_refused_where_weights_are_loaded
             validate_config(compose_cfg(*overrides, f"model.weights={weights}"))
         assert str(e.value) == (f"model.weights={weights!r} is not allowed: random or an existing local checkpoint "
                                 f"directory (config.json and weights; nothing is fetched from a hub)")
+
+
+def test_an_experiment_without_dash_m_says_it_runs_its_sweep(capsys):
+    """``run.py experiment=lbs_fig9`` ran 225 jobs on every core without a word (QA): preflight notes
+    that the experiment is a sweep; not with -m, --cfg or a hydra.mode of the user's own, nor for a
+    plain run. (Mutations caught: the note not called by preflight; the -m exemption dropped.)"""
+    from harness.cli import preflight
+    from tests.conftest import ROOT
+    conf = ROOT / "conf"
+    preflight(["experiment=lbs_fig9"], conf)
+    assert "note: experiment=lbs_fig9 is a sweep (its hydra.mode is MULTIRUN)" in capsys.readouterr().err
+    for args in (["-m", "experiment=lbs_fig9"], ["experiment=lbs_fig9", "hydra.mode=RUN", "system=lbs"],
+                 ["experiment=lbs_fig9", "--cfg", "job"], ["system=lbs"]):
+        preflight(args, conf)
+        assert "is a sweep" not in capsys.readouterr().err, args
