@@ -209,13 +209,48 @@ def _experiment_is_a_sweep(name: str, conf_dir) -> bool:
                if isinstance(d, str) and d != "_self_" and d != name)
 
 
+def _sweeps(args: List[str], conf_dir) -> bool:
+    """Whether the command runs a sweep: ``-m``, ``hydra.mode=MULTIRUN``, or an experiment that sets it."""
+    return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args) or any(
+        _experiment_is_a_sweep(a.split("=", 1)[1], conf_dir) for a in args if a.startswith("experiment="))
+
+
+def _top_level_comma(value: str) -> bool:
+    """Whether ``value`` holds a comma outside brackets and quotes (Hydra's sweep syntax ``a,b``)."""
+    depth, quote = 0, None
+    for c in value:
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            return True
+    return False
+
+
+def check_sweep_values(args: List[str], conf_dir) -> None:
+    """``system=in_gpu,layerwise`` without ``-m`` was Hydra's "Ambiguous value" with exit 1: the same
+    advice, as a ConfigError (exit 2). Raises ConfigError."""
+    if _sweeps(args, conf_dir) or any(a.split("=", 1)[0] in _MODES for a in args):
+        return
+    for a in args:
+        key, eq, value = a.partition("=")
+        if eq and not key.startswith("-") and _top_level_comma(value):
+            raise ConfigError(f"{a} is a sweep over {value.count(',') + 1} values, and this is a single run: add -m to "
+                              f"sweep (python run.py -m ... {a}); for a list write {key}=[{value}], for a string "
+                              f"holding a comma quote it: {key}='{value}'")
+
+
 def check_report(args: List[str], conf_dir) -> None:
     """A command-line ``report=module.function`` must name a function (it is called at a sweep's end
     with ``(sweep_dir, runs, cfg)``); a bad one failed only after every job had run (QA). Raises
     ConfigError naming the value and what is allowed. Without ``-m`` it warns that the report will
     not run (a single run has no sweep end)."""
-    multirun = any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args) or any(
-        _experiment_is_a_sweep(a.split("=", 1)[1], conf_dir) for a in args if a.startswith("experiment="))
+    multirun = _sweeps(args, conf_dir)
     for a in args:
         key, _, value = a.partition("=")
         if key.lstrip("+") != "report" or value in ("", "null"):
@@ -278,6 +313,7 @@ def preflight(args: List[str], conf_dir) -> None:
     """All command-line checks before Hydra starts. Raises ConfigError."""
     check_mode_flags(args)
     check_report(args, conf_dir)
+    check_sweep_values(args, conf_dir)
     note_implicit_sweep(args, conf_dir)
     if any(a.split("=", 1)[0] in _OWN_SEARCH_PATH for a in args):
         return                           # another config search path: Hydra decides
