@@ -204,3 +204,14 @@ def test_reports_without_the_layerwise_baseline(sweep, tmp_path, name):
     if name == "fig12":
         text = (tmp_path / "fig12.md").read_text()
         assert "No layer-wise run in this sweep" in text and re.search(r"\|\s+nan\s+\|", text)
+
+
+def test_lbs_fidelity_report_on_simulated_runs_only_says_why(sweep, tmp_path, capsys):
+    """``experiment=lbs_fidelity backend=sim`` has no real run to replay: the report says so (a note
+    and a warning) instead of KeyError 'system' in the empty replay (QA). Mutation caught: the
+    early return dropped."""
+    from systems.ttc.fidelity import report_repeats
+    d, runs, cfg = sweep
+    assert report_repeats(tmp_path, [runs]).empty
+    assert "no ok real-engine runs in the sweep" in (tmp_path / "fidelity.md").read_text()
+    assert "warning: no ok real-engine runs" in capsys.readouterr().err
