@@ -44,6 +44,18 @@ def _ok(runs: pd.DataFrame) -> pd.DataFrame:
     return df.iloc[np.argsort([rank.get(s, len(rank)) for s in df["system"]], kind="stable")]
 
 
+def _one_per(df: pd.DataFrame, keys: List[str], figure: str) -> None:
+    """A report that reads one record per ``keys`` (fig8, fig10: per system) refuses a sweep with more
+    (seeds swept: ``seed=0,1``, a TypeError deep in the report before; QA), naming what to run instead.
+    Raises ValueError."""
+    dup = df.duplicated(keys, keep=False)
+    if dup.any():
+        seeds = sorted({int(x) for x in df.loc[dup, "config.seed"]}) if "config.seed" in df else []
+        raise ValueError(f"{figure} takes one record per {', '.join(keys)}; this sweep has "
+                         f"{int(dup.sum())} records sharing them" + (f" (seeds {seeds})" if len(seeds) > 1 else "")
+                         + ": sweep one seed and use repeats=N (each seed recorded, with their mean and 95 % interval)")
+
+
 def _kinds(df: pd.DataFrame) -> str:
     """"simulated", "measured", or "simulated and measured: each row says which"."""
     k = sorted(set(df["kind"])) if len(df) else []
@@ -294,6 +306,7 @@ def _fig8_ours(tab: pd.DataFrame):
 def fig8(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     """Burst timeline: clock, power and TTFT over time for Window-DVFS and BEAM."""
     df = _ok(runs)
+    _one_per(df, ["system"], "beam_fig8")
     plt = _plt()
     fig, ax = plt.subplots(3, 1, figsize=(7, 7), sharex=True, layout="constrained")
     rows = []
@@ -409,6 +422,7 @@ def fig10(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     """Ablation: energy vs vanilla for DVFS only, +S1, +S2 (= BEAM); steps between them (in points
     of vanilla's energy, as the paper gives them)."""
     df0 = _ok(runs)
+    _one_per(df0, ["system"], "beam_fig10")
     df = df0.set_index("system")
     base = df.loc["vanilla", "summary.energy_j"] if "vanilla" in df.index else np.nan
     rows, prev, paper_prev = [], None, None

@@ -74,3 +74,19 @@ def test_sensitivity_report_against_vanilla(compose_cfg, tmp_path):
     p.write_text(json.dumps(rec))
     with pytest.raises(ValueError, match="vanilla's energy differs"):
         report.sensitivity(sweep, gather_runs(sweep), None)
+
+
+def test_fig8_and_fig10_refuse_a_seed_sweep_by_name():
+    """``experiment=beam_fig10 seed=0,1`` was a TypeError in the report (one record per system assumed;
+    QA): the report names the duplicates and says to use repeats=. (Mutations caught: the check
+    dropped from fig10; duplicates not detected.)"""
+    import pandas as pd
+    import pytest
+
+    from systems.serving import report
+    runs = pd.DataFrame({"system": ["vanilla", "vanilla", "beam", "beam"], "status": ["ok"] * 4,
+                         "simulated": [True] * 4, "config.seed": [0, 1, 0, 1]})
+    for fig in (report.fig8, report.fig10):
+        with pytest.raises(ValueError, match=r"takes one record per system; this sweep has 4 records sharing them "
+                                             r"\(seeds \[0, 1\]\): sweep one seed and use repeats=N"):
+            fig("/nonexistent", runs, None)
