@@ -98,7 +98,7 @@ def check_overrides(overrides: List[str], collect_only: bool, names: List[str] =
             raise ConfigError(f"{o}: set by this command (use --only NAME,... for experiments, --results-dir "
                               f"PATH for the results folder)")
     register_configs()
-    preflight(overrides, ROOT / "conf")
+    preflight(["-m", *overrides], ROOT / "conf")        # they go to experiments' sweeps: a,b sweeps there
     if not overrides or collect_only or not names:
         return
     print(f"[reproduce] checking {' '.join(overrides)} with the jobs of {len(names)} experiment(s) ...", flush=True)
