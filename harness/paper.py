@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import pandas as pd
 
+from harness.units import parse_size
 from harness.verdict import TOLERANCE, Row, fmt_range, verdict
 
 BOOL_UNIT = "(1 = holds)"
@@ -54,10 +55,10 @@ class PaperNumber:
         return f"{self.what} ({where})" if where else self.what
 
     def matches(self, metric: str, **conds) -> bool:
-        """Same metric, and every condition given agrees with the config where the config names it;
-        ``model`` and ``system``, when given, must be named."""
+        """Same metric, and every condition given agrees with the config where the config names it
+        (:func:`_agrees`: as text, number or byte size); ``model`` and ``system``, when given, must be named."""
         c = self.cfg
-        return (self.metric == metric and all(str(c[k]) == str(v) for k, v in conds.items() if k in c)
+        return (self.metric == metric and all(_agrees(v, c[k]) for k, v in conds.items() if k in c)
                 and all(k in c for k in conds if k in ("model", "system")))
 
     def text(self) -> str:
@@ -119,17 +120,60 @@ def find(nums: List[PaperNumber], metric: str, **conds) -> Optional[PaperNumber]
     return next((n for n in nums if n.matches(metric, **conds)), None)
 
 
+def _agrees(cell, value: str) -> bool:
+    """A table cell agrees with a paper config value: equal as text, as numbers, or as byte sizes
+    (``7GiB`` against a ``*_bytes`` column); a value ``a,b`` (the paper's runs on several devices)
+    agrees with either."""
+    for v in str(value).split(","):
+        if str(cell) == v:
+            return True
+        try:
+            if float(cell) == float(v):
+                return True
+        except (TypeError, ValueError):
+            try:
+                if float(cell) == parse_size(v):
+                    return True
+            except (TypeError, ValueError):
+                pass
+    return False
+
+
+def in_setting(n: PaperNumber, d: pd.DataFrame, setting: Dict[str, str]) -> Tuple[pd.DataFrame, str]:
+    """The rows of ``d`` run at the paper number's own setting: for every config key of ``n`` that
+    ``setting`` maps to a column of ``d`` (config key -> column: model, beams, step, hardware, ...),
+    the rows whose value agrees (:func:`_agrees`). Returns (those rows, '' or why none is left:
+    the paper's setting and the values this sweep has). A key the table lacks is not filtered."""
+    keep = pd.Series(True, index=d.index)
+    each = {}
+    for key, col in setting.items():
+        if key in n.cfg and col in d.columns:
+            each[key] = d[col].map(lambda c, v=n.cfg[key]: _agrees(c, v))
+            keep &= each[key]
+    if not each or keep.any():
+        return d[keep], ""
+    wanted = [k for k, ok in each.items() if not ok.any()] or list(each)    # the keys no run agrees with
+    have = "; ".join(f"{k}=" + ",".join(str(x) for x in sorted(d[setting[k]].dropna().unique(), key=str))
+                     for k in wanted)
+    return d[keep], (f"no run at the paper's setting ({', '.join(f'{k}={n.cfg[k]}' for k in wanted)}); "
+                     f"this sweep has {have}")
+
+
 def verdict_rows(nums: List[PaperNumber], df: pd.DataFrame, ours: Callable[[PaperNumber, pd.DataFrame], Optional[Ours]],
-                 source_file: str, source_col: str = "source") -> List[Row]:
+                 source_file: str, source_col: str = "source", setting: Optional[Dict[str, str]] = None) -> List[Row]:
     """One Row per paper number in ``nums`` and per source of ours in ``df[source_col]`` (simulated |
     measured): ``ours(number, rows of one source)``, None for no result. ``source_file``: our figure
-    or table file, relative to the sweep folder."""
+    or table file, relative to the sweep folder. ``setting`` (config key -> column of ``df``): ours
+    is given only the rows run at the number's own setting (:func:`in_setting`), so a 32-beam run is
+    never judged against the paper's 64-beam number; with none left the verdict is 'no result' and
+    the note says which setting was missing."""
     sources = sorted(df[source_col].dropna().unique()) if len(df) else []
     rows = []
     for src in sources or ["simulated"]:
         d = df[df[source_col] == src] if len(df) else df
         for n in nums:
-            o = (ours(n, d) if len(d) else None) or Ours(None, what="no run gives this value")
+            dn, missing = in_setting(n, d, setting or {}) if len(d) else (d, "")
+            o = (ours(n, dn) if len(dn) else None) or Ours(None, what=missing or "no run gives this value")
             lo = None if o.lo is None or pd.isna(o.lo) else float(o.lo)
             hi = None if o.hi is None or pd.isna(o.hi) or lo is None or o.hi == lo else float(o.hi)
             s = n.scale

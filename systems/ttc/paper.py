@@ -30,6 +30,12 @@ QUANTITY = {"kv_share_of_memory": "KV share of memory", "io_share": "I/O share o
 Ours = Optional[Tuple[Optional[float], Optional[float], str]]      # (lo, hi or None, what ours is)
 
 
+# lbs.csv's config keys that name the setting a number was measured at -> the reports' column:
+# ours is taken only from runs at that setting (harness.paper.in_setting); ``system`` is left to
+# each report (a ratio needs the baseline's rows too)
+SETTING = {"model": "model", "beams": "beams", "step": "step", "hardware": "hardware", "kv_budget": "kv_budget_bytes"}
+
+
 def paper_numbers(figure: str) -> List[PaperNumber]:
     """The paper numbers of ``figure`` in lbs.csv's order, each min/max pair as one range."""
     return _paper.numbers("lbs", figure, QUANTITY)
@@ -43,7 +49,7 @@ def verdict_rows(figure: str, df: pd.DataFrame, ours: Callable[[PaperNumber, pd.
     def as_ours(n, d):
         got = ours(n, d)
         return None if got is None else _paper.Ours(*got)
-    return _paper.verdict_rows(paper_numbers(figure), df, as_ours, source_file)
+    return _paper.verdict_rows(paper_numbers(figure), df, as_ours, source_file, setting=SETTING)
 
 
 def verdict_table(rows: List[Row]) -> str:

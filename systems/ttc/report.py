@@ -55,6 +55,7 @@ def tidy(runs: pd.DataFrame) -> pd.DataFrame:
     df["source"] = [source_of(bool(x)) for x in df["simulated"]]
     # an in_gpu oom decided from the KV budget before any step ran (systems.ttc.runner)
     df["oom_predicted"] = runs["summary.oom_predicted"].eq(True) if "summary.oom_predicted" in runs else False
+    df["weight_bytes"] = _weight_bytes(runs)          # each run's own model
     return df.sort_values(["model", "step", "beams"]).reset_index(drop=True)
 
 
@@ -197,6 +198,7 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     fig.legend(handles.values(), handles.keys(), loc="outside right center", fontsize=7)
+    title = f"{title} - {', '.join(sorted(df.hardware.dropna().unique()))}"     # the profiles the runs used
     fig.suptitle(title_label(title, df.simulated))
     save_figure(fig, sweep_dir, figure)
 
@@ -234,13 +236,13 @@ def _offload_text(at: pd.DataFrame, b: int) -> str:
 
 def fig9(sweep_dir, runs, cfg):
     """Fig.9: end-to-end speedup over layer-wise per model x beams x step (ablations, in-GPU OOM)."""
-    _speedup_report(Path(sweep_dir), runs, "fig9", "LBS Fig.9 - RTX 4090", min_beams=16,
+    _speedup_report(Path(sweep_dir), runs, "fig9", "LBS Fig.9", min_beams=16,
                     range_rule="over beams >= 16 x steps where layer-wise offloads (the paper's offloading regime)")
 
 
 def rtx3080ti(sweep_dir, runs, cfg):
     """RTX 3080 Ti speedups (OPT-2.7B, Qwen-4B)."""
-    _speedup_report(Path(sweep_dir), runs, "3080ti", "LBS - RTX 3080 Ti")
+    _speedup_report(Path(sweep_dir), runs, "3080ti", "LBS RTX 3080 Ti speedups")
 
 
 # --- Fig.4 and Fig.5: where the time goes under layer-wise offloading ---------------------------------
@@ -248,14 +250,15 @@ def rtx3080ti(sweep_dir, runs, cfg):
 def fig4(sweep_dir, runs, cfg):
     """Fig.4: KV share of memory (KV / (KV + weights) at the full sequence) and layer-wise runtime breakdown."""
     import matplotlib.pyplot as plt
-    from harness.model_facts import weight_bytes
     sweep_dir = Path(sweep_dir)
     df = tidy(runs)
     nums = paper_numbers("fig4")
-    df["kv_share"] = df.full_kv_bytes / (df.full_kv_bytes + weight_bytes(cfg.model))
-    lw = df[df.system == "layerwise"].sort_values(["source", "beams"]).reset_index(drop=True)
-    kv_num = [find(nums, "kv_share_of_memory", beams=b) for b in lw.beams]
-    io_num = [find(nums, "io_share", beams=b, system="layerwise") for b in lw.beams]
+    df["kv_share"] = df.full_kv_bytes / (df.full_kv_bytes + df.weight_bytes)
+    lw = df[df.system == "layerwise"].sort_values(["model", "source", "beams"]).reset_index(drop=True)
+    kv_num = [find(nums, "kv_share_of_memory", beams=r.beams, model=r.model, hardware=r.hardware)
+              for r in lw.itertuples()]
+    io_num = [find(nums, "io_share", beams=r.beams, system="layerwise", model=r.model, hardware=r.hardware)
+              for r in lw.itertuples()]
     mixed = lw.source.nunique() > 1
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
     a.plot(lw.beams, 100 * lw.kv_share, "o-", label="ours (analytic, from the model's shapes)")
@@ -290,7 +293,7 @@ def fig4(sweep_dir, runs, cfg):
         return _span(r, col, what)
     table = _verdicts(sweep_dir, "fig4", lw, ours, "fig4.png")
     out = pd.DataFrame({
-        "beams": lw.beams, "KV share (%)": _pct(lw.kv_share),
+        "model": lw.model, "beams": lw.beams, "KV share (%)": _pct(lw.kv_share),
         "paper KV share (%)": [n.text() if n else "" for n in kv_num],
         "KV share verdict": [n.judge(v) if n else "" for n, v in zip(kv_num, lw.kv_share)],
         "end-to-end (s)": lw.e2e_s, "compute (s)": lw.compute_s, "I/O stall (s)": lw.io_stall_s,
@@ -301,6 +304,19 @@ def fig4(sweep_dir, runs, cfg):
     write_markdown(out, sweep_dir / "fig4.md",
                    title=title_label("LBS Fig.4 (layer-wise runtime breakdown; KV share = KV / (KV + weights))",
                                      lw.simulated), notes=table)
+
+
+def _weight_bytes(runs: pd.DataFrame) -> pd.Series:
+    """Bytes of each run's own model weights (harness.model_facts, from its record's ``config.model``),
+    so that a sweep over models divides each KV by its own model's weights."""
+    from harness.model_facts import weight_bytes
+    cols = [c for c in runs.columns if c.startswith("config.model.")]
+    return pd.Series([weight_bytes({c[len("config.model."):]: r[c] for c in cols if not _missing(r[c])})
+                      for _, r in runs.iterrows()], index=runs.index, dtype=float)
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and np.isnan(v))
 
 
 def _growth_before_offload(st: pd.DataFrame) -> float:
@@ -342,11 +358,12 @@ def fig5(sweep_dir, runs, cfg):
     t = pd.DataFrame(rows, columns=["system", "beams", "first offload at (token)", "ms per token, first step",
                                     "growth before the first offload (x)", "ms per token, last step", "source"])
     num = find(paper_numbers("fig5"), "latency_growth_before_offload")
-    if num is not None:
-        t["paper growth (x)"] = num.text()
-        t["verdict"] = [num.judge(v) for v in t["growth before the first offload (x)"]]
+    if num is not None:         # the paper's claim is about one system (layer-wise): only its rows are judged
+        claim = t.system == num.cfg.get("system", t.system)
+        t["paper growth (x)"] = np.where(claim, num.text(), "")
+        t["verdict"] = [num.judge(v) if c else "" for v, c in zip(t["growth before the first offload (x)"], claim)]
     table = _verdicts(sweep_dir, "fig5", t, lambda n, d: _span(
-        d, "growth before the first offload (x)",
+        d[d.system == n.cfg["system"]] if "system" in n.cfg else d, "growth before the first offload (x)",
         "per-token latency of the last step before the first offload / the first step's, min-max over beams"),
         "fig5.png")
     write_markdown(t, sweep_dir / "fig5.md", title=title_label("LBS Fig.5", ok.simulated), notes=table)
@@ -362,12 +379,14 @@ def fig7(sweep_dir, runs, cfg):
     nums = paper_numbers("fig7")
     df["eq_gib"] = np.where(df.system == "layerwise", df.eq3_layerwise_bytes, df.eq5_lbs_bytes) / GiB
     df["moved_gib"] = df.h2d_bytes / GiB
-    df = df.drop_duplicates(["system", "step", "source"]).reset_index(drop=True)
-    pn = [find(nums, "h2d_gib", system=r.system, step=r.step) for r in df.itertuples()]
+    df = df.drop_duplicates(["model", "beams", "system", "step", "source"]).reset_index(drop=True)
+    pn = [find(nums, "h2d_gib", system=r.system, step=r.step, beams=r.beams, model=r.model,
+               kv_budget=r.kv_budget_bytes) for r in df.itertuples()]
     mixed = df.source.nunique() > 1
-    fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
-    lab = [f"{_name(s)}\nstep {st}" + (f"\n{src}" if mixed else "")
-           for s, st, src in zip(df.system, df.step, df.source)]
+    several = df.model.nunique() > 1 or df.beams.nunique() > 1     # each bar then says which run it is
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.6 * len(df) + 3), 3.8), layout="constrained")
+    lab = [f"{_name(s)}\nstep {st}" + (f"\n{m}, {b} beams" if several else "") + (f"\n{src}" if mixed else "")
+           for s, st, m, b, src in zip(df.system, df.step, df.model, df.beams, df.source)]
     x = np.arange(len(df))
     ax.bar(x - 0.27, df.eq_gib, 0.27, label="Eq.1-3 / Eq.4-5 evaluated")
     ax.bar(x, df.moved_gib, 0.27, label="moved by the scheduler" + sim_label(df.simulated))
@@ -386,7 +405,8 @@ def fig7(sweep_dir, runs, cfg):
         d = d[(d.system == n.cfg["system"]) & ((d.step == int(n.cfg["step"])) if "step" in n.cfg else True)]
         return _span(d, "moved_gib", "bytes the scheduler moved" + ("" if "step" in n.cfg else ", min-max over steps"))
     table = _verdicts(sweep_dir, "fig7", df, ours, "fig7.png")
-    out = pd.DataFrame({"system": df.system, "step": df.step, "Eq. (GiB)": df.eq_gib, "moved (GiB)": df.moved_gib,
+    out = pd.DataFrame({"model": df.model, "beams": df.beams, "system": df.system, "step": df.step,
+                        "Eq. (GiB)": df.eq_gib, "moved (GiB)": df.moved_gib,
                         "paper (GiB)": [n.value if n else np.nan for n in pn],
                         "verdict (moved vs paper)": [n.judge(v) if n else "" for n, v in zip(pn, df.moved_gib)],
                         "source": df.source})
@@ -458,8 +478,9 @@ def fig10(sweep_dir, runs, cfg):
         out[shown] = scale * piv[col]
         if metric is None:
             continue
-        pn = [find(nums, metric, step=st, system="lbs_interbeam" if metric == "prefix_reuse_reduction" else
-                   "lbs" if metric == "total_reduction" else "lbs_intertoken") for st in piv.step]
+        pn = [find(nums, metric, step=r.step, model=r.model, beams=r.beams,
+                   system="lbs_interbeam" if metric == "prefix_reuse_reduction" else
+                   "lbs" if metric == "total_reduction" else "lbs_intertoken") for r in piv.itertuples()]
         out[f"paper {shown.split(' (')[0]}"] = [n.text() if n else "" for n in pn]
         out[f"verdict {shown.split(' (')[0]}"] = [n.judge(v) if n else "" for n, v in zip(pn, piv[col])]
     out["source"] = piv.source
@@ -474,9 +495,9 @@ def fig10(sweep_dir, runs, cfg):
 def _io_share_paper(nums, r):
     """The most specific paper number for one run's I/O share: its own configuration's, else the
     paper's range or bound for its system."""
-    own = find(nums, "io_share", model=r.model, beams=r.beams, system=r.system)
+    own = find(nums, "io_share", model=r.model, beams=r.beams, system=r.system, step=r.step)
     general = [n for n in nums if n.metric in ("io_share", "io_share_max") and "model" not in n.cfg
-               and n.cfg.get("system") == r.system]
+               and n.cfg.get("system") == r.system and n.matches(n.metric, step=r.step)]
     return own or (general[0] if general else None)
 
 
@@ -584,14 +605,15 @@ def fig12(sweep_dir, runs, cfg):
         d[d.system == n.cfg["system"]], "io_time_vs_layerwise",
         "I/O stall / layer-wise I/O stall, min-max over models x beams"), "fig12.png")
     # dropna=False: a system whose ratios are all NaN (no layer-wise run to divide by) keeps its column
-    piv = df.pivot_table(index=["model", "beams", "source"], columns="system",
+    piv = df.pivot_table(index=["model", "beams", "step", "source"], columns="system",
                          values="io_time_vs_layerwise", dropna=False).reset_index()
-    out = piv[["model", "beams"]].copy()
+    out = piv[["model", "beams", "step"]].copy()
     for s in systems:
         out[f"{_name(s)} (%)"] = 100 * piv[s]
-        if claim.get(s) is not None:
-            out[f"paper {_name(s)} (%)"] = claim[s].text()
-            out[f"verdict {_name(s)}"] = [claim[s].judge(v) for v in piv[s]]
+        if claim.get(s) is not None:        # the claim is at one step (32): rows at another are not judged
+            at = [claim[s].matches(claim[s].metric, step=st) for st in piv.step]
+            out[f"paper {_name(s)} (%)"] = np.where(at, claim[s].text(), "")
+            out[f"verdict {_name(s)}"] = [claim[s].judge(v) if a else "" for v, a in zip(piv[s], at)]
     out["source"] = piv.source
     write_markdown(out, sweep_dir / "fig12.md",
                    title=title_label("LBS Fig.12 I/O time, % of layer-wise I/O time", df.simulated),

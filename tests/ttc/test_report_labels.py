@@ -36,7 +36,9 @@ def test_speedup_table_shows_both_sources_each_against_its_own_baseline(mixed_sw
     layer-wise time; verdict rows taken over both sources at once, labelled simulated.)"""
     import pandas as pd
     sweep, runs = mixed_sweep
-    tab = report._speedup_report(sweep, runs, "fig9", "LBS Fig.9 - test")
+    # the paper's numbers are at hardware=rtx4090 and ours are judged only at the paper's setting
+    # (harness.paper.in_setting): these tiny CPU jobs stand in for runs on that profile
+    tab = report._speedup_report(sweep, runs.assign(hardware="rtx4090"), "fig9", "LBS Fig.9 - test")
     text = (sweep / "fig9.md").read_text()
     assert "(simulated and measured: each value labelled)" in text.splitlines()[0]
     assert sorted(tab.source.unique()) == ["measured", "simulated"]

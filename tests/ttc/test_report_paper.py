@@ -215,3 +215,65 @@ def test_lbs_fidelity_report_on_simulated_runs_only_says_why(sweep, tmp_path, ca
     assert report_repeats(tmp_path, [runs]).empty
     assert "no ok real-engine runs in the sweep" in (tmp_path / "fidelity.md").read_text()
     assert "warning: no ok real-engine runs" in capsys.readouterr().err
+
+
+def _relabel(runs, **cols):
+    """The same records with some config values changed (standing for a run at another setting)."""
+    out = runs.copy()
+    for col, value in cols.items():
+        out[col] = value
+    return out
+
+
+def test_ours_is_taken_at_the_papers_setting_only(sweep, tmp_path):
+    """A paper number is judged only from runs at its own setting (harness.paper.in_setting): a 32-beam
+    sweep against Fig.7's 64-beam volumes, an A100 sweep against Fig.9's RTX 4090 speedups, LBS's
+    growth against Fig.5's layer-wise claim give 'no result' with the setting named, and Fig.9's title
+    names the profile the runs used (QA). (Mutations caught: the setting filter dropped; the filter
+    on the wrong column; fig5 judging every system; the title fixed as 'RTX 4090'.)"""
+    d, runs, cfg = sweep
+    fig7 = runs[REPORTS["fig7"][1](runs)]
+    report.fig7(tmp_path / "b32", _relabel(fig7, **{"config.workload.beams": 32}).reset_index(drop=True), cfg)
+    v = pd.read_csv(tmp_path / "b32" / "verdicts.csv")
+    assert (v.verdict == "no result").all()
+    assert v.note.str.contains("no run at the paper's setting (beams=64", regex=False).all()
+    assert v.note.str.contains("this sweep has beams=32", regex=False).all()
+    rows = [ln for ln in (tmp_path / "b32" / "fig7.md").read_text().splitlines() if "| opt-6.7b |" in ln]
+    assert len(rows) == 4 and all(re.search(r"\|\s+32 \|.*\|\s+nan \|\s+\| simulated", ln) for ln in rows)
+
+    a100 = _relabel(runs, hardware="a100-80gb").reset_index(drop=True)
+    figs = {}
+    real = report.save_figure
+    report.save_figure = lambda fig, sweep_dir, name: figs.setdefault(name, fig)
+    try:
+        report.fig9(tmp_path / "a100", a100, cfg)
+    finally:
+        report.save_figure = real
+    v = pd.read_csv(tmp_path / "a100" / "verdicts.csv")
+    assert (v.verdict == "no result").all() and v.note.str.contains("hardware=rtx4090").all()
+    title = figs["fig9"]._suptitle.get_text()
+    assert "a100-80gb" in title and "4090" not in title
+
+    lbs = runs[(runs.system == "lbs") & (runs.step == 32) & (runs.beams > 4)].reset_index(drop=True)
+    report.fig5(tmp_path / "lbs5", lbs, cfg)
+    v = pd.read_csv(tmp_path / "lbs5" / "verdicts.csv")
+    assert list(v.verdict) == ["no result"]
+    assert "| no" not in (tmp_path / "lbs5" / "fig5.md").read_text().split("Paper numbers")[0]
+
+
+def test_fig4_kv_share_uses_each_runs_own_model(sweep, tmp_path):
+    """KV share = KV / (KV + weights) with the weights of the run's own model (its record), not the
+    sweep's base config: a report given another model's cfg computes the same shares (QA: opt-2.7b
+    runs divided by opt-6.7b's weights). (Mutation caught: weight_bytes(cfg.model).)"""
+    from omegaconf import OmegaConf
+
+    from harness.model_facts import weight_bytes
+    d, runs, cfg = sweep
+    other = OmegaConf.merge(cfg, {"model": {"num_layers": 2}})
+    lw = runs[REPORTS["fig4"][1](runs)].reset_index(drop=True)
+    report.fig4(tmp_path, lw, other)
+    v = pd.read_csv(tmp_path / "verdicts.csv").set_index("quantity")
+    r = lw[lw.beams == 64].iloc[0]
+    kv = float(r["summary.full_kv_bytes"])
+    want = 100 * kv / (kv + weight_bytes(cfg.model))
+    assert v.loc["KV share of memory (model=opt-6.7b, beams=64, hardware=rtx4090)", "ours"] == pytest.approx(want)
