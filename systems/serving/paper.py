@@ -40,6 +40,12 @@ QUANTITY = {
 }
 
 
+# beam.csv's config keys that name the setup a number was measured on -> the runs' column: ours is
+# taken only from runs on that setup (harness.paper.in_setting), so a Qwen sweep is never judged
+# against the paper's Llama numbers; ``system`` and ``workload`` are left to each report
+SETTING = {"model": "model", "parallel": "parallel", "slo_ttft_s": "summary.slo_ttft_s"}
+
+
 def numbers(figure: str) -> List[PaperNumber]:
     """The paper numbers of ``figure`` in beam.csv's order, each min/max pair as one range."""
     return _paper.numbers(PAPER, figure, QUANTITY)
@@ -59,7 +65,7 @@ def verdicts(figure: str, df: pd.DataFrame, ours: Callable[[PaperNumber, pd.Data
     """One Row per paper number of ``figure`` and per source of ours (``df["kind"]``: simulated |
     measured): ``ours(number, that source's rows)``. ``source_file``: our figure or table file,
     relative to the sweep folder."""
-    return _paper.verdict_rows(numbers(figure), df, ours, source_file, source_col="kind")
+    return _paper.verdict_rows(numbers(figure), df, ours, source_file, source_col="kind", setting=SETTING)
 
 
 def write(sweep_dir, rows: List[Row]) -> str:

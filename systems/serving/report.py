@@ -92,6 +92,25 @@ def _stage_from_run(run_dir: str):
     return StageModel(c.model, c.hardware, int(s.get("tp", 2)), int(s.get("pp", 4))), c
 
 
+def _clock(t_s: float) -> str:
+    """Seconds into a trace's day as its time of day: 19:00, 19:01:30."""
+    t = int(round(t_s))
+    return f"{t // 3600 % 24:02d}:{t % 3600 // 60:02d}" + (f":{t % 60:02d}" if t % 60 else "")
+
+
+def _trace_window(df: pd.DataFrame) -> str:
+    """What the runs replayed, from their configs: "ServeGen 19:00-20:00 segment", "ServeGen
+    19:00-19:01 segment (60 s)" (the paper's Fig. 7 is 19:00-20:00), else the workload's name."""
+    sg = df[df["config.workload.kind"] == "servegen"] if "config.workload.kind" in df else df.iloc[:0]
+    spans = sorted({(float(a), float(b)) for a, b in zip(sg["config.workload.start_s"], sg["config.workload.duration_s"])
+                    if pd.notna(a) and pd.notna(b)}) if len(sg) else []
+    other = sorted(set(df["config.workload.name"].dropna()) - set(sg["config.workload.name"])) \
+        if "config.workload.name" in df else []
+    parts = [f"ServeGen {_clock(a)}-{_clock(a + b)} segment" + ("" if b % 3600 == 0 else f" ({b:g} s)")
+             for a, b in spans] + [f"workload {w}" for w in other]
+    return " / ".join(parts) or "trace"
+
+
 def _blank_nan(tab: pd.DataFrame) -> pd.DataFrame:
     """The table for markdown: missing values (no paper number there) as empty cells, not 'nan'."""
     return tab.astype(object).where(tab.notna(), None)
@@ -246,7 +265,7 @@ def fig7(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
            + " of requests (ServeGen's bursts queue prompts), so our default is 2 s; the paper's main-run SLOs are "
              "unknown and its Fig. 11 uses 1 s. " if len(van1) else "")
     rows = paper.verdicts("fig7", df, _fig7_ours(tab), "beam_fig7.png")
-    title = _title("BEAM Fig. 7: ServeGen 19:00-20:00 segment", df)
+    title = _title(f"BEAM Fig. 7: {_trace_window(df)}", df)
     write_markdown(_blank_nan(tab), Path(sweep_dir) / "beam_fig7.md", title=title,
                    notes=why + f"Paper setups: llama-3.3-70b 2x4 and qwen2.5-32b 2x2 ('in paper'), paper values "
                                f"beside our {FIG7_SLO:g} s rows (empty elsewhere and where the paper gives no number). "
@@ -294,11 +313,18 @@ def _fig8_ours(tab: pd.DataFrame):
         b, w = "beam" + label, "window_dvfs" + label
         if b not in t.index or w not in t.index:
             return None
-        checks = {"BEAM raises the clock": t.loc[b, "mean_clock_in_burst_mhz"] > t.loc[b, "mean_clock_before_mhz"],
-                  "BEAM resizes chunks": t.loc[b, "mean_chunk_in_burst"] != t.loc[b, "mean_chunk_before"],
-                  "Window-DVFS misses TTFT in the burst": t.loc[w, "ttft_att_in_burst_%"] < t.loc[w, "ttft_att_outside_%"],
-                  "Window-DVFS's power after it above BEAM's": t.loc[w, "mean_power_20s_after_kw"]
-                  > t.loc[b, "mean_power_20s_after_kw"]}
+        gt, ne, lt = float.__gt__, float.__ne__, float.__lt__
+        tests = {"BEAM raises the clock": (gt, t.loc[b, "mean_clock_in_burst_mhz"], t.loc[b, "mean_clock_before_mhz"]),
+                 "BEAM resizes chunks": (ne, t.loc[b, "mean_chunk_in_burst"], t.loc[b, "mean_chunk_before"]),
+                 "Window-DVFS misses TTFT in the burst": (lt, t.loc[w, "ttft_att_in_burst_%"],
+                                                          t.loc[w, "ttft_att_outside_%"]),
+                 "Window-DVFS's power after it above BEAM's": (gt, t.loc[w, "mean_power_20s_after_kw"],
+                                                               t.loc[b, "mean_power_20s_after_kw"])}
+        untested = [k for k, (_, a, c) in tests.items() if a is None or c is None or pd.isna(a) or pd.isna(c)]
+        if untested:        # a window with no bin or request (the burst, or the 20 s after it, past the run's end)
+            return Ours(None, what=f"not tested: no timeline bin or request in the window of "
+                                   f"{'; '.join(untested)} (burst_start_s/burst_end_s against duration_s)")
+        checks = {k: op(float(a), float(c)) for k, (op, a, c) in tests.items()}
         return Ours(float(all(checks.values())), what=_bool_what(checks))
     return ours
 
@@ -414,6 +440,8 @@ def fig9(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
 
 # -- Fig. 10 / Fig. 11 ---------------------------------------------------------------------------
 ABLATION_ORDER = ["vanilla", "beam_dvfs_only", "beam_s1", "beam", "beam_s2"]
+# each cumulative step and the run it is a step from (beam_s2 is an extra point, not a step)
+ABLATION_PREVIOUS = {"beam_dvfs_only": "vanilla", "beam_s1": "beam_dvfs_only", "beam": "beam_s1"}
 ABLATION_NAMES = {"vanilla": "vanilla", "beam_dvfs_only": "DVFS only", "beam_s1": "+ S1 (chunk)",
                   "beam": "+ S2 = BEAM", "beam_s2": "S2 without S1 (extra)"}
 
@@ -425,26 +453,38 @@ def fig10(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     _one_per(df0, ["system"], "beam_fig10")
     df = df0.set_index("system")
     base = df.loc["vanilla", "summary.energy_j"] if "vanilla" in df.index else np.nan
-    rows, prev, paper_prev = [], None, None
-    for s in [x for x in ABLATION_ORDER if x in df.index]:
-        frac = df.loc[s, "summary.energy_j"] / base
-        step = None if prev is None or s == "beam_s2" else frac - prev
+    # the paper's chain, whatever this sweep ran: a + S1 point derived from DVFS-only and its step
+    paper_at, paper_prev = {}, None
+    for s in ABLATION_ORDER:
         p_frac, p_step = paper.value("fig10", "energy_vs_vanilla", system=s), paper.value("fig10", "energy_step", system=s)
         derived = paper_prev + p_step if p_frac is None and p_step is not None and paper_prev is not None else None
+        paper_at[s] = (p_frac, p_step, derived)
+        if s != "beam_s2":
+            paper_prev = p_frac if p_frac is not None else derived
+    rows = []
+    for s in [x for x in ABLATION_ORDER if x in df.index]:
+        frac = df.loc[s, "summary.energy_j"] / base
+        # a step is against the one before it in the chain only (none when that run is missing)
+        before = ABLATION_PREVIOUS.get(s)
+        step = df.loc[before, "summary.energy_j"] / base if before in df.index else None
+        step = None if step is None else frac - step
+        p_frac, p_step, derived = paper_at[s]
         rows.append({"system": s + df.loc[s, "label"], "step": ABLATION_NAMES[s], "energy / vanilla": round(frac, 3),
                      "paper / vanilla": p_frac, "paper, derived": None if derived is None else round(derived, 3),
                      "step (of vanilla's energy)": None if step is None else round(step, 3), "paper step": p_step,
                      "ttft_att_%": _pct(df.loc[s, "summary.slo_ttft_attainment"]),
                      "tbt_att_%": _pct(df.loc[s, "summary.slo_tbt_attainment"])})
-        if s != "beam_s2":
-            prev = frac
-            paper_prev = p_frac if p_frac is not None else derived
     tab = pd.DataFrame(rows)
+    gaps = [f"{ABLATION_NAMES[s]} needs {before}" for s, before in ABLATION_PREVIOUS.items()
+            if s in df.index and before not in df.index]
 
     def ours(num, d):
         label = " (sim)" if d["kind"].iloc[0] == "simulated" else " (measured)"
         r = tab[tab.system == num.cfg["system"] + label]
         col = "energy / vanilla" if num.metric == "energy_vs_vanilla" else "step (of vanilla's energy)"
+        if not r.empty and pd.isna(r[col].iloc[0]) and col.startswith("step"):
+            return Ours(None, what=f"no {ABLATION_PREVIOUS[num.cfg['system']]} run: a step is against the one "
+                                   f"before it")
         return None if r.empty or pd.isna(r[col].iloc[0]) else Ours(float(r[col].iloc[0]))
     vrows = paper.verdicts("fig10", df0, ours, "beam_fig10.png")
     title = _title("BEAM Fig. 10: ablation, Poisson 3 req/s, 512 in / 64 out", df0)
@@ -452,7 +492,8 @@ def fig10(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
                    notes="Cumulative: DVFS only, + S1 (chunk size), + S2 (microbatches) = BEAM; beam_s2 = DVFS + S2 "
                          "without S1 (an extra point). A step = energy / vanilla's after it minus before it; the "
                          "paper's + S1 point is derived from its DVFS-only value and its step ('paper, derived')."
-                         "\n\n" + paper.write(sweep_dir, vrows))
+                         + (f" No step where the run before it is missing ({'; '.join(gaps)})." if gaps else "")
+                         + "\n\n" + paper.write(sweep_dir, vrows))
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 3.6), layout="constrained")
     x = np.arange(len(tab))
@@ -554,6 +595,9 @@ def tab1(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     return tab
 
 
+S1_S2_SYSTEMS = ("beam", "beam_s1", "beam_s2")       # the systems whose controller makes S1 / S2 decisions
+
+
 def tab2(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     """Decision time (measured on this CPU) and the DVFS actuation delay (modelled, not measured)."""
     df = _ok(runs)
@@ -567,10 +611,14 @@ def tab2(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
             delay = sorted({float(x) * 1e3 for x in d["config.system.dvfs.delay_s"]})
             return Ours(None, what=f"not measured (no GPU here): the simulator applies a clock {delay[0]:g} ms after "
                                    f"the decision, a value taken from the paper")
-        p99 = d["summary.decision_us_p99"].dropna() / 1e3
+        # the paper's S1, S2 decisions: only the systems that make them (not DVFS-only, Window-DVFS)
+        s12 = d[d.system.isin(S1_S2_SYSTEMS)]
+        p99 = s12["summary.decision_us_p99"].dropna() / 1e3
+        if not len(p99):
+            return Ours(None, what=f"no run of a system that makes S1/S2 decisions ({', '.join(S1_S2_SYSTEMS)})")
         return Ours(float(p99.max()), simulated=False,
-                    what="the largest P99 over the runs, wall-clock on this CPU (inside simulated runs)") \
-            if len(p99) else None
+                    what=f"the largest P99 over the {', '.join(sorted(set(s12.system)))} runs, wall-clock on this "
+                         f"CPU (inside simulated runs)")
     vrows = paper.verdicts("tab2", df, ours, "beam_tab2.md")
     kinds = sorted(set(df["compiled.systems.serving.controllers"].dropna())) \
         if "compiled.systems.serving.controllers" in df else []
@@ -620,8 +668,11 @@ def sensitivity(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
                    title=_title("BEAM sensitivity to profiling error", df),
                    notes="bias: every latency, energy and idle power the profiling pass measured is off by this "
                          "fraction (-0.2 = the table believes iterations 20 % faster and cheaper than they are); "
-                         "noise: relative standard deviation of each sample. Vanilla does not use the table (its "
-                         "energy is the same at every error, checked). Default profile error: bias 0, noise 0.02.")
+                         "noise: relative standard deviation of each sample. "
+                         + ("Vanilla does not use the table (its energy is the same at every error, checked). "
+                            if (df.system == "vanilla").any() else
+                            "No vanilla run in this sweep: energy / vanilla's is n/a (add vanilla to system=). ")
+                         + "Default profile error: bias 0, noise 0.02.")
     plt = _plt()
     fig, ax = plt.subplots(1, 3, figsize=(12, 3.6), layout="constrained")
     noises = sorted(tab.noise.unique())

@@ -68,6 +68,11 @@ def test_sensitivity_report_against_vanilla(compose_cfg, tmp_path):
     assert list(tab.system) == ["beam (sim)"] * 2
     assert (sweep / "beam_sensitivity.png").exists()
     assert "SLOs TTFT 1 s, TBT 200 ms" in (sweep / "beam_sensitivity.md").read_text()
+    assert "checked" in (sweep / "beam_sensitivity.md").read_text()
+    # without vanilla the ratio is n/a and the note says why, not 'checked' (QA; mutation caught: the note fixed)
+    report.sensitivity(tmp_path / "nov", runs[runs.system != "vanilla"], None)
+    text = (tmp_path / "nov" / "beam_sensitivity.md").read_text()
+    assert "No vanilla run in this sweep" in text and "checked" not in text
     p = sweep / "vanilla-0.2" / "run.json"
     rec = json.loads(p.read_text())
     rec["summary"]["energy_j"] *= 1.01
@@ -90,3 +95,18 @@ def test_fig8_and_fig10_refuse_a_seed_sweep_by_name():
         with pytest.raises(ValueError, match=r"takes one record per system; this sweep has 4 records sharing them "
                                              r"\(seeds \[0, 1\]\): sweep one seed and use repeats=N"):
             fig("/nonexistent", runs, None)
+
+
+def test_fig7_title_names_the_segment_the_runs_replayed():
+    """Fig. 7's title is the trace window of the runs' configs, not a fixed '19:00-20:00' (QA: a 60 s
+    run titled as the paper's hour). (Mutation caught: the duration ignored.)"""
+    import pandas as pd
+
+    from systems.serving import report
+    runs = pd.DataFrame({"config.workload.kind": ["servegen", "servegen", "burst"],
+                         "config.workload.name": ["servegen", "servegen", "burst"],
+                         "config.workload.start_s": [68400.0, 68400.0, None],
+                         "config.workload.duration_s": [60.0, 60.0, 300.0]})
+    assert report._trace_window(runs) == "ServeGen 19:00-19:01 segment (60 s) / workload burst"
+    hour = runs.iloc[:2].assign(**{"config.workload.duration_s": 3600.0})
+    assert report._trace_window(hour) == "ServeGen 19:00-20:00 segment"
