@@ -144,3 +144,44 @@ def test_a_sweep_where_nothing_fit_still_reports(tmp_path, name):
     assert (tmp_path / table).exists()
     v = pd.read_csv(tmp_path / "verdicts.csv")
     assert len(v) == _paper_numbers(figures) and set(v["verdict"]) == {"no result"}
+
+
+def test_r_sweep_keeps_the_baseline_whatever_r_the_sweep_ran(tmp_path):
+    """A sweep of R=0.0 only still has its baseline (it was kept at R=0.85 only, QA): the baseline
+    does not speculate, so one run of it per setting. Mutation caught: the R=0.85 filter back."""
+    rows = [{"system": s, "config.system.spec_truncation_ratio": 0.0, "config.workload.n": 64,
+             "config.verifier.name": "math-shepherd-7b", "summary.goodput_tok_s": g}
+            for s, g in (("vllm_tts", 12.0), ("fasttts", 18.0))]
+    t = report.report_r_sweep(tmp_path, _runs(rows), None)
+    assert t["vllm_tts (sim)"].tolist() == [12.0] and t["verdict vllm_tts (sim)"].iloc[0] == "reproduced"
+
+
+def test_memory_judges_only_the_papers_n(tmp_path):
+    """Fig. 18 is at n=128: an n=16 row is shown but not judged against it (QA: looked up by the KV
+    budget alone). Mutation caught: the n key dropped from the lookup."""
+    rows = [{"system": s, "config.system.kv_budget": "2GB", "config.workload.n": 16, "summary.goodput_tok_s": g}
+            for s, g in (("vllm_tts", 10.0), ("fasttts_p", 15.0))]
+    t = report.report_memory(tmp_path, _runs(rows), None)
+    assert t["fasttts_p gain % (sim)"].tolist() == [pytest.approx(50.0)]
+    assert t["verdict fasttts_p gain (sim)"].isna().all()
+    v = pd.read_csv(tmp_path / "verdicts.csv")
+    assert set(v.verdict) == {"no result"}
+
+
+@pytest.mark.parametrize("name", ["report_goodput", "report_ablation", "report_memory", "report_methods"])
+def test_without_the_baseline_the_notes_say_why(tmp_path, name):
+    """No vllm_tts in the sweep: the notes say there is no gain and what to add (QA: notes began with
+    '; paper: ...' and the gain figures were silently missing). Mutation caught: the note not added."""
+    rows = [{"system": s, "config.system.kv_budget": "2GB", "config.workload.n": 128, "summary.goodput_tok_s": 10.0}
+            for s in ("fasttts_p", "fasttts_pm", "fasttts")]
+    getattr(report, name)(tmp_path, _runs(rows), None)
+    text = (tmp_path / REPORTS[name][0]).read_text()
+    assert "No gain: no vllm_tts run" in text and "\n; " not in text and "add it to system=" in text
+
+
+def test_an_all_oom_sweep_says_simulated_in_its_title(tmp_path):
+    """Every job oom: the title still says where the records came from (QA: '(simulated)' was lost).
+    Mutation caught: the title's source taken from the successful runs only."""
+    runs = pd.DataFrame([{"status": "oom", "system": "vllm_tts", "simulated": True}])
+    report.report_goodput(tmp_path, runs, None)
+    assert "(simulated)" in (tmp_path / "fig12_goodput.md").read_text().splitlines()[0]
