@@ -238,3 +238,25 @@ def test_nested_known_keys_pass_the_preflight():
     from harness.cli import preflight
     preflight(["system=beam", "system.dvfs.actuate=false", "workload.num_problems=3", "hardware.power.act_a_w=1",
                "+new.key=1", "hydra.launcher.n_jobs=2", "beams=4"], CONF)
+
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+OPTION_GROUPS = [g for g in GROUPS if g != "experiment"]
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_an_experiments_base_config_has_its_jobs_groups(name):
+    """Hydra composes an experiment's base config (before its sweep) with the command line's
+    overrides, so ``experiment=beam_fig8 workload.duration_s=60`` failed with "Key 'duration_s' not in
+    'TTCBeamWorkload' ... use +" (QA): the base had the default LBS workload, the jobs the burst one.
+    Every group an experiment sweeps is chosen in its defaults list as one of the swept values.
+    (Mutation caught: the override /workload line dropped from beam_fig8.)"""
+    y = yaml.safe_load((CONF / "experiment" / f"{name}.yaml").read_text())
+    params = ((y.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+    choices = cfg.hydra.runtime.choices
+    for group in OPTION_GROUPS:
+        if group in params:
+            swept = [v.strip() for v in str(params[group]).split(",")]
+            assert choices[group] in swept, (name, group, choices[group], swept)
