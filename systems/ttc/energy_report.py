@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness.report import save_figure, source_of, title_label, write_markdown
-from systems.ttc.report import MARKER, SYSTEM_NAME, _beam_axis, tidy
+from systems.ttc.report import MARKER, SYSTEM_NAME, _beam_axis, no_layerwise_note, tidy
 
 SYSTEMS = ("in_gpu", "layerwise", "lbs")
 COLOR = {"in_gpu": "tab:gray", "layerwise": "tab:blue", "lbs": "tab:red"}
@@ -116,6 +116,7 @@ def lbs_energy(sweep_dir, runs, cfg):
              f"at P_idle(f) (systems/serving/gpu_model.py). No paper reports these numbers; there is "
              f"nothing to compare with. Where the power parameters come from:\n\n{power_note(runs, hws)}")
     write_markdown(out, sweep_dir / "lbs_energy.md",
-                   title=title_label("Energy of KV offloading (lbs_energy)", df.simulated), notes=notes,
+                   title=title_label("Energy of KV offloading (lbs_energy)", df.simulated),
+                   notes=no_layerwise_note(df, "the LBS / layer-wise columns") + notes,
                    floatfmt=",.3g")
     return out

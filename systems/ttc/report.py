@@ -59,6 +59,15 @@ def tidy(runs: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values(["model", "step", "beams"]).reset_index(drop=True)
 
 
+def no_layerwise_note(df: pd.DataFrame, what: str = "every ratio") -> str:
+    """'' when the runs hold a layer-wise job, else a note (for a report's markdown) that ``what``
+    needs the layer-wise baseline of the same model, beams and step, and how to add it."""
+    if (df.system == "layerwise").any():
+        return ""
+    return (f"No layer-wise run in this sweep: {what} needs the layer-wise run of the same model, beams and "
+            f"step (add `layerwise` to `system=`).\n\n")
+
+
 def _name(system: str) -> str:
     return SYSTEM_NAME.get(system, system)
 
@@ -126,7 +135,7 @@ def _fmt_speed(r) -> str:
         return "OOM (predicted)" if r.oom_predicted and not r.simulated else "OOM"
     if r.status != "ok":
         return r.status
-    return f"{r.speedup:.2f}x"
+    return "n/a" if pd.isna(r.speedup) else f"{r.speedup:.2f}x"
 
 
 def _draw_paper_speedups(ax, nums, model: str, beams) -> None:
@@ -222,7 +231,7 @@ def _speedup_report(sweep_dir: Path, runs: pd.DataFrame, figure: str, title: str
     wide = wide[["model", "step", "beams", "source"] + [s for s in systems if s in wide.columns]]
     write_markdown(wide, sweep_dir / f"{figure}.md",
                    title=title_label(f"{title}, speedup over layer-wise of the same source", df.simulated),
-                   notes=table)
+                   notes=no_layerwise_note(df, "every speedup") + table)
     return df
 
 
@@ -303,7 +312,8 @@ def fig4(sweep_dir, runs, cfg):
         "source": lw.source})
     write_markdown(out, sweep_dir / "fig4.md",
                    title=title_label("LBS Fig.4 (layer-wise runtime breakdown; KV share = KV / (KV + weights))",
-                                     lw.simulated), notes=table)
+                                     lw.simulated),
+                   notes=no_layerwise_note(df, "Fig.4 (the layer-wise runtime breakdown)") + table)
 
 
 def _weight_bytes(runs: pd.DataFrame) -> pd.Series:
@@ -366,7 +376,9 @@ def fig5(sweep_dir, runs, cfg):
         d[d.system == n.cfg["system"]] if "system" in n.cfg else d, "growth before the first offload (x)",
         "per-token latency of the last step before the first offload / the first step's, min-max over beams"),
         "fig5.png")
-    write_markdown(t, sweep_dir / "fig5.md", title=title_label("LBS Fig.5", ok.simulated), notes=table)
+    write_markdown(t, sweep_dir / "fig5.md", title=title_label("LBS Fig.5", ok.simulated),
+                   notes=no_layerwise_note(ok, "the paper's claim (layer-wise latency flat before the first offload)")
+                   + table)
 
 
 # --- Fig.7 and Fig.10: transfer volume ----------------------------------------------------------------
@@ -414,7 +426,7 @@ def fig7(sweep_dir, runs, cfg):
                    title=title_label("LBS Fig.7 transfer volume, host->device", df.simulated),
                    notes="Eq.: layer-wise Eq.1-3, LBS Eq.4-5 (inter-token only). Layer-wise moves Eq.3's bytes minus "
                          "the step's own tokens, which stay on the device (README, 'How layer-wise executes').\n\n"
-                         + table)
+                         + no_layerwise_note(df, "the paper's layer-wise volume") + table)
 
 
 def fig10(sweep_dir, runs, cfg):
@@ -487,7 +499,8 @@ def fig10(sweep_dir, runs, cfg):
     write_markdown(out, sweep_dir / "fig10.md",
                    title=title_label("LBS Fig.10 transfer volume, normalised to layer-wise", df.simulated),
                    notes="Paper: Fig.10a inter-token volume per step (OPT-6.7B, 64 beams); Fig.10b prefix reuse a "
-                         "further > 2x, total reduction > 95 %.\n\n" + table)
+                         "further > 2x, total reduction > 95 %.\n\n"
+                         + no_layerwise_note(tidy(runs), "every volume normalised to layer-wise") + table)
 
 
 # --- Fig.11 and Fig.12: time breakdown and I/O time ---------------------------------------------------
@@ -560,7 +573,8 @@ def fig11(sweep_dir, runs, cfg):
                    title=title_label("LBS Fig.11 time breakdown (paper: layer-wise 70-90 % I/O, LBS < 15 %; "
                                      "OPT-6.7B 64 beams 86 % -> 10 %)", df.simulated),
                    notes="Paper column: this configuration's own number where the paper gives one, else the paper's "
-                         "range or bound for the system.\n\n" + table)
+                         "range or bound for the system.\n\n"
+                         + no_layerwise_note(df, "the paper's layer-wise I/O shares") + table)
 
 
 def fig12(sweep_dir, runs, cfg):
@@ -617,8 +631,7 @@ def fig12(sweep_dir, runs, cfg):
     out["source"] = piv.source
     write_markdown(out, sweep_dir / "fig12.md",
                    title=title_label("LBS Fig.12 I/O time, % of layer-wise I/O time", df.simulated),
-                   notes=("" if len(base) else "No layer-wise run in this sweep: every ratio needs the layer-wise "
-                          "I/O stall of the same model, beams and step (add `layerwise` to `system=`).\n\n")
+                   notes=no_layerwise_note(tidy(runs), "every ratio (I/O stall / layer-wise I/O stall)")
                    + "Paper columns: the paper gives ranges over configurations, not per-configuration values "
                          "(step 32): inter-token alone 5-10 % of the layer-wise I/O time; full LBS (inter-beam + "
                          "prefetch) < 2 % in several configurations.\n\n" + table)
