@@ -189,6 +189,15 @@ def test_run_table_one_byte_unit_host_device_and_the_eq_bound(compose_cfg):
     inter = {label for label, _, _ in display_rows({}, {"scheduler": "lbs", "inter_beam": False})}
     assert any(label.startswith("paper Eq.4-5 prediction") for label in inter)
     assert byte_unit([96 << 10, 5 << 30]) == ("MiB", 1 << 20) and byte_unit([7 << 30, 5000 << 30])[0] == "GiB"
+    # each equation once: the system's own row, then the other one (QA: Eq.4-5 twice for lbs), and
+    # 'beyond the budget' only when the peak is above it (QA: printed for a peak far under it)
+    # (mutations caught: both sub-rows kept; the staging label fixed)
+    assert sum("Eq.4-5" in label for label in lbs) == 1 and sum("Eq.1-3" in label for label in lbs) == 1
+    lw = [label for label, _, _ in display_rows({}, {"scheduler": "layerwise"})]
+    assert sum("Eq.1-3" in label for label in lw) == 1 and sum("Eq.4-5" in label for label in lw) == 1
+    under = {label for label, _, _ in display_rows({"peak_device_kv_bytes": 1 << 20, "kv_budget_bytes": 8 << 20},
+                                                   {"scheduler": "lbs"})}
+    assert "  of which staging, within the budget (largest step)" in under
 
 
 @pytest.mark.parametrize("name", ["fig4", "fig5", "fig7", "fig9", "fig10", "fig11", "fig12", "lbs_energy"])
