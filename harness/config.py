@@ -206,6 +206,25 @@ def _env_or(name: str, default: str) -> str:
     return os.environ.get(name) or default
 
 
+def default_results_dir():
+    """$TTC_RESULTS_DIR (unless unset or empty), else the repository's ``results/``: run.py's
+    ``results_dir`` default (conf/config.yaml), for the tools that find records without a config."""
+    from pathlib import Path
+    return Path(_env_or("TTC_RESULTS_DIR", _repo_path("results")))
+
+
+def results_dir_of(overrides: List[str]):
+    """The results folder a tool's run.py jobs write to: the value of a ``results_dir=`` among
+    ``overrides`` (a relative one inside the repository, where the tools run run.py), else
+    :func:`default_results_dir`."""
+    from pathlib import Path
+    given = next((str(a).split("=", 1)[1] for a in overrides if str(a).startswith("results_dir=")), None)
+    if not given:
+        return default_results_dir()
+    p = Path(given)
+    return p if p.is_absolute() else Path(_repo_path()) / p
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("env_or"):
         OmegaConf.register_new_resolver("env_or", _env_or)

@@ -36,6 +36,7 @@ from typing import Dict, List, Optional
 
 import pandas as pd
 
+from harness.config import default_results_dir
 from harness.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,11 +45,6 @@ REAL = {"systems.ttc.fidelity": "lbs_fidelity", "systems.serving.fidelity": "ser
         "systems.tts.fidelity": "tts_fidelity"}
 NOT_PAPER = {"lbs_fidelity", "beam_fidelity", "beam_fidelity_sim",    # not paper figures (--real runs them)
              "fasttts_offload", "lbs_energy"}                           # cross-paper studies: no paper numbers
-
-
-def default_results_dir() -> Path:
-    """$TTC_RESULTS_DIR, else the repository's results/: run.py's ``results_dir`` default too."""
-    return Path(os.environ.get("TTC_RESULTS_DIR") or ROOT / "results")
 
 
 def paper_experiments() -> List[str]:

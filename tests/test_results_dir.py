@@ -32,3 +32,25 @@ def test_results_dir_is_the_repositorys_from_any_directory_unless_the_env_names_
     monkeypatch.setenv("TTC_RESULTS_DIR", str(tmp_path / "r"))
     assert _results_dir(tmp_path, TTC_RESULTS_DIR=str(tmp_path / "r")) == str(tmp_path / "r")
     assert reproduce.default_results_dir() == tmp_path / "r"
+
+
+def test_fidelity_tools_write_where_run_py_does(tmp_path, monkeypatch):
+    """The fidelity tools find their jobs' records with run.py's results rule (harness.config
+    results_dir_of): $TTC_RESULTS_DIR, a results_dir= override (relative: inside the repository, where
+    they run run.py), else <repo>/results; systems.tts.fidelity accepts results_dir= (harness.reproduce
+    --real passes it: exit 2 before) and writes under <results>/sweeps/tts_fidelity (QA: the tools
+    ignored $TTC_RESULTS_DIR). (Mutations caught: the env ignored; a relative value against the
+    current directory; results_dir not allowed by the tts tool.)"""
+    from harness.cli import tool_args
+    from harness.config import results_dir_of
+    from systems.tts import fidelity
+    monkeypatch.chdir(tmp_path)                     # a relative results_dir is not the current directory's
+    monkeypatch.setenv("TTC_RESULTS_DIR", str(tmp_path / "env"))
+    assert results_dir_of(["repeats=2"]) == tmp_path / "env"
+    assert results_dir_of(["results_dir=out/r"]) == ROOT / "out" / "r"
+    assert results_dir_of([f"results_dir={tmp_path}"]) == tmp_path
+    assert fidelity.out_dir({}) == tmp_path / "env" / "sweeps" / "tts_fidelity"
+    assert fidelity.out_dir({"results_dir": str(tmp_path)}) == tmp_path / "sweeps" / "tts_fidelity"
+    monkeypatch.delenv("TTC_RESULTS_DIR")
+    assert results_dir_of([]) == ROOT / "results"
+    assert tool_args([f"results_dir={tmp_path}"], "", fidelity.KEYS) == {"results_dir": str(tmp_path)}

