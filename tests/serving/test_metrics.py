@@ -54,3 +54,11 @@ def test_decisions_count_only_hooks_that_decided(compose_cfg, tmp_path):
         else:
             assert set(decided.trigger) == {"tick"} and s["decisions"] > 0
             assert s["decision_us_p99"] == _pct(decided.decision_us.to_numpy(float), 99)
+
+
+def test_measured_rows_of_a_simulated_run_say_measured():
+    """The run table's value column says '(simulated)' for a simulated run; the decision times in it
+    are wall-clock on this machine, so their rows say so (QA). Mutation caught: the label back."""
+    from systems.serving.build import display_rows
+    labels = [label for label, key, _ in display_rows() if key.startswith("decision_us")]
+    assert len(labels) == 2 and all("(measured, wall-clock here)" in x for x in labels)
