@@ -602,8 +602,9 @@ def tab2(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
     """Decision time (measured on this CPU) and the DVFS actuation delay (modelled, not measured)."""
     df = _ok(runs)
     tab = pd.DataFrame({"system": df.system + df.label, "decisions": df["summary.decisions"],
-                        "decision_us_p50 (measured)": df["summary.decision_us_p50"].round(1),
-                        "decision_us_p99 (measured)": df["summary.decision_us_p99"].round(1),
+                        # None where a system made no decision (vanilla): NaN, shown empty
+                        "decision_us_p50 (measured)": pd.to_numeric(df["summary.decision_us_p50"]).round(1),
+                        "decision_us_p99 (measured)": pd.to_numeric(df["summary.decision_us_p99"]).round(1),
                         "actuation_delay_ms (modelled)": df["config.system.dvfs.delay_s"].astype(float) * 1e3})
 
     def ours(num, d):

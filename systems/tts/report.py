@@ -422,12 +422,14 @@ def report_r_sweep(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     keys = ["pair", "dataset", "n"]
     # the baseline does not speculate, so R does not change it: one run of it per setting (R=0.85's
     # where the sweep has it), whichever R values the sweep ran
-    base = df[df.system != "fasttts"].assign(_r=df.R.astype(float)).sort_values("_r", ascending=False)
+    base = df[df.system != "fasttts"]
+    base = base.assign(_r=base.R.astype(float)).sort_values("_r", ascending=False)
     base = base.drop_duplicates(keys + ["system", "simulated"]).drop(columns="_r")
-    df = pd.concat([df[df.system == "fasttts"], base]).sort_index().copy()
+    df = pd.concat([df[df.system == "fasttts"], base]).sort_index()
     df["system"] = [_r_system(s, r) for s, r in zip(df.system, df.R)]
-    series = ["vllm_tts", "fasttts;R=0.0", "fasttts;R=0.85"]
-    t = _gains(df, keys, series[1:])
+    series = ["vllm_tts", "fasttts;R=0.0", "fasttts;R=0.85"]                  # the paper's
+    extra = sorted(set(df.system) - set(series))              # other R values run: shown, without a paper number
+    t = _gains(df, keys, series[1:] + extra)
     for s in (series if len(t) else []):
         t[f"paper {s}"] = [_paper17(ref, r.pair, r.dataset, r.n, s) for r in t.itertuples()]
         _verdict_cols(t, s, f"paper {s}", s)
@@ -435,7 +437,10 @@ def report_r_sweep(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     rows = _point_rows(ref, "goodput_tok_s", t, keys, lambda r: r["series"],
                        lambda r: f"goodput {r['series']} {_keys_text(r, keys)}", "tok/s", "fig17_r_sweep.png",
                        note=ref["note"].iloc[0])
-    notes = ("R = the share of speculative tokens a duplicate keeps (mean of N(R, 0.1)); goodput in tok/s, ratios "
+    notes = ((_no_baseline(df.assign(system=df.system.astype(str).str.split(";").str[0]), keys) if len(df) else "")
+             + (f"Also run, without a paper number (the paper's Fig. 17 is at R = 0.0 and 0.85): "
+                f"{', '.join(extra)}. " if extra else "")
+             + "R = the share of speculative tokens a duplicate keeps (mean of N(R, 0.1)); goodput in tok/s, ratios "
              "over vllm_tts in x.\n\n" + _write_verdicts(sweep_dir, rows))
     write_markdown(_blank_nan(t), Path(sweep_dir) / "fig17_r_sweep.md",
                    _title("FastTTS Fig. 17-right: goodput vs truncation ratio R (tok/s)", df, runs), notes)

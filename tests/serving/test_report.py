@@ -110,3 +110,14 @@ def test_fig7_title_names_the_segment_the_runs_replayed():
     assert report._trace_window(runs) == "ServeGen 19:00-19:01 segment (60 s) / workload burst"
     hour = runs.iloc[:2].assign(**{"config.workload.duration_s": 3600.0})
     assert report._trace_window(hour) == "ServeGen 19:00-20:00 segment"
+
+
+def test_tab2_with_systems_that_make_no_decision(compose_cfg, tmp_path):
+    """Tab. 2 on a sweep of vanilla only (no decision: its times are None) writes the table and 'no
+    result', not TypeError in round (QA). Mutation caught: the to_numeric dropped."""
+    import pandas as pd
+    run(compose_cfg("system=vanilla", "workload=ablation", "workload.duration_s=8", output_dir=tmp_path / "v"))
+    tab = report.tab2(tmp_path, gather_runs(tmp_path), None)
+    assert tab["decision_us_p99 (measured)"].isna().all()
+    v = pd.read_csv(tmp_path / "verdicts.csv").set_index("quantity")
+    assert v.loc["decision time (S1, S2)", "verdict"] == "no result"

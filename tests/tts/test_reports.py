@@ -185,3 +185,18 @@ def test_an_all_oom_sweep_says_simulated_in_its_title(tmp_path):
     runs = pd.DataFrame([{"status": "oom", "system": "vllm_tts", "simulated": True}])
     report.report_goodput(tmp_path, runs, None)
     assert "(simulated)" in (tmp_path / "fig12_goodput.md").read_text().splitlines()[0]
+
+
+def test_r_sweep_without_the_baseline_and_at_other_r(tmp_path):
+    """FastTTS alone (no vllm_tts) is still judged against the paper's absolute goodput (QA: n became
+    64.0 in the concatenation with the empty baseline and no paper number matched); a run at another R
+    is shown and named, not dropped (QA). (Mutations caught: the int cast dropped; the extra series
+    dropped.)"""
+    rows = [{"system": "fasttts", "config.system.spec_truncation_ratio": r, "config.workload.n": 64,
+             "config.verifier.name": "math-shepherd-7b", "summary.goodput_tok_s": g}
+            for r, g in ((0.0, 18.0), (0.85, 30.0), (0.5, 25.0))]
+    t = report.report_r_sweep(tmp_path, _runs(rows), None)
+    assert t["verdict fasttts;R=0.0 (sim)"].iloc[0] == "reproduced"
+    assert t["fasttts;R=0.5 (sim)"].tolist() == [25.0]
+    text = (tmp_path / "fig17_r_sweep.md").read_text()
+    assert "without a paper number" in text and "fasttts;R=0.5" in text and "No gain: no vllm_tts run" in text
