@@ -139,6 +139,31 @@ def _agrees(cell, value: str) -> bool:
     return False
 
 
+def _in_order(values) -> list:
+    """Values numerically ordered when they all are numbers (4, 16, not '16', '4'), else as text."""
+    try:
+        return sorted(values, key=float)
+    except (TypeError, ValueError):
+        return sorted(values, key=str)
+
+
+def _shown(cell, like: str) -> str:
+    """A cell as the paper's config writes its value: bytes as GiB where the paper gives a size
+    (``4GiB``, not ``4294967296``), whole numbers without ``.0``."""
+    try:
+        float(like)
+    except ValueError:
+        try:
+            parse_size(like)
+            return f"{float(cell) / 2**30:g}GiB"
+        except (TypeError, ValueError):
+            return str(cell)
+    try:
+        return f"{float(cell):g}"
+    except (TypeError, ValueError):
+        return str(cell)
+
+
 def in_setting(n: PaperNumber, d: pd.DataFrame, setting: Dict[str, str]) -> Tuple[pd.DataFrame, str]:
     """The rows of ``d`` run at the paper number's own setting: for every config key of ``n`` that
     ``setting`` maps to a column of ``d`` (config key -> column: model, beams, step, hardware, ...),
@@ -153,7 +178,7 @@ def in_setting(n: PaperNumber, d: pd.DataFrame, setting: Dict[str, str]) -> Tupl
     if not each or keep.any():
         return d[keep], ""
     wanted = [k for k, ok in each.items() if not ok.any()] or list(each)    # the keys no run agrees with
-    have = "; ".join(f"{k}=" + ",".join(str(x) for x in sorted(d[setting[k]].dropna().unique(), key=str))
+    have = "; ".join(f"{k}=" + ",".join(_shown(x, n.cfg[k]) for x in _in_order(d[setting[k]].dropna().unique()))
                      for k in wanted)
     return d[keep], (f"no run at the paper's setting ({', '.join(f'{k}={n.cfg[k]}' for k in wanted)}); "
                      f"this sweep has {have}")

@@ -39,3 +39,22 @@ def test_bad_kind_and_missing_range_end():
 def test_row_computes_its_verdict():
     r = Row("lbs", "fig10", "inter-token volume, step 32", 0.037, ours=0.0379, unit="fraction")
     assert r.verdict == "reproduced"
+
+
+def test_in_setting_keeps_the_papers_setting_and_says_what_is_missing():
+    """harness.paper.in_setting: the rows at a paper number's setting (numbers, byte sizes, a device
+    list agree); none left: the note names the paper's values and this sweep's, ordered as numbers and
+    sizes in GiB (QA: 'beams=16,4', 'kv_budget=4294967296'). (Mutations caught: sorted as text; bytes
+    shown raw; a size compared as text.)"""
+    import pandas as pd
+
+    from harness.paper import PaperNumber, in_setting
+    n = PaperNumber("lbs", "fig7", "h2d_gib", (("beams", "64"), ("kv_budget", "7GiB"), ("hardware", "a,b")),
+                    "=", 1.0, None, "GiB", "", "volume")
+    setting = {"beams": "beams", "kv_budget": "kv_budget_bytes", "hardware": "hardware"}
+    d = pd.DataFrame({"beams": [16, 4, 64], "kv_budget_bytes": [4 << 30, 4 << 30, 7 << 30], "hardware": ["b"] * 3})
+    rows, why = in_setting(n, d, setting)
+    assert list(rows.index) == [2] and why == ""
+    rows, why = in_setting(n, d.iloc[:2], setting)
+    assert rows.empty
+    assert why == "no run at the paper's setting (beams=64, kv_budget=7GiB); this sweep has beams=4,16; kv_budget=4GiB"

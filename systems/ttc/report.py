@@ -64,8 +64,8 @@ def no_layerwise_note(df: pd.DataFrame, what: str = "every ratio") -> str:
     needs the layer-wise baseline of the same model, beams and step, and how to add it."""
     if (df.system == "layerwise").any():
         return ""
-    return (f"No layer-wise run in this sweep: {what} needs the layer-wise run of the same model, beams and "
-            f"step (add `layerwise` to `system=`).\n\n")
+    return (f"No layer-wise run in this sweep, so no value for {what}: it takes the layer-wise run of the same "
+            f"model, beams and step (add `layerwise` to `system=`).\n\n")
 
 
 def _name(system: str) -> str:
@@ -354,7 +354,7 @@ def fig5(sweep_dir, runs, cfg):
         knee = int(st.start_tokens[st.h2d_bytes > 0].min()) if (st.h2d_bytes > 0).any() else None
         if knee is not None:
             ax.axvline(knee, color=line.get_color(), ls=":", lw=1)
-        rows.append({"system": r.system, "beams": int(r["config.workload.beams"]),
+        rows.append({"system": r.system, "hardware": r.hardware, "beams": int(r["config.workload.beams"]),
                      "first offload at (token)": knee, "ms per token, first step": 1e3 * per_tok.iloc[0],
                      "growth before the first offload (x)": _growth_before_offload(st),
                      "ms per token, last step": 1e3 * per_tok.iloc[-1], "source": source_of(bool(r.simulated))})
@@ -365,7 +365,7 @@ def fig5(sweep_dir, runs, cfg):
     ax.set_title(title_label("LBS Fig.5 - latency vs position (paper: flat, then a sharp rise)", ok.simulated),
                  fontsize=9)
     save_figure(fig, sweep_dir, "fig5")
-    t = pd.DataFrame(rows, columns=["system", "beams", "first offload at (token)", "ms per token, first step",
+    t = pd.DataFrame(rows, columns=["system", "hardware", "beams", "first offload at (token)", "ms per token, first step",
                                     "growth before the first offload (x)", "ms per token, last step", "source"])
     num = find(paper_numbers("fig5"), "latency_growth_before_offload")
     if num is not None:         # the paper's claim is about one system (layer-wise): only its rows are judged
@@ -393,7 +393,7 @@ def fig7(sweep_dir, runs, cfg):
     df["moved_gib"] = df.h2d_bytes / GiB
     df = df.drop_duplicates(["model", "beams", "system", "step", "source"]).reset_index(drop=True)
     pn = [find(nums, "h2d_gib", system=r.system, step=r.step, beams=r.beams, model=r.model,
-               kv_budget=r.kv_budget_bytes) for r in df.itertuples()]
+               kv_budget=r.kv_budget_bytes, hardware=r.hardware) for r in df.itertuples()]
     mixed = df.source.nunique() > 1
     several = df.model.nunique() > 1 or df.beams.nunique() > 1     # each bar then says which run it is
     fig, ax = plt.subplots(figsize=(max(7.0, 0.6 * len(df) + 3), 3.8), layout="constrained")
@@ -462,7 +462,7 @@ def fig10(sweep_dir, runs, cfg):
     ax.set_ylim(bottom=0)
     fig.suptitle(title_label(f"LBS Fig.10 - normalised transfer volume, {_setting(df)}", df.simulated), fontsize=10)
     save_figure(fig, sweep_dir, "fig10")
-    piv = df.pivot_table(index=["model", "beams", "step", "source"], columns="system",
+    piv = df.pivot_table(index=["model", "hardware", "beams", "step", "source"], columns="system",
                          values="normalised_volume").reset_index()
     if {"lbs_intertoken", "lbs_interbeam"} <= set(piv.columns):
         piv["prefix_reuse"] = piv.lbs_intertoken / piv.lbs_interbeam
@@ -490,7 +490,7 @@ def fig10(sweep_dir, runs, cfg):
         out[shown] = scale * piv[col]
         if metric is None:
             continue
-        pn = [find(nums, metric, step=r.step, model=r.model, beams=r.beams,
+        pn = [find(nums, metric, step=r.step, model=r.model, beams=r.beams, hardware=r.hardware,
                    system="lbs_interbeam" if metric == "prefix_reuse_reduction" else
                    "lbs" if metric == "total_reduction" else "lbs_intertoken") for r in piv.itertuples()]
         out[f"paper {shown.split(' (')[0]}"] = [n.text() if n else "" for n in pn]
@@ -508,9 +508,9 @@ def fig10(sweep_dir, runs, cfg):
 def _io_share_paper(nums, r):
     """The most specific paper number for one run's I/O share: its own configuration's, else the
     paper's range or bound for its system."""
-    own = find(nums, "io_share", model=r.model, beams=r.beams, system=r.system, step=r.step)
+    own = find(nums, "io_share", model=r.model, beams=r.beams, system=r.system, step=r.step, hardware=r.hardware)
     general = [n for n in nums if n.metric in ("io_share", "io_share_max") and "model" not in n.cfg
-               and n.cfg.get("system") == r.system and n.matches(n.metric, step=r.step)]
+               and n.cfg.get("system") == r.system and n.matches(n.metric, step=r.step, hardware=r.hardware)]
     return own or (general[0] if general else None)
 
 

@@ -126,7 +126,7 @@ def test_verdicts_follow_the_rule_on_our_numbers(sweep, reports):
     assert v7.loc["energy / vanilla's (model=qwen2.5-32b, parallel=2x2, system=beam)", "verdict"] == "no result"
     v10 = pd.read_csv(reports["fig10"][0] / "verdicts.csv").set_index("quantity")
     step = v10.loc["energy change of this step (points of vanilla's energy) "
-                   "(model=llama-3.3-70b, workload=ablation, system=beam_s1)"]
+                   "(model=llama-3.3-70b, parallel=2x4, workload=ablation, system=beam_s1)"]
     assert step.ours == pytest.approx(100 * (e["abl-beam_s1"] - e["abl-beam_dvfs_only"]) / e["abl-vanilla"], abs=0.1)
     v1 = pd.read_csv(reports["tab1"][0] / "verdicts.csv").set_index("quantity").loc["predictor MAPE, TTFT"]
     mape = runs[runs.job.str.startswith("beam-")]["summary.pred_ttft_mape_pct"]
@@ -225,9 +225,11 @@ def test_ours_only_at_the_papers_setup_and_steps_only_from_the_run_before(sweep,
     abl = pick("fig10")
     v = _verdicts_of("fig10", abl[abl.system != "beam_s1"], tmp_path / "f10").set_index("quantity")
     s2 = v.loc["energy change of this step (points of vanilla's energy) "
-               "(model=llama-3.3-70b, workload=ablation, system=beam)"]
+               "(model=llama-3.3-70b, parallel=2x4, workload=ablation, system=beam)"]
     assert s2.verdict == "no result" and "no beam_s1 run" in s2.note
     assert "+ S2 = BEAM needs beam_s1" in (tmp_path / "f10" / "beam_fig10.md").read_text()
+    v = _verdicts_of("fig10", abl.assign(**{"summary.tp": 4, "summary.pp": 2}), tmp_path / "f10-4x2")   # paper: TP2/PP4
+    assert (v.verdict == "no result").all() and v.note.str.contains("parallel=2x4", regex=False).all()
 
     v = _verdicts_of("tab2", runs[runs.job.isin(["abl-beam_dvfs_only", "window_dvfs-2x4"])], tmp_path / "t2")
     dec = v.set_index("quantity").loc["decision time (S1, S2)"]
