@@ -91,6 +91,9 @@ def test_goodput_verdicts_hold_our_values(small_sweep, tmp_path):
     assert row["ours"] == pytest.approx(ours) and row["paper_value"] == 88
     assert row["verdict"] == vd.verdict(ours, 88) == t["verdict vllm_tts (sim)"].iloc[0]
     assert v.loc["goodput vllm_tts 1.5B+1.5B aime24 n=512", "verdict"] == "no result"
+    # a 'no result' names the setting the sweep lacked (QA; mutation caught: the note dropped)
+    assert v.loc["goodput vllm_tts 1.5B+1.5B aime24 n=512", "note"].startswith(
+        "ours: no run at pair=1.5B+1.5B, dataset=aime24, n=512 in this sweep; ")
 
 
 def _runs(rows):
