@@ -240,3 +240,15 @@ def test_ours_only_at_the_papers_setup_and_steps_only_from_the_run_before(sweep,
     v = _verdicts_of("fig8", short, tmp_path / "f8")
     assert list(v.verdict) == ["no result"] and "not tested" in v.note.iloc[0]
     assert "Window-DVFS's power after it above BEAM's" in v.note.iloc[0]
+
+
+def test_fig7_without_its_ttft_slo_says_which_it_needs(sweep, tmp_path):
+    """Fig. 7 is judged at our TTFT SLO of 2 s; a sweep at 1 s only says so ('no run at our Fig. 7
+    TTFT SLO 2 s'), not 'no run gives this value' (QA). Mutation caught: the message dropped."""
+    d, runs = sweep
+    fig7 = runs[runs.job.map(REPORTS["fig7"])].assign(**{"summary.slo_ttft_s": 1.0})
+    v = _verdicts_of("fig7", fig7, tmp_path)
+    llama = v[v.quantity.str.contains("llama-3.3-70b")]
+    assert len(llama) and (llama.verdict == "no result").all()
+    assert llama.note.str.contains("no run at our Fig. 7 TTFT SLO 2 s", regex=False).all()
+    assert llama.note.str.contains("this setup ran at 1 s", regex=False).all()
