@@ -468,8 +468,7 @@ def fig10(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
         frac = df.loc[s, "summary.energy_j"] / base
         # a step is against the one before it in the chain only (none when that run is missing)
         before = ABLATION_PREVIOUS.get(s)
-        step = df.loc[before, "summary.energy_j"] / base if before in df.index else None
-        step = None if step is None else frac - step
+        step = frac - df.loc[before, "summary.energy_j"] / base if before in df.index else None
         p_frac, p_step, derived = paper_at[s]
         rows.append({"system": s + df.loc[s, "label"], "step": ABLATION_NAMES[s], "energy / vanilla": round(frac, 3),
                      "paper / vanilla": p_frac, "paper, derived": None if derived is None else round(derived, 3),
