@@ -19,11 +19,14 @@
 Hard deadline (``--deadline-s``, default 500 s from the start): checked before each configuration
 and inside runs, between steps (``system.deadline``; a run cut there is recorded as ``timeout``).
 Runs write under ``--work`` (default: a fresh temporary folder, outside ``--out``); a ``finally``
-packs the flat result files and ``runs.tar.gz`` into ``--out`` whatever happens. Without CUDA the
-script exits 2 unless ``--tiny``. Nothing about the GPU is changed: clocks, power limits and modes
-are only read.
-Results in --out: results.csv, estimates.csv, groups_bw.csv, ceilings.json, copy_bw.csv,
-<hw>-measured.yaml, ordering.json, summary.json, runs.tar.gz.
+packs the results into ``--out`` whatever happens, and ``results.csv`` is copied there after every
+configuration (a kill that skips the ``finally`` still returns what ran). Without CUDA the script
+exits 2 unless ``--tiny``. Nothing about the GPU is changed: clocks, power limits and modes are only
+read.
+Results in --out, at most ``MAX_OUT_FILES`` flat files (what one device call returns; the shell
+wrapper adds log.txt and gpu_state.txt): results.csv, summary.json, ceilings.json (also inside the
+archive), outputs.tar.gz (every flat file: estimates.csv, groups_bw.csv, copy_bw.csv,
+<hw>-measured.yaml, ordering.json and the three above) and runs.tar.gz (the run folders).
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ TINY_MODEL = ["model.hidden_size=64", "model.num_heads=4", "model.head_dim=16", 
 MARGIN, FIXED_S = 3.0, 2.0          # estimate = MARGIN x simulated + FIXED_S (Python, sampling, set-up)
 FLAT_FILES = ("results.csv", "estimates.csv", "groups_bw.csv", "ceilings.json", "copy_bw.csv",
               "ordering.json", "summary.json")
+LOOSE_FILES = ("results.csv", "summary.json", "ceilings.json")    # also outside the archive, to read at once
+MAX_OUT_FILES = 8                   # a device call returns at most 8 files (shared/.../device/README.md)
 
 
 def copy_sweep(device: str, sizes_mib) -> list:
@@ -106,7 +111,17 @@ def setting(tiny: bool, gen_len: int) -> dict:
     cfgs += [("lbs", big, steps[1], budgets[big], gen), ("lbs_interbeam", big, steps[0], budgets[big], gen),
              ("hf_offload", small, steps[0], None, min(gen, 128))]   # moves all KV per token both ways
     s["configs"] = cfgs
+    # second tier, after the ordering check and only with time left: the paper's 64-beam pair at twice
+    # the generation length (Fig.9 runs 1-8 K tokens), 7 GiB of KV against ~20 GiB needed
+    long_gen = 2 * gen
+    s["long_configs"] = [("lbs", big, steps[0], budgets[big], long_gen),
+                         ("layerwise", big, steps[0], budgets[big], long_gen)]
     return s
+
+
+def config_name(cfg) -> str:
+    system, beams, step, _, gen = cfg
+    return f"{system}-b{beams}-s{step}-g{gen}"
 
 
 def common_overrides(s: dict, system: str, beams: int, step: int, gen: int) -> list:
@@ -129,7 +144,7 @@ def quiet_run(overrides):
 
 def estimate(s: dict, cfg, measured_hw: list, work: Path) -> dict:
     system, beams, step, kv, gen = cfg
-    name = f"{system}-b{beams}-s{step}"
+    name = config_name(cfg)
     if system == "hf_offload":       # no simulator model of transformers' cache: its own rough bound
         return {"config": name, "sim_s": None, "offloads": True, "estimate_s": 30.0 if s["hw"] != "cpu" else 5.0}
     budget = [f"kv_budget={kv}"] if kv else []
@@ -137,13 +152,18 @@ def estimate(s: dict, cfg, measured_hw: list, work: Path) -> dict:
                     ["backend=sim", *measured_hw, f"output_dir={work / 'estimates' / name}"])
     sm = rec.get("summary", {})
     sim_s = sm.get("e2e_s")
-    return {"config": name, "sim_status": rec["status"], "sim_s": sim_s,
+    return {"config": name, "sim_status": rec["status"], "sim_s": sim_s, "sim_message": rec.get("message", ""),
             "offloads": bool(sm.get("h2d_bytes")), "estimate_s": MARGIN * sim_s + FIXED_S if sim_s else FIXED_S}
+
+
+class SetupBroken(RuntimeError):
+    """No configuration could even be simulated: the environment (packages, configs) is broken, so
+    the real runs would fail the same way; stop before spending the device window on them."""
 
 
 def real_and_replay(s: dict, cfg, device: str, measured_hw: list, deadline: float, work: Path) -> dict:
     system, beams, step, kv, gen = cfg
-    name = f"{system}-b{beams}-s{step}"
+    name = config_name(cfg)
     budget = [f"kv_budget={kv}"] if kv else []
     common = common_overrides(s, system, beams, step, gen)
     t0 = time.time()
@@ -164,7 +184,8 @@ def real_and_replay(s: dict, cfg, device: str, measured_hw: list, deadline: floa
            "d2h_real": rs.get("d2h_bytes"), "d2h_sim": ss.get("d2h_bytes"),
            "peak_kv_real": rs.get("peak_device_kv_bytes"), "peak_physical": rs.get("peak_device_physical_bytes"),
            "cuda_max_allocated": rs.get("cuda_max_memory_allocated_bytes"), "steps_done": rs.get("steps_done"),
-           "energy_j": rs.get("energy_j"), "message": real.get("message", "")}
+           "energy_j": rs.get("energy_j"), "energy_sim_j": ss.get("energy_j"),
+           "avg_power_w": rs.get("avg_power_w"), "message": real.get("message", "")}
     if row["real_s"] and row["sim_s"]:
         row["time_err"] = (row["sim_s"] - row["real_s"]) / row["real_s"]
     return row
@@ -209,11 +230,17 @@ def ordering_check(s: dict, device: str) -> dict:
 
 
 def pack(work: Path, out: Path) -> None:
-    """Flat result files and runs.tar.gz into ``out`` (what a device call can return)."""
+    """The results into ``out`` as few flat files (a device call returns at most ``MAX_OUT_FILES``):
+    ``LOOSE_FILES`` as they are, every flat file in ``outputs.tar.gz``, the run folders in
+    ``runs.tar.gz``."""
     out.mkdir(parents=True, exist_ok=True)
-    for f in list(FLAT_FILES) + [p.name for p in work.glob("*-measured.yaml")]:
+    flat = [f for f in list(FLAT_FILES) + [p.name for p in work.glob("*-measured.yaml")] if (work / f).exists()]
+    for f in LOOSE_FILES:
         if (work / f).exists():
             shutil.copy2(work / f, out / f)
+    with tarfile.open(out / "outputs.tar.gz", "w:gz") as tf:
+        for f in flat:
+            tf.add(work / f, arcname=f)
     if (work / "runs").exists():
         with tarfile.open(out / "runs.tar.gz", "w:gz") as tf:
             tf.add(work / "runs", arcname="runs")
@@ -232,6 +259,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="gpu_validate_"))
     work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     import torch
     if not a.tiny and not torch.cuda.is_available():
         print("error: no CUDA GPU is visible; this script measures a GPU (use --tiny for the CPU dry run)",
@@ -245,8 +273,10 @@ def main(argv=None) -> int:
     register_configs()
     device = "cpu" if a.tiny else "cuda"
     s = setting(a.tiny, a.gen_len)
+    import transformers
     summary = {"device": device, "deadline_s": a.deadline_s, "started_at": t_start, "work": str(work),
-               "status": "started"}
+               "status": "started", "torch": torch.__version__, "transformers": transformers.__version__,
+               "python": sys.version.split()[0]}
     rows, est, ceil = [], [], {}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # a timeout's TERM still packs the outputs
     try:
@@ -268,46 +298,67 @@ def main(argv=None) -> int:
         measured_hw = [f"hardware.{k}={ceil[k]}" for k in keys]
         measured_hw += ["hardware.flops_efficiency=1.0", "hardware.mem_efficiency=1.0"]
         # 2. estimates first, for every configuration
-        est = [estimate(s, c, measured_hw, work) for c in s["configs"]]
+        allc = s["configs"] + s["long_configs"]
+        est = [estimate(s, c, measured_hw, work) for c in allc]
         pd.DataFrame(est).to_csv(work / "estimates.csv", index=False)
         print("estimates (s):", flush=True)
         for e in est:
             print(f"  {e['config']:28s} {e['estimate_s']:8.1f}  offloads={e['offloads']}", flush=True)
         print(f"  total {sum(e['estimate_s'] for e in est):.0f} s; time left {deadline - time.time():.0f} s", flush=True)
+        failed = [e for e in est if e["sim_s"] is None and not e["config"].startswith("hf_offload")]
+        for e in failed:
+            print(f"  {e['config']}: not simulated ({e['sim_status']}): {e['sim_message']}", flush=True)
+        if failed and len(failed) == len([e for e in est if not e["config"].startswith("hf_offload")]):
+            raise SetupBroken(f"no configuration could be simulated ({failed[0]['sim_message']}); "
+                              f"the real runs would fail the same way")
+
+        def run_tier(idx):                          # cheapest first; skipped when the estimate exceeds what is left
+            for i in sorted(idx, key=lambda i: est[i]["estimate_s"]):
+                cfg, e = allc[i], est[i]
+                left = deadline - time.time()
+                if e["estimate_s"] > left:
+                    rows.append({"config": e["config"], "system": cfg[0], "beams": cfg[1], "step": cfg[2],
+                                 "kv_budget": cfg[3], "gen_len": cfg[4],
+                                 "status": f"skipped (estimate {e['estimate_s']:.0f} s > {left:.0f} s left)"})
+                else:
+                    row = real_and_replay(s, cfg, device, measured_hw, deadline, work)
+                    row.update(estimate_s=e["estimate_s"], within_estimate=row["wall_s"] <= e["estimate_s"])
+                    rows.append(row)
+                r = rows[-1]
+                print(f"{r['config']}: {r['status']} real {r.get('real_s')} s (wall {r.get('wall_s')}, estimate "
+                      f"{e['estimate_s']:.1f}), sim {r.get('sim_s')}, io {r.get('io_share_real')}", flush=True)
+                pd.DataFrame(rows).to_csv(work / "results.csv", index=False)
+                shutil.copy2(work / "results.csv", out / "results.csv")      # returned even if killed later
+
         # 3. the real engine, cheapest first
-        order = sorted(range(len(est)), key=lambda i: est[i]["estimate_s"])
-        for i in order:
-            cfg, e = s["configs"][i], est[i]
-            left = deadline - time.time()
-            if e["estimate_s"] > left:
-                rows.append({"config": e["config"], "system": cfg[0], "beams": cfg[1], "step": cfg[2],
-                             "status": f"skipped (estimate {e['estimate_s']:.0f} s > {left:.0f} s left)"})
-            else:
-                row = real_and_replay(s, cfg, device, measured_hw, deadline, work)
-                row.update(estimate_s=e["estimate_s"], within_estimate=row["wall_s"] <= e["estimate_s"])
-                rows.append(row)
-            r = rows[-1]
-            print(f"{r['config']}: {r['status']} real {r.get('real_s')} s (wall {r.get('wall_s')}, estimate "
-                  f"{e['estimate_s']:.1f}), sim {r.get('sim_s')}, io {r.get('io_share_real')}", flush=True)
-            pd.DataFrame(rows).to_csv(work / "results.csv", index=False)
+        n_main = len(s["configs"])
+        run_tier(range(n_main))
         # 4. ordering of write-backs and loads, recorded on the device
         if time.time() < deadline:
-            order_res = ordering_check(s, device)
+            try:
+                order_res = ordering_check(s, device)
+            except Exception as e:               # recorded; the longer generations still run
+                traceback.print_exc()
+                order_res = {"device": device, "ok": None, "error": f"{type(e).__name__}: {e}"}
             (work / "ordering.json").write_text(json.dumps(order_res, indent=2))
-            print(f"ordering: {order_res['writes']} write-backs, {order_res['loads']} loads, "
-                  f"violations {len(order_res['violations'])}", flush=True)
+            print(f"ordering: {order_res.get('writes')} write-backs, {order_res.get('loads')} loads, "
+                  f"violations {len(order_res.get('violations', []))} {order_res.get('error', '')}", flush=True)
+        # 5. longer generations, with whatever time is left
+        run_tier(range(n_main, len(allc)))
         summary["status"] = "finished"
     except BaseException as e:                      # recorded, and the outputs are still packed
         summary["status"] = f"failed: {type(e).__name__}: {e}"
         traceback.print_exc()
     finally:
         df = pd.DataFrame(rows)
-        if len(df) and "real_s" in df:
-            lw = df[df.system == "layerwise"].set_index("beams")["real_s"]
-            df["speedup_vs_layerwise"] = [lw.get(b) / v if v and lw.get(b) else None for b, v in zip(df.beams, df.real_s)]
+        if len(df) and "real_s" in df:             # against layer-wise at the same beams and length
+            lw = {(b, g): v for b, g, v in zip(df[df.system == "layerwise"].beams,
+                                                 df[df.system == "layerwise"].gen_len, df[df.system == "layerwise"].real_s)}
+            df["speedup_vs_layerwise"] = [lw.get((b, g)) / v if v and lw.get((b, g)) else None
+                                          for b, g, v in zip(df.beams, df.gen_len, df.real_s)]
         df.to_csv(work / "results.csv", index=False)
         groups_bw(work, ceil.get("h2d_bw"))
-        summary.update(total_s=time.time() - t_start, configs=len(s["configs"]), runs=len(rows),
+        summary.update(total_s=time.time() - t_start, configs=len(s["configs"]) + len(s["long_configs"]), runs=len(rows),
                        statuses=df.status.value_counts().to_dict() if len(df) else {})
         (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         pack(work, out)

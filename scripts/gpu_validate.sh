@@ -3,7 +3,9 @@
 # Before the call, on the dev machine (once):  bash scripts/gpu_wheels.sh   (hydra/omegaconf/antlr wheels -> .whl/)
 # Device call:  command "bash scripts/gpu_validate.sh", carry [".whl"], timeout_s 560
 #   (the script's own hard deadline is DEADLINE_S=500 s; its run folders go to WORK, outside OUT,
-#    and OUT receives only flat files and runs.tar.gz, packed even when a run fails or time runs out)
+#    and OUT receives at most 8 flat files (a device call returns no more): log.txt, gpu_state.txt,
+#    results.csv, summary.json, ceilings.json, outputs.tar.gz, runs.tar.gz, packed even when a run
+#    fails or time runs out)
 # CPU dry run of every code path:  TINY=1 OUT=/tmp/gv bash scripts/gpu_validate.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,10 +21,15 @@ if [ -z "${PY:-}" ]; then
   [ -x .venv/bin/python ] && PY=.venv/bin/python        # the dev machine's venv; the H200 image's python3 otherwise
 fi
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-{ echo "# GPU state before (read only)"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,persistence_mode --format=csv 2>/dev/null; } > "$OUT/gpu_state.txt"
+gpu_state() {   # read only: nothing about the GPU is changed
+  echo "# GPU state $1 ($(date -u +%FT%TZ))"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,persistence_mode,compute_mode --format=csv 2>/dev/null
+  nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,temperature.gpu --format=csv 2>/dev/null
+}
+gpu_state before > "$OUT/gpu_state.txt"
 ARGS=(--out "$OUT" --work "$WORK" --deadline-s "${DEADLINE_S:-500}")
 [ "${TINY:-0}" = 1 ] && ARGS+=(--tiny)
 $PY scripts/gpu_validate.py "${ARGS[@]}" 2>&1 | tee "$OUT/log.txt"
 rc=${PIPESTATUS[0]}
-{ echo "# GPU state after (read only)"; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,persistence_mode --format=csv 2>/dev/null; } >> "$OUT/gpu_state.txt"
+gpu_state after >> "$OUT/gpu_state.txt"
 exit $rc

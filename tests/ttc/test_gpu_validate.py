@@ -22,27 +22,38 @@ def test_dry_run_finishes_inside_estimates_and_deadline_and_packs_flat_files(tmp
                        timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert all(f.is_file() for f in out.iterdir())                      # nothing but flat files comes back
+    assert len(list(out.iterdir())) <= 8                                 # a device call returns at most 8
+    assert {f.name for f in out.iterdir()} == {"results.csv", "summary.json", "ceilings.json", "outputs.tar.gz",
+                                               "runs.tar.gz", "log.txt", "gpu_state.txt"}
+    with tarfile.open(out / "outputs.tar.gz") as tf:
+        tf.extractall(out / "x")
     for f in ("results.csv", "estimates.csv", "ceilings.json", "copy_bw.csv", "cpu-measured.yaml",
-              "ordering.json", "summary.json", "runs.tar.gz", "log.txt", "groups_bw.csv"):
-        assert (out / f).exists(), f
+              "ordering.json", "summary.json", "groups_bw.csv"):
+        assert (out / "x" / f).exists(), f
     log = (out / "log.txt").read_text()
+    out = out / "x"
     assert log.index("estimates (s):") < log.index(": ok real")          # estimates printed first
     est, res = pd.read_csv(out / "estimates.csv"), pd.read_csv(out / "results.csv")
-    assert len(est) == len(res) == 13
+    assert len(est) == len(res) == 15                                    # 13 + the long tier
     budgeted = est[~est.config.str.startswith(("hf_offload", "in_gpu"))]
-    assert len(budgeted) == 11 and budgeted.offloads.all()             # every budgeted run offloads
+    assert len(budgeted) == 13 and budgeted.offloads.all()             # every budgeted run offloads
     ran = res[res.status == "ok"]
-    assert len(ran) == 12 and set(res.status) == {"ok", "refused"}       # hf_offload needs CUDA
+    assert len(ran) == 14 and set(res.status) == {"ok", "refused"}       # hf_offload needs CUDA
     assert ran.within_estimate.all() and (ran.h2d_real == ran.h2d_sim).all()
+    assert set(ran.gen_len) == {32, 64}                                  # the long tier ran after the ordering check
+    lw = ran[(ran.system == "lbs") & (ran.beams == 16) & (ran.step == 16)].set_index("gen_len")
+    for g in (32, 64):                                                   # speedup against layer-wise at its own length
+        layerwise = ran[(ran.system == "layerwise") & (ran.beams == 16) & (ran.gen_len == g)].real_s.item()
+        assert lw.loc[g, "speedup_vs_layerwise"] == pytest.approx(layerwise / lw.loc[g, "real_s"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["total_s"] < 300
     assert json.loads((out / "ordering.json").read_text())["ok"]
-    with tarfile.open(out / "runs.tar.gz") as tf:
+    with tarfile.open(out.parent / "runs.tar.gz") as tf:
         names = tf.getnames()
     recs = [n for n in names if n.endswith("run.json") and "/real-" in n]
-    assert len(recs) == 12                                              # hf_offload refused before work
+    assert len(recs) == 14                                              # hf_offload refused before work
     # every real run carried the script's hard deadline
-    rec = json.loads((work / "runs" / "real-lbs-b16-s16" / "run.json").read_text())
+    rec = json.loads((work / "runs" / "real-lbs-b16-s16-g32" / "run.json").read_text())
     assert rec["config"]["system"]["deadline"] == pytest.approx(summary["deadline_s"] + summary["started_at"], abs=1)
 
 
@@ -53,8 +64,9 @@ def test_past_the_deadline_configurations_are_skipped_and_outputs_still_packed(t
                             "--deadline-s", "0"])
     assert rc == 0
     res = pd.read_csv(tmp_path / "out" / "results.csv")
-    assert len(res) == 13 and res.status.str.startswith("skipped").all()
-    assert not (tmp_path / "out" / "ordering.json").exists()
+    assert len(res) == 15 and res.status.str.startswith("skipped").all()
+    with tarfile.open(tmp_path / "out" / "outputs.tar.gz") as tf:
+        assert "ordering.json" not in tf.getnames() and "results.csv" in tf.getnames()
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "finished"
 
 
@@ -71,3 +83,25 @@ def test_a_run_stops_at_its_deadline_between_steps_recorded_as_timeout(compose_c
     assert rec["summary"]["steps_done"] == 2
     from harness.records import load_valid_record
     assert load_valid_record(Path(rec["config"]["output_dir"])) is None
+
+
+def test_a_setup_that_cannot_even_simulate_stops_before_any_real_run(tmp_path, monkeypatch):
+    """When no configuration composes and simulates (a package the device image lacks, e.g. the joblib
+    launcher our hydra/launcher extends), the script stops before the real runs and says why,
+    instead of spending the device window on runs that fail the same way. (Mutation caught: the
+    SetupBroken check removed: every real run is attempted and 'refused'.)"""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_validate
+    calls = []
+
+    def broken(overrides):
+        calls.append(overrides)
+        return {"status": "refused", "message": "MissingConfigException: could not load hydra/launcher/joblib",
+                "summary": {}}
+    monkeypatch.setattr(gpu_validate, "quiet_run", broken)
+    out = tmp_path / "out"
+    rc = gpu_validate.main(["--out", str(out), "--work", str(tmp_path / "work"), "--tiny"])
+    assert rc == 1
+    assert not any("backend=torch" in o for c in calls for o in c)       # no real run was attempted
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"].startswith("failed: SetupBroken") and "hydra/launcher/joblib" in summary["status"]
