@@ -31,8 +31,10 @@ archive), outputs.tar.gz (every flat file: estimates.csv, groups_bw.csv, copy_bw
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
+import resource
 import shutil
 import signal
 import sys
@@ -161,22 +163,33 @@ class SetupBroken(RuntimeError):
     the real runs would fail the same way; stop before spending the device window on them."""
 
 
-def real_and_replay(s: dict, cfg, device: str, measured_hw: list, deadline: float, work: Path) -> dict:
+def cpu_seconds() -> float:
+    """CPU seconds of this process so far (user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def real_and_replay(s: dict, cfg, device: str, measured_hw: list, deadline: float, work: Path,
+                    tag: str = "", probe=None) -> dict:
+    """One configuration on the real engine, then on the simulator replaying its beam tree; the row
+    of results.csv. ``tag`` suffixes the run folders (repeats of one configuration); ``probe``: a
+    context manager around the real run only (``scripts/gpu_repeat.py``'s samplers)."""
     system, beams, step, kv, gen = cfg
-    name = config_name(cfg)
+    name = config_name(cfg) + tag
     budget = [f"kv_budget={kv}"] if kv else []
     common = common_overrides(s, system, beams, step, gen)
-    t0 = time.time()
-    real = quiet_run(common + budget + ["backend=torch", f"backend.device={device}", "system.record_tree=true",
-                                        f"system.deadline={deadline}", f"output_dir={work / 'runs' / ('real-' + name)}"])
-    wall = time.time() - t0
+    t0, cpu0 = time.time(), cpu_seconds()
+    with probe if probe is not None else contextlib.nullcontext():
+        real = quiet_run(common + budget + ["backend=torch", f"backend.device={device}", "system.record_tree=true",
+                                            f"system.deadline={deadline}", f"output_dir={work / 'runs' / ('real-' + name)}"])
+    wall, cpu = time.time() - t0, cpu_seconds() - cpu0
     sim = {"status": "n/a", "summary": {}}
     if system != "hf_offload" and real["status"] == "ok":
         sim = quiet_run(common + budget + [f"system.replay_tree={work / 'runs' / ('real-' + name)}", "backend=sim",
                                            *measured_hw, f"output_dir={work / 'runs' / ('sim-' + name)}"])
     rs, ss = real.get("summary", {}), sim.get("summary", {})
     row = {"config": name, "system": system, "beams": beams, "step": step, "kv_budget": kv, "gen_len": gen,
-           "status": real["status"], "sim_status": sim["status"], "wall_s": wall,
+           "status": real["status"], "sim_status": sim["status"], "wall_s": wall, "cpu_s": cpu,
            "real_s": rs.get("e2e_s"), "sim_s": ss.get("e2e_s"), "compute_real": rs.get("compute_s"),
            "compute_sim": ss.get("compute_s"), "io_stall_real": rs.get("io_stall_s"), "io_stall_sim": ss.get("io_stall_s"),
            "io_share_real": rs.get("io_share"), "io_share_sim": ss.get("io_share"),

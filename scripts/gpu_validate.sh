@@ -7,6 +7,7 @@
 #    results.csv, summary.json, ceilings.json, outputs.tar.gz, runs.tar.gz, packed even when a run
 #    fails or time runs out)
 # CPU dry run of every code path:  TINY=1 OUT=/tmp/gv bash scripts/gpu_validate.sh
+# Repeats (a second call): SCRIPT=gpu_repeat DEADLINE_S=380 bash scripts/gpu_validate.sh --ceilings FILE --long
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_validate}
@@ -25,11 +26,15 @@ gpu_state() {   # read only: nothing about the GPU is changed
   echo "# GPU state $1 ($(date -u +%FT%TZ))"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,persistence_mode,compute_mode --format=csv 2>/dev/null
   nvidia-smi --query-gpu=pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,temperature.gpu --format=csv 2>/dev/null
+  echo "# host: $(grep -m1 'model name' /proc/cpuinfo); $(nproc) CPUs; load $(cat /proc/loadavg)"
+  grep '^cpu MHz' /proc/cpuinfo | awk '{print int($4)}' | sort -n | uniq -c | tr '\n' ' ' | sed 's/^/# cpu MHz (count mhz): /'; echo
+  echo "# busiest processes:"; ps -eo pcpu,pid,comm --sort=-pcpu 2>/dev/null | head -4
 }
 gpu_state before > "$OUT/gpu_state.txt"
 ARGS=(--out "$OUT" --work "$WORK" --deadline-s "${DEADLINE_S:-500}")
 [ "${TINY:-0}" = 1 ] && ARGS+=(--tiny)
-$PY scripts/gpu_validate.py "${ARGS[@]}" 2>&1 | tee "$OUT/log.txt"
+# SCRIPT=gpu_repeat: the repeats of a second call (scripts/gpu_repeat.py); extra arguments go to the script
+$PY "scripts/${SCRIPT:-gpu_validate}.py" "${ARGS[@]}" "$@" 2>&1 | tee "$OUT/log.txt"
 rc=${PIPESTATUS[0]}
 gpu_state after >> "$OUT/gpu_state.txt"
 exit $rc

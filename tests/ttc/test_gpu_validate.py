@@ -105,3 +105,27 @@ def test_a_setup_that_cannot_even_simulate_stops_before_any_real_run(tmp_path, m
     assert not any("backend=torch" in o for c in calls for o in c)       # no real run was attempted
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"].startswith("failed: SetupBroken") and "hydra/launcher/joblib" in summary["status"]
+
+
+def test_repeats_dry_run_round_robin_with_probes_and_medians(tmp_path):
+    """scripts/gpu_repeat.py (the second device call) on CPU: every picked configuration runs
+    --repeats times, round-robin, each row with its CPU seconds and steal; the summary's medians and
+    speedup come from those rows; an unknown --only name is exit 2 before any work."""
+    out = tmp_path / "out"
+    env = dict(os.environ, SCRIPT="gpu_repeat", TINY="1", OUT=str(out), WORK=str(tmp_path / "work"),
+               PY=sys.executable, DEADLINE_S="300")
+    p = subprocess.run(["bash", "scripts/gpu_validate.sh", "--only", "lbs-b16-s16,layerwise-b16-s16", "--repeats", "2"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert len(list(out.iterdir())) <= 8
+    rows = pd.read_csv(out / "repeats.csv")
+    assert rows.config.tolist() == ["lbs-b16-s16-g32-r0", "layerwise-b16-s16-g32-r0",
+                                    "lbs-b16-s16-g32-r1", "layerwise-b16-s16-g32-r1"]   # round-robin
+    assert (rows.status == "ok").all() and (rows.cpu_s > 0).all() and rows.steal_s.notna().all()
+    summ = pd.read_csv(out / "repeats_summary.csv").set_index("config")
+    lbs, lw = rows[rows.system == "lbs"].real_s, rows[rows.system == "layerwise"].real_s
+    assert summ.loc["lbs-b16-s16-g32", "real_median_s"] == pytest.approx(lbs.median())
+    assert summ.loc["lbs-b16-s16-g32", "speedup_vs_layerwise_median"] == pytest.approx(lw.median() / lbs.median())
+    bad = subprocess.run([sys.executable, "scripts/gpu_repeat.py", "--out", str(tmp_path / "o2"), "--tiny",
+                          "--only", "lbs-b99-s1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "names no configuration" in bad.stderr
