@@ -136,10 +136,10 @@ def test_gpu_calibration_sets_efficiencies_to_one(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(calibrate, "measure", lambda device, quick, threads: seen.update(device=device) or dict(fake))
-    base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/hardware/h200.yaml"))
+    base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/hardware/h100.yaml"))   # a datasheet profile
     assert base["flops_efficiency"] < 1.0 and base["mem_efficiency"] < 1.0
-    assert calibrate.main(["hardware=h200", f"out={tmp_path / 'h200-calibrated.yaml'}"]) == 0
-    prof = OmegaConf.to_container(OmegaConf.load(tmp_path / "h200-calibrated.yaml"))
+    assert calibrate.main(["hardware=h100", f"out={tmp_path / 'h100-calibrated.yaml'}"]) == 0
+    prof = OmegaConf.to_container(OmegaConf.load(tmp_path / "h100-calibrated.yaml"))
     assert seen["device"] == "cuda"
     assert prof["flops_efficiency"] == 1.0 and prof["mem_efficiency"] == 1.0
     assert prof["mem_bw"] == fake["mem_bw"] and prof["datasheet"]["mem_bw"] == base["mem_bw"]
