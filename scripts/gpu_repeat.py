@@ -21,12 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 import traceback
@@ -130,16 +128,10 @@ def main(argv=None) -> int:
     ap.add_argument("--long", action="store_true", help="then the long tier's layer-wise run, once, if time is left")
     ap.add_argument("--deadline-s", type=float, default=380.0)
     a = ap.parse_args(argv)
-    t_start = time.time()
-    deadline = t_start + a.deadline_s
-    out = Path(a.out)
-    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="gpu_repeat_"))
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
+    t_start, deadline, out, work = gv.open_call(a, "gpu_repeat_")
     import torch
     if not a.tiny and not torch.cuda.is_available():
-        print("error: no CUDA GPU is visible (use --tiny for the CPU dry run)", file=sys.stderr)
-        return 2
+        return gv.no_cuda()
     from harness.config import register_configs, register_resolvers
     register_resolvers()
     register_configs()

@@ -259,6 +259,23 @@ def pack(work: Path, out: Path) -> None:
             tf.add(work / "runs", arcname="runs")
 
 
+def open_call(a, prefix: str):
+    """(start, deadline, out, work) of a device call's script: the hard deadline ``--deadline-s``
+    from now; ``--out`` and ``--work`` (default: a new temporary folder) created."""
+    t_start = time.time()
+    out = Path(a.out)
+    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return t_start, t_start + a.deadline_s, out, work
+
+
+def no_cuda() -> int:
+    print("error: no CUDA GPU is visible; this script measures a GPU (use --tiny for the CPU dry run)",
+          file=sys.stderr)
+    return 2
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, help="flat result files (returned by the device call)")
@@ -267,17 +284,10 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-len", type=int, default=256)
     ap.add_argument("--deadline-s", type=float, default=500.0, help="hard deadline, seconds from the start")
     a = ap.parse_args(argv)
-    t_start = time.time()
-    deadline = t_start + a.deadline_s
-    out = Path(a.out)
-    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="gpu_validate_"))
-    work.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    t_start, deadline, out, work = open_call(a, "gpu_validate_")
     import torch
     if not a.tiny and not torch.cuda.is_available():
-        print("error: no CUDA GPU is visible; this script measures a GPU (use --tiny for the CPU dry run)",
-              file=sys.stderr)
-        return 2
+        return no_cuda()
     import pandas as pd
     from omegaconf import OmegaConf
     from harness.calibrate import measure, write_profile
