@@ -129,3 +129,20 @@ def test_repeats_dry_run_round_robin_with_probes_and_medians(tmp_path):
     bad = subprocess.run([sys.executable, "scripts/gpu_repeat.py", "--out", str(tmp_path / "o2"), "--tiny",
                           "--only", "lbs-b99-s1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "names no configuration" in bad.stderr
+
+
+def test_the_h200_profile_holds_the_ceilings_measured_on_the_device():
+    """conf/hardware/h200.yaml's ceilings are the ones scripts/gpu_validate.sh measured on the lent
+    H200 (results/reference/h200/validate-2026-12-04/ceilings.json): its measured: block equals the
+    file, the values the simulator uses round them (0.1 %), the datasheet values are kept beside
+    them, and the efficiencies are 1.0 (measured rates are achieved rates). (Mutation caught: one
+    ceiling edited in the profile.)"""
+    from omegaconf import OmegaConf
+    prof = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/hardware/h200.yaml"))
+    ceil = json.loads((ROOT / "results/reference/h200/validate-2026-12-04/ceilings.json").read_text())
+    for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s"):
+        assert prof["measured"][k] == pytest.approx(ceil[k], rel=1e-12), k
+        assert prof[k] == pytest.approx(ceil[k], rel=1e-3), k
+        assert prof["datasheet"][k] != prof[k], k
+    assert prof["measured"]["date"] == ceil["date"]
+    assert prof["flops_efficiency"] == prof["mem_efficiency"] == 1.0
