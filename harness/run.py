@@ -155,11 +155,13 @@ class OutputDirCheck(Callback):
     it Hydra's own ``mkdir`` fails with a traceback and exit 1."""
 
     new_run_dir: Optional[Path] = None   # the run dir, when it did not exist before (see remove_unused_run_dir)
+    new_top: Optional[Path] = None       # the topmost of its folders that did not exist either
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         end_startup()
         path = self._check(config, "hydra.run.dir")
         OutputDirCheck.new_run_dir = Path(path) if path and not Path(path).exists() else None
+        OutputDirCheck.new_top = topmost_missing(Path(path)) if OutputDirCheck.new_run_dir else None
         if path and (Path(path) / "run.json").exists():
             self._check_no_other_record(config, Path(path))
 
@@ -206,11 +208,24 @@ class OutputDirCheck(Callback):
             sys.exit(2)
 
 
+def topmost_missing(path: Path) -> Path:
+    """The topmost folder of ``path`` (``path`` itself included) that does not exist yet: what making
+    ``path`` creates (``results_dir=/tmp/new`` -> ``/tmp/new``, when /tmp exists)."""
+    top = path = Path(path).absolute()
+    for parent in path.parents:
+        if parent.exists():
+            break
+        top = parent
+    return top
+
+
 def remove_unused_run_dir() -> None:
     """After a single run was rejected before any work (ConfigError, exit 2): remove the run dir
     Hydra made for it, when it did not exist before and holds nothing but Hydra's ``.hydra/`` and
     ``<hydra.job.name>.log`` (``run.log``; the message went to the console), so ``results/runs/``
-    lists only runs that ran (with ``hydra.job.name=x`` the folder holding x.log was left; QA)."""
+    lists only runs that ran (with ``hydra.job.name=x`` the folder holding x.log was left; QA); then
+    the folders above it that the run made and that are empty now (a new ``results_dir`` and its
+    ``runs/`` were left behind), never one that existed before."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
@@ -219,6 +234,15 @@ def remove_unused_run_dir() -> None:
     if d is not None and d.is_dir() and {p.name for p in d.iterdir()} <= {".hydra", "run.log", log_name}:
         logging.shutdown()                 # Hydra's run.log handler lets go of the file
         shutil.rmtree(d, ignore_errors=True)
+        top, parent = OutputDirCheck.new_top, d.absolute().parent
+        while top is not None and top != d.absolute() and top in (parent, *parent.parents):
+            try:
+                parent.rmdir()             # only when empty
+            except OSError:
+                break
+            if parent == top:
+                break
+            parent = parent.parent
 
 
 def task_overrides() -> Optional[List[str]]:

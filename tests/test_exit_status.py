@@ -269,14 +269,21 @@ def test_output_location_on_a_pseudo_file_system_exits_2(args, env, path, key):
 
 def test_a_run_rejected_before_work_leaves_no_run_folder(tmp_path):
     """Hydra makes the run folder (.hydra/, run.log) before our validation; a rejected run removes
-    it, but never a folder that existed before. Mutations caught: run.py not calling
-    remove_unused_run_dir (a folder with .hydra/ is left); the 'did not exist before' condition
-    dropped (the user's own hydra.run.dir is removed); only run.log taken for the job's log."""
+    it and the folders above it that the run made (a new results_dir and its runs/), but never a
+    folder that existed before. Mutations caught: run.py not calling remove_unused_run_dir (a folder
+    with .hydra/ is left); the 'did not exist before' condition dropped (the user's own
+    hydra.run.dir is removed); only run.log taken for the job's log; the parents' loop dropped (an
+    empty results_dir/runs/ is left); topmost_missing returning the run dir's parent's parent
+    regardless (the existing results_dir is removed)."""
     out = run_py("beams=63", f"results_dir={tmp_path / 'r'}")
     assert out.returncode == 2 and out.stderr.startswith("error: beams=63 is not allowed"), out.stderr[-2000:]
-    assert list((tmp_path / "r").glob("runs/*")) == []
+    assert not (tmp_path / "r").exists()                     # nor the results_dir and runs/ it made
+    (tmp_path / "r").mkdir()                                 # a results_dir that exists stays, empty
     out = run_py("beams=63", "hydra.job.name=x", f"results_dir={tmp_path / 'r'}")     # its log is x.log (QA)
-    assert out.returncode == 2 and list((tmp_path / "r").glob("runs/*")) == [], out.stderr[-2000:]
+    assert out.returncode == 2 and list((tmp_path / "r").iterdir()) == [], out.stderr[-2000:]
+    (tmp_path / "r" / "runs" / "old").mkdir(parents=True)    # runs/ holding another run stays
+    out = run_py("beams=63", f"results_dir={tmp_path / 'r'}")
+    assert out.returncode == 2 and [p.name for p in (tmp_path / "r" / "runs").iterdir()] == ["old"]
     mine = tmp_path / "mine"
     mine.mkdir()
     out = run_py("beams=63", f"hydra.run.dir={mine}")
