@@ -408,7 +408,8 @@ class TieredKVStore:
     # -- group loads (Alg.1 execution: shared prefix blocks once, fanned out on the device) ------
     def load_paths(self, dst: torch.Tensor, slots: Sequence[int], paths: Sequence[Path],
                    credits: Optional[Counter] = None,
-                   sources: Optional[Dict[int, Tuple[torch.Tensor, int, int]]] = None
+                   sources: Optional[Dict[int, Tuple[torch.Tensor, int, int]]] = None,
+                   fan_out: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None
                    ) -> Dict[int, Tuple[torch.Tensor, int, int]]:
         """Fill each beam's dense device slot with its path's KV (all layers), inside ``io("h2d")``.
 
@@ -420,6 +421,11 @@ class TieredKVStore:
             once per beam, it is loaded once per beam). ``None``: every beam loads every segment.
         sources: segments already on the device (sid -> (tensor, slot, token offset), same layout), e.g.
             prefetched beams; updated and returned.
+        fan_out: a list that collects the device-side copies (destination, source views) instead of
+            making them now; :meth:`fan_out` makes them, after the loads, in the same ``io`` region
+            (the stream orders them after the loads they read). The caller can then time the
+            host->device copies alone (``copy_span``): the fan-out of a shared prefix to every beam
+            moves more bytes on the device than the loads bring over PCIe.
         Raises PlanMismatch when a needed segment has neither a credit nor a device copy.
         """
         sources = {} if sources is None else sources
@@ -436,12 +442,21 @@ class TieredKVStore:
                     sources.setdefault(sid, (dst, slot, pos))
                 elif sid in sources:
                     t, s_slot, s_pos = sources[sid]
-                    self.d2d(d, t[:, :, s_slot, :, s_pos:s_pos + n, :])
+                    src = t[:, :, s_slot, :, s_pos:s_pos + n, :]
+                    if fan_out is None:
+                        self.d2d(d, src)
+                    else:
+                        fan_out.append((d, src))
                 else:
                     raise PlanMismatch(f"segment {sid} is needed on the device but the plan does not "
                                        f"load it and no device copy exists")
                 pos += n
         return sources
+
+    def fan_out(self, copies: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Make the device-side copies :meth:`load_paths` collected (``fan_out=``), in order."""
+        for d, src in copies:
+            self.d2d(d, src)
 
     def write_back(self, src: torch.Tensor, slots: Sequence[int], segs: Sequence[int], start: int,
                    n: int) -> None:

@@ -385,8 +385,12 @@ class TorchExecutor:
                 sources = {sid: (buf.tensor, slot, pos) for sid, (_, slot, pos) in sources.items()}
             else:
                 k, credits, sources = 0, Counter(gp.load_blocks), {}
-            with st.io("h2d"), st.copy_span("h2d") as span:
-                st.load_paths(buf.tensor, range(k, G), [paths[i] for i in gp.beams[k:]], credits, sources)
+            fan: list = []
+            with st.io("h2d"):
+                with st.copy_span("h2d") as span:      # the host->device copies alone (load_s)
+                    st.load_paths(buf.tensor, range(k, G), [paths[i] for i in gp.beams[k:]], credits, sources,
+                                  fan_out=fan)
+                st.fan_out(fan)                         # shared prefixes to the other beams, device-side
             if any(v != 0 for v in credits.values()):
                 raise PlanMismatch(f"step {plan.step} group {gi}: the plan loads blocks no beam needs: "
                                    f"{ {s: c for s, c in credits.items() if c} }")
