@@ -22,12 +22,14 @@ cdef class SimExecutor:
     cdef public Py_ssize_t seq
     cdef public double energy
     cdef public list e_bin
+    cdef public dict p_idle
 
-    @cython.locals(tc=double, tl=double, t_ready=double, m=Py_ssize_t)
+    @cython.locals(tc=double, tl=double, t_ready=double, j=Py_ssize_t, k=Py_ssize_t)
     cpdef object advance(self, double until)
     cpdef void _wake(self, double now)
     @cython.locals(k=Py_ssize_t)
     cdef void _charge(self, double t, double joules)
+    cdef double _idle_power(self, double f)
     cdef double _clock_at(self, double t)
     cdef void _assign(self, Py_ssize_t r)
     cdef void _release(self, Py_ssize_t r)

@@ -79,6 +79,7 @@ class SimExecutor:
         self.seq = 0
         self.energy = 0.0
         self.e_bin: List[float] = []             # joules per 1-s bin (index = second): _charge
+        self.p_idle: dict = {}                   # clock -> cost.idle1(clock), asked once per clock (_idle_power)
 
     # -- the executor protocol ----------------------------------------------------------------------
     def add(self, rid: int, input_len: int, output_len: int, now: float) -> None:
@@ -115,8 +116,11 @@ class SimExecutor:
         heap, ready, stage_free = self.heap, self.slot_ready, self.stage_free
         while True:
             tc = heap[0][0] if heap else math.inf
-            m = self.m
-            t_ready = min(ready) if len(ready) == m else min(ready[:m])
+            j = 0                                        # the first active slot of the earliest ready time
+            for k in range(1, self.m):
+                if ready[k] < ready[j]:
+                    j = k
+            t_ready = ready[j]
             tl = t_ready if t_ready > stage_free[0] else stage_free[0]
             if tc <= tl:
                 if tc >= until:
@@ -124,7 +128,7 @@ class SimExecutor:
                 return self._complete(heapq.heappop(heap))
             if tl >= until:
                 break
-            self._launch(ready.index(t_ready), tl)
+            self._launch(j, tl)
         if until < math.inf:
             self.now = until
         return None
@@ -132,7 +136,7 @@ class SimExecutor:
     def close(self, now: float) -> ExecutorTotals:
         """Charge each stage's trailing idle time up to the end of the last work (or ``now``)."""
         t_end = max(now, max(self.stage_free))
-        p_idle = self.cost.idle1(self.clock)
+        p_idle = self._idle_power(self.clock)
         for s in range(self.p):
             gap = t_end - self.stage_free[s]
             if gap > 0:
@@ -161,6 +165,14 @@ class SimExecutor:
         if k >= len(bins):
             bins.extend([0.0] * (k + 1 - len(bins)))
         bins[k] += joules
+
+    def _idle_power(self, f: float) -> float:
+        """P_idle at clock ``f`` (W per GPU): ``cost.idle1(f)``, a function of the clock alone, asked
+        once per clock."""
+        p = self.p_idle.get(f)
+        if p is None:
+            p = self.p_idle[f] = self.cost.idle1(f)
+        return p
 
     def _clock_at(self, t: float) -> float:
         while self.pending and self.pending[0][0] <= t:
@@ -277,14 +289,11 @@ class SimExecutor:
         lat, e_gpu = self.cost.step1(n, f, kv_read, attn, seqs)
         g, stage_free = self.g, self.stage_free
         e_it, busy = 0.0, g * e_gpu
-        p_idle = None                                    # P_idle(f), asked when a stage waited
         prev = t
         for s in range(self.p):
             free = stage_free[s]
             if free < prev:                              # the stage waited: idle energy
-                if p_idle is None:
-                    p_idle = self.cost.idle1(f)
-                idle = g * p_idle * (prev - free)
+                idle = g * self._idle_power(f) * (prev - free)
                 self._charge(free, idle)
                 e_it += idle
                 free = prev
