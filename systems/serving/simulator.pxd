@@ -36,7 +36,7 @@ cdef class SimExecutor:
     @cython.locals(c=Py_ssize_t, ctx=Py_ssize_t, n=Py_ssize_t, n_dec=Py_ssize_t, pairs=Py_ssize_t, kv_used=Py_ssize_t,
                    budget=Py_ssize_t, ntok=Py_ssize_t, r=Py_ssize_t, s=Py_ssize_t, free=double, prev=double, lat=double,
                    e_gpu=double, e_it=double, busy=double, idle=double, f=double, seqs=Py_ssize_t, g=Py_ssize_t,
-                   kv_read=double, attn=double)
+                   kv_read=double, attn=double, p_idle=double)
     cdef void _launch(self, Py_ssize_t j, double t)
     @cython.locals(t=double, j=Py_ssize_t, r=Py_ssize_t, g=Py_ssize_t, n_dec=Py_ssize_t, i=Py_ssize_t, ntok=Py_ssize_t)
     cdef object _complete(self, tuple item)

@@ -289,11 +289,12 @@ class SimExecutor:
         lat, e_gpu = self.cost.step1(n, f, kv_read, attn, seqs)
         g, stage_free = self.g, self.stage_free
         e_it, busy = 0.0, g * e_gpu
+        p_idle = self._idle_power(f)                    # P_idle(f): for the stages that waited
         prev = t
         for s in range(self.p):
             free = stage_free[s]
             if free < prev:                              # the stage waited: idle energy
-                idle = g * self._idle_power(f) * (prev - free)
+                idle = g * p_idle * (prev - free)
                 self._charge(free, idle)
                 e_it += idle
                 free = prev
