@@ -31,6 +31,7 @@ cdef class SimExecutor:
     cdef void _charge(self, double t, double joules)
     cdef double _idle_power(self, double f)
     cdef double _clock_at(self, double t)
+    @cython.locals(dec=list, j=Py_ssize_t, k=Py_ssize_t)
     cdef void _assign(self, Py_ssize_t r)
     cdef void _release(self, Py_ssize_t r)
     @cython.locals(c=Py_ssize_t, ctx=Py_ssize_t, n=Py_ssize_t, n_dec=Py_ssize_t, pairs=Py_ssize_t, kv_used=Py_ssize_t,

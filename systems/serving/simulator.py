@@ -200,9 +200,11 @@ class SimExecutor:
             self._assign(r)
 
     def _assign(self, r: int) -> None:
-        lens = list(map(len, self.slot_dec[:self.m]))
-        j = lens.index(min(lens))                        # the emptiest slot (the first at a tie)
-        self.slot_dec[j].append(r)
+        dec, j = self.slot_dec, 0                        # the emptiest active slot (the first at a tie)
+        for k in range(1, self.m):
+            if len(dec[k]) < len(dec[j]):
+                j = k
+        dec[j].append(r)
         self.slot[r] = j
 
     def _release(self, r: int) -> None:
