@@ -26,7 +26,7 @@ cdef class Driver:
     cdef void _arrival(self, double now)
     @cython.locals(t=double, pf=Py_ssize_t, i=Py_ssize_t, r=Py_ssize_t, ntok=Py_ssize_t, entered=Py_ssize_t,
                    n=Py_ssize_t, seqs=Py_ssize_t, in_wait=list, pref=list, gen=list, k=Py_ssize_t, e=Py_ssize_t,
-                   em_req='long long[::1]', log='double[:, ::1]')
+                   em_req='long long[::1]', row='double[::1]')
     cdef void _account(self, object it)
     @cython.locals(N=Py_ssize_t, next_tick=double, next_second=double, t_stop=double, until=double, now=double, ta=double)
     cpdef object run(self, object ex, object progress=*)

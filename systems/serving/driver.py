@@ -171,10 +171,11 @@ class Driver:
         self.n_em = e
         n, ctx, pairs, seqs = it.shape or iteration_shape(sch)
         cpu, en = it.cpu_s, it.energy_j
-        log = self.it_log
-        for i, v in enumerate((t, it.latency_s, math.nan if cpu is None else cpu, n, ctx, pairs, seqs, pf, n - pf,
-                               it.budget, it.clock_mhz, math.nan if en is None else en)):
-            log[k, i] = v
+        row = self.it_log[k]                     # ITERATION_COLUMNS, in order (not measured: NaN)
+        row[0], row[1], row[2] = t, it.latency_s, (math.nan if cpu is None else cpu)    # time_s, latency_s, cpu_s
+        row[3], row[4], row[5], row[6] = n, ctx, pairs, seqs               # tokens, ctx_tokens, attn_pairs, seqs
+        row[7], row[8], row[9] = pf, n - pf, it.budget                     # prefill_tokens, decodes, budget
+        row[10], row[11] = it.clock_mhz, (math.nan if en is None else en)  # clock_mhz, energy_j
         self.n_it = k + 1
         if it.finished:
             self._call(self.ctl.on_finish, t, "finish")
