@@ -37,7 +37,7 @@ ITERATION_COLUMNS = ["time_s", "latency_s", "cpu_s", "tokens", "ctx_tokens", "at
                      "prefill_tokens", "decodes", "budget", "clock_mhz", "energy_j"]
 INT_ITERATION_COLUMNS = ("tokens", "seqs", "prefill_tokens", "decodes", "budget")
 Columns = Dict[str, np.ndarray]         # a table: column name -> 1-D array, all of one length
-LOG_ROWS = 4096                         # a log's first buffer (rows); doubled when full (_grown)
+LOG_ROWS = 4096                         # a log's first buffer (rows); doubled when full (grown)
 
 
 @dataclass
@@ -150,9 +150,9 @@ class Driver:
         emitted = it.emitted
         k, e = self.n_it, self.n_em              # this iteration's row in the logs, its first token's
         if k == len(self.em_n):
-            self.em_n, self.it_log = _grown(self.em_n, k + 1), _grown(self.it_log, k + 1)
+            self.em_n, self.it_log = grown(self.em_n, k + 1), grown(self.it_log, k + 1)
         if e + len(emitted) > len(self.em_req):
-            self.em_req = _grown(self.em_req, e + len(emitted))
+            self.em_req = grown(self.em_req, e + len(emitted))
         self.em_n[k] = len(emitted)
         entered, gen, em_req = 0, self.gen, self.em_req
         for r in emitted:
@@ -193,7 +193,7 @@ class Driver:
         self.fin = [math.nan] * N
         self.gen = [0] * N                       # tokens emitted per request
         # the logs, in numpy buffers that the compiled twin writes as C numbers (driver.pxd types them),
-        # doubled when full (_grown); rows in use: n_it iterations, n_em tokens. The token log: requests
+        # doubled when full (grown); rows in use: n_it iterations, n_em tokens. The token log: requests
         # that emitted a token, in order, and how many per iteration (when: the iteration's time_s)
         self.em_req = np.empty(LOG_ROWS, np.int64)
         self.em_n = np.empty(LOG_ROWS, np.int64)
@@ -345,10 +345,11 @@ class Driver:
         return tl
 
 
-def _grown(buf, rows: int) -> np.ndarray:
-    """A full log's buffer, copied into one of at least ``rows`` rows (twice as many, or more)."""
+def grown(buf, rows: int) -> np.ndarray:
+    """A full buffer (a log's here, the simulator's energy bins) copied into one of at least ``rows``
+    rows (twice as many, or more); the rows added are zeros."""
     old = np.asarray(buf)
-    new = np.empty((max(2 * len(old), rows), *old.shape[1:]), old.dtype)
+    new = np.zeros((max(2 * len(old), rows), *old.shape[1:]), old.dtype)
     new[: len(old)] = old
     return new
 

@@ -21,7 +21,8 @@ cdef class SimExecutor:
     cdef public list slot_dec, slot_flying, stage_free, heap
     cdef public Py_ssize_t seq
     cdef public double energy
-    cdef public list e_bin
+    cdef public double[::1] e_bin
+    cdef public Py_ssize_t n_bins
     cdef public dict p_idle
 
     @cython.locals(tc=double, tl=double, t_ready=double, j=Py_ssize_t, k=Py_ssize_t)

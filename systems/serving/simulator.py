@@ -29,6 +29,9 @@ import heapq
 import math
 from typing import List, Optional
 
+import numpy as np
+
+from systems.serving.driver import grown
 from systems.serving.protocol import Decision, ExecutorTotals, Iteration, IterationCost
 
 
@@ -78,7 +81,8 @@ class SimExecutor:
         self.heap: list = []
         self.seq = 0
         self.energy = 0.0
-        self.e_bin: List[float] = []             # joules per 1-s bin (index = second): _charge
+        self.e_bin = np.zeros(64)                # joules per 1-s bin (index = second), the first n_bins in use:
+        self.n_bins = 0                          # a buffer the twin adds to as C doubles (_charge)
         self.p_idle: dict = {}                   # clock -> cost.idle1(clock), asked once per clock (_idle_power)
 
     # -- the executor protocol ----------------------------------------------------------------------
@@ -146,7 +150,8 @@ class SimExecutor:
         has = self.has_energy
         return ExecutorTotals(self.energy if has else None,
                               "" if has else "the measured profile has no power model (latency only)",
-                              dict(enumerate(self.e_bin)) if has else {}, list(self.clock_log), self.n_preempt)
+                              dict(enumerate(np.asarray(self.e_bin)[: self.n_bins].tolist())) if has else {},
+                              list(self.clock_log), self.n_preempt)
 
     # -- engine internals ---------------------------------------------------------------------------
     def _wake(self, now: float) -> None:
@@ -161,10 +166,12 @@ class SimExecutor:
 
     def _charge(self, t: float, joules: float) -> None:
         """Add ``joules`` to the 1-s energy bin of time ``t`` (s)."""
-        k, bins = int(t), self.e_bin
-        if k >= len(bins):
-            bins.extend([0.0] * (k + 1 - len(bins)))
-        bins[k] += joules
+        k = int(t)
+        if k >= self.n_bins:                             # a new second: the bins up to it start at 0.0
+            if k >= len(self.e_bin):
+                self.e_bin = grown(self.e_bin, k + 1)
+            self.n_bins = k + 1
+        self.e_bin[k] += joules
 
     def _idle_power(self, f: float) -> float:
         """P_idle at clock ``f`` (W per GPU): ``cost.idle1(f)``, a function of the clock alone, asked
