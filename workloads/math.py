@@ -10,12 +10,13 @@ hashed to an id of the generator's vocabulary, so the prompt length follows the 
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from harness.errors import ConfigError
 
@@ -84,15 +85,19 @@ def stand_in_tokens(text: str, vocab_size: int, reserved: int = 1000) -> List[in
     """Token ids for ``text`` without a tokenizer: each regex piece (letters run, digit, symbol,
     whitespace run) hashed (blake2b) to an id in ``[reserved, vocab_size - reserved)``, so the ids
     avoid the low ids (the step delimiter) and the special tokens at the top of the vocabulary.
-    Deterministic across processes. Returns a list of ints (about one per BPE token)."""
+    Deterministic across processes. Returns a new list of ints (about one per BPE token); a text's
+    ids are hashed once per process (a FastTTS run builds every prompt when its input is checked
+    and again when it runs)."""
+    return list(_stand_in_ids(text, vocab_size, reserved))
+
+
+@functools.lru_cache(maxsize=4096)
+def _stand_in_ids(text: str, vocab_size: int, reserved: int) -> Tuple[int, ...]:
     span = vocab_size - 2 * reserved
     if span <= 0:
         raise ValueError(f"vocab_size {vocab_size} too small for the stand-in tokenizer")
-    ids = []
-    for piece in _PIECE.findall(text):
-        h = int.from_bytes(hashlib.blake2b(piece.encode(), digest_size=8).digest(), "little")
-        ids.append(reserved + h % span)
-    return ids
+    return tuple(reserved + int.from_bytes(hashlib.blake2b(piece.encode(), digest_size=8).digest(), "little") % span
+                 for piece in _PIECE.findall(text))
 
 
 def prompt_tokens(problem: Problem, vocab_size: int, tokenizer=None) -> List[int]:

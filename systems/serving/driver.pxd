@@ -8,9 +8,10 @@ cdef class Driver:
     cdef public Py_ssize_t max_waiting_view
     cdef public object ex
     cdef public list arr_l, inp_l, out_l, need, pref, fin, gen, in_wait, waiting
-    cdef public object em_req, em_n, em_t
+    cdef public long long[::1] em_req, em_n
+    cdef public Py_ssize_t n_it, n_em
     cdef public list dec_rows, knobs
-    cdef public object it_log
+    cdef public double[:, ::1] it_log
     cdef public Py_ssize_t n_dec, next_arr
     cdef public double d_int, d_t, win_t0
     cdef public Py_ssize_t win_arr, win_tok
@@ -24,7 +25,8 @@ cdef class Driver:
     @cython.locals(r=Py_ssize_t, n=Py_ssize_t)
     cdef void _arrival(self, double now)
     @cython.locals(t=double, pf=Py_ssize_t, i=Py_ssize_t, r=Py_ssize_t, ntok=Py_ssize_t, entered=Py_ssize_t,
-                   n=Py_ssize_t, seqs=Py_ssize_t, in_wait=list, pref=list, gen=list)
+                   n=Py_ssize_t, seqs=Py_ssize_t, in_wait=list, pref=list, gen=list, k=Py_ssize_t, e=Py_ssize_t,
+                   em_req='long long[::1]', row='double[::1]')
     cdef void _account(self, object it)
     @cython.locals(N=Py_ssize_t, next_tick=double, next_second=double, t_stop=double, until=double, now=double, ta=double)
     cpdef object run(self, object ex, object progress=*)

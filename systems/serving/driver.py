@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from array import array
 from itertools import chain
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
@@ -38,6 +37,7 @@ ITERATION_COLUMNS = ["time_s", "latency_s", "cpu_s", "tokens", "ctx_tokens", "at
                      "prefill_tokens", "decodes", "budget", "clock_mhz", "energy_j"]
 INT_ITERATION_COLUMNS = ("tokens", "seqs", "prefill_tokens", "decodes", "budget")
 Columns = Dict[str, np.ndarray]         # a table: column name -> 1-D array, all of one length
+LOG_ROWS = 4096                         # a log's first buffer (rows); doubled when full (grown)
 
 
 @dataclass
@@ -148,11 +148,16 @@ class Driver:
                 pref[r] += ntok
                 pf += ntok
         emitted = it.emitted
-        self.em_req.fromlist(emitted)            # fromlist: one resize (extend appends item by item, ~3x slower)
-        self.em_n.append(len(emitted))
-        self.em_t.append(t)
-        entered, gen = 0, self.gen
+        k, e = self.n_it, self.n_em              # this iteration's row in the logs, its first token's
+        if k == len(self.em_n):
+            self.em_n, self.it_log = grown(self.em_n, k + 1), grown(self.it_log, k + 1)
+        if e + len(emitted) > len(self.em_req):
+            self.em_req = grown(self.em_req, e + len(emitted))
+        self.em_n[k] = len(emitted)
+        entered, gen, em_req = 0, self.gen, self.em_req
         for r in emitted:
+            em_req[e] = r
+            e += 1
             gen[r] += 1
             if in_wait[r]:              # its prefill (or recompute) completed with this token
                 in_wait[r] = False
@@ -163,10 +168,15 @@ class Driver:
             for r in it.finished:
                 self.fin[r] = t
             self.n_dec -= len(it.finished)
+        self.n_em = e
         n, ctx, pairs, seqs = it.shape or iteration_shape(sch)
-        cpu, e = it.cpu_s, it.energy_j
-        self.it_log.fromlist([t, it.latency_s, math.nan if cpu is None else cpu, n, ctx, pairs, seqs, pf, n - pf,
-                              it.budget, it.clock_mhz, math.nan if e is None else e])
+        cpu, en = it.cpu_s, it.energy_j
+        row = self.it_log[k]                     # ITERATION_COLUMNS, in order (not measured: NaN)
+        row[0], row[1], row[2] = t, it.latency_s, (math.nan if cpu is None else cpu)    # time_s, latency_s, cpu_s
+        row[3], row[4], row[5], row[6] = n, ctx, pairs, seqs               # tokens, ctx_tokens, attn_pairs, seqs
+        row[7], row[8], row[9] = pf, n - pf, it.budget                     # prefill_tokens, decodes, budget
+        row[10], row[11] = it.clock_mhz, (math.nan if en is None else en)  # clock_mhz, energy_j
+        self.n_it = k + 1
         if it.finished:
             self._call(self.ctl.on_finish, t, "finish")
         elif entered and not self.waiting:
@@ -182,15 +192,17 @@ class Driver:
         self.need, self.pref = list(self.inp_l), [0] * N
         self.fin = [math.nan] * N
         self.gen = [0] * N                       # tokens emitted per request
-        # the token log, in typed arrays (numpy reads them without a copy): requests that emitted a token,
-        # in order (the smallest unsigned type that holds an id: numpy sorts 8/16-bit keys by radix, stably),
-        self.em_req = array(self._id_type().char)
-        self.em_n = array("q")                   # how many of them per iteration,
-        self.em_t = array("d")                   # and when (the iteration's end)
+        # the logs, in numpy buffers that the compiled twin writes as C numbers (driver.pxd types them),
+        # doubled when full (grown); rows in use: n_it iterations, n_em tokens. The token log: requests
+        # that emitted a token, in order, and how many per iteration (when: the iteration's time_s)
+        self.em_req = np.empty(LOG_ROWS, np.int64)
+        self.em_n = np.empty(LOG_ROWS, np.int64)
+        self.n_it = self.n_em = 0
         self.in_wait = [False] * N
         self.waiting: List[int] = []
         self.dec_rows: list = []
-        self.it_log = array("d")                 # a row of ITERATION_COLUMNS per iteration (not measured: NaN)
+        self.it_log = np.empty((LOG_ROWS, len(ITERATION_COLUMNS)))   # a row of ITERATION_COLUMNS per iteration
+                                                                    # (not measured: NaN)
         self.knobs: list = []
         self.n_dec = self.next_arr = 0
         self.d_int = self.d_t = self.win_t0 = 0.0
@@ -234,6 +246,10 @@ class Driver:
         """The smallest unsigned integer type that holds a request id."""
         return np.min_scalar_type(max(self.N - 1, 0))
 
+    def _iteration_times(self) -> np.ndarray:
+        """When each iteration ended (s): the iteration log's time_s."""
+        return np.asarray(self.it_log)[: self.n_it, 0]
+
     def _tokens(self):
         """From the token log: (tokens per request, first-token time, sum and max of each request's
         token gaps (s), every gap in emission order, when each gap ended).
@@ -242,8 +258,9 @@ class Driver:
         next token too); each request's gaps are summed one after another in time order, as a
         running sum during serving would."""
         N = self.N
-        req = np.frombuffer(self.em_req, self._id_type())
-        t = np.repeat(np.frombuffer(self.em_t, float), np.frombuffer(self.em_n, np.int64))
+        # ids in the smallest unsigned type that holds them: numpy sorts 8/16-bit keys by radix, stably
+        req = np.asarray(self.em_req)[: self.n_em].astype(self._id_type())
+        t = np.repeat(self._iteration_times(), np.asarray(self.em_n)[: self.n_it])
         gen = np.asarray(self.gen)
         order = np.argsort(req, kind="stable")              # by request, in time order within one
         rs, ts = req[order], t[order]
@@ -282,7 +299,7 @@ class Driver:
         }
         dec = {c: column(list(v)) for c, v in zip(DECISION_COLUMNS, zip(*self.dec_rows) if self.dec_rows
                                                   else [()] * len(DECISION_COLUMNS))}
-        a = np.frombuffer(self.it_log, float).reshape(-1, len(ITERATION_COLUMNS))
+        a = np.asarray(self.it_log)[: self.n_it]
         its = {c: a[:, i].astype(np.int64) if c in INT_ITERATION_COLUMNS else a[:, i].copy()
                for i, c in enumerate(ITERATION_COLUMNS)}
         tl = self._timeline(totals, t_end)
@@ -300,8 +317,8 @@ class Driver:
         else:
             tl["energy_j"] = np.full(nb, np.nan)
         tl["power_w"] = tl["energy_j"]                          # 1-s bins: J per s
-        em_bin = np.frombuffer(self.em_t, float).astype(np.int64)       # int(t): the second it is in
-        n_tok = np.frombuffer(self.em_n, np.int64)
+        em_bin = self._iteration_times().astype(np.int64)       # int(t): the second it is in
+        n_tok = np.asarray(self.em_n)[: self.n_it]
         tl["tokens"] = np.bincount(em_bin, weights=n_tok, minlength=nb)[:nb].astype(np.int64)
         a = np.minimum(self.arr.astype(int), nb - 1)
         tl["arrivals"] = np.bincount(a, minlength=nb)[:nb]
@@ -326,6 +343,15 @@ class Driver:
             v = np.where(last >= 0, kn[last, i], np.nan)
             tl[c] = v.astype(np.int64) if have.all() else v
         return tl
+
+
+def grown(buf, rows: int) -> np.ndarray:
+    """A full buffer (a log's here, the simulator's energy bins) copied into one of at least ``rows``
+    rows (twice as many, or more); the rows added are zeros."""
+    old = np.asarray(buf)
+    new = np.zeros((max(2 * len(old), rows), *old.shape[1:]), old.dtype)
+    new[: len(old)] = old
+    return new
 
 
 def column(values: list) -> np.ndarray:

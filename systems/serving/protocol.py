@@ -148,4 +148,5 @@ class IterationCost(Protocol):
         at clock ``f`` (see :func:`iteration_shape`)."""
 
     def idle1(self, f: float) -> float:
-        """Power (W per GPU) of a stage waiting at clock ``f``."""
+        """Power (W per GPU) of a stage waiting at clock ``f``: a function of the clock alone (the
+        simulator asks once per clock)."""

@@ -29,6 +29,9 @@ import heapq
 import math
 from typing import List, Optional
 
+import numpy as np
+
+from systems.serving.driver import grown
 from systems.serving.protocol import Decision, ExecutorTotals, Iteration, IterationCost
 
 
@@ -78,7 +81,9 @@ class SimExecutor:
         self.heap: list = []
         self.seq = 0
         self.energy = 0.0
-        self.e_bin: List[float] = []             # joules per 1-s bin (index = second): _charge
+        self.e_bin = np.zeros(64)                # joules per 1-s bin (index = second): _charge; a buffer the
+        self.n_bins = 0                          # twin adds to as C doubles, its first n_bins bins in use
+        self.p_idle: dict = {}                   # clock -> cost.idle1(clock), asked once per clock (_idle_power)
 
     # -- the executor protocol ----------------------------------------------------------------------
     def add(self, rid: int, input_len: int, output_len: int, now: float) -> None:
@@ -115,8 +120,11 @@ class SimExecutor:
         heap, ready, stage_free = self.heap, self.slot_ready, self.stage_free
         while True:
             tc = heap[0][0] if heap else math.inf
-            m = self.m
-            t_ready = min(ready) if len(ready) == m else min(ready[:m])
+            j = 0                                        # the first active slot of the earliest ready time
+            for k in range(1, self.m):
+                if ready[k] < ready[j]:
+                    j = k
+            t_ready = ready[j]
             tl = t_ready if t_ready > stage_free[0] else stage_free[0]
             if tc <= tl:
                 if tc >= until:
@@ -124,7 +132,7 @@ class SimExecutor:
                 return self._complete(heapq.heappop(heap))
             if tl >= until:
                 break
-            self._launch(ready.index(t_ready), tl)
+            self._launch(j, tl)
         if until < math.inf:
             self.now = until
         return None
@@ -132,7 +140,7 @@ class SimExecutor:
     def close(self, now: float) -> ExecutorTotals:
         """Charge each stage's trailing idle time up to the end of the last work (or ``now``)."""
         t_end = max(now, max(self.stage_free))
-        p_idle = self.cost.idle1(self.clock)
+        p_idle = self._idle_power(self.clock)
         for s in range(self.p):
             gap = t_end - self.stage_free[s]
             if gap > 0:
@@ -142,7 +150,8 @@ class SimExecutor:
         has = self.has_energy
         return ExecutorTotals(self.energy if has else None,
                               "" if has else "the measured profile has no power model (latency only)",
-                              dict(enumerate(self.e_bin)) if has else {}, list(self.clock_log), self.n_preempt)
+                              dict(enumerate(np.asarray(self.e_bin)[: self.n_bins].tolist())) if has else {},
+                              list(self.clock_log), self.n_preempt)
 
     # -- engine internals ---------------------------------------------------------------------------
     def _wake(self, now: float) -> None:
@@ -157,10 +166,20 @@ class SimExecutor:
 
     def _charge(self, t: float, joules: float) -> None:
         """Add ``joules`` to the 1-s energy bin of time ``t`` (s)."""
-        k, bins = int(t), self.e_bin
-        if k >= len(bins):
-            bins.extend([0.0] * (k + 1 - len(bins)))
-        bins[k] += joules
+        k = int(t)
+        if k >= self.n_bins:                             # a new second: the bins up to it start at 0.0
+            if k >= len(self.e_bin):
+                self.e_bin = grown(self.e_bin, k + 1)
+            self.n_bins = k + 1
+        self.e_bin[k] += joules
+
+    def _idle_power(self, f: float) -> float:
+        """P_idle at clock ``f`` (W per GPU): ``cost.idle1(f)``, a function of the clock alone, asked
+        once per clock."""
+        p = self.p_idle.get(f)
+        if p is None:
+            p = self.p_idle[f] = self.cost.idle1(f)
+        return p
 
     def _clock_at(self, t: float) -> float:
         while self.pending and self.pending[0][0] <= t:
@@ -188,9 +207,11 @@ class SimExecutor:
             self._assign(r)
 
     def _assign(self, r: int) -> None:
-        lens = list(map(len, self.slot_dec[:self.m]))
-        j = lens.index(min(lens))                        # the emptiest slot (the first at a tie)
-        self.slot_dec[j].append(r)
+        dec, j = self.slot_dec, 0                        # the emptiest active slot (the first at a tie)
+        for k in range(1, self.m):
+            if len(dec[k]) < len(dec[j]):
+                j = k
+        dec[j].append(r)
         self.slot[r] = j
 
     def _release(self, r: int) -> None:
@@ -277,13 +298,11 @@ class SimExecutor:
         lat, e_gpu = self.cost.step1(n, f, kv_read, attn, seqs)
         g, stage_free = self.g, self.stage_free
         e_it, busy = 0.0, g * e_gpu
-        p_idle = None                                    # P_idle(f), asked when a stage waited
+        p_idle = self._idle_power(f)                    # P_idle(f): for the stages that waited
         prev = t
         for s in range(self.p):
             free = stage_free[s]
             if free < prev:                              # the stage waited: idle energy
-                if p_idle is None:
-                    p_idle = self.cost.idle1(f)
                 idle = g * p_idle * (prev - free)
                 self._charge(free, idle)
                 e_it += idle
