@@ -169,6 +169,20 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def host_probe(n: int = 200_000) -> float:
+    """Seconds of a fixed pure-Python loop (``n`` integer additions; the median of 3): the host CPU's
+    speed for the Python that drives the engine. On the lent H200 the same run took 1x or 4-5x its
+    time from one run to the next with the GPU idle (README, "On a real GPU"); recorded before and
+    after every real run, it tells a slow host from a slow engine."""
+    times = []
+    for _ in range(3):
+        t0, x = time.perf_counter(), 0
+        for i in range(n):
+            x += i
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[1]
+
+
 def real_and_replay(s: dict, cfg, device: str, measured_hw: list, deadline: float, work: Path,
                     tag: str = "", probe=None) -> dict:
     """One configuration on the real engine, then on the simulator replaying its beam tree; the row
@@ -178,11 +192,13 @@ def real_and_replay(s: dict, cfg, device: str, measured_hw: list, deadline: floa
     name = config_name(cfg) + tag
     budget = [f"kv_budget={kv}"] if kv else []
     common = common_overrides(s, system, beams, step, gen)
+    probe_before = host_probe()
     t0, cpu0 = time.time(), cpu_seconds()
     with probe if probe is not None else contextlib.nullcontext():
         real = quiet_run(common + budget + ["backend=torch", f"backend.device={device}", "system.record_tree=true",
                                             f"system.deadline={deadline}", f"output_dir={work / 'runs' / ('real-' + name)}"])
     wall, cpu = time.time() - t0, cpu_seconds() - cpu0
+    probe_after = host_probe()
     sim = {"status": "n/a", "summary": {}}
     if system != "hf_offload" and real["status"] == "ok":
         sim = quiet_run(common + budget + [f"system.replay_tree={work / 'runs' / ('real-' + name)}", "backend=sim",
@@ -190,6 +206,7 @@ def real_and_replay(s: dict, cfg, device: str, measured_hw: list, deadline: floa
     rs, ss = real.get("summary", {}), sim.get("summary", {})
     row = {"config": name, "system": system, "beams": beams, "step": step, "kv_budget": kv, "gen_len": gen,
            "status": real["status"], "sim_status": sim["status"], "wall_s": wall, "cpu_s": cpu,
+           "host_probe_before_s": probe_before, "host_probe_after_s": probe_after,
            "real_s": rs.get("e2e_s"), "sim_s": ss.get("e2e_s"), "compute_real": rs.get("compute_s"),
            "compute_sim": ss.get("compute_s"), "io_stall_real": rs.get("io_stall_s"), "io_stall_sim": ss.get("io_stall_s"),
            "io_share_real": rs.get("io_share"), "io_share_sim": ss.get("io_share"),

@@ -41,6 +41,7 @@ def test_dry_run_finishes_inside_estimates_and_deadline_and_packs_flat_files(tmp
     assert len(ran) == 14 and set(res.status) == {"ok", "refused"}       # hf_offload needs CUDA
     assert ran.within_estimate.all() and (ran.h2d_real == ran.h2d_sim).all()
     assert set(ran.gen_len) == {32, 64}                                  # the long tier ran after the ordering check
+    assert (ran.host_probe_before_s > 0).all() and (ran.host_probe_after_s > 0).all()   # the host's speed, per run
     lw = ran[(ran.system == "lbs") & (ran.beams == 16) & (ran.step == 16)].set_index("gen_len")
     for g in (32, 64):                                                   # speedup against layer-wise at its own length
         layerwise = ran[(ran.system == "layerwise") & (ran.beams == 16) & (ran.gen_len == g)].real_s.item()
