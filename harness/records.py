@@ -194,9 +194,11 @@ def check_creatable(directory: Path, key: str = "results_dir") -> None:
     d = Path(directory).absolute()
     p = d
     try:
-        while not p.exists():
+        while not p.exists() and not p.is_symlink():
             p = p.parent
-        why = (f"{str(p)!r} is not a directory" if not p.is_dir() else
+        why = (f"{str(p)!r} is a symbolic link to {os.readlink(p)!r}, which does not exist"
+               if not p.exists() else             # a dangling link: mkdir would fail (FileExistsError)
+               f"{str(p)!r} is not a directory" if not p.is_dir() else
                f"{str(p)!r} is not writable" if not os.access(p, os.W_OK | os.X_OK) else "")
     except OSError as e:
         why = f"{str(p)!r}: {e.strerror or e}"

@@ -160,8 +160,9 @@ class OutputDirCheck(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         end_startup()
         path = self._check(config, "hydra.run.dir")
-        OutputDirCheck.new_run_dir = Path(path) if path and not Path(path).exists() else None
-        OutputDirCheck.new_top = topmost_missing(Path(path)) if OutputDirCheck.new_run_dir else None
+        real = Path(path).resolve() if path else None      # the folder mkdir makes ('..' and links followed)
+        OutputDirCheck.new_run_dir = real if real is not None and not real.exists() else None
+        OutputDirCheck.new_top = topmost_missing(real) if OutputDirCheck.new_run_dir else None
         if path and (Path(path) / "run.json").exists():
             self._check_no_other_record(config, Path(path))
 
@@ -210,8 +211,9 @@ class OutputDirCheck(Callback):
 
 def topmost_missing(path: Path) -> Path:
     """The topmost folder of ``path`` (``path`` itself included) that does not exist yet: what making
-    ``path`` creates (``results_dir=/tmp/new`` -> ``/tmp/new``, when /tmp exists)."""
-    top = path = Path(path).absolute()
+    ``path`` creates (``results_dir=/tmp/new`` -> ``/tmp/new``, when /tmp exists). Taken on the real
+    path (``..`` and links resolved, as mkdir follows them): ``/tmp/new/../old`` names ``/tmp/old``."""
+    top = path = Path(path).resolve()
     for parent in path.parents:
         if parent.exists():
             break
@@ -234,8 +236,8 @@ def remove_unused_run_dir() -> None:
     if d is not None and d.is_dir() and {p.name for p in d.iterdir()} <= {".hydra", "run.log", log_name}:
         logging.shutdown()                 # Hydra's run.log handler lets go of the file
         shutil.rmtree(d, ignore_errors=True)
-        top, parent = OutputDirCheck.new_top, d.absolute().parent
-        while top is not None and top != d.absolute() and top in (parent, *parent.parents):
+        top, parent = OutputDirCheck.new_top, d.parent              # d, top: real paths
+        while top is not None and top != d and top in (parent, *parent.parents):
             try:
                 parent.rmdir()             # only when empty
             except OSError:

@@ -289,6 +289,14 @@ def test_a_run_rejected_before_work_leaves_no_run_folder(tmp_path):
     out = run_py("beams=63", f"hydra.run.dir={mine}")
     assert out.returncode == 2, out.stderr[-2000:]
     assert (mine / ".hydra").is_dir()
+    # '..' through a folder that does not exist yet names an existing folder: it stays (QA: it was
+    # deleted, the paths compared as written while mkdir and rmdir follow the real path)
+    (tmp_path / "E2" / "runs").mkdir(parents=True)
+    out = run_py("beams=63", f"results_dir={tmp_path / 'new10' / '..' / 'E2'}")
+    assert out.returncode == 2 and (tmp_path / "E2" / "runs").is_dir(), out.stderr[-2000:]
+    (tmp_path / "E3").mkdir()
+    out = run_py("beams=63", f"hydra.run.dir={tmp_path / 'new11' / '..' / 'E3'}")
+    assert out.returncode == 2 and (tmp_path / "E3").is_dir(), out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("override,message", [
@@ -359,3 +367,15 @@ def test_an_empty_run_or_sweep_folder_exits_2(tmp_path, args, key):
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"error: {key}='' is not allowed:" in out.stderr
     assert not (tmp_path / "run.json").exists() and not (tmp_path / "r").exists()
+
+
+def test_a_results_dir_that_is_a_dangling_link_is_exit_2_naming_it(tmp_path):
+    """results_dir= a symbolic link to a folder that does not exist: exit 2 before any work, naming
+    the link and its target (QA: Hydra's mkdir raised FileExistsError, a traceback and exit 1, also
+    for a valid run). Mutation caught: check_creatable walking past the link as if it were missing."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    out = run_py("system=lbs", f"results_dir={link}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "is a symbolic link to" in out.stderr and "which does not exist" in out.stderr
+    assert "Traceback" not in out.stderr
