@@ -4,7 +4,7 @@ or 5x the time from one run to the next (LBS step 0 at 64 beams: 0.40 s in one r
 another), so a single GPU timing is an anecdote here too.
 
     python scripts/gpu_repeat.py --out DIR --ceilings ceilings.json      # on a CUDA GPU
-    python scripts/gpu_repeat.py --out DIR --tiny                        # CPU dry run, tiny model
+    python scripts/gpu_repeat.py --out DIR --tiny                        # CPU dry run, tiny model (16 beams)
 
 Per run, beside gpu_validate's row (real and simulated times, bytes): the process's CPU seconds
 (``resource.getrusage``, user + system), the machine's steal seconds (``/proc/stat``: time the
@@ -36,7 +36,37 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_validate as gv  # noqa: E402  (the configurations and the run of one are gpu_validate's)
 
-DEFAULT_ONLY = ("in_gpu-b64-s32", "lbs-b64-s32", "layerwise-b64-s32")   # the paper's 64-beam pair + the bound
+CEILING_KEYS = ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s")
+
+
+def short_name(cfg) -> str:
+    """A configuration's name without its length (``lbs-b64-s32``): what ``--only`` takes."""
+    return gv.config_name(cfg).rsplit("-g", 1)[0]
+
+
+def default_only(s: dict) -> list:
+    """in_gpu, lbs and layerwise at the setting's largest beam count and first step (on the GPU the
+    paper's 64-beam pair and the bound; the tiny setting's 16 beams in a dry run)."""
+    top = max(c[1] for c in s["configs"])
+    step = min(c[2] for c in s["configs"])
+    return [short_name(c) for c in s["configs"]
+            if c[1] == top and c[2] == step and c[0] in ("in_gpu", "lbs", "layerwise")]
+
+
+def read_ceilings(path: str) -> dict:
+    """``ceilings.json`` of gpu_validate; ValueError naming what is wrong (each of CEILING_KEYS a
+    number > 0)."""
+    try:
+        ceil = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--ceilings {path}: not a readable JSON file ({e})") from None
+    if not isinstance(ceil, dict):
+        raise ValueError(f"--ceilings {path}: a JSON object of {', '.join(CEILING_KEYS)} is needed")
+    bad = [k for k in CEILING_KEYS if not isinstance(ceil.get(k), (int, float)) or not ceil[k] > 0]
+    if bad:
+        raise ValueError(f"--ceilings {path}: {', '.join(bad)} must be numbers > 0 "
+                         f"(got {', '.join(repr(ceil.get(k)) for k in bad)})")
+    return ceil
 
 
 def steal_seconds() -> float | None:
@@ -122,12 +152,30 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=None)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--ceilings", default=None, help="ceilings.json of gpu_validate (default: measure quickly)")
-    ap.add_argument("--only", default=",".join(DEFAULT_ONLY), help="config names without -g (comma list)")
+    ap.add_argument("--only", default=None, help="config names without -g (comma list; default: in_gpu, "
+                                                 "lbs and layerwise at the largest beam count)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gen-len", type=int, default=256)
     ap.add_argument("--long", action="store_true", help="then the long tier's layer-wise run, once, if time is left")
     ap.add_argument("--deadline-s", type=float, default=380.0)
     a = ap.parse_args(argv)
+    s = gv.setting(a.tiny, a.gen_len)               # arguments checked before any folder or work
+    want = default_only(s) if a.only is None else [w.strip() for w in a.only.split(",") if w.strip()]
+    allowed = sorted(short_name(c) for c in s["configs"])
+    missing = [w for w in want if w not in allowed]
+    why = (f"--only names no configuration: {missing or want}; allowed: {allowed}" if missing or not want else
+           f"--repeats {a.repeats} is not allowed: an integer >= 1" if a.repeats < 1 else "")
+    if not why and a.ceilings:
+        try:
+            ceil = read_ceilings(a.ceilings)
+        except ValueError as e:
+            why = str(e)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    if gv.check_deadline(a):
+        return 2
+    picked = [c for w in want for c in s["configs"] if short_name(c) == w]
     t_start, deadline, out, work = gv.open_call(a, "gpu_repeat_")
     import torch
     if not a.tiny and not torch.cuda.is_available():
@@ -136,22 +184,12 @@ def main(argv=None) -> int:
     register_resolvers()
     register_configs()
     device = "cpu" if a.tiny else "cuda"
-    s = gv.setting(a.tiny, a.gen_len)
-    want = [w.strip() for w in a.only.split(",") if w.strip()]
-    picked = [c for w in want for c in s["configs"] if gv.config_name(c).rsplit("-g", 1)[0] == w]
-    missing = [w for w in want if not any(gv.config_name(c).rsplit("-g", 1)[0] == w for c in s["configs"])]
-    if missing:
-        print(f"error: --only names no configuration: {missing}; allowed: "
-              f"{sorted(gv.config_name(c).rsplit('-g', 1)[0] for c in s['configs'])}", file=sys.stderr)
-        return 2
     summary = {"device": device, "started_at": t_start, "deadline_s": a.deadline_s, "repeats": a.repeats,
                "configs": [gv.config_name(c) for c in picked], "status": "started", "torch": torch.__version__}
     rows = []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        if a.ceilings:
-            ceil = json.loads(Path(a.ceilings).read_text())
-        else:
+        if not a.ceilings:
             from harness.calibrate import measure
             ceil = measure(device, quick=True, threads=1)
         hw = measured_hw_of(ceil)
@@ -178,16 +216,19 @@ def main(argv=None) -> int:
         traceback.print_exc()
     finally:
         _write(work, out, rows)
+        if summary["status"] == "finished" and not any("wall_s" in r for r in rows):
+            summary["status"] = "finished: no real run was made"
         summary["total_s"] = time.time() - t_start
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         if (work / "runs").exists():
             with tarfile.open(out / "runs.tar.gz", "w:gz") as tf:
                 tf.add(work / "runs", arcname="runs")
+        gv.close_work(a, work)
         import pandas as pd
         if rows:
             print(pd.DataFrame(summarize(rows)).to_string(index=False), flush=True)
         print(f"total {time.time() - t_start:.0f} s; outputs in {out}", flush=True)
-    return 0 if summary["status"] == "finished" else 1
+    return gv.exit_code(summary)
 
 
 def _write(work: Path, out: Path, rows: list) -> None:

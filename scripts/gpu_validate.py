@@ -10,14 +10,17 @@
    ``estimate_s = MARGIN * simulated + FIXED_S`` is printed for all of them before any real run
    (and whether the configuration offloads at all);
 3. the real engine, cheapest first: in_gpu (unbudgeted upper bound), layerwise, lbs and ablations
-   at 32/64 beams with a 7 GiB KV budget and at 16 beams with 2 GiB (so every budgeted run offloads),
+   at 16 / 32 / 64 beams with 1.5 / 3 / 7 GiB of KV budget (so every budgeted run offloads),
    transformers' offloaded cache (hf_offload) at 16 beams; each simulated again replaying the real
    run's beam tree, and the error; a configuration whose estimate exceeds the time left is skipped;
 4. ordering: one short layer-wise search with the stream operations recorded on the device, checked
    for loads that could overtake the write-back they read (``systems.ttc.streams``).
 
-Hard deadline (``--deadline-s``, default 500 s from the start): checked before each configuration
-and inside runs, between steps (``system.deadline``; a run cut there is recorded as ``timeout``).
+Hard deadline (``--deadline-s`` > 0, default 500 s from the start): checked before each real
+configuration and inside runs, between steps (``system.deadline``; a run cut there is recorded as
+``timeout``); the ceilings and the estimates are measured whatever the deadline. Exit 1 when no
+real run was made (every configuration skipped, or a failure): a wasted device call says so.
+The default work folder (a new temporary one) is removed once packed; a ``--work`` given is kept.
 Runs write under ``--work`` (default: a fresh temporary folder, outside ``--out``); a ``finally``
 packs the results into ``--out`` whatever happens, and ``results.csv`` is copied there after every
 configuration (a kill that skips the ``finally`` still returns what ran). Without CUDA the script
@@ -44,6 +47,7 @@ import time
 import traceback
 from contextlib import redirect_stdout
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -215,7 +219,8 @@ def real_and_replay(s: dict, cfg, device: str, measured_hw: list, deadline: floa
            "peak_kv_real": rs.get("peak_device_kv_bytes"), "peak_physical": rs.get("peak_device_physical_bytes"),
            "cuda_max_allocated": rs.get("cuda_max_memory_allocated_bytes"), "steps_done": rs.get("steps_done"),
            "energy_j": rs.get("energy_j"), "energy_sim_j": ss.get("energy_j"),
-           "avg_power_w": rs.get("avg_power_w"), "message": real.get("message", "")}
+           "avg_power_w": rs.get("avg_power_w"), "message": real.get("message", ""),
+           "sim_message": sim.get("message", "")}
     if row["real_s"] and row["sim_s"]:
         row["time_err"] = (row["sim_s"] - row["real_s"]) / row["real_s"]
     return row
@@ -276,6 +281,14 @@ def pack(work: Path, out: Path) -> None:
             tf.add(work / "runs", arcname="runs")
 
 
+def check_deadline(a) -> Optional[int]:
+    """2 (with the message) unless ``--deadline-s`` > 0; None when it is."""
+    if not a.deadline_s > 0:
+        print(f"error: --deadline-s {a.deadline_s} is not allowed: seconds > 0 from the start", file=sys.stderr)
+        return 2
+    return None
+
+
 def open_call(a, prefix: str):
     """(start, deadline, out, work) of a device call's script: the hard deadline ``--deadline-s``
     from now; ``--out`` and ``--work`` (default: a new temporary folder) created."""
@@ -285,6 +298,12 @@ def open_call(a, prefix: str):
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     return t_start, t_start + a.deadline_s, out, work
+
+
+def close_work(a, work: Path) -> None:
+    """Remove the work folder once its runs are packed, when it is the default temporary one."""
+    if not a.work:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def no_cuda() -> int:
@@ -301,6 +320,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-len", type=int, default=256)
     ap.add_argument("--deadline-s", type=float, default=500.0, help="hard deadline, seconds from the start")
     a = ap.parse_args(argv)
+    if check_deadline(a):
+        return 2
     t_start, deadline, out, work = open_call(a, "gpu_validate_")
     import torch
     if not a.tiny and not torch.cuda.is_available():
@@ -398,13 +419,23 @@ def main(argv=None) -> int:
                                           for b, g, v in zip(df.beams, df.gen_len, df.real_s)]
         df.to_csv(work / "results.csv", index=False)
         groups_bw(work, ceil.get("h2d_bw"))
+        if summary["status"] == "finished" and not any("wall_s" in r for r in rows):
+            summary["status"] = "finished: no real run was made"
         summary.update(total_s=time.time() - t_start, configs=len(s["configs"]) + len(s["long_configs"]), runs=len(rows),
                        statuses=df.status.value_counts().to_dict() if len(df) else {})
         (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         pack(work, out)
+        close_work(a, work)
         if len(df):
-            print(df.drop(columns=[c for c in ("message",) if c in df]).to_string(index=False), flush=True)
+            print(df.drop(columns=[c for c in ("message", "sim_message") if c in df]).to_string(index=False),
+                  flush=True)
         print(f"total {time.time() - t_start:.0f} s; outputs in {out}", flush=True)
+    return exit_code(summary)
+
+
+def exit_code(summary: dict) -> int:
+    """0 when the script finished with at least one real run made; else 1 (the summary's status
+    says why: a failure, or ``finished: no real run was made``)."""
     return 0 if summary["status"] == "finished" else 1
 
 

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # One device call: GPU validation of the LBS family (see scripts/gpu_validate.py).
 # Before the call, on the dev machine (once):  bash scripts/gpu_wheels.sh   (hydra/omegaconf/antlr wheels -> .whl/)
-# Device call:  command "bash scripts/gpu_validate.sh", carry [".whl"], timeout_s 560
-#   (the script's own hard deadline is DEADLINE_S=500 s; its run folders go to WORK, outside OUT,
+# Device call (as run on 2026-12-04):  command "DEADLINE_S=470 bash scripts/gpu_validate.sh", carry [".whl"],
+#   timeout_s 530 (~330 s used; the script's own hard deadline is DEADLINE_S, default 500 s; its run folders go to WORK, outside OUT,
 #    and OUT receives at most 8 flat files (a device call returns no more): log.txt, gpu_state.txt,
 #    results.csv, summary.json, ceilings.json, outputs.tar.gz, runs.tar.gz, packed even when a run
 #    fails or time runs out)
 # CPU dry run of every code path:  TINY=1 OUT=/tmp/gv bash scripts/gpu_validate.sh
-# Repeats (a second call): SCRIPT=gpu_repeat DEADLINE_S=380 bash scripts/gpu_validate.sh --ceilings FILE --long
+# Repeats (a second call, as run): SCRIPT=gpu_repeat DEADLINE_S=370 bash scripts/gpu_validate.sh --ceilings FILE --long
+#   (timeout_s 410; ~300 s used). Its CPU dry run: SCRIPT=gpu_repeat TINY=1 OUT=/tmp/gr bash scripts/gpu_validate.sh
 set -uo pipefail
+OUT=$(realpath -m "${OUT:-/tmp/gpu_validate}")      # relative to where it was called, before the cd
+[ -n "${WORK:-}" ] && WORK=$(realpath -m "$WORK")
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_validate}
-WORK=${WORK:-$(mktemp -d /tmp/gpu_validate_work.XXXXXX)}
-mkdir -p "$OUT"
+mkdir -p "$OUT" 2>/dev/null && [ -w "$OUT" ] || { echo "error: OUT=$OUT cannot be made or written" >&2; exit 2; }
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -31,7 +32,8 @@ gpu_state() {   # read only: nothing about the GPU is changed
   echo "# busiest processes:"; ps -eo pcpu,pid,comm --sort=-pcpu 2>/dev/null | head -4
 }
 gpu_state before > "$OUT/gpu_state.txt"
-ARGS=(--out "$OUT" --work "$WORK" --deadline-s "${DEADLINE_S:-500}")
+ARGS=(--out "$OUT" --deadline-s "${DEADLINE_S:-500}")
+[ -n "${WORK:-}" ] && ARGS+=(--work "$WORK")              # else the script's own temporary folder, removed once packed
 [ "${TINY:-0}" = 1 ] && ARGS+=(--tiny)
 # SCRIPT=gpu_repeat: the repeats of a second call (scripts/gpu_repeat.py); extra arguments go to the script
 $PY "scripts/${SCRIPT:-gpu_validate}.py" "${ARGS[@]}" "$@" 2>&1 | tee "$OUT/log.txt"

@@ -62,13 +62,15 @@ def test_past_the_deadline_configurations_are_skipped_and_outputs_still_packed(t
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_validate
     rc = gpu_validate.main(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--tiny",
-                            "--deadline-s", "0"])
-    assert rc == 0
+                            "--deadline-s", "0.001"])
+    assert rc == 1                                   # a call that made no real run says so (QA: it exited 0)
     res = pd.read_csv(tmp_path / "out" / "results.csv")
     assert len(res) == 15 and res.status.str.startswith("skipped").all()
     with tarfile.open(tmp_path / "out" / "outputs.tar.gz") as tf:
         assert "ordering.json" not in tf.getnames() and "results.csv" in tf.getnames()
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "finished"
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["status"] == "finished: no real run was made"
+    assert gpu_validate.main(["--out", str(tmp_path / "o2"), "--tiny", "--deadline-s", "0"]) == 2
+    assert not (tmp_path / "o2").exists()            # refused before any folder or work
 
 
 def test_a_run_stops_at_its_deadline_between_steps_recorded_as_timeout(compose_cfg, tmp_path, monkeypatch):
@@ -147,3 +149,52 @@ def test_the_h200_profile_holds_the_ceilings_measured_on_the_device():
         assert prof["datasheet"][k] != prof[k], k
     assert prof["measured"]["date"] == ceil["date"]
     assert prof["flops_efficiency"] == prof["mem_efficiency"] == 1.0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--repeats", "0"], "--repeats 0 is not allowed"),
+    (["--only", ","], "--only names no configuration"),
+    (["--only", "lbs-b99-s1"], "--only names no configuration"),
+    (["--deadline-s", "-5"], "--deadline-s -5.0 is not allowed"),
+    (["--ceilings", "MISSING"], "not a readable JSON file"),
+    (["--ceilings", "NEGATIVE"], "peak_flops, h2d_bw must be numbers > 0"),
+])
+def test_repeat_arguments_are_checked_before_any_folder_or_work(tmp_path, args, message):
+    """gpu_repeat.py: what would make a device call that runs nothing (no repeat, no configuration,
+    a past deadline) or runs it with nonsense ceilings is exit 2 with the reason, before OUT or a
+    work folder is made (QA: exit 0 with empty CSVs; a negative ceiling replayed as 'refused').
+    (Mutation caught: the ceilings' values unchecked.)"""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"peak_flops": -1, "mem_bw": 1e12, "h2d_bw": "abc", "d2h_bw": 5e10,
+                               "launch_overhead_s": 1e-4}))
+    args = [str(tmp_path / "nope.json") if a == "MISSING" else str(bad) if a == "NEGATIVE" else a for a in args]
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "scripts/gpu_repeat.py", "--out", str(out), "--tiny", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and message in p.stderr, p.stderr[-2000:]
+    assert not out.exists()
+
+
+def test_repeat_dry_run_defaults_to_the_largest_beam_count_and_cleans_its_work_folder(tmp_path):
+    """Without --only the repeats take in_gpu, lbs and layerwise at the setting's largest beam count
+    (QA: the GPU's 64-beam names made the CPU dry run exit 2); the default work folder is removed
+    once its runs are packed; a relative OUT is taken from where the wrapper was called (QA: it
+    landed in the repository)."""
+    tmpd = tmp_path / "tmpd"
+    tmpd.mkdir()
+    env = dict(os.environ, SCRIPT="gpu_repeat", TINY="1", OUT="rel_out", PY=sys.executable, TMPDIR=str(tmpd))
+    p = subprocess.run(["bash", str(ROOT / "scripts/gpu_validate.sh"), "--repeats", "1"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = pd.read_csv(tmp_path / "rel_out" / "repeats.csv")
+    assert rows.config.tolist() == ["in_gpu-b16-s16-g32-r0", "lbs-b16-s16-g32-r0", "layerwise-b16-s16-g32-r0"]
+    assert list(tmpd.iterdir()) == []                # the work folder, packed into runs.tar.gz, is gone
+    assert (tmp_path / "rel_out" / "runs.tar.gz").exists()
+
+
+def test_an_out_that_cannot_be_made_is_exit_2_before_any_work(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    env = dict(os.environ, TINY="1", OUT=str(tmp_path / "afile" / "sub"), PY=sys.executable)
+    p = subprocess.run(["bash", "scripts/gpu_validate.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2 and "cannot be made or written" in p.stderr and "Traceback" not in p.stderr
