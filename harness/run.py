@@ -236,15 +236,14 @@ def remove_unused_run_dir() -> None:
     if d is not None and d.is_dir() and {p.name for p in d.iterdir()} <= {".hydra", "run.log", log_name}:
         logging.shutdown()                 # Hydra's run.log handler lets go of the file
         shutil.rmtree(d, ignore_errors=True)
-        top, parent = OutputDirCheck.new_top, d.parent              # d, top: real paths
-        while top is not None and top != d and top in (parent, *parent.parents):
+        top = OutputDirCheck.new_top                                # d, top: real paths
+        for folder in d.parents:
+            if top is None or not folder.is_relative_to(top):       # it existed before the run
+                break
             try:
-                parent.rmdir()             # only when empty
+                folder.rmdir()                                      # only when empty
             except OSError:
                 break
-            if parent == top:
-                break
-            parent = parent.parent
 
 
 def task_overrides() -> Optional[List[str]]:

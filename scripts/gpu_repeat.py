@@ -1,7 +1,7 @@
 """Repeats of a few configurations of ``scripts/gpu_validate.py`` on the GPU, round-robin, with what
-each run's machine was doing: a second device call after the first showed the same work taking 1x
-or 5x the time from one run to the next (LBS step 0 at 64 beams: 0.40 s in one run, 2.16 s in
-another), so a single GPU timing is an anecdote here too.
+each run's machine was doing: the first device call showed the same work taking from 1x to ~10x the
+time from one run to the next (the one-group step of 64 beams x 32 tokens: 0.42 s in one run, 2.16 s
+in another), so a single GPU timing is an anecdote here too.
 
     python scripts/gpu_repeat.py --out DIR --ceilings ceilings.json      # on a CUDA GPU
     python scripts/gpu_repeat.py --out DIR --tiny                        # CPU dry run, tiny model (16 beams)
@@ -36,9 +36,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_validate as gv  # noqa: E402  (the configurations and the run of one are gpu_validate's)
 
-CEILING_KEYS = ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s")
-
-
 def short_name(cfg) -> str:
     """A configuration's name without its length (``lbs-b64-s32``): what ``--only`` takes."""
     return gv.config_name(cfg).rsplit("-g", 1)[0]
@@ -54,15 +51,15 @@ def default_only(s: dict) -> list:
 
 
 def read_ceilings(path: str) -> dict:
-    """``ceilings.json`` of gpu_validate; ValueError naming what is wrong (each of CEILING_KEYS a
+    """``ceilings.json`` of gpu_validate; ValueError naming what is wrong (each of gpu_validate.CEILING_KEYS a
     number > 0)."""
     try:
         ceil = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"--ceilings {path}: not a readable JSON file ({e})") from None
     if not isinstance(ceil, dict):
-        raise ValueError(f"--ceilings {path}: a JSON object of {', '.join(CEILING_KEYS)} is needed")
-    bad = [k for k in CEILING_KEYS if not isinstance(ceil.get(k), (int, float)) or not ceil[k] > 0]
+        raise ValueError(f"--ceilings {path}: a JSON object of {', '.join(gv.CEILING_KEYS)} is needed")
+    bad = [k for k in gv.CEILING_KEYS if not isinstance(ceil.get(k), (int, float)) or not ceil[k] > 0]
     if bad:
         raise ValueError(f"--ceilings {path}: {', '.join(bad)} must be numbers > 0 "
                          f"(got {', '.join(repr(ceil.get(k)) for k in bad)})")
@@ -119,11 +116,6 @@ class GpuSampler:
                 "gpu_util_mean": statistics.fmean(u for _, u in self.samples), "gpu_samples": len(self.samples)}
 
 
-def measured_hw_of(ceil: dict) -> list:
-    keys = ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s")
-    return [f"hardware.{k}={ceil[k]}" for k in keys] + ["hardware.flops_efficiency=1.0", "hardware.mem_efficiency=1.0"]
-
-
 def summarize(rows: list) -> list:
     """Per configuration: repeats ok, median/min/max real seconds, median simulated seconds, and the
     speedup over layer-wise (same beams and length) from the medians."""
@@ -139,10 +131,8 @@ def summarize(rows: list) -> list:
                     "real_max_s": max(real), "sim_s": statistics.median([r["sim_s"] for r in rs if r.get("sim_s")] or [0]) or None,
                     "io_share_median": statistics.median(r["io_share_real"] for r in rs),
                     "cpu_over_wall_median": statistics.median(r["cpu_s"] / r["wall_s"] for r in rs)})
-    lw = {(o["beams"], o["gen_len"]): o["real_median_s"] for o in out if o["system"] == "layerwise"}
-    for o in out:
-        b = lw.get((o["beams"], o["gen_len"]))
-        o["speedup_vs_layerwise_median"] = b / o["real_median_s"] if b else None
+    for o, x in zip(out, gv.speedups_vs_layerwise([dict(o, seconds=o["real_median_s"]) for o in out])):
+        o["speedup_vs_layerwise_median"] = x
     return out
 
 
@@ -192,7 +182,7 @@ def main(argv=None) -> int:
         if not a.ceilings:
             from harness.calibrate import measure
             ceil = measure(device, quick=True, threads=1)
-        hw = measured_hw_of(ceil)
+        hw = gv.measured_hw_of(ceil)
         plan = [(r, c) for r in range(a.repeats) for c in picked]
         if a.long:
             plan += [(0, c) for c in s["long_configs"] if c[0] == "layerwise"]
@@ -216,8 +206,7 @@ def main(argv=None) -> int:
         traceback.print_exc()
     finally:
         _write(work, out, rows)
-        if summary["status"] == "finished" and not any("wall_s" in r for r in rows):
-            summary["status"] = "finished: no real run was made"
+        gv.finish_status(summary, rows)
         summary["total_s"] = time.time() - t_start
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         if (work / "runs").exists():

@@ -60,6 +60,28 @@ FLAT_FILES = ("results.csv", "estimates.csv", "groups_bw.csv", "ceilings.json", 
               "ordering.json", "summary.json")
 LOOSE_FILES = ("results.csv", "summary.json", "ceilings.json")    # also outside the archive, to read at once
 MAX_OUT_FILES = 8                   # a device call returns at most 8 files (shared/.../device/README.md)
+CEILING_KEYS = ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s")   # what the simulator takes
+
+
+def measured_hw_of(ceil: dict) -> list:
+    """Hardware overrides that make the simulator use measured ceilings (efficiencies 1.0: a measured
+    rate is an achieved rate)."""
+    return [f"hardware.{k}={ceil[k]}" for k in CEILING_KEYS] + ["hardware.flops_efficiency=1.0",
+                                                               "hardware.mem_efficiency=1.0"]
+
+
+def speedups_vs_layerwise(rows) -> list:
+    """Per row (dicts with system, beams, gen_len and a time under ``seconds``): layer-wise's time at
+    the same beams and length over the row's, or None without such a layer-wise row or time."""
+    lw = {(r["beams"], r["gen_len"]): r["seconds"] for r in rows if r["system"] == "layerwise" and r["seconds"]}
+    return [lw[(r["beams"], r["gen_len"])] / r["seconds"] if r["seconds"] and (r["beams"], r["gen_len"]) in lw
+            else None for r in rows]
+
+
+def finish_status(summary: dict, rows: list) -> None:
+    """A finished call that made no real run says so in its status (and exits 1: ``exit_code``)."""
+    if summary["status"] == "finished" and not any("wall_s" in r for r in rows):
+        summary["status"] = "finished: no real run was made"
 
 
 def copy_sweep(device: str, sizes_mib) -> list:
@@ -175,8 +197,8 @@ def cpu_seconds() -> float:
 
 def host_probe(n: int = 200_000) -> float:
     """Seconds of a fixed pure-Python loop (``n`` integer additions; the median of 3): the host CPU's
-    speed for the Python that drives the engine. On the lent H200 the same run took 1x or 4-5x its
-    time from one run to the next with the GPU idle (README, "On a real GPU"); recorded before and
+    speed for the Python that drives the engine. On the lent H200 the same step took 0.42 s to 4.1 s
+    from one run to the next with the GPU idle (README, "On a real GPU"); recorded before and
     after every real run, it tells a slow host from a slow engine."""
     times = []
     for _ in range(3):
@@ -354,10 +376,8 @@ def main(argv=None) -> int:
         (work / "ceilings.json").write_text(json.dumps(ceil, indent=2, default=str))
         base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "hardware" / f"{s['hw']}.yaml"))
         write_profile(base, ceil, work / f"{s['hw']}-measured.yaml")
-        keys = ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s")
-        print(f"ceilings: {json.dumps({k: ceil[k] for k in keys + ('kernel_launch_s',)})}", flush=True)
-        measured_hw = [f"hardware.{k}={ceil[k]}" for k in keys]
-        measured_hw += ["hardware.flops_efficiency=1.0", "hardware.mem_efficiency=1.0"]
+        print(f"ceilings: {json.dumps({k: ceil[k] for k in CEILING_KEYS + ('kernel_launch_s',)})}", flush=True)
+        measured_hw = measured_hw_of(ceil)
         # 2. estimates first, for every configuration
         allc = s["configs"] + s["long_configs"]
         est = [estimate(s, c, measured_hw, work) for c in allc]
@@ -413,14 +433,11 @@ def main(argv=None) -> int:
     finally:
         df = pd.DataFrame(rows)
         if len(df) and "real_s" in df:             # against layer-wise at the same beams and length
-            lw = {(b, g): v for b, g, v in zip(df[df.system == "layerwise"].beams,
-                                                 df[df.system == "layerwise"].gen_len, df[df.system == "layerwise"].real_s)}
-            df["speedup_vs_layerwise"] = [lw.get((b, g)) / v if v and lw.get((b, g)) else None
-                                          for b, g, v in zip(df.beams, df.gen_len, df.real_s)]
+            df["speedup_vs_layerwise"] = speedups_vs_layerwise(
+                [dict(r, seconds=None if pd.isna(r.get("real_s")) else r["real_s"]) for r in df.to_dict("records")])
         df.to_csv(work / "results.csv", index=False)
         groups_bw(work, ceil.get("h2d_bw"))
-        if summary["status"] == "finished" and not any("wall_s" in r for r in rows):
-            summary["status"] = "finished: no real run was made"
+        finish_status(summary, rows)
         summary.update(total_s=time.time() - t_start, configs=len(s["configs"]) + len(s["long_configs"]), runs=len(rows),
                        statuses=df.status.value_counts().to_dict() if len(df) else {})
         (work / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
