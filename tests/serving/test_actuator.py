@@ -141,9 +141,17 @@ def start_child(tmp, gpus=TWO):
     env.pop("CUDA_VISIBLE_DEVICES", None)
     _write_state(state, gpus)
     p = subprocess.Popen([sys.executable, "-c", CHILD], cwd=tmp, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+                         stderr=subprocess.PIPE, text=True, preexec_fn=_child_setup)
     return p, state, env
+
+
+def _child_setup():
+    """No core files, and every tested signal at its default disposition, as a process started from
+    a terminal has it: a suite run under ``nohup`` would hand the child an ignored SIGHUP, which the
+    actuator rightly leaves alone (the test then waited 30 s and failed)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _write_state(path, gpus):
