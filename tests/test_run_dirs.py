@@ -36,6 +36,20 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
 
 
 
+def test_output_dir_is_the_run_folder(tmp_path):
+    """``output_dir=PATH`` on the command line: the record, run.log and Hydra's .hydra/ all in PATH,
+    nothing under results_dir. Mutation caught: hydra.run.dir not following output_dir (a second
+    folder under results_dir/runs holding only .hydra/ and a copy of run.log)."""
+    out = tmp_path / "mine"
+    r = subprocess.run([sys.executable, "run.py", "tracking=none", "progress=false", "beams=4",
+                        f"results_dir={tmp_path / 'results'}", f"output_dir={out}"], cwd=ROOT,
+                       env=dict(os.environ, WANDB_MODE="disabled"), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {p.name for p in out.iterdir()} >= {"run.json", "run.log", ".hydra"}
+    assert (out / "run.log").read_text().count("record: ") == 1
+    assert not (tmp_path / "results" / "runs").exists()
+
+
 def test_sweeps_started_in_the_same_second_get_their_own_folders(tmp_path):
     """Two ad-hoc sweeps (no sweep_name) started together: each in its own folder, named by time and
     the id of the process that composed it, both jobs of each in it, though they ran in loky worker
