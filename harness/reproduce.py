@@ -225,8 +225,9 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
     if only is not None:
         lines += [f"Only these experiments' sweeps are collected (--only): {', '.join(only)}; any other sweep "
                   f"under `{results_dir / 'sweeps'}` is left out.", ""]
+    why = "not collected (--only) or no sweep here" if only is not None else "no sweep here"
     lines += [f"**{len(ref) - len(missing)} of {len(ref)} paper numbers run** (rows of results/reference/*.csv), "
-              f"**{len(missing)} not run** (no sweep here; listed last). Verdicts of {len(v)} paper numbers "
+              f"**{len(missing)} not run** ({why}; listed last). Verdicts of {len(v)} paper numbers "
               "(one per source of ours; a stated min-max pair is one range): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
                                                          ("reproduced", "partly", "not reproduced", "no result")) + "**.",
               ""]
@@ -248,7 +249,9 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
                      f"{_value(r.paper_value, r.paper_hi, r.kind, r.unit)} | {r.verdict} | "
                      f"{'sim' if bool(r.simulated) else 'measured'} | {link} |")
     if len(missing):
-        lines += ["", f"## Not run ({len(missing)} paper numbers: no sweep of their figure here)", ""]
+        lines += ["", f"## Not run ({len(missing)} paper numbers: "
+                  + ("no sweep of their figure collected (--only), or none here)" if only is not None
+                     else "no sweep of their figure here)"), ""]
         per_figure = _by_figure(missing).groupby(["paper", "figure"], sort=False)
         lines += [f"- {p} {f}: {len(g)} not run ({', '.join(dict.fromkeys(g['metric'].astype(str)))})"
                   for (p, f), g in per_figure]

@@ -85,10 +85,12 @@ def test_only_collects_the_named_experiments_and_counts_every_paper_number(tmp_p
     total = sum(len(_reference_rows(p)) for p in ("lbs", "beam", "fasttts"))
     ran = len(_reference_rows("lbs", "fig9"))
     assert 0 < ran < total
-    assert f"**{ran} of {total} paper numbers run** (rows of results/reference/*.csv), **{total - ran} not run**" in md
+    assert (f"**{ran} of {total} paper numbers run** (rows of results/reference/*.csv), **{total - ran} not run** "
+            "(not collected (--only) or no sweep here;") in md
     assert "Only these experiments' sweeps are collected (--only): lbs_fig9;" in md
     assert "**1 reproduced, 0 partly" in md and "energy vs vanilla" not in md
-    assert f"## Not run ({total - ran} paper numbers: no sweep of their figure here)" in md
+    assert (f"## Not run ({total - ran} paper numbers: no sweep of their figure collected (--only), or none "
+            "here)") in md                   # beam_fig7 has a sweep here: not "no sweep here" (a newcomer's report)
     assert f"- beam fig7: {len(_reference_rows('beam', 'fig7'))} not run (energy_vs_vanilla, " in md
     assert "- lbs fig9:" not in md
     page = (tmp_path / "index.html").read_text()       # the figure page follows --only too
