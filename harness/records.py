@@ -83,21 +83,36 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False).encode())
 
 
-def atomic_write_parquet(path: Path, table) -> None:
+def atomic_write_parquet(path: Path, table, metadata: Optional[Dict[str, str]] = None) -> None:
     """Write a table to parquet atomically: a pandas DataFrame, a list of row dicts with the same
     keys, or a dict of columns (name -> 1-D numpy array or list, equal lengths); rows and columns
     typed as pandas would: int64, float64, bool, str, all-None (null), else pyarrow's inference.
+    ``metadata``: key -> text added to the file's schema metadata (``pyarrow.parquet.read_schema(path)
+    .metadata``; a run's tables say there whether they are simulated, :func:`table_metadata`).
     Written with :func:`write_parquet`'s settings."""
     import io
     buf = io.BytesIO()
     if isinstance(table, list):
-        write_parquet(_arrow_table(table), buf)
+        t = _arrow_table(table)
     elif isinstance(table, dict):
-        write_parquet(_arrow_columns(table), buf)
+        t = _arrow_columns(table)
     else:
         import pyarrow as pa
-        write_parquet(pa.Table.from_pandas(table, preserve_index=False), buf)   # as DataFrame.to_parquet(index=False)
+        t = pa.Table.from_pandas(table, preserve_index=False)      # as DataFrame.to_parquet(index=False)
+    if metadata:
+        t = t.replace_schema_metadata({**(t.schema.metadata or {}), **{k.encode(): str(v).encode()
+                                                                        for k, v in metadata.items()}})
+    write_parquet(t, buf)
     atomic_write_bytes(path, buf.getvalue())
+
+
+def table_metadata(simulated: bool, backend: str, hardware: str, system: str, model: str) -> Dict[str, str]:
+    """What every table of a run carries in its parquet schema metadata, so that a table copied away
+    from its ``run.json`` still says what it is: ``ttc.source`` ("simulated" | "measured"), the
+    backend, hardware profile, system and model, and where its record is."""
+    return {"ttc.source": "simulated" if simulated else "measured", "ttc.backend": backend,
+            "ttc.hardware": hardware, "ttc.system": system, "ttc.model": model,
+            "ttc.record": "run.json in this table's folder"}
 
 
 def write_parquet(table, where) -> None:

@@ -558,10 +558,13 @@ def _record_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg
                    summary=res.summary, tables=sorted(res.tables), **res.extra)
         if compiled.LOADED:          # which modules ran as compiled twins: a timing compares only with one of the same kind
             rec["compiled"] = dict(compiled.LOADED)
+        where = backend.name if backend.device == backend.name else f"{backend.name} ({backend.device})"
+        meta = records.table_metadata(backend.simulated, where, str(cfg.hardware.name),
+                                      str(cfg.system.name), str(cfg.model.name))
         for rep in repeats:                  # each repeat's tables in its own folder (repeat 0: the job's)
             for name, df in rep.result.tables.items():
                 try:
-                    records.atomic_write_parquet(rep.outdir / f"{name}.parquet", df)
+                    records.atomic_write_parquet(rep.outdir / f"{name}.parquet", df, meta)
                 except Exception as e:   # a table that cannot be written must not lose the record
                     rec.setdefault("table_errors", {})[f"{rep.dir_name}/{name}"] = str(e)
         records.atomic_write_json(outdir / "run.json", rec)

@@ -5,6 +5,7 @@ Mutations caught: dropping the fchmod (mkstemp's 0600 stays); results_dir not re
 $TTC_RESULTS_DIR."""
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,24 @@ def _same_table(a, b) -> bool:
     """Same schema (types, metadata) and values, NaN equal to NaN (Arrow's ``equals`` says NaN != NaN)."""
     return a.schema.equals(b.schema, check_metadata=True) and all(
         [repr(v) for v in a[c].to_pylist()] == [repr(v) for v in b[c].to_pylist()] for c in a.column_names)
+
+
+@pytest.mark.parametrize("overrides,source", [(["system=lbs", "beams=4"], "simulated"),
+                                              (["system=fasttts", "n=4", "workload.num_problems=1"], "simulated"),
+                                              (["system=beam", "workload.duration_s=30"], "simulated")])
+def test_every_table_says_in_its_metadata_what_it_is(compose_cfg, tmp_path, overrides, source):
+    """A table copied away from its run.json still says it is simulated (parquet schema metadata),
+    with the backend, hardware, system and model. Mutation caught: the run's tables written without
+    the metadata (a newcomer's report: nothing in steps.parquet said it was simulated)."""
+    import pyarrow.parquet as pq
+    from harness.run import run
+    outdir = tmp_path / "r"
+    rec = run(compose_cfg(*overrides, "backend=sim", output_dir=outdir), multirun=False, overrides=[])
+    assert rec["tables"]
+    for name in rec["tables"]:
+        meta = pq.read_schema(outdir / f"{name}.parquet").metadata
+        assert meta[b"ttc.source"] == source.encode(), name
+        assert meta[b"ttc.system"] == rec["config"]["system"]["name"].encode()
+        assert meta[b"ttc.hardware"] == rec["config"]["hardware"]["name"].encode()
+        assert meta[b"ttc.model"] == rec["config"]["model"]["name"].encode()
+        assert meta[b"ttc.backend"] == b"sim"
