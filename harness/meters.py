@@ -106,6 +106,14 @@ class Measurement:
         return self.energy_j / self.time_s
 
 
+def unavailable_reason(e: Exception) -> str:
+    """Why NVML gave no energy, for a record and a table: no NVIDIA driver on this machine said as
+    such (NVML's own words, "NVML Shared Library Not Found", read as a failure), else NVML's error."""
+    if type(e).__name__ == "NVMLError_LibraryNotFound":
+        return "energy unavailable: no NVIDIA driver on this machine (NVML meters NVIDIA GPUs only)"
+    return f"energy unavailable: {type(e).__name__}: {e}"
+
+
 class EnergyMeter:
     """GPU energy over named windows from NVML's total-energy counter.
 
@@ -127,7 +135,7 @@ class EnergyMeter:
             self._read_mj()
             self.available = True
         except Exception as e:  # NVMLError_LibraryNotFound on CPU machines, NotSupported pre-Volta
-            self.reason = f"energy unavailable: {type(e).__name__}: {e}"
+            self.reason = unavailable_reason(e)
 
     def _read_mj(self) -> Dict[int, int]:
         return {g.ordinal: self.nvml.nvmlDeviceGetTotalEnergyConsumption(g.handle) for g in self.gpus}

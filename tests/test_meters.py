@@ -50,3 +50,25 @@ def test_byte_counter_and_timer():
         pass
     t.add("x", 1.0)
     assert t.totals["x"] >= 1.0
+
+
+def test_no_driver_is_said_as_such_and_other_nvml_errors_verbatim():
+    """A machine without an NVIDIA driver (pynvml's NVMLError_LibraryNotFound, as on this CPU-only
+    machine: the real pynvml is asked) reads "no NVIDIA driver", not NVML's "Shared Library Not
+    Found"; any other NVML error keeps its name and message. Mutation caught: the raw exception text
+    for every error (the vLLM families printed "NVMLError_LibraryNotFound: NVML Shared Library Not Found")."""
+    import types
+
+    from harness.meters import EnergyMeter
+    m = EnergyMeter()
+    if m.available:
+        pytest.skip("an NVIDIA driver is present")
+    assert m.reason == "energy unavailable: no NVIDIA driver on this machine (NVML meters NVIDIA GPUs only)"
+
+    class NVMLError_NotSupported(Exception):
+        pass
+
+    def init():
+        raise NVMLError_NotSupported("Not Supported")
+    m = EnergyMeter(nvml=types.SimpleNamespace(nvmlInit=init))
+    assert not m.available and m.reason == "energy unavailable: NVMLError_NotSupported: Not Supported"

@@ -87,7 +87,7 @@ def display_rows(summary: Mapping[str, Any], system) -> Rows:
         ("  of which waiting on PCIe (I/O stall)", "energy_io_stall_j", lambda v: f"{v:,.0f} J"),
         ("energy per generated token", "energy_per_token_j", lambda v: f"{v:.3g} J"),
         ("average power", "avg_power_w", lambda v: f"{v:,.1f} W"),
-    ] + ([("energy unavailable", "energy_unavailable_reason", str)]
+    ] + ([("energy unavailable", "energy_unavailable_reason", lambda v: str(v).removeprefix("energy unavailable: "))]
          if summary.get("energy_unavailable_reason") else [])
 
 
