@@ -65,6 +65,7 @@ def display_rows(summary: Mapping[str, Any], system) -> Rows:
     s = lambda v: f"{v:,.3f} s"
     return [
         ("end-to-end latency", "e2e_s", s),
+        *([("  seconds measured as", "time_basis", str)] if summary.get("time_basis") else []),   # real runs
         ("compute", "compute_s", s),
         ("I/O stall", "io_stall_s", s),
         ("other (plan, prune + expand)", "other_s", s),

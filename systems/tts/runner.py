@@ -48,6 +48,10 @@ def _on_cpu(cfg, backend=None) -> bool:
     return cfg.hardware.kind == "cpu"
 
 
+TIME_BASIS = ("wall (time.perf_counter) of each engine call; their process CPU seconds: gen_cpu_s, ver_cpu_s "
+              "in iterations.parquet")
+
+
 def step_model(cfg, on_cpu: bool):
     """(step_tokens_mean, max_step_tokens) in force: the CPU values on a CPU (:func:`_on_cpu`) with
     random generator weights (real weights decide their own step lengths, capped at ``max_step_tokens``)."""
@@ -534,5 +538,8 @@ def run(cfg, ctx) -> RunResult:
         tables[replay.TABLE] = pd.DataFrame(b.gen.rows)
     if unavailable:                                       # real runs only: simulated summaries unchanged
         summ["offload_available"] = False
+    if not ctx.backend.simulated:                         # real runs only: what their seconds are
+        summ["time_basis"] = TIME_BASIS
+        display.insert(2, ("  seconds measured as", "time_basis", str))
     message = "; ".join(x for x in (message, unavailable) if x)
     return RunResult(status=status, message=message, summary=summ, display=display, tables=tables)

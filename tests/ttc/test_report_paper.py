@@ -198,6 +198,12 @@ def test_run_table_one_byte_unit_host_device_and_the_eq_bound(compose_cfg):
     under = {label for label, _, _ in display_rows({"peak_device_kv_bytes": 1 << 20, "kv_budget_bytes": 8 << 20},
                                                    {"scheduler": "lbs"})}
     assert "  of which staging, within the budget (largest step)" in under
+    # a real run's seconds say their basis (a newcomer read the CPU-time latency as wall time); a
+    # simulated run has no such row (mutation caught: the row never shown)
+    basis = {"time_basis": "CPU time of the engine's thread (time.thread_time)"}
+    real = {label: key for label, key, _ in display_rows(basis, {"scheduler": "lbs"})}
+    assert real["  seconds measured as"] == "time_basis" and list(real).index("  seconds measured as") == 1
+    assert "  seconds measured as" not in text
 
 
 @pytest.mark.parametrize("name", ["fig4", "fig5", "fig7", "fig9", "fig10", "fig11", "fig12", "lbs_energy"])

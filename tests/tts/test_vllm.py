@@ -121,6 +121,7 @@ def test_two_iteration_real_run(system, tmp_path):
     assert rec["backend"]["simulated"] is False and rec["backend"]["name"] == "vllm"
     s = rec["summary"]
     assert s["problems"] == 2 and s["iterations_per_problem"] == 2
+    assert s["time_basis"].startswith("wall (time.perf_counter)")     # the table says what its seconds are
     assert s["gen_requests"] > 0 and s["ver_requests"] > 0
     assert s["goodput_tok_s"] > 0 and s["latency_s"] > 0 and s["ver_latency_s"] > 0
     assert s["completions_per_problem"] >= 8
