@@ -31,14 +31,15 @@ def _numeric(col: pd.Series) -> bool:
 def write_summary(sweep_dir, runs: pd.DataFrame) -> List[Path]:
     """Write ``summary.md`` (and ``summary.png``/``.pdf`` when a swept parameter is numeric) in
     ``sweep_dir``; returns the files written (none for an empty sweep)."""
-    from harness.report import save_figure, source_of, write_markdown
+    from harness.report import save_figure, source_of, title_label, write_markdown
     if not len(runs):
         return []
     sweep_dir = Path(sweep_dir)
     params = swept(runs)
     t = params.copy()
     t["status"] = runs["status"].to_numpy()
-    t["source"] = [source_of(bool(s)) for s in runs.get("simulated", pd.Series([True] * len(runs)))]
+    sim = runs.get("simulated", pd.Series([True] * len(runs)))
+    t["source"] = [source_of(bool(s)) for s in sim]
     keys = [k for k in runs.get("headline", pd.Series(dtype=object)).dropna().unique() if f"summary.{k}" in runs]
     for k in keys:
         t[k] = runs[f"summary.{k}"].to_numpy()
@@ -53,9 +54,20 @@ def write_summary(sweep_dir, runs: pd.DataFrame) -> List[Path]:
     if num and keys:
         labels = runs.loc[runs["headline"] == keys[0], "headline_label"].dropna()
         fig = draw(t, num[0], [c for c in params.columns if c != num[0]], keys[0],
-                   f"{labels.iloc[0]} ({keys[0]}, SI units)" if len(labels) else keys[0], f"sweep {sweep_dir.name}")
+                   f"{labels.iloc[0] if len(labels) else keys[0]} ({unit_of(keys[0])})",
+                   title_label(f"sweep {sweep_dir.name}", [bool(s) for s in sim]))
         out += list(save_figure(fig, sweep_dir, "summary").values())
     return out
+
+
+UNITS = (("_tok_s", "tok/s"), ("_bytes", "bytes"), ("_s", "s"), ("_j", "J"), ("_w", "W"), ("_mhz", "MHz"),
+         ("_pct", "%"))
+
+
+def unit_of(key: str) -> str:
+    """The unit of a summary key by the harness's naming (``e2e_s`` -> s, ``energy_per_token_j`` -> J,
+    ``goodput_tok_s`` -> tok/s); else the key itself (a ratio or a count)."""
+    return next((f"{key}, {u}" for suffix, u in UNITS if key.endswith(suffix)), key)
 
 
 def _failed_notes(failed: pd.DataFrame, runs: pd.DataFrame, params: List[str]) -> str:

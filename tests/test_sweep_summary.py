@@ -98,3 +98,21 @@ def test_a_job_found_invalid_when_it_ran_is_a_named_row(tmp_path):
     assert [r[:4] for r in rows[2:]] == [["2", "4", "ok", "simulated"], ["2", "6", "ok", "simulated"],
                                          ["3", "4", "error", "simulated"], ["3", "6", "ok", "simulated"]]
     assert "- workload.beam_width=3, beams=4: error: invalid configuration: beams=4 is not allowed" in md
+
+
+def test_summary_figure_title_says_simulated_and_the_axis_its_unit(tmp_path, monkeypatch):
+    """The ad-hoc sweep's figure: its title names the source of its points (as every report's) and
+    the y axis the headline's unit from its key (e2e_s: s). Mutations caught: the title without the
+    source (a newcomer's report: only the legend said "(sim)"); "SI units" instead of the unit."""
+    import harness.sweep_summary as S
+    seen = {}
+    real = S.draw
+    monkeypatch.setattr(S, "draw", lambda *a: seen.update(args=a) or real(*a))
+    S.write_summary(tmp_path, _runs())
+    *_, ylabel, title = seen["args"]
+    assert title == f"sweep {tmp_path.name} (simulated)"
+    assert ylabel == "end-to-end latency (e2e_s, s)"
+    mixed = _runs().assign(simulated=[True] * 8 + [False])
+    S.write_summary(tmp_path, mixed)
+    assert seen["args"][-1] == f"sweep {tmp_path.name} (simulated and measured: each value labelled)"
+    assert S.unit_of("goodput_tok_s") == "goodput_tok_s, tok/s" and S.unit_of("speedup") == "speedup"

@@ -107,7 +107,7 @@ class FastBasicSweeper(Sweeper):
         atomic_write_bytes(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config).encode())
         self.launcher = self._instantiate_launcher(len(jobs))
         done = f", {n_all - len(jobs)} already recorded" if len(jobs) < n_all else ""
-        print(f"sweep: {n_all} jobs -> {sweep_dir} ({type(self.launcher).__name__}{done})", flush=True)
+        print(f"sweep: {n_all} job{'' if n_all == 1 else 's'} -> {sweep_dir} ({type(self.launcher).__name__}{done})", flush=True)
         size = self.max_batch_size if self.max_batch_size and self.max_batch_size > 0 else max(1, len(jobs))
         returns = []
         for start in range(0, len(jobs), size):
