@@ -42,7 +42,23 @@ log = logging.getLogger(__name__)
 WARMUP_KEY = "warmup_s"
 
 
-INTERRUPTED = "interrupted (SIGINT, Ctrl-C); re-running the same command runs the job again"
+INTERRUPTED = "interrupted (SIGINT/Ctrl-C, or SIGTERM); re-running the same command runs the job again"
+
+
+def terminate_as_interrupt() -> None:
+    """SIGTERM (``timeout``, ``kill``, SLURM's ``scancel``, a cluster's preemption) handled as Ctrl-C:
+    the job in progress is recorded as ``interrupted`` with the work done so far, instead of the
+    process dying with no record. Set in the process ``run.py`` starts (and an isolated job's child),
+    from its main thread, and only where SIGTERM has its default action (an ignored or
+    library-handled one is left alone)."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm)
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
 
 
 @dataclass
@@ -440,9 +456,9 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
 
 @contextmanager
 def sigint_held() -> Iterator[List[int]]:
-    """SIGINT (Ctrl-C) inside the block is held until the block ends, then the caller sees it in the
-    list the block gets (non-empty): what the block writes (a record and its tables) is written
-    whole. Only in the main thread (elsewhere Python delivers no signal: the list stays empty)."""
+    """SIGINT (Ctrl-C), and SIGTERM where it is handled as Ctrl-C, inside the block is held until the
+    block ends, then the caller sees it in the list the block gets (non-empty): what the block writes
+    (a record and its tables) is written whole. Only in the main thread (elsewhere Python delivers no signal: the list stays empty)."""
     import signal
     import threading
     got: List[int] = []
@@ -450,10 +466,15 @@ def sigint_held() -> Iterator[List[int]]:
         yield got
         return
     previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    term = signal.getsignal(signal.SIGTERM)
+    if term is _sigterm:                 # SIGTERM as Ctrl-C (terminate_as_interrupt): held too
+        signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
     try:
         yield got
     finally:
         signal.signal(signal.SIGINT, previous)
+        if term is _sigterm:
+            signal.signal(signal.SIGTERM, term)
 
 
 def record_header(cfg, backend: Backend, outdir: Path, cfg_dict: dict, chash: str,
@@ -699,6 +720,7 @@ def _repeat_entry(r: Repeat, repeats: int) -> Dict[str, Any]:
 
 def _child(cfg_yaml: str, multirun: bool, overrides: Optional[List[str]] = None) -> None:
     from harness.config import register_configs, register_resolvers
+    terminate_as_interrupt()
     register_resolvers()
     register_configs()
     try:

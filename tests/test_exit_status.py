@@ -48,16 +48,30 @@ if os.environ.get("DISK_FULL_AT_RECORD"):
 """
 
 
-# SIGINT while the record's tables are written (the run's work has ended).
+# SIGINT (or the signal named by $INTERRUPT_AT_RECORD) while the record's tables are written (the
+# run's work has ended).
 INTERRUPT_AT_RECORD = """
 import os, signal
 if os.environ.get("INTERRUPT_AT_RECORD"):
     import harness.records as rec
     write = rec.atomic_write_parquet
-    def interrupted_write(path, df):
-        os.kill(os.getpid(), signal.SIGINT)
-        return write(path, df)
+    def interrupted_write(path, df, *more):
+        os.kill(os.getpid(), getattr(signal, os.environ["INTERRUPT_AT_RECORD"], signal.SIGINT))
+        return write(path, df, *more)
     rec.atomic_write_parquet = interrupted_write
+"""
+
+
+# SIGTERM mid-run (as `timeout`, `kill` or SLURM's scancel send it): the runner signals itself.
+TERMINATE_MID_RUN = """
+import os, signal, time
+if os.environ.get("TERMINATE_MID_RUN"):
+    import systems.ttc.runner as r
+    def run(cfg, ctx):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        raise RuntimeError("SIGTERM was not delivered as an interrupt")
+    r.run = run
 """
 
 
@@ -89,13 +103,13 @@ def run_py(*args, env=None, timeout=120):
                           env=dict(os.environ, WANDB_MODE="disabled", **(env or {})))
 
 
-def run_py_patched(tmp_path, patch: str, flag: str, *args):
+def run_py_patched(tmp_path, patch: str, flag: str, *args, env_value: str = "1"):
     """``run_py(*args)`` with ``patch`` loaded by every Python process it starts (a sitecustomize on
-    PYTHONPATH), active where the environment variable ``flag`` is set (it is)."""
+    PYTHONPATH), active where the environment variable ``flag`` is set (it is, to ``env_value``)."""
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(patch)
-    return run_py(*args, env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", flag: "1"})
+    return run_py(*args, env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", flag: env_value})
 
 
 @pytest.mark.parametrize("isolate", ["false", "true"])
@@ -123,16 +137,31 @@ def test_an_interrupted_run_is_recorded_and_exits_130(tmp_path, isolate):
     assert "Traceback" not in out.stderr
     (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
     rec = json.loads(rec_path.read_text())
-    assert rec["status"] == "interrupted" and rec["message"].startswith("interrupted (SIGINT, Ctrl-C)")
+    assert rec["status"] == "interrupted" and rec["message"].startswith("interrupted (SIGINT/Ctrl-C, or SIGTERM)")
     assert f"interrupted: the run's record (status interrupted) is {rec_path}" in out.stderr
 
 
-def test_an_interrupt_while_the_record_is_written_is_held_until_it_is_whole(tmp_path):
-    """Ctrl-C after the run's work, while its tables are written: the tables and run.json are written
-    whole (status ok: the work had ended), then exit 130 with one line saying so. Mutation caught:
-    _record_job without sigint_held (no run.json, 'no record was written')."""
+@pytest.mark.parametrize("isolate", ["false", "true"])
+def test_a_terminated_run_is_recorded_as_interrupted(tmp_path, isolate):
+    """SIGTERM mid-run (``timeout``, ``kill``, ``scancel``): recorded as interrupted with the work done,
+    exit 130, as Ctrl-C. Mutation caught: no SIGTERM handler (the process died: exit -15, no record;
+    a QA report: runs stopped by timeout vanished from the results)."""
+    out = run_py_patched(tmp_path, TERMINATE_MID_RUN, "TERMINATE_MID_RUN", "system=lbs", "beams=4",
+                         f"isolate={isolate}", f"results_dir={tmp_path / 'r'}")
+    assert out.returncode == 130, (out.returncode, out.stderr[-2000:])
+    (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
+    assert json.loads(rec_path.read_text())["status"] == "interrupted"
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_the_record_is_written_is_held_until_it_is_whole(tmp_path, sig):
+    """Ctrl-C (or SIGTERM) after the run's work, while its tables are written: the tables and run.json
+    are written whole (status ok: the work had ended), then exit 130 with one line saying so.
+    Mutations caught: _record_job without sigint_held (no run.json, 'no record was written');
+    sigint_held not holding SIGTERM."""
     out = run_py_patched(tmp_path, INTERRUPT_AT_RECORD, "INTERRUPT_AT_RECORD", "system=lbs", "beams=4",
-                         f"results_dir={tmp_path / 'r'}")
+                         f"results_dir={tmp_path / 'r'}", env_value=sig)
     assert out.returncode == 130, out.stderr[-2000:]
     (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
     rec = json.loads(rec_path.read_text())
