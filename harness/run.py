@@ -451,7 +451,51 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
             return prev
     overrides = task_overrides() if overrides is None else overrides
     with logs.job_log(outdir):
-        return _run_job(cfg, runner, backend, multirun, outdir, cfg_dict, chash, overrides)
+        if not cfg.get("resume", True):
+            aside = set_aside(outdir, chash)
+        else:                             # one an unfinished re-run left: settled by this run's record too
+            aside = outdir / records.REPLACED_DIR if (outdir / records.REPLACED_DIR).is_dir() else None
+        try:
+            return _run_job(cfg, runner, backend, multirun, outdir, cfg_dict, chash, overrides)
+        finally:
+            if aside is not None:
+                _settle_aside(aside, outdir)
+
+
+def set_aside(outdir: Path, chash: str) -> Optional[Path]:
+    """``resume=false`` over the job's valid record (status ok/oom, same config): its run.json, tables
+    and repeat folders are moved into ``outdir/replaced-record/`` before the job runs, so that a re-run
+    that ends without a valid record (interrupted, error, killed) loses nothing recorded
+    (:func:`_settle_aside`). A folder already holding one (an earlier re-run that did not finish) is
+    kept as it is: it holds the last valid record. Returns the folder, or None when there is none."""
+    aside = outdir / records.REPLACED_DIR
+    if aside.exists():
+        return aside
+    prev = records.load_valid_record(outdir, chash)
+    if prev is None:
+        return None
+    aside.mkdir()
+    names = ["run.json", *(f"{t}.parquet" for t in prev.get("tables") or []),
+             *(r.get("dir") for r in prev.get("repeat_runs") or [] if r.get("dir") not in (None, "."))]
+    for name in dict.fromkeys(names):
+        if (outdir / name).exists():
+            (outdir / name).rename(aside / name)
+    say(f"resume=false: the earlier record (status {prev['status']}) is set aside in {aside} until this run's "
+        f"is valid")
+    return aside
+
+
+def _settle_aside(aside: Path, outdir: Path) -> None:
+    """After the re-run (returned, raised or interrupted): a valid new record (ok/oom) in ``outdir``
+    replaces the one set aside (removed); otherwise the earlier one stays in ``aside``, and the log
+    says where."""
+    import shutil
+    status = (records.read_record(outdir) or {}).get("status")
+    if status in records.VALID_STATUSES:
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        say(f"this run ended {status or 'without a record'}; the earlier valid record is kept in {aside}",
+            warning=True)
 
 
 @contextmanager

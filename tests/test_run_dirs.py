@@ -208,3 +208,31 @@ def test_an_error_record_names_a_backend_it_cannot_resolve_by_the_one_asked_for(
     assert rec["backend"]["name"] == cfg.backend.name and rec["backend"]["simulated"] is simulated
     assert rec["overrides"] == ["system=lbs", *backend] and rec["status"] == "error" and rec["summary"] == {}
     assert ("config_hash" in rec) is simulated            # the full header only where the backend resolved
+
+
+def test_an_unfinished_resume_false_rerun_keeps_the_earlier_record(compose_cfg, tmp_path, monkeypatch):
+    """resume=false over a valid record, interrupted: the earlier record and its tables are kept in
+    replaced-record/ (a QA report: the interrupted re-run's record replaced the ok one); a sweep's
+    summary does not count it; the next run that ends valid removes it. Mutations caught: nothing
+    set aside (the ok record lost); the folder not removed once the new record is valid; the
+    report's gather reading the set-aside record as a second job."""
+    import systems.ttc.runner as runner
+    from harness.records import REPLACED_DIR
+    from harness.report import gather_runs
+    from harness.run import run
+    out = tmp_path / "sweep" / "job"
+    over = ["system=lbs", "beams=4"]
+    first = run(compose_cfg(*over, output_dir=out), multirun=False, overrides=[])
+    assert first["status"] == "ok"
+    real = runner.run
+    monkeypatch.setattr(runner, "run", lambda cfg, ctx: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run(compose_cfg(*over, "resume=false", output_dir=out), multirun=False, overrides=[])
+    kept = out / REPLACED_DIR
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    assert json.loads((kept / "run.json").read_text())["finished_at"] == first["finished_at"]
+    assert {p.name for p in kept.iterdir()} == {"run.json", *(f"{t}.parquet" for t in first["tables"])}
+    assert len(gather_runs(tmp_path / "sweep")) == 1
+    monkeypatch.setattr(runner, "run", real)
+    again = run(compose_cfg(*over, output_dir=out), multirun=False, overrides=[])   # resume: the record is not valid
+    assert again["status"] == "ok" and not kept.exists()
