@@ -200,9 +200,12 @@ class OutputDirCheck(Callback):
         try:
             check_results_dir(results_dir)
             check_folder(key, path, "a folder (leave it out for the default under results_dir)")
-            if key == "hydra.sweep.dir" and Path(path).resolve() == (Path(str(results_dir)) / "sweeps").resolve():
-                raise bad("sweep_name", config.get("sweep_name"), "a name: the sweep's folder under "
-                          f"{Path(str(results_dir)) / 'sweeps'} (leave it out for a timestamp)")
+            name, sweeps = str(config.get("sweep_name")), Path(str(results_dir)) / "sweeps"
+            named = Path(path).resolve() == (sweeps / name).resolve()           # the default hydra.sweep.dir
+            not_a_name = Path(name).name != name or name in (".", "..")          # a path: its folder escapes sweeps/
+            if key == "hydra.sweep.dir" and (Path(path).resolve() == sweeps.resolve() or (named and not_a_name)):
+                raise bad("sweep_name", name, f"a name: the sweep's folder under {sweeps}, no '/' or '..' "
+                          "(leave it out for a timestamp; hydra.sweep.dir=PATH puts a sweep elsewhere)")
             records.check_creatable(path, key)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)

@@ -236,3 +236,16 @@ def test_an_unfinished_resume_false_rerun_keeps_the_earlier_record(compose_cfg, 
     monkeypatch.setattr(runner, "run", real)
     again = run(compose_cfg(*over, output_dir=out), multirun=False, overrides=[])   # resume: the record is not valid
     assert again["status"] == "ok" and not kept.exists()
+
+
+@pytest.mark.parametrize("name", ["../../escape", "a/b", ".."])
+def test_a_sweep_name_that_is_a_path_exits_2_before_any_folder_is_made(name, tmp_path):
+    """sweep_name names the sweep's folder under results_dir/sweeps: ``../../escape`` wrote the records
+    two folders above it (QA). Mutation caught: the check left out (exit 0, records outside sweeps/)."""
+    r = tmp_path / "r"
+    out = run_py("-m", "system=lbs", "beams=4", f"sweep_name={name}", f"results_dir={r}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr == (f"error: sweep_name={name!r} is not allowed: a name: the sweep's folder under "
+                          f"{r / 'sweeps'}, no '/' or '..' (leave it out for a timestamp; hydra.sweep.dir=PATH puts "
+                          "a sweep elsewhere)\n")
+    assert not any(tmp_path.rglob("run.json")) and not (tmp_path / "escape").exists()
