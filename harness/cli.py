@@ -135,6 +135,53 @@ def check_key(key: str, conf_dir, _cache: Optional[dict] = None) -> None:
         tree = tree[p]
 
 
+def _option_tree(conf_dir: Path, group: str, option: str) -> Optional[Dict]:
+    """Key tree of one option of ``group`` (``conf/<group>/<option>.yaml`` and the schemas its defaults
+    name, ``_..._schema``); {} when it cannot be read (Hydra's to report)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+    try:
+        y = OmegaConf.load(conf_dir / group / f"{option}.yaml")
+    except Exception:
+        return {}
+    schemas = [d for d in (y.pop("defaults") if "defaults" in y else []) if isinstance(d, str) and d.startswith("_")
+               and d != "_self_"]
+    tree = _keys_of(y)
+    repo = ConfigStore.instance().repo.get(group) or {}
+    for name in schemas:
+        node = repo.get(f"{name}.yaml")
+        if node is not None and hasattr(node, "node"):
+            tree = _merge(tree, _keys_of(node.node))
+    return tree
+
+
+def check_key_of_options(key: str, args: List[str], conf_dir) -> None:
+    """A key that some option of its group has, but not the one(s) the command selects
+    (``system=lbs system.window_s=3``: a BEAM field) was Hydra's "Could not override" with exit 1.
+    Raises ConfigError naming the options that have it. Only for ``group=option`` on the command line."""
+    group, *path = key.split(".")
+    chosen = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == group]
+    if not path or group not in CONFIG_GROUPS or not chosen or any(c in chosen[-1] for c in "()[]{}*$"):
+        return
+    conf_dir = Path(conf_dir)
+
+    def has(option: str) -> bool:
+        tree = _option_tree(conf_dir, group, option)
+        for p in path:
+            if tree is None:                 # an open mapping: any sub-key
+                return True
+            if p not in tree:
+                return False
+            tree = tree[p]
+        return True
+    lacking = [o for o in (x.strip() for x in chosen[-1].split(",")) if o and not has(o)]
+    if lacking:
+        others = [o for o in group_options(conf_dir, group) if not o.startswith("_") and has(o)]
+        raise ConfigError(f"{key!r} is not a field of {group}={','.join(lacking)}; it is a field of "
+                          f"{group}={', '.join(others) or '(none)'} (python run.py {group}={lacking[0]} --cfg job "
+                          f"shows that option's fields)")
+
+
 def check_value_type(key: str, value: str) -> None:
     """Raise ConfigError when ``value`` (each value of an ``a,b`` sweep) converts to the type of
     the field ``key`` in none of its group's schemas that declare it as a bool, an integer or a
@@ -332,6 +379,7 @@ def preflight(args: List[str], conf_dir) -> None:
         if key.startswith("hydra.") or key == "hydra" or not key.replace(".", "").replace("_", "").replace("-", "").isalnum():
             continue
         check_key(key, conf_dir, cache)
+        check_key_of_options(key, args, conf_dir)
         value = a.split("=", 1)[1]
         if key.split(".")[0] in CONFIG_GROUPS and not any(c in value for c in "()[]{}*$'\""):
             check_value_type(key, value)

@@ -202,6 +202,10 @@ def test_memoised_composition_falls_back_for_additions():
     (["-m", "system=vanilla", "workload=poisson", "seed=-1,0"], "seed=-1 is not allowed: an integer >= 0"),
     (["-m", "system=vanilla", "workload=poisson", "rate=1,inf"], "workload.rate=inf is not allowed"),
     (["system.prefetch=maybe"], "system.prefetch='maybe' is not allowed: true or false"),
+    # a field of another option of the group (was Hydra's "Could not override", exit 1; QA)
+    (["system=lbs", "system.window_s=3"], "'system.window_s' is not a field of system=lbs; it is a field of "
+                                          "system=beam, beam_dvfs_only, beam_s1, beam_s2, vanilla, window_dvfs"),
+    (["-m", "system=beam,lbs", "system.window_s=3"], "'system.window_s' is not a field of system=lbs;"),
 ])
 def test_bad_input_stops_single_runs_and_sweeps_before_work(tmp_path, args, message):
     """A typo in an option, a value of the wrong type or a bad value of a swept parameter: exit 2
@@ -238,6 +242,8 @@ def test_nested_known_keys_pass_the_preflight():
     from harness.cli import preflight
     preflight(["system=beam", "system.dvfs.actuate=false", "workload.num_problems=3", "hardware.power.act_a_w=1",
                "+new.key=1", "hydra.launcher.n_jobs=2", "beams=4"], CONF)
+    preflight(["-m", "system=lbs,layerwise", "system.prefetch=false", "system.deadline=1e10",      # both have them
+               "hardware=rtx4090,a100-80gb", "hardware.power.act_a_w=1", "hardware.sources.x=y"], CONF)
 
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
