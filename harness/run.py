@@ -700,7 +700,8 @@ def _run_once(runner, cfg, ctx: RunContext) -> RunResult:
     except RunOOM as e:
         res = RunResult(status="oom", message=str(e))
     except MemoryError as e:
-        res = RunResult(status="oom", message=f"host MemoryError: {e}")
+        res = RunResult(status="oom", message=f"host MemoryError: this process ran out of host memory"
+                                              f"{f' ({e})' if str(e) else ''} (the run's own state, not a modelled KV cache)")
     except Exception as e:
         if type(e).__name__ == "OutOfMemoryError":   # torch.cuda.OutOfMemoryError
             res = RunResult(status="oom", message=str(e).splitlines()[0])

@@ -408,3 +408,18 @@ def test_a_results_dir_that_is_a_dangling_link_is_exit_2_naming_it(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "is a symbolic link to" in out.stderr and "which does not exist" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_host_memory_error_is_a_recorded_oom_that_says_what_ran_out(compose_cfg, monkeypatch):
+    """numpy/Python's MemoryError() has no message: the record said "host MemoryError: " (QA, FastTTS
+    n=1e6). Mutation caught: the bare exception text."""
+    import systems.ttc.runner as runner
+    from harness.run import run
+
+    def out_of_memory(cfg, ctx):
+        raise MemoryError()
+    monkeypatch.setattr(runner, "run", out_of_memory)
+    rec = run(compose_cfg("system=lbs", "beams=4"), multirun=False, overrides=[])
+    assert rec["status"] == "oom"
+    assert rec["message"] == ("host MemoryError: this process ran out of host memory (the run's own state, "
+                              "not a modelled KV cache)")
