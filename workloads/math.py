@@ -52,6 +52,10 @@ def load_problems(path: str | Path, limit: Optional[int] = None) -> List[Problem
         file holds no problem.
     """
     p = Path(path)
+    if p.is_dir():
+        found = ", ".join(sorted(x.name for x in p.glob("*.jsonl"))[:5]) or "none"
+        raise ConfigError(f"workload.path={str(path)!r} is not allowed: a folder, not a dataset file (its .jsonl "
+                          f"files: {found}; pass workload.path={p / 'test.jsonl'} or the like)")
     if not p.is_file():
         from workloads.data import missing_hint
         raise ConfigError(f"workload.path={str(path)!r} is not allowed: no such dataset file "
@@ -70,6 +74,9 @@ def load_problems(path: str | Path, limit: Optional[int] = None) -> List[Problem
             text = obj.get("problem", obj.get("question"))
             if not isinstance(text, str) or "answer" not in obj:
                 raise ConfigError(f"{p}: line {lineno} lacks a 'problem' string or an 'answer' field")
+            if not text.strip() or obj["answer"] is None or not str(obj["answer"]).strip():
+                raise ConfigError(f"{p}: line {lineno} has an empty 'problem' or a null/empty 'answer' (every "
+                                  f"problem needs its text and a reference answer to grade against)")
             out.append(Problem(len(out), text, str(obj["answer"]), lineno))
             if limit is not None and len(out) >= limit:
                 break

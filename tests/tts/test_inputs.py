@@ -42,6 +42,14 @@ def test_malformed_jsonl_names_the_line(compose_cfg, tmp_path):
     p.write_text('{"problem": "1+1?", "answer": "2"}\n{"question_text": "x"}\n')
     with pytest.raises(ConfigError, match="line 2 lacks"):
         load_problems(p)
+    # QA: an empty problem or a null answer was accepted (graded against the string "None");
+    # a folder read "no such dataset file". Mutations caught: either check left out
+    for line in ('{"problem": "", "answer": "2"}', '{"problem": "1+1?", "answer": null}'):
+        p.write_text('{"problem": "1+1?", "answer": "2"}\n' + line + "\n")
+        with pytest.raises(ConfigError, match="line 2 has an empty 'problem' or a null/empty 'answer'"):
+            load_problems(p)
+    with pytest.raises(ConfigError, match=r"is not allowed: a folder, not a dataset file \(its .jsonl files: bad.jsonl;"):
+        validate(compose_cfg("system=fasttts", f"workload.path={tmp_path}"))
 
 
 def test_step_tag_outside_verifier_vocab(compose_cfg):
