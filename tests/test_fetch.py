@@ -89,13 +89,13 @@ def test_cli_checks_and_fetches_the_folder_runs_read(team_layout, capsys, monkey
     missing_hint naming the cache folder."""
     shared, cache = team_layout
     assert F.main(["--check", "--only", "math/"]) == 0
-    assert capsys.readouterr().out == f"data in {shared}: 3 present, 0 fetched\n"
+    assert capsys.readouterr().out == f"data in {shared}: all 3 files present, each with its pinned sha256\n"
     (shared / "math/amc23/test.jsonl").unlink()
     assert F.main(["--check", "--only", "math/"]) == 1
     assert capsys.readouterr().err == (f"error: 1 of the data files in {shared} could not be verified:\n"
                                        f"  math/amc23/test.jsonl: missing\n")
     assert F.main(["--from", str(SHARED), "--only", "math/amc23/"]) == 0
-    assert capsys.readouterr().out == f"data in {shared}: 0 present, 1 fetched\n"
+    assert capsys.readouterr().out == f"data in {shared}: 0 present (sha256 checked), 1 fetched\n"
     assert (shared / "math/amc23/test.jsonl").is_file() and not cache.exists()
     monkeypatch.setenv("COLUMNS", "1000")           # argparse: one line per option
     with pytest.raises(SystemExit):

@@ -135,7 +135,10 @@ def fetch(dest: Path, mirror: Optional[Path] = None, only: Optional[str] = None,
         raise FetchError(f"{len(errors)} of the data files in {dest} could not be "
                          f"{'verified' if check_only else 'obtained'}:"
                          f"\n  {shown}")
-    log(f"data in {dest}: {counts['present']} present, {counts['fetched']} fetched")
+    if check_only:
+        log(f"data in {dest}: all {counts['present']} files present, each with its pinned sha256")
+    else:
+        log(f"data in {dest}: {counts['present']} present (sha256 checked), {counts['fetched']} fetched")
     return counts
 
 
