@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import pandas as pd
 
 from harness.units import parse_size
-from harness.verdict import TOLERANCE, Row, fmt_range, verdict
+from harness.verdict import ATTAINMENT_POINTS, TOLERANCE, Row, fmt_range, verdict
 
 BOOL_UNIT = "(1 = holds)"
 
@@ -46,6 +46,12 @@ class PaperNumber:
         return 100.0 if self.unit == "fraction" else 1.0
 
     @property
+    def points(self) -> Optional[float]:
+        """The absolute tolerance, in the shown unit, of a rate near 100 % (``*_attainment``: percentage
+        points, harness/verdict.py); None: the relative one."""
+        return ATTAINMENT_POINTS if self.metric.endswith("_attainment") and self.unit in ("fraction", "%") else None
+
+    @property
     def shown_unit(self) -> str:
         return {"fraction": "%", "bool": BOOL_UNIT}.get(self.unit, self.unit)
 
@@ -71,7 +77,8 @@ class PaperNumber:
         """The verdict (harness/verdict.py) of ours ``lo`` (..``hi``), given in the CSV's unit."""
         s = self.scale
         return verdict(None if lo is None else lo * s, self.value * s, self.kind,
-                       None if hi is None else hi * s, None if self.value_hi is None else self.value_hi * s)
+                       None if hi is None else hi * s, None if self.value_hi is None else self.value_hi * s,
+                       points=self.points)
 
 
 @dataclass
@@ -207,7 +214,8 @@ def verdict_rows(nums: List[PaperNumber], df: pd.DataFrame, ours: Callable[[Pape
                             None if n.value_hi is None else n.value_hi * s,
                             ours=None if lo is None else lo * s, ours_hi=None if hi is None else hi * s,
                             unit=n.shown_unit, simulated=sim, source=source_file,
-                            note="; ".join(x for x in (f"ours: {o.what}" if o.what else "", n.note) if x)))
+                            note="; ".join(x for x in (f"ours: {o.what}" if o.what else "", n.note) if x),
+                            points=n.points))
     return rows
 
 
@@ -221,5 +229,6 @@ def verdict_table(rows: List[Row], paper: str) -> str:
     tol = round(100 * TOLERANCE)
     head = (f"Paper numbers (results/reference/{paper}.csv) and the verdict of harness/verdict.py (within {tol} % "
             f"of a point; inside a bound or range with {tol} % slack; 'partly': a range of ours that overlaps, or a "
-            f"point within {2 * tol} %):")
+            f"point within {2 * tol} %; an SLO attainment within {ATTAINMENT_POINTS:g} percentage points, 'partly' "
+            f"within {2 * ATTAINMENT_POINTS:g}):")
     return head + "\n\n" + (t.to_markdown(index=False) if len(t) else "(no paper numbers)")

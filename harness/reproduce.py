@@ -220,7 +220,7 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
     missing = not_run(v, ref)
     lines = ["# Reproduction status", "",
              "Every paper number next to ours and the verdict of `harness/verdict.py` (within 15 % of a point,",
-             "inside a stated range or bound). `sim` = ours is simulated (the simulator on the named GPU profile),",
+             "inside a stated range or bound; an SLO attainment within 3 percentage points). `sim` = ours is simulated (the simulator on the named GPU profile),",
              "`measured` = a real engine measured it on this machine. Built by `python -m harness.reproduce`.", ""]
     if only is not None:
         lines += [f"Only these experiments' sweeps are collected (--only): {', '.join(only)}; any other sweep "

@@ -10,6 +10,10 @@ or a range (a sweep's min..max). The verdict:
   rule above, or a point within 2 x the tolerance.
 - ``not reproduced``: otherwise; ``no result`` when ours is missing (a failed or absent run).
 
+Rates close to 100 % (SLO attainment) are judged in percentage points (``points``: within
+:data:`ATTAINMENT_POINTS` pp, ``partly`` within twice that), not relative to the paper's value: 15 %
+of 95 % would call 81 % (four times the misses) reproduced.
+
 Every verdict row says whether ours is simulated; a simulated "reproduced" means the simulator
 with the stated hardware profile agrees, not that a GPU measured it.
 """
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import List, Optional
 
 TOLERANCE = 0.15
+ATTAINMENT_POINTS = 3.0      # percentage points: the tolerance of rates near 100 % (a metric *_attainment)
 VERDICTS = ("reproduced", "partly", "not reproduced", "no result")
 
 
@@ -33,16 +38,20 @@ def _close(a: float, b: float, tol: float) -> bool:
 
 
 def verdict(ours: Optional[float], paper: float, kind: str = "=", ours_hi: Optional[float] = None,
-            paper_hi: Optional[float] = None, tol: float = TOLERANCE) -> str:
+            paper_hi: Optional[float] = None, tol: float = TOLERANCE, points: Optional[float] = None) -> str:
     """The verdict (module docstring). ``kind``: ``=`` point, ``>=``/``<=`` bound, ``range``
-    (``paper``..``paper_hi``). ``ours_hi``: the upper end when ours is a range. Raises ValueError
-    for an unknown kind or a range without its upper end."""
+    (``paper``..``paper_hi``). ``ours_hi``: the upper end when ours is a range. ``points``: judge
+    in absolute units instead (a rate in %: within ``points`` percentage points, slack of bounds and
+    ranges the same). Raises ValueError for an unknown kind or a range without its upper end."""
     if kind not in ("=", ">=", "<=", "range"):
         raise ValueError(f"kind={kind!r} is not allowed: one of =, >=, <=, range")
     if kind == "range" and _nan(paper_hi):
         raise ValueError("a paper range needs paper_hi")
     if _nan(ours):
         return "no result"
+    if points is not None:
+        return _verdict_points(float(ours), float(ours if _nan(ours_hi) else ours_hi), paper,
+                               paper if kind != "range" else float(paper_hi), kind, points)
     lo_o, hi_o = float(ours), float(ours if _nan(ours_hi) else ours_hi)
     if kind == ">=":
         return "reproduced" if lo_o >= paper * (1 - tol) else "partly" if hi_o >= paper * (1 - tol) else "not reproduced"
@@ -62,6 +71,20 @@ def verdict(ours: Optional[float], paper: float, kind: str = "=", ours_hi: Optio
     return "partly" if overlap else "not reproduced"
 
 
+def _verdict_points(lo_o: float, hi_o: float, p_lo: float, p_hi: float, kind: str, pts: float) -> str:
+    """:func:`verdict` with an absolute tolerance ``pts`` (same rules, distances in the values' unit)."""
+    if kind == ">=":
+        return "reproduced" if lo_o >= p_lo - pts else "partly" if hi_o >= p_lo - pts else "not reproduced"
+    if kind == "<=":
+        return "reproduced" if hi_o <= p_hi + pts else "partly" if lo_o <= p_hi + pts else "not reproduced"
+    if lo_o == hi_o:
+        gap = 0.0 if p_lo <= lo_o <= p_hi else min(abs(lo_o - p_lo), abs(lo_o - p_hi))
+        return "reproduced" if gap <= pts else "partly" if gap <= 2 * pts else "not reproduced"
+    if abs(lo_o - p_lo) <= pts and abs(hi_o - p_hi) <= pts:
+        return "reproduced"
+    return "partly" if lo_o <= p_hi + pts and hi_o >= p_lo - pts else "not reproduced"
+
+
 @dataclass
 class Row:
     """One paper number beside ours, as written to a sweep's ``verdicts.csv``."""
@@ -77,10 +100,12 @@ class Row:
     simulated: bool = True
     source: str = ""                # the figure/table file of ours, relative to the sweep dir
     note: str = ""
+    points: Optional[float] = None  # judged in absolute units (percentage points for rates), else relative
     verdict: str = field(default="")
 
     def __post_init__(self):
-        self.verdict = verdict(self.ours, self.paper_value, self.kind, self.ours_hi, self.paper_hi)
+        self.verdict = verdict(self.ours, self.paper_value, self.kind, self.ours_hi, self.paper_hi,
+                               points=self.points)
 
 
 def write(sweep_dir, rows: List[Row]) -> Path:
@@ -102,4 +127,4 @@ def fmt_range(lo, hi=None, unit: str = "", digits: int = 3) -> str:
     return f"{s} {unit}".strip()
 
 
-__all__ = ["verdict", "Row", "write", "fmt_range", "TOLERANCE", "VERDICTS"]
+__all__ = ["verdict", "Row", "write", "fmt_range", "TOLERANCE", "ATTAINMENT_POINTS", "VERDICTS"]
