@@ -30,6 +30,10 @@ from systems.serving.config import CONTROLLERS, TRACE_FORMATS, WORKLOAD_KINDS
 
 PROFILE_BIAS_RANGE = (-0.5, 0.5)
 PROFILE_NOISE_RANGE = (0.0, 0.3)
+# Most requests a synthetic stream (poisson, burst, ramp) may be expected to hold: peak rate x
+# duration_s. Its arrays, and the thinning draws behind them, are ~50 bytes a request (0.5 GB at the
+# bound), and a simulation serves each request; workload=poisson rate=1e9 asked numpy for 447 GiB.
+MAX_REQUESTS = 10_000_000
 
 
 def validate(cfg) -> None:
@@ -49,6 +53,14 @@ def validate(cfg) -> None:
         check_number("workload.rate", w.rate, "a request rate in req/s")
     if w.kind in ("burst", "ramp"):
         check_number("workload.rate_high", w.rate_high, "a request rate in req/s")
+    if w.kind in ("poisson", "burst", "ramp"):   # the whole stream is drawn at the peak rate, then thinned
+        peak_field = "rate" if w.kind == "poisson" or float(w.rate) >= float(w.rate_high) else "rate_high"
+        peak = float(w[peak_field])
+        expected = peak * float(w.duration_s)
+        if expected > MAX_REQUESTS:
+            raise bad(f"workload.{peak_field}", w[peak_field],
+                      f"a rate giving at most {MAX_REQUESTS:,} requests in a run (asked for: {peak:g} req/s x "
+                      f"workload.duration_s={float(w.duration_s):g} s = {expected:,.0f} expected requests)")
     if w.kind == "burst":          # an empty or inverted window ran a plain Poisson stream (QA)
         check_number("workload.burst_start_s", w.burst_start_s, "a time in s", ">= 0")
         if not float(w.burst_start_s) < float(w.burst_end_s):
@@ -65,6 +77,14 @@ def validate(cfg) -> None:
         raise bad("workload.format", w.format, f"one of {', '.join(TRACE_FORMATS)}")
     if w.input_len < 1 or w.output_len < 1:
         raise bad("workload.input_len/output_len", (w.input_len, w.output_len), "token counts >= 1")
+    if w.max_input_len < 1:            # 0 and -1 truncated every prompt to nothing, recorded ok (QA)
+        raise bad("workload.max_input_len", w.max_input_len, "a token count >= 1 (longer prompts are truncated to it)")
+    seed = w.get("seed")               # -1 was numpy's "expected non-negative integer" traceback
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise bad("workload.seed", seed, "an integer >= 0")
+    if w.kind == "servegen":           # -5 ran unscaled silently
+        check_number("workload.target_tokens_per_s", w.target_tokens_per_s, "an input+output token rate in tokens/s",
+                     ">= 0", "0 = the trace's own rates, unscaled")
     tp, pp = parallelism(cfg)
     if tp < 1 or pp < 1:
         raise bad("tp/pp", (tp, pp), "integers >= 1")
@@ -80,6 +100,11 @@ def validate(cfg) -> None:
         raise bad("system.chunk_candidates/default_chunk", (chunks, s.default_chunk), "token counts >= 1")
     if any(m < 1 for m in s.microbatch_candidates):
         raise bad("system.microbatch_candidates", list(s.microbatch_candidates), "integers >= 1")
+    for fld, what in (("profile_tile", "the profiler's sampling step"),           # 0 crashed mid-run (range step 0)
+                      ("profile_small_max", "the end of the profiler's small region")):   # <= 0: IndexError mid-run
+        if s[fld] < 1:
+            raise bad(f"system.{fld}", s[fld], f"a token count >= 1 ({what})")
+    check_number("system.dvfs.delay_s", s.dvfs.delay_s, "a clock actuation delay in s", ">= 0")   # -1 was run
     bias, noise = float(s.profile_error.bias), float(s.profile_error.noise)
     if not PROFILE_BIAS_RANGE[0] <= bias <= PROFILE_BIAS_RANGE[1]:
         raise bad("system.profile_error.bias", bias, "a relative error in [-0.5, 0.5] (-0.2 = the table is 20 % low)")

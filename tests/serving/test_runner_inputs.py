@@ -50,6 +50,66 @@ def test_bad_input_fails_before_work(compose_cfg, tmp_path, overrides, match):
     assert not (tmp_path / "x" / "run.json").exists()
 
 
+@pytest.mark.parametrize("overrides,message", [
+    (("workload.seed=-1", "workload.duration_s=30"), "workload.seed=-1 is not allowed: an integer >= 0"),
+    (("workload=poisson", "workload.seed=-1"), "workload.seed=-1 is not allowed: an integer >= 0"),
+    (("workload=poisson", "rate=1e9"),
+     "workload.rate=1000000000.0 is not allowed: a rate giving at most 10,000,000 requests in a run "
+     "(asked for: 1e+09 req/s x workload.duration_s=60 s = 60,000,000,000 expected requests)"),
+    (("workload=burst", "workload.rate_high=1e8"),
+     "workload.rate_high=100000000.0 is not allowed: a rate giving at most 10,000,000 requests in a run "
+     "(asked for: 1e+08 req/s x workload.duration_s=150 s = 15,000,000,000 expected requests)"),
+    (("workload.max_input_len=0", "workload.duration_s=30"),
+     "workload.max_input_len=0 is not allowed: a token count >= 1 (longer prompts are truncated to it)"),
+    (("workload=poisson", "workload.max_input_len=-1"),
+     "workload.max_input_len=-1 is not allowed: a token count >= 1 (longer prompts are truncated to it)"),
+    (("workload=poisson", "workload.output_len=0"),
+     "workload.input_len/output_len=(512, 0) is not allowed: token counts >= 1"),
+    (("system.dvfs.delay_s=-1", "workload.duration_s=30"),
+     "system.dvfs.delay_s=-1.0 is not allowed: a clock actuation delay in s >= 0"),
+    (("workload.target_tokens_per_s=-5", "workload.duration_s=30"),
+     "workload.target_tokens_per_s=-5.0 is not allowed: an input+output token rate in tokens/s >= 0 "
+     "(0 = the trace's own rates, unscaled)"),
+    (("system.profile_tile=0", "workload.duration_s=30"),
+     "system.profile_tile=0 is not allowed: a token count >= 1 (the profiler's sampling step)"),
+    (("system.profile_small_max=0", "workload.duration_s=30"),
+     "system.profile_small_max=0 is not allowed: a token count >= 1 (the end of the profiler's small region)"),
+])
+def test_bad_numbers_name_the_field_and_what_is_allowed(compose_cfg, tmp_path, overrides, message):
+    """QA: a negative seed was numpy's traceback (exit 1), rate=1e9 asked numpy for 447 GiB,
+    max_input_len <= 0 / dvfs.delay_s < 0 / target_tokens_per_s < 0 were run (recorded ok), profile_tile=0
+    and profile_small_max=0 crashed mid-run. Each is now a ConfigError from ``validate`` before any work.
+    Mutation caught: each check removed from systems/serving/runner.py:validate (the servegen cases are
+    30 s long so that a missing check fails fast)."""
+    cfg = compose_cfg("system=beam", *overrides, output_dir=tmp_path / "x")
+    with pytest.raises(ConfigError) as e:
+        run(cfg)
+    assert str(e.value) == message
+    assert not (tmp_path / "x" / "run.json").exists()
+
+
+def test_the_request_bound_is_rate_times_duration(compose_cfg, monkeypatch):
+    """The stream may be expected to hold up to MAX_REQUESTS requests, not one more. Mutation caught:
+    ``>=`` for ``>`` in the bound, the duration left out of it."""
+    from systems.serving import runner
+    monkeypatch.setattr(runner, "MAX_REQUESTS", 120)
+    runner.validate(compose_cfg("system=beam", "workload=poisson", "rate=2", "workload.duration_s=60"))
+    with pytest.raises(ConfigError, match=r"workload.rate=2.0 is not allowed: a rate giving at most 120 requests "
+                                          r"in a run \(asked for: 2 req/s x workload.duration_s=61 s = 122 expected"):
+        runner.validate(compose_cfg("system=beam", "workload=poisson", "rate=2", "workload.duration_s=61"))
+
+
+def test_a_sweep_with_a_bad_seed_is_refused_before_any_job(tmp_path):
+    """The sweeper's up-front check runs ``validate`` on every job: exit 2 with the message, no
+    traceback, nothing run. Mutation caught: the workload.seed check removed (exit 1, traceback)."""
+    p = subprocess.run([sys.executable, "run.py", "-m", "system=beam", "workload=poisson", "workload.duration_s=30",
+                        "workload.seed=0,-1", "tracking=none", "progress=false", f"results_dir={tmp_path / 'sw'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "error: workload.seed=-1 is not allowed: an integer >= 0" in p.stderr
+    assert "Traceback" not in p.stderr + p.stdout and not (tmp_path / "sw").exists()
+
+
 def test_kv_budget_is_kv_bytes_per_device(compose_cfg, tmp_path):
     """kv_budget reaches the simulator as a KV capacity per stage (bytes / KV bytes of a token on one
     GPU); unset, it is memory - weights on the GPU - the hardware's reserve; weights that do not fit
