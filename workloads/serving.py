@@ -39,6 +39,13 @@ import numpy as np
 from workloads.data import missing_hint, resolve
 
 
+# Most requests a stream may be expected to hold (synthetic: peak rate x duration_s, checked by
+# systems.serving.runner.validate; ServeGen: its windows' rates x the target's scale). Its arrays, and
+# the draws behind them, are ~50 bytes a request (0.5 GB at the bound), and a simulation serves each
+# request; workload=poisson rate=1e9 asked numpy for 447 GiB.
+MAX_REQUESTS = 10_000_000
+
+
 class TraceError(ValueError):
     """A trace file is missing or malformed; the message names the file and the line."""
 
@@ -589,6 +596,11 @@ def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: 
     pool_mean = float(pool[0][0] @ pool[0][1] + pool[1][0] @ pool[1][1])
     exp_tokens = sum(rate * ln * mean_tok.get((cid, lo), pool_mean) for cid, lo, ln, rate, *_ in active)
     scale_rate = (target_tokens_per_s * (t1 - t0) / exp_tokens) if target_tokens_per_s > 0 else 1.0
+    expected = scale_rate * sum(rate * ln for _, _, ln, rate, *_ in active)
+    if expected > MAX_REQUESTS:
+        raise TraceError(f"workload.target_tokens_per_s={target_tokens_per_s:g} would draw {expected:,.0f} requests in "
+                         f"[{t0:g}, {t1:g}) s (at most {MAX_REQUESTS:,}; the trace's own rates give "
+                         f"{expected / scale_rate:,.0f}: lower it or workload.duration_s)")
 
     arr, ins, outs = [], [], []
     for cid, lo, ln, rate, pat, shape, scale in active:

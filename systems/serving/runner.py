@@ -27,13 +27,10 @@ from systems.serving.build import (build_table, clock_note, cache_dir, configure
                                    display_rows, kv_budget_bytes, kv_capacity, parallelism, profile_context,
                                    requests_for, serve, slo_check, stop_time, table_grid, window_profile)
 from systems.serving.config import CONTROLLERS, TRACE_FORMATS, WORKLOAD_KINDS
+from workloads.serving import MAX_REQUESTS
 
 PROFILE_BIAS_RANGE = (-0.5, 0.5)
 PROFILE_NOISE_RANGE = (0.0, 0.3)
-# Most requests a synthetic stream (poisson, burst, ramp) may be expected to hold: peak rate x
-# duration_s. Its arrays, and the thinning draws behind them, are ~50 bytes a request (0.5 GB at the
-# bound), and a simulation serves each request; workload=poisson rate=1e9 asked numpy for 447 GiB.
-MAX_REQUESTS = 10_000_000
 
 
 def validate(cfg) -> None:

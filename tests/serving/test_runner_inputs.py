@@ -231,3 +231,13 @@ def test_a_trace_stream_is_stored_and_read_back_until_its_file_changes(compose_c
     with pytest.raises(TraceError):
         build.requests_for(gone, tmp_path / "cache2")
     assert not (tmp_path / "cache2").exists()
+
+
+def test_a_servegen_target_rate_beyond_the_request_bound_exits_2(compose_cfg):
+    """workload=servegen workload.target_tokens_per_s=1e9 ran past a 120 s timeout drawing billions of
+    requests (QA). Mutation caught: load_servegen without the bound (the test then hangs or OOMs)."""
+    from harness.errors import ConfigError
+    from systems.serving.runner import validate
+    with pytest.raises(ConfigError, match=r"workload.target_tokens_per_s=1e\+09 would draw [\d,]+ requests in "
+                                          r"\[68400, 72000\) s \(at most 10,000,000; the trace's own rates give"):
+        validate(compose_cfg("system=beam", "workload.target_tokens_per_s=1e9"))
