@@ -51,6 +51,7 @@ class HardwareConfig:
     clock_default_mhz: int = 0
     clock_step_mhz: int = 15
     kv_reserve_bytes: Optional[int] = None  # device memory for neither weights nor KV; null = 10 % (model_facts)
+    host_memory_bytes: Optional[int] = None # host RAM that holds offloaded KV (TTC family); null = unknown, not checked
     power: Dict[str, Any] = field(default_factory=dict)     # power-model parameters (serving family)
     measured: Dict[str, Any] = field(default_factory=dict)  # calibrated values, with their date
     datasheet: Dict[str, Any] = field(default_factory=dict) # vendor values a measured profile replaced

@@ -130,6 +130,31 @@ class Scheduler:
     def fits_whole_request(self, num_beams: int) -> bool:
         return self.budget is None or self.full_kv_bytes(num_beams) <= self.budget
 
+    def host_kv_bytes(self, num_beams: int, beam_size: int, step: int) -> int:
+        """Peak KV bytes the host holds during the request (0 when nothing is offloaded): the
+        offloaded KV must fit the host's memory (``hardware.host_memory_bytes``, systems/ttc/runner.py).
+
+        - ``lbs`` (request over the budget): the host copy is authoritative and holds the tree's live
+          segments: the prompt once; at step ``i`` the ``N`` live beams' new segments (``T_i``
+          tokens) and their ancestors, at most ``beam_size`` per depth (the kept parents and
+          theirs; dead segments are freed between steps). Peak over the steps of
+          ``(P + beam_size * i * step + N * T_i) * kv_token``: a bound reached when no two kept beams
+          share a parent (prefix sharing only lowers it); <= ``full_kv_bytes``.
+        - ``layerwise``: every offloaded layer holds all beams' dense KV at full length (the real
+          engine sizes them once): ``(N_layer - L) * N * (P + G) * kv_layer_token``, ``L`` the
+          layers still resident at the last token (residency only shrinks).
+        - ``in_gpu``, or LBS when the request fits: 0.
+        O(1) in the number of beams: called before any per-beam state exists."""
+        P, G, g = self.prompt_len, self.gen_len, self.geom
+        if self.kind == "layerwise":
+            L = min(g.num_layers, self.budget // (num_beams * (P + G) * g.kv_layer_token))   # Eq.1 at P+G-1, in Python ints
+            return (g.num_layers - L) * num_beams * (P + G) * g.kv_layer_token
+        if self.kind != "lbs" or self.fits_whole_request(num_beams):
+            return 0
+        k = -(-G // step)                                   # steps
+        last = max((i * beam_size * step + num_beams * min(step, G - i * step) for i in {max(k - 2, 0), k - 1}))
+        return (P + last) * g.kv_token
+
     def prefill_offload(self, num_beams: int) -> bool:
         """Whether the prefill writes the prompt's KV to the host: LBS groups load it from there when
         the request does not fit; layer-wise and resident runs start from the device copy."""

@@ -16,8 +16,9 @@ the steps done so far (``scripts/gpu_validate.py`` uses it to keep inside a devi
 from __future__ import annotations
 
 import math
+import os
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -127,6 +128,32 @@ def _live_budget(ctx: RunContext) -> Optional[int]:
     return int(free * 0.9)
 
 
+def available_host_memory() -> Optional[int]:
+    """Host memory available now (bytes): ``MemAvailable`` of /proc/meminfo (Linux: free + what the
+    kernel can reclaim without swapping); else free pages x page size (``os.sysconf``); None where
+    neither exists (not checked)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024          # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def host_memory(cfg, ctx: RunContext) -> Tuple[Optional[int], str]:
+    """(bytes the host can hold for offloaded KV, what that number is): on the simulator the
+    profile's ``hardware.host_memory_bytes`` (None = unknown, not checked); on a real engine the
+    machine's available memory now (:func:`available_host_memory`)."""
+    if ctx.backend.simulated:
+        return cfg.hardware.get("host_memory_bytes"), f"hardware.host_memory_bytes of {cfg.hardware.name}"
+    return available_host_memory(), "MemAvailable of this machine (/proc/meminfo) at the run's start"
+
+
 def energy_summary(windows: List[EnergyWindow], e2e_s: float, tokens: int, source: Optional[str]) -> dict:
     """The run's energy fields from its windows (prefill, then one per step done):
 
@@ -184,6 +211,17 @@ def run(cfg, ctx: RunContext) -> RunResult:
                          message=f"in_gpu: KV of {n_beams} beams at {w.prompt_len + w.gen_len} tokens "
                                  f"({size_text(scheduler.full_kv_bytes(n_beams))}) exceeds the KV "
                                  f"budget ({size_text(budget)}): predicted from the budget, not run")
+    # the offloaded KV lives in host memory: a run over it was simulated as ok (10^5 beams: ~47 TiB on a
+    # 128 GiB host) or killed by the OOM killer building 10^8 beams (QA); checked before any per-beam state
+    host_kv = scheduler.host_kv_bytes(n_beams, beam_size, w.step)
+    host_mem, host_what = host_memory(cfg, ctx) if host_kv else (None, "")
+    if host_mem is not None and host_kv > host_mem:
+        summary.update({"host_kv_bytes": host_kv, "host_memory_bytes": host_mem, "oom": True, "oom_predicted": True})
+        return RunResult(status="oom", summary=summary, display=display_rows(summary, sysc),
+                         message=f"{sysc.scheduler}: the KV offloaded to the host, {size_text(host_kv)} at its peak "
+                                 f"({n_beams} beams at up to {w.prompt_len + w.gen_len} tokens), exceeds the "
+                                 f"host memory ({size_text(host_mem)}, {host_what}): "
+                                 f"predicted from the host memory, not run")
 
     replay, recorded = load_beam_tree(sysc.replay_tree, cfg) if sysc.get("replay_tree") else (None, None)
     real = not ctx.backend.simulated
