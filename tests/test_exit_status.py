@@ -348,7 +348,7 @@ def test_a_run_past_its_deadline_is_recorded_as_timeout_and_exits_0(tmp_path, re
     """A passed system.deadline is a recorded result like oom. Mutations caught: exit_code()
     returning 1 for any status but ok/oom -> exit 1; _combine_repeats without 'timeout' in its
     precedence -> the repeats=2 record says ok though every repeat timed out."""
-    out = run_py("system=lbs", "system.deadline=1", f"repeats={repeats}", f"results_dir={tmp_path}")
+    out = run_py("system=lbs", "system.deadline=1600000000", f"repeats={repeats}", f"results_dir={tmp_path}")  # 2020-09
     assert out.returncode == 0, out.stderr[-2000:]
     (rec_path,) = tmp_path.glob("runs/*/run.json")
     rec = json.loads(rec_path.read_text())
@@ -423,3 +423,13 @@ def test_a_host_memory_error_is_a_recorded_oom_that_says_what_ran_out(compose_cf
     assert rec["status"] == "oom"
     assert rec["message"] == ("host MemoryError: this process ran out of host memory (the run's own state, "
                               "not a modelled KV cache)")
+
+
+def test_a_deadline_that_is_no_time_exits_2(tmp_path):
+    """system.deadline=600 meant "10 minutes" and ran 0 steps, recorded as timeout (QA): a value before
+    2020 is refused. Mutation caught: the floor check removed (exit 0, status timeout)."""
+    out = run_py("system=lbs", "system.deadline=600", f"results_dir={tmp_path}")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr == ("error: system.deadline=600 is not allowed: a time as Unix seconds (e.g. $(date -d '+10 min' "
+                          "+%s)), not a duration: a value before 2020 is none\n")
+    assert not list(tmp_path.rglob("run.json"))

@@ -82,6 +82,11 @@ def validate(cfg) -> None:
                  "beams are ranked by log-probabilities of the tempered distribution")
     if s.get("deadline") is not None and not isinstance(s.get("deadline"), (int, float)):
         raise bad("system.deadline", s.get("deadline"), "Unix seconds (a number) or null")
+    if s.get("deadline") is not None and float(s.deadline) < DEADLINE_FLOOR:
+        # 600 meant "10 minutes" and ran 0 steps, recorded as timeout (QA); a past date is the run's
+        # own result (a sweep whose deadline passes between jobs), a number this small is no date
+        raise bad("system.deadline", s.deadline, "a time as Unix seconds (e.g. $(date -d '+10 min' +%s)), "
+                  "not a duration: a value before 2020 is none")
     if s.get("replay_tree"):
         load_beam_tree(s.replay_tree, cfg)
     budget = kv_budget_bytes(cfg)
@@ -171,6 +176,7 @@ def energy_summary(windows: List[EnergyWindow], e2e_s: float, tokens: int, sourc
 
 
 _now = time.time                 # the deadline's clock (tests replace it)
+DEADLINE_FLOOR = 1577836800.0    # 2020-01-01 UTC: a system.deadline below it is a duration or a typo, not a time
 
 
 class DeadlineReached(Exception):

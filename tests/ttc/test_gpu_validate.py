@@ -77,11 +77,12 @@ def test_a_run_stops_at_its_deadline_between_steps_recorded_as_timeout(compose_c
     """system.deadline: the run stops after the step during which it passed; the record says
     timeout with the steps done (a re-run does not skip it). (Mutation caught: the check removed.)"""
     from systems.ttc import runner
-    clock = iter([0.0, 0.0, 2000.0, 2000.0])
+    t0 = 1.8e9                                        # 2027: a time, as system.deadline must be
+    clock = iter([t0, t0, t0 + 2000.0, t0 + 2000.0])
     monkeypatch.setattr(runner, "_now", lambda: next(clock))
     rec = run(compose_cfg("backend=torch", "backend.device=cpu", "system=layerwise", "model=tiny-opt",
                           "model.num_layers=2", "beams=4", "prompt_len=8", "gen_len=16", "step=4",
-                          "kv_budget=128KiB", "system.deadline=1000"))
+                          "kv_budget=128KiB", f"system.deadline={t0 + 1000:.0f}"))
     assert rec["status"] == "timeout" and "after 2 of 4 steps" in rec["message"]
     assert rec["summary"]["steps_done"] == 2
     from harness.records import load_valid_record
