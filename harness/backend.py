@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from harness.errors import ConfigError
 
-# Real engine of each family (DESIGN.md): the TTC engine runs on torch, the others on vLLM.
+# Real engine of each family (DESIGN.md): the TTC engine runs on torch, the others on vLLM. A family
+# not listed is simulated only (backend=auto simulates it, a real backend is refused).
 REAL_ENGINE = {"ttc": "torch", "tts": "vllm", "serving": "vllm"}
 
 
@@ -61,20 +62,21 @@ def resolve_backend(cfg, family: str) -> Backend:
     """
     name, device = cfg.backend.name, cfg.backend.device
     hw = cfg.hardware.name
+    real = REAL_ENGINE.get(family)          # None: a simulated-only family
     if name == "auto":
-        if cuda_available():
-            name, device = REAL_ENGINE[family], "cuda"
+        if real is not None and cuda_available():
+            name, device = real, "cuda"
             return Backend(name, device, False, real_reason("auto", name, device, hw))
+        why = "no CUDA GPU found" if real is not None else f"family {family} has no real engine"
         return Backend("sim", "sim", True,
-                       f"backend=auto -> SIMULATED backend on the '{hw}' profile (no CUDA GPU found); "
+                       f"backend=auto -> SIMULATED backend on the '{hw}' profile ({why}); "
                        f"all numbers below are simulated")
     if name == "sim":
         return Backend("sim", "sim", True, f"backend=sim -> SIMULATED backend on the '{hw}' profile; "
                                            f"all numbers below are simulated")
-    real = REAL_ENGINE[family]
     if name != real:
         raise ConfigError(f"backend={name!r} is not allowed for system={cfg.system.name!r} "
-                          f"(family {family}): use auto, sim or {real}")
+                          f"(family {family}): use auto, sim" + (f" or {real}" if real else " (no real engine)"))
     has_cuda = cuda_available() if device in ("auto", "cuda") else False
     if device == "cuda" and not has_cuda:
         raise ConfigError("backend.device='cuda' is not allowed here: no CUDA GPU is available "

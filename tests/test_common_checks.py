@@ -346,3 +346,18 @@ def test_a_comma_list_in_a_single_run_is_exit_2_with_hydras_advice():
     for ok in (["-m", "system=in_gpu,layerwise"], ["+tags=[a,b]"], ["+tag='a,b'"],
                ["experiment=lbs_fig12", "system=lbs,layerwise"]):
         preflight(ok, conf)
+
+
+def test_a_family_without_a_real_engine_is_simulated_never_a_keyerror(compose_cfg, monkeypatch):
+    """A new family not in harness.backend.REAL_ENGINE (a newcomer's toy family): backend=auto simulates
+    it, even with a CUDA GPU, and a real backend exits 2 saying it has none (was KeyError: 'toy', exit 1,
+    and an empty run folder). Mutation caught: REAL_ENGINE[family] indexed."""
+    import harness.backend as B
+    from harness.errors import ConfigError
+    monkeypatch.setattr(B, "cuda_available", lambda: True)
+    b = B.resolve_backend(compose_cfg("system=lbs"), "toy")
+    assert b.simulated and "(family toy has no real engine)" in b.reason
+    with pytest.raises(ConfigError, match=r"backend='torch' is not allowed for system='lbs' \(family toy\): "
+                                          r"use auto, sim \(no real engine\)"):
+        B.resolve_backend(compose_cfg("system=lbs", "backend=torch"), "toy")
+    assert not B.resolve_backend(compose_cfg("system=lbs"), "ttc").simulated        # a listed family: its engine
