@@ -55,7 +55,9 @@ def paper_experiments() -> List[str]:
 def _run(cmd: List[str], log: Path, timeout_s: float) -> Dict:
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with open(log, "w") as f:
+    with open(log, "a") as f:                     # a re-run adds to the log of an interrupted one
+        f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        f.flush()
         try:
             rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
@@ -297,9 +299,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", default=None,
                     help="comma-separated experiment names (may be repeated: the union)")
     ap.add_argument("--collect-only", action="store_true", help="only rebuild REPRODUCTION.md and index.html")
-    ap.add_argument("--results-dir", type=Path, default=default_results_dir(),
+    ap.add_argument("--results-dir", default=default_results_dir(),
                     help="default: $TTC_RESULTS_DIR, else <repo>/results (as run.py's results_dir)")
-    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per command")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per command (default 3600)")
     ap.add_argument("overrides", nargs="*", help="extra overrides for every experiment (e.g. tracking=none)")
     a = ap.parse_args(argv)
     names = paper_experiments()
@@ -315,15 +317,37 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         names = wanted
+    problems = []                # checked before anything runs or is written (QA)
+    if not str(a.results_dir).strip():
+        problems.append("--results-dir '': a folder (an empty one wrote into the current directory); leave it "
+                        "out for $TTC_RESULTS_DIR, else <repo>/results")
+    if a.timeout is not None and not a.timeout > 0:
+        problems.append(f"--timeout {a.timeout:g}: seconds per command, > 0")
+    if a.collect_only and (a.real or a.timeout is not None):
+        problems.append("--collect-only runs nothing: --real and --timeout have no effect with it")
+    a.results_dir, a.timeout = Path(a.results_dir), 3600.0 if a.timeout is None else a.timeout
+    if problems:
+        print("error: " + "; ".join(problems), file=sys.stderr)
+        return 2
     try:
         check_overrides(a.overrides, a.collect_only, names, a.results_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if a.collect_only and not (a.results_dir / "sweeps").is_dir():
+        problems.append(f"--collect-only: {a.results_dir / 'sweeps'} does not exist: nothing to collect")
+    if problems:
+        print("error: " + "; ".join(problems), file=sys.stderr)
+        return 2
     runs = None
     real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
     if not a.collect_only:
-        runs = run_all(names, a.results_dir, real, a.overrides, a.timeout)
+        try:
+            runs = run_all(names, a.results_dir, real, a.overrides, a.timeout)
+        except KeyboardInterrupt:           # one line, not a traceback; each sweep keeps what it recorded
+            print(f"interrupted: every record written before is intact; the same command again skips them "
+                  f"(REPRODUCTION.md not rewritten; --collect-only rebuilds it from {a.results_dir})", file=sys.stderr)
+            return 130
     collected = [*names, *(REAL[m] for m in real)] if a.only is not None else None
     v = collect(a.results_dir, collected)
     rep = write_reproduction(a.results_dir, v, runs, collected)

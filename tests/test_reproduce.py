@@ -192,3 +192,31 @@ def test_a_second_sweep_of_a_figure_counts_its_paper_numbers_once(tmp_path):
     _runs(tmp_path, "a_rerun", "ok", "error", mtime=2_000_000)
     v = R.collect(tmp_path)
     assert list(v["sweep"]) == ["lbs_fig9"] and list(v["verdict"]) == ["reproduced"] and list(v["over"]) == ["a_rerun"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--results-dir", ""], "--results-dir '': a folder (an empty one wrote into the current directory)"),
+    (["--only", "lbs_fig9", "--timeout", "-5"], "--timeout -5: seconds per command, > 0"),
+    (["--collect-only", "--real"], "--collect-only runs nothing: --real and --timeout have no effect with it"),
+    (["--collect-only", "--results-dir", "{tmp}/none"], "--collect-only: {tmp}/none/sweeps does not exist: nothing to collect"),
+])
+def test_bad_arguments_exit_2_before_anything_is_written(tmp_path, capsys, monkeypatch, args, message):
+    """QA: --results-dir '' ran every experiment into the current folder (the repository root);
+    --timeout -5 wrote an empty REPRODUCTION.md; --collect-only of a missing folder was a traceback.
+    Mutation caught: the checks left out."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(R, "_run", lambda *a, **k: pytest.fail("an experiment ran"))
+    assert R.main([a.format(tmp=tmp_path) for a in args]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {message.format(tmp=tmp_path)}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_reproduce_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the experiments run: one line (was a KeyboardInterrupt traceback), exit 130, no
+    REPRODUCTION.md rewritten. Mutation caught: the KeyboardInterrupt not caught."""
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(R, "run_all", interrupted)
+    assert R.main(["--only", "lbs_fig9", "--results-dir", str(tmp_path)]) == 130
+    assert capsys.readouterr().err.startswith("interrupted: every record written before is intact")
+    assert not (tmp_path / "REPRODUCTION.md").exists()
