@@ -107,9 +107,14 @@ def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for ext in ("png", "pdf"):
+    import io
+
+    from harness.records import atomic_write_bytes
+    for ext in ("png", "pdf"):            # written whole or not at all (a Ctrl-C left a 124-byte png: QA)
         p = sweep_dir / f"{name}.{ext}"
-        fig.savefig(p, dpi=130, bbox_inches="tight")
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, dpi=130, bbox_inches="tight")
+        atomic_write_bytes(p, buf.getvalue())
         paths[ext] = p
     plt.close(fig)
     return paths
@@ -131,7 +136,8 @@ def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "
     path.parent.mkdir(parents=True, exist_ok=True)
     body = df.to_markdown(index=False, floatfmt=floatfmt) if len(df) else "(no rows)"
     text = (f"# {title}\n\n" if title else "") + body + "\n" + (f"\n{notes}\n" if notes else "")
-    path.write_text(text)
+    from harness.records import atomic_write_bytes
+    atomic_write_bytes(path, text.encode())
     return path
 
 

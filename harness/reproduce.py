@@ -38,6 +38,7 @@ import pandas as pd
 
 from harness.config import default_results_dir
 from harness.errors import ConfigError
+from harness.records import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 # real-engine studies (CPU here): module -> sweep folder it writes
@@ -258,7 +259,7 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
         lines += [f"- {p} {f}: {len(g)} not run ({', '.join(dict.fromkeys(g['metric'].astype(str)))})"
                   for (p, f), g in per_figure]
     p = results_dir / "REPRODUCTION.md"
-    p.write_text("\n".join(lines) + "\n")
+    atomic_write_bytes(p, ("\n".join(lines) + "\n").encode())
     return p
 
 
@@ -289,7 +290,7 @@ def write_index(results_dir: Path, only: Optional[List[str]] = None) -> Path:
             parts.append(f"<h3>{html.escape(p.name)}</h3>" + markdown.markdown(body, extensions=["tables"]))
     parts.append("</body></html>")
     out = results_dir / "index.html"
-    out.write_text("\n".join(parts))
+    atomic_write_bytes(out, "\n".join(parts).encode())
     return out
 
 

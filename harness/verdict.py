@@ -113,7 +113,8 @@ def write(sweep_dir, rows: List[Row]) -> Path:
     import pandas as pd
     p = Path(sweep_dir) / "verdicts.csv"
     p.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([asdict(r) for r in rows]).to_csv(p, index=False)
+    from harness.records import atomic_write_bytes         # whole or not at all: reproduce collects it
+    atomic_write_bytes(p, pd.DataFrame([asdict(r) for r in rows]).to_csv(index=False).encode())
     return p
 
 

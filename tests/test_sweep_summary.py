@@ -3,6 +3,7 @@ numeric); runs.parquet carries the git SHA, dirty flag, config hash and override
 console names the report's files and lists no jobs up front.
 
 Mutations caught: numeric sweep values sorted as text; overrides not recorded."""
+import pytest
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,33 @@ def test_summary_figure_title_says_simulated_and_the_axis_its_unit(tmp_path, mon
     S.write_summary(tmp_path, mixed)
     assert seen["args"][-1] == f"sweep {tmp_path.name} (simulated and measured: each value labelled)"
     assert S.unit_of("goodput_tok_s") == "goodput_tok_s, tok/s" and S.unit_of("speedup") == "speedup"
+
+
+def test_a_figure_interrupted_while_written_leaves_the_previous_one_whole(tmp_path, monkeypatch):
+    """Ctrl-C during a sweep's report left a 124-byte png (QA): figures, markdown and verdicts.csv are
+    written whole or not at all. Mutation caught: savefig straight into the file (the old png
+    truncated to what was written before the interrupt)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from harness.report import save_figure
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3])
+    before = {k: p.read_bytes() for k, p in save_figure(fig, tmp_path, "f").items()}
+    real = Figure.savefig
+
+    def interrupted(self, fname, *a, **k):
+        if hasattr(fname, "write"):
+            fname.write(b"\x89PNG partial")
+        else:
+            open(fname, "wb").write(b"\x89PNG partial")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Figure, "savefig", interrupted)
+    fig2, ax2 = plt.subplots()
+    with pytest.raises(KeyboardInterrupt):
+        save_figure(fig2, tmp_path, "f")
+    monkeypatch.setattr(Figure, "savefig", real)
+    assert {k: (tmp_path / f"f.{k}").read_bytes() for k in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf", "f.png"]          # no temp file left
