@@ -130,3 +130,16 @@ def test_math_workloads_read_the_fetched_copy(monkeypatch, tmp_path, compose_cfg
         f.write_text('{"problem": "1+1?", "answer": "2"}\n')
         cfg = compose_cfg("system=fasttts", f"workload={name}")
         assert _data_path(cfg.workload.path) == f
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--check", "--only", "bogus/"], "--only 'bogus/': no data file under it; a prefix of"),
+    (["--dest", "", "--only", "math/"], "--dest '': a folder; leave it out for the folder runs read"),
+])
+def test_arguments_that_name_nothing_exit_2(args, message, capsys, monkeypatch, tmp_path):
+    """QA: --only matching nothing said 'all 0 files present' (exit 0); --dest '' wrote into the
+    current folder. Mutation caught: either check left out."""
+    monkeypatch.chdir(tmp_path)
+    assert F.main(args) == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}")
+    assert list(tmp_path.iterdir()) == []

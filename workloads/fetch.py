@@ -159,7 +159,7 @@ def write_manifest(src: Path) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workloads.fetch", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dest", type=Path, default=None,
+    ap.add_argument("--dest", default=None,
                     help=f"data folder (default: the one runs read: $TTC_DATA_DIR, else ../shared/data beside the "
                          f"repository when it exists, else ~/.cache/ttc-sched-bench/data; here {data_dir()})")
     ap.add_argument("--from", dest="mirror", type=Path, default=None, help="copy from a local mirror instead")
@@ -170,9 +170,17 @@ def main(argv=None) -> int:
     if a.write_manifest:
         print(f"{write_manifest(a.write_manifest)} files -> {MANIFEST}")
         return 0
-    dest = a.dest or data_dir()
+    if a.dest is not None and not a.dest.strip():          # '' wrote into the current folder (QA)
+        print("error: --dest '': a folder; leave it out for the folder runs read", file=sys.stderr)
+        return 2
+    dest = Path(a.dest) if a.dest is not None else data_dir()
     if a.mirror is not None and not a.mirror.is_dir():
         print(f"error: --from {a.mirror}: not a directory", file=sys.stderr)
+        return 2
+    if a.only is not None and not any(e["path"].startswith(a.only) for e in load_manifest()):
+        tops = sorted({e["path"].split("/")[0] + "/" for e in load_manifest()})
+        print(f"error: --only {a.only!r}: no data file under it; a prefix of workloads/data_manifest.json's paths "
+              f"such as {', '.join(tops)}", file=sys.stderr)
         return 2
     try:
         fetch(dest, a.mirror, a.only, a.check)
