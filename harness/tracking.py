@@ -189,8 +189,14 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     from harness.records import read_record
-    if read_record(args.run_dir) is None:
+    rec = read_record(args.run_dir)
+    if rec is None:
         print(f"error: {args.run_dir / 'run.json'} is not a record (not a readable JSON object)", file=sys.stderr)
+        return 2
+    missing = [k for k in ("config", "status", "backend", "system", "run_id") if k not in rec]
+    if missing or not isinstance(rec.get("config"), dict) or "tracking" not in rec["config"]:
+        print(f"error: {args.run_dir / 'run.json'} is not a run's record (it lacks "
+              f"{', '.join(missing) or 'config.tracking'}); pass a job's folder written by run.py", file=sys.stderr)
         return 2
     if args.mode:
         os.environ["WANDB_MODE"] = args.mode

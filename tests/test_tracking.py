@@ -182,3 +182,12 @@ def test_mirror_by_hand_of_a_folder_without_a_record_exits_2(tmp_path, capsys):
     from harness.tracking import main
     assert main([str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path}: no run.json here (pass a job's folder, e.g. results/runs/<run>)\n"
+
+
+def test_mirror_by_hand_of_a_json_that_is_no_runs_record_exits_2(tmp_path, capsys):
+    """run.json = {} was a KeyError traceback, exit 1 (QA). Mutation caught: the field check left out."""
+    from harness.tracking import main
+    (tmp_path / "run.json").write_text("{}")
+    assert main([str(tmp_path), "--mode", "offline"]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'run.json'} is not a run's record (it lacks config, status, "
+                                       "backend, system, run_id); pass a job's folder written by run.py\n")
