@@ -385,6 +385,29 @@ def preflight(args: List[str], conf_dir) -> None:
             check_value_type(key, value)
 
 
+def check_tool_values(values: Dict[str, str], ints: Iterable[str] = (), flags: Iterable[str] = (),
+                      groups: Dict[str, str] = None) -> None:
+    """A tool's own ``key=value`` arguments, checked before it calibrates or runs anything (QA: a
+    fidelity tool with ``repeats=0`` or ``recalibrate=maybe`` started minutes of calibration):
+    each of ``ints`` present an integer >= 1, each of ``flags`` true or false, each of ``groups``
+    (key -> config group) an option of that group. Raises ConfigError."""
+    for k in ints:
+        if k in values:
+            try:
+                ok = int(values[k]) >= 1
+            except ValueError:
+                ok = False
+            if not ok:
+                raise bad(k, values[k], "an integer >= 1")
+    for k in flags:
+        if k in values and values[k] not in ("true", "false"):
+            raise bad(k, values[k], "true or false")
+    conf_dir = Path(__file__).resolve().parent.parent / "conf"
+    for k, group in (groups or {}).items():
+        if k in values and not (conf_dir / group / f"{values[k]}.yaml").is_file():
+            raise bad(k, values[k], f"one of {', '.join(group_options(conf_dir, group))} (conf/{group}/*.yaml)")
+
+
 def tool_args(argv: List[str], doc: str, allowed: Optional[Iterable[str]] = None) -> Dict[str, str]:
     """The ``key=value`` arguments of one of the project's ``python -m`` tools (calibration, fidelity),
     as a dict, checked before any work: ``-h``/``--help`` prints ``doc`` (the tool's module docstring)

@@ -35,3 +35,25 @@ def test_a_key_the_tool_does_not_read_exits_2(tool, arg, capsys):
         importlib.import_module(tool).main([arg])
     assert e.value.code == 2
     assert f"error: {arg.split('=')[0]}=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool,arg,message", [
+    ("systems.tts.fidelity", "repeats=0", "repeats='0' is not allowed: an integer >= 1"),
+    ("systems.tts.fidelity", "recalibrate=maybe", "recalibrate='maybe' is not allowed: true or false"),
+    ("systems.tts.fidelity", "workload=nosuch", "workload='nosuch' is not allowed: one of ablation, "),
+    ("systems.ttc.fidelity", "repeats=abc", "repeats='abc' is not allowed: an integer >= 1"),
+    ("systems.ttc.fidelity", "sytem=lbs", "'sytem' is not a config key; did you mean 'system'?"),
+    ("systems.serving.fidelity", "recalibrate=maybe", "recalibrate='maybe' is not allowed: true or false"),
+    ("systems.serving.fidelity", "hardware=nosuch", "hardware='nosuch' is not allowed: one of a100-80gb, "),
+])
+def test_a_bad_value_exits_2_before_any_calibration(tool, arg, message, capsys, monkeypatch):
+    """QA: repeats=0, recalibrate=maybe, workload=nosuch, a misspelt run.py key: each started minutes of
+    calibration (or crashed after it). Mutation caught: check_tool_values / check_overrides not called."""
+    import subprocess
+    mod = importlib.import_module(tool)
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("the tool started work"))
+    if tool == "systems.tts.fidelity":
+        import systems.tts.calibrate as cal
+        monkeypatch.setattr(cal, "main", lambda *a, **k: pytest.fail("the tool started work"))
+    assert mod.main([arg]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}")

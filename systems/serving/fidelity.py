@@ -162,9 +162,20 @@ def main(argv=None) -> int:
     from harness.cli import tool_args
     args = list(sys.argv[1:] if argv is None else argv)
     tool_args(args, __doc__)                 # --help; key=value only (the rest goes to run.py)
-    recal = "recalibrate=false" not in args
+    opts = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith("recalibrate=")}
+    recal = opts.get("recalibrate", "true") != "false"
     args = [a for a in args if not a.startswith("recalibrate=")]
+    from harness.cli import check_tool_values
     from harness.config import results_dir_of
+    from harness.errors import ConfigError
+    from harness.reproduce import check_overrides
+    try:          # before minutes of calibration: its own values, then run.py's arguments with its sweeps' jobs
+        check_tool_values(opts, flags=("recalibrate",))
+        check_overrides([a for a in args if not a.startswith("results_dir=")], False,
+                        ["beam_fidelity", "beam_fidelity_sim"], results_dir_of(args))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     sweep = results_dir_of(args) / "sweeps" / "serving_fidelity"      # where run.py's jobs below write
     prof = sweep / f"profile_{MODEL}.yaml"
     load0 = os.getloadavg()

@@ -28,16 +28,28 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS = ["system", "model", "beams", "step"]
 
 
+def _results_dir(args: List[str]) -> Path:
+    from harness.config import results_dir_of
+    return results_dir_of(args)
+
+
 def main(argv=None) -> int:
     from harness.cli import tool_args
     args = list(sys.argv[1:] if argv is None else argv)
     tool_args(args, __doc__)                 # --help; key=value only (the rest goes to run.py)
     opts = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith(("recalibrate=", "repeats="))}
     args = [a for a in args if not a.startswith(("recalibrate=", "repeats="))]
-    repeats = int(opts.get("repeats", 3))
-    if repeats < 1:
-        print(f"error: repeats={repeats} is not allowed: an integer >= 1", file=sys.stderr)
+    from harness.cli import check_tool_values
+    from harness.errors import ConfigError
+    from harness.reproduce import check_overrides
+    try:          # before minutes of calibration: its own values, then run.py's arguments with its sweep's jobs
+        check_tool_values(opts, ints=("repeats",), flags=("recalibrate",))
+        check_overrides([a for a in args if not a.startswith("results_dir=")], False, ["lbs_fidelity"],
+                        _results_dir(args))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
+    repeats = int(opts.get("repeats", 3))
     prof = ROOT / "conf" / "hardware" / "cpu-calibrated.yaml"
     if opts.get("recalibrate", "true") != "false" or not prof.exists():
         rc = subprocess.call([sys.executable, "-m", "harness.calibrate", "hardware=cpu", "threads=1"], cwd=ROOT)

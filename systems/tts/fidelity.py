@@ -184,8 +184,15 @@ def out_dir(args: Dict[str, str]) -> Path:
 
 
 def main(argv=None) -> int:
-    from harness.cli import tool_args
+    from harness.cli import check_tool_values, tool_args
+    from harness.errors import ConfigError
     args = tool_args(list(sys.argv[1:] if argv is None else argv), __doc__, KEYS)
+    try:                                           # before minutes of calibration
+        check_tool_values(args, ints=("repeats", "problems", "n", "threads"), flags=("recalibrate",),
+                          groups={"workload": "workload"})
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = Path(args["out"]) if args.get("out") else out_dir(args)
     repeats, threads = int(args.get("repeats", 3)), int(args.get("threads", 1))
     common = [f"workload={args.get('workload', 'aime24')}", f"n={args.get('n', 16)}",
