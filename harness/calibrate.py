@@ -164,10 +164,11 @@ def main(argv=None) -> int:
     args = tool_args(list(argv if argv is not None else sys.argv[1:]), __doc__, ("hardware", "out", "quick", "threads"))
     hw = args.get("hardware", "cpu")
     src = ROOT / "conf" / "hardware" / f"{hw}.yaml"
-    from harness.cli import check_group_options
+    from harness.cli import check_group_options, check_tool_values
     from harness.errors import ConfigError
     try:
         check_group_options([f"hardware={hw}"], ROOT / "conf")
+        check_tool_values(args, ints=("threads",), flags=("quick",), files=("out",))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -386,11 +386,18 @@ def preflight(args: List[str], conf_dir) -> None:
 
 
 def check_tool_values(values: Dict[str, str], ints: Iterable[str] = (), flags: Iterable[str] = (),
-                      groups: Dict[str, str] = None) -> None:
+                      groups: Dict[str, str] = None, files: Iterable[str] = ()) -> None:
     """A tool's own ``key=value`` arguments, checked before it calibrates or runs anything (QA: a
-    fidelity tool with ``repeats=0`` or ``recalibrate=maybe`` started minutes of calibration):
-    each of ``ints`` present an integer >= 1, each of ``flags`` true or false, each of ``groups``
-    (key -> config group) an option of that group. Raises ConfigError."""
+    fidelity tool with ``repeats=0`` or ``recalibrate=maybe`` started minutes of calibration; a
+    calibration with ``out=/proc/x.yaml`` measured, then lost it): each of ``ints`` present an
+    integer >= 1, each of ``flags`` true or false, each of ``groups`` (key -> config group) an
+    option of that group, each of ``files`` a file path whose folder can be made. Raises ConfigError."""
+    from harness.records import check_creatable
+    for k in files:
+        if k in values:
+            if not values[k].strip() or Path(values[k]).is_dir():
+                raise bad(k, values[k], "a file path (the file to write), not a folder")
+            check_creatable(Path(values[k]).resolve().parent, k)
     for k in ints:
         if k in values:
             try:

@@ -57,3 +57,24 @@ def test_a_bad_value_exits_2_before_any_calibration(tool, arg, message, capsys, 
         monkeypatch.setattr(cal, "main", lambda *a, **k: pytest.fail("the tool started work"))
     assert mod.main([arg]) == 2
     assert capsys.readouterr().err.startswith(f"error: {message}")
+
+
+@pytest.mark.parametrize("tool,arg,message", [
+    ("harness.calibrate", "threads=0", "threads='0' is not allowed: an integer >= 1"),
+    ("harness.calibrate", "quick=maybe", "quick='maybe' is not allowed: true or false"),
+    ("harness.calibrate", "out=", "out='' is not allowed: a file path (the file to write), not a folder"),
+    ("harness.calibrate", "out=/proc/nope/x.yaml", "output directory '/proc/nope' (out) cannot be written"),
+    ("systems.serving.calibrate", "rounds=0", "rounds='0' is not allowed: an integer >= 1"),
+    ("systems.serving.calibrate", "reps=abc", "reps='abc' is not allowed: an integer >= 1"),
+    ("systems.tts.calibrate", "model=nosuch", "model='nosuch' is not allowed: one of "),
+    ("systems.tts.calibrate", "refit=/missing.yaml", "refit='/missing.yaml' is not allowed: a calibrated profile file"),
+])
+def test_a_calibration_checks_its_values_before_measuring(tool, arg, message, capsys, monkeypatch):
+    """QA: threads=0 ran with 2 threads, rounds=0 crashed after 27 s, out=/proc/... lost 7 s of
+    measurements, model=nosuch was Hydra's traceback. Mutation caught: check_tool_values not called."""
+    mod = importlib.import_module(tool)
+    for name in ("measure", "calibrate"):
+        if hasattr(mod, name):
+            monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail("the tool started measuring"))
+    assert mod.main(["hardware=cpu", arg] if tool == "harness.calibrate" else [arg]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}")

@@ -201,9 +201,10 @@ def main(argv=None) -> int:
     from harness.cli import tool_args
     args = tool_args(list(argv if argv is not None else sys.argv[1:]), __doc__, ("model", "out", "threads", "reps", "rounds"))
     name = args.get("model", "tiny-llama")
-    from harness.cli import check_group_options
+    from harness.cli import check_group_options, check_tool_values
     try:
         check_group_options([f"model={name}"], ROOT / "conf")
+        check_tool_values(args, ints=("threads", "reps", "rounds"), files=("out",))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -285,6 +285,15 @@ def main(argv=None) -> int:
     from harness.cli import tool_args
     args = tool_args(list(sys.argv[1:] if argv is None else argv), __doc__,
                      ("model", "verifier", "threads", "name", "out", "refit"))
+    from harness.cli import check_tool_values
+    from harness.errors import ConfigError
+    try:                                        # before any measurement (QA: model=nosuch was Hydra's traceback)
+        check_tool_values(args, ints=("threads",), groups={"model": "model", "verifier": "verifier"}, files=("out",))
+        if "refit" in args and not Path(args["refit"]).is_file():
+            raise ConfigError(f"refit={args['refit']!r} is not allowed: a calibrated profile file (none there)")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     name = args.pop("name", "cpu-tts-calibrated")
     out = Path(args.pop("out", ROOT / "conf" / "hardware" / f"{name}.yaml"))
     threads = int(args.pop("threads", 1))
