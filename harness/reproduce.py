@@ -183,12 +183,28 @@ def collect(results_dir: Path, sweeps: Optional[List[str]] = None) -> pd.DataFra
             continue
         df = pd.read_csv(p)
         df.insert(0, "sweep", p.parent.name)
-        frames.append(df.assign(complete=_complete(p.parent), written=p.stat().st_mtime))
+        frames.append(df.assign(complete=_complete(p.parent), written=p.stat().st_mtime, subset=_subset(p.parent)))
     if frames:
         return _by_figure(_one_sweep_per_figure(pd.concat(frames, ignore_index=True)), "sweep")
     return pd.DataFrame(
         columns=["sweep", "paper", "figure", "quantity", "paper_value", "kind", "paper_hi", "ours", "ours_hi",
-                 "unit", "simulated", "source", "note", "verdict", "complete", "written", "over"])
+                 "unit", "simulated", "source", "note", "verdict", "complete", "written", "over", "subset"])
+
+
+def _subset(sweep_dir: Path) -> str:
+    """'first K problems' when the sweep's jobs ran ``workload.num_problems=K`` (its runs.parquet), else
+    '': such verdicts compare a subset with the paper's full-dataset numbers (QA: REPRODUCTION.md did
+    not say so)."""
+    p = sweep_dir / "runs.parquet"
+    col = "config.workload.num_problems"
+    try:
+        import pyarrow.parquet as pq
+        if col not in pq.read_schema(p).names:
+            return ""
+        k = pd.to_numeric(pd.read_parquet(p, columns=[col])[col], errors="coerce").dropna().unique()
+    except (OSError, ValueError):
+        return ""
+    return f"first {', '.join(str(int(x)) for x in sorted(k))} problems" if len(k) else ""
 
 
 def _value(lo, hi, kind: str = "=", unit: str = "") -> str:
@@ -234,6 +250,11 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
               "(one per source of ours; a stated min-max pair is one range): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
                                                          ("reproduced", "partly", "not reproduced", "no result")) + "**.",
               ""]
+    cut = sorted({f"{r.paper} {r.figure} ({r.subset})" for r in v.itertuples()
+                  if isinstance(getattr(r, "subset", ""), str) and r.subset}) if len(v) else []
+    if cut:
+        lines += ["Sweeps run on a subset of the problems (`workload.num_problems`), judged against the paper's "
+                  "full-dataset numbers: " + "; ".join(cut) + ".", ""]
     over = v[v["over"].astype(bool)].drop_duplicates(["paper", "figure"]) if len(v) else v
     if len(over):
         lines += ["Figures with more than one sweep: each shows the newest complete sweep (every job recorded ok "
@@ -250,7 +271,8 @@ def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.Dat
         link = f"[{r.source}](sweeps/{r.sweep}/{r.source})" if isinstance(r.source, str) and r.source else ""
         lines.append(f"| {r.paper} | {r.figure} | {r.quantity} | {_value(r.ours, r.ours_hi, '=', r.unit)} | "
                      f"{_value(r.paper_value, r.paper_hi, r.kind, r.unit)} | {r.verdict} | "
-                     f"{'sim' if bool(r.simulated) else 'measured'} | {link} |")
+                     f"{'sim' if bool(r.simulated) else 'measured'}"
+                     f"{', ' + r.subset if isinstance(getattr(r, 'subset', ''), str) and r.subset else ''} | {link} |")
     if len(missing):
         lines += ["", f"## Not run ({len(missing)} paper numbers: "
                   + ("no sweep of their figure collected (--only), or none here)" if only is not None

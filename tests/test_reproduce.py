@@ -220,3 +220,18 @@ def test_an_interrupted_reproduce_is_one_line_and_exit_130(tmp_path, capsys, mon
     assert R.main(["--only", "lbs_fig9", "--results-dir", str(tmp_path)]) == 130
     assert capsys.readouterr().err.startswith("interrupted: every record written before is intact")
     assert not (tmp_path / "REPRODUCTION.md").exists()
+
+
+def test_a_sweep_on_a_subset_of_the_problems_says_so_in_reproduction(tmp_path):
+    """fasttts_goodput run with workload.num_problems=2: REPRODUCTION.md gave 27 verdicts against the
+    paper's full-dataset numbers without a word (QA). Mutation caught: _subset returning ''."""
+    import pandas as pd
+    _sweep(tmp_path, "fasttts_goodput", [V.Row("fasttts", "fig12", "goodput gain", 1.2, ours=1.1, unit="x")])
+    pd.DataFrame({"status": ["ok", "ok"], "config.workload.num_problems": [2, 2]}).to_parquet(tmp_path / "sweeps" / "fasttts_goodput" / "runs.parquet")
+    _sweep(tmp_path, "lbs_fig9", [V.Row("lbs", "fig9", "speedup", 3.39, ours=3.3, unit="x")])
+    md = R.write_reproduction(tmp_path, R.collect(tmp_path)).read_text()
+    assert ("Sweeps run on a subset of the problems (`workload.num_problems`), judged against the paper's "
+            "full-dataset numbers: fasttts fig12 (first 2 problems).") in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert any("goodput gain" in ln and "| sim, first 2 problems |" in ln for ln in rows)
+    assert any("speedup" in ln and "| sim |" in ln for ln in rows)
