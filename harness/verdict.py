@@ -49,40 +49,30 @@ def verdict(ours: Optional[float], paper: float, kind: str = "=", ours_hi: Optio
         raise ValueError("a paper range needs paper_hi")
     if _nan(ours):
         return "no result"
-    if points is not None:
-        return _verdict_points(float(ours), float(ours if _nan(ours_hi) else ours_hi), paper,
-                               paper if kind != "range" else float(paper_hi), kind, points)
+    if points is None:                                 # relative to the paper's value
+        lower, upper = (lambda x: x * (1 - tol)), (lambda x: x * (1 + tol))
+        close = lambda a, b: _close(a, b, tol)          # noqa: E731
+        near = lambda a, b: abs(a - b) / max(abs(b), 1e-300) <= 2 * tol    # noqa: E731
+    else:                                              # absolute (percentage points of a rate)
+        lower, upper = (lambda x: x - points), (lambda x: x + points)
+        close = lambda a, b: abs(a - b) <= points       # noqa: E731
+        near = lambda a, b: abs(a - b) <= 2 * points    # noqa: E731
     lo_o, hi_o = float(ours), float(ours if _nan(ours_hi) else ours_hi)
     if kind == ">=":
-        return "reproduced" if lo_o >= paper * (1 - tol) else "partly" if hi_o >= paper * (1 - tol) else "not reproduced"
+        return "reproduced" if lo_o >= lower(paper) else "partly" if hi_o >= lower(paper) else "not reproduced"
     if kind == "<=":
-        return "reproduced" if hi_o <= paper * (1 + tol) else "partly" if lo_o <= paper * (1 + tol) else "not reproduced"
+        return "reproduced" if hi_o <= upper(paper) else "partly" if lo_o <= upper(paper) else "not reproduced"
     p_lo, p_hi = (paper, paper) if kind == "=" else (paper, float(paper_hi))
     if lo_o == hi_o:                                   # a point of ours
-        if kind == "range" and p_lo * (1 - tol) <= lo_o <= p_hi * (1 + tol):
+        if kind == "range" and lower(p_lo) <= lo_o <= upper(p_hi):
             return "reproduced"
-        if kind == "=" and _close(lo_o, p_lo, tol):
+        if kind == "=" and close(lo_o, p_lo):
             return "reproduced"
-        near = min(abs(lo_o - p_lo) / max(abs(p_lo), 1e-300), abs(lo_o - p_hi) / max(abs(p_hi), 1e-300))
-        return "partly" if near <= 2 * tol else "not reproduced"
-    if _close(lo_o, p_lo, tol) and _close(hi_o, p_hi, tol):
+        return "partly" if near(lo_o, p_lo) or near(lo_o, p_hi) else "not reproduced"
+    if close(lo_o, p_lo) and close(hi_o, p_hi):
         return "reproduced"
-    overlap = lo_o <= p_hi * (1 + tol) and hi_o >= p_lo * (1 - tol)
+    overlap = lo_o <= upper(p_hi) and hi_o >= lower(p_lo)
     return "partly" if overlap else "not reproduced"
-
-
-def _verdict_points(lo_o: float, hi_o: float, p_lo: float, p_hi: float, kind: str, pts: float) -> str:
-    """:func:`verdict` with an absolute tolerance ``pts`` (same rules, distances in the values' unit)."""
-    if kind == ">=":
-        return "reproduced" if lo_o >= p_lo - pts else "partly" if hi_o >= p_lo - pts else "not reproduced"
-    if kind == "<=":
-        return "reproduced" if hi_o <= p_hi + pts else "partly" if lo_o <= p_hi + pts else "not reproduced"
-    if lo_o == hi_o:
-        gap = 0.0 if p_lo <= lo_o <= p_hi else min(abs(lo_o - p_lo), abs(lo_o - p_hi))
-        return "reproduced" if gap <= pts else "partly" if gap <= 2 * pts else "not reproduced"
-    if abs(lo_o - p_lo) <= pts and abs(hi_o - p_hi) <= pts:
-        return "reproduced"
-    return "partly" if lo_o <= p_hi + pts and hi_o >= p_lo - pts else "not reproduced"
 
 
 @dataclass
