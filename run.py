@@ -33,12 +33,12 @@ EXIT = {"code": 0}      # a single run's exit status, set by main() (Hydra disca
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from harness.run import (end_startup, exit_code, in_multirun, remove_unused_run_dir, run, run_isolated,
-                             should_isolate)
-    end_startup()               # the collector on (OutputDirCheck's callback did it, unless callbacks were replaced)
     import multiprocessing
+
+    from harness.run import (end_startup, exit_code, in_multirun, remove_unused_run_dir, run, run_isolated,
+                             should_isolate, terminate_as_interrupt)
+    end_startup()               # the collector on (OutputDirCheck's callback did it, unless callbacks were replaced)
     if multiprocessing.parent_process() is None:      # the process run.py started, not a sweep's worker
-        from harness.run import terminate_as_interrupt
         terminate_as_interrupt()                       # SIGTERM (timeout, scancel) recorded as interrupted
     try:
         rec = run_isolated(cfg) if should_isolate(cfg) else run(cfg)

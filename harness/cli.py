@@ -386,12 +386,13 @@ def preflight(args: List[str], conf_dir) -> None:
 
 
 def check_tool_values(values: Dict[str, str], ints: Iterable[str] = (), flags: Iterable[str] = (),
-                      groups: Dict[str, str] = None, files: Iterable[str] = ()) -> None:
+                      groups: Iterable[str] = (), files: Iterable[str] = ()) -> None:
     """A tool's own ``key=value`` arguments, checked before it calibrates or runs anything (QA: a
     fidelity tool with ``repeats=0`` or ``recalibrate=maybe`` started minutes of calibration; a
     calibration with ``out=/proc/x.yaml`` measured, then lost it): each of ``ints`` present an
-    integer >= 1, each of ``flags`` true or false, each of ``groups`` (key -> config group) an
-    option of that group, each of ``files`` a file path whose folder can be made. Raises ConfigError."""
+    integer >= 1, each of ``flags`` true or false, each of ``groups`` (a config group's name as the
+    key) an option of it (:func:`check_group_options`), each of ``files`` a file path whose folder
+    can be made. Raises ConfigError."""
     from harness.records import check_creatable
     for k in files:
         if k in values:
@@ -409,10 +410,7 @@ def check_tool_values(values: Dict[str, str], ints: Iterable[str] = (), flags: I
     for k in flags:
         if k in values and values[k] not in ("true", "false"):
             raise bad(k, values[k], "true or false")
-    conf_dir = Path(__file__).resolve().parent.parent / "conf"
-    for k, group in (groups or {}).items():
-        if k in values and not (conf_dir / group / f"{values[k]}.yaml").is_file():
-            raise bad(k, values[k], f"one of {', '.join(group_options(conf_dir, group))} (conf/{group}/*.yaml)")
+    check_group_options([f"{k}={values[k]}" for k in groups if k in values], Path(__file__).resolve().parent.parent / "conf")
 
 
 def tool_args(argv: List[str], doc: str, allowed: Optional[Iterable[str]] = None) -> Dict[str, str]:

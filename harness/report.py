@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import pandas as pd
 
-from harness.records import REPLACED_DIR
+from harness.records import REPLACED_DIR, atomic_write_bytes
 from harness.stats import is_number, mean_ci
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,8 +108,6 @@ def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
     import io
-
-    from harness.records import atomic_write_bytes
     for ext in ("png", "pdf"):            # written whole or not at all (a Ctrl-C left a 124-byte png: QA)
         p = sweep_dir / f"{name}.{ext}"
         buf = io.BytesIO()
@@ -136,7 +134,6 @@ def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "
     path.parent.mkdir(parents=True, exist_ok=True)
     body = df.to_markdown(index=False, floatfmt=floatfmt) if len(df) else "(no rows)"
     text = (f"# {title}\n\n" if title else "") + body + "\n" + (f"\n{notes}\n" if notes else "")
-    from harness.records import atomic_write_bytes
     atomic_write_bytes(path, text.encode())
     return path
 

@@ -455,28 +455,25 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
     overrides = task_overrides() if overrides is None else overrides
     with logs.job_log(outdir):
         if not cfg.get("resume", True):
-            aside = set_aside(outdir, chash)
-        else:                             # one an unfinished re-run left: settled by this run's record too
-            aside = outdir / records.REPLACED_DIR if (outdir / records.REPLACED_DIR).is_dir() else None
+            set_aside(outdir, chash)
+        aside = outdir / records.REPLACED_DIR      # also one an unfinished re-run left: settled by this run's record
         try:
             return _run_job(cfg, runner, backend, multirun, outdir, cfg_dict, chash, overrides)
         finally:
-            if aside is not None:
+            if aside.is_dir():
                 _settle_aside(aside, outdir)
 
 
-def set_aside(outdir: Path, chash: str) -> Optional[Path]:
+def set_aside(outdir: Path, chash: str) -> None:
     """``resume=false`` over the job's valid record (status ok/oom, same config): its run.json, tables
     and repeat folders are moved into ``outdir/replaced-record/`` before the job runs, so that a re-run
     that ends without a valid record (interrupted, error, killed) loses nothing recorded
     (:func:`_settle_aside`). A folder already holding one (an earlier re-run that did not finish) is
-    kept as it is: it holds the last valid record. Returns the folder, or None when there is none."""
+    kept as it is: it holds the last valid record."""
     aside = outdir / records.REPLACED_DIR
-    if aside.exists():
-        return aside
-    prev = records.load_valid_record(outdir, chash)
+    prev = None if aside.exists() else records.load_valid_record(outdir, chash)
     if prev is None:
-        return None
+        return
     aside.mkdir()
     names = ["run.json", *(f"{t}.parquet" for t in prev.get("tables") or []),
              *(r.get("dir") for r in prev.get("repeat_runs") or [] if r.get("dir") not in (None, "."))]
@@ -485,7 +482,6 @@ def set_aside(outdir: Path, chash: str) -> Optional[Path]:
             (outdir / name).rename(aside / name)
     say(f"resume=false: the earlier record (status {prev['status']}) is set aside in {aside} until this run's "
         f"is valid")
-    return aside
 
 
 def _settle_aside(aside: Path, outdir: Path) -> None:
@@ -505,7 +501,8 @@ def _settle_aside(aside: Path, outdir: Path) -> None:
 def sigint_held() -> Iterator[List[int]]:
     """SIGINT (Ctrl-C), and SIGTERM where it is handled as Ctrl-C, inside the block is held until the
     block ends, then the caller sees it in the list the block gets (non-empty): what the block writes
-    (a record and its tables) is written whole. Only in the main thread (elsewhere Python delivers no signal: the list stays empty)."""
+    (a record and its tables) is written whole. Only in the main thread (elsewhere Python delivers no
+    signal: the list stays empty)."""
     import signal
     import threading
     got: List[int] = []

@@ -28,11 +28,6 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS = ["system", "model", "beams", "step"]
 
 
-def _results_dir(args: List[str]) -> Path:
-    from harness.config import results_dir_of
-    return results_dir_of(args)
-
-
 def main(argv=None) -> int:
     from harness.cli import tool_args
     args = list(sys.argv[1:] if argv is None else argv)
@@ -40,12 +35,13 @@ def main(argv=None) -> int:
     opts = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith(("recalibrate=", "repeats="))}
     args = [a for a in args if not a.startswith(("recalibrate=", "repeats="))]
     from harness.cli import check_tool_values
+    from harness.config import results_dir_of
     from harness.errors import ConfigError
     from harness.reproduce import check_overrides
     try:          # before minutes of calibration: its own values, then run.py's arguments with its sweep's jobs
         check_tool_values(opts, ints=("repeats",), flags=("recalibrate",))
         check_overrides([a for a in args if not a.startswith("results_dir=")], False, ["lbs_fidelity"],
-                        _results_dir(args))
+                        results_dir_of(args))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -55,7 +51,6 @@ def main(argv=None) -> int:
         rc = subprocess.call([sys.executable, "-m", "harness.calibrate", "hardware=cpu", "threads=1"], cwd=ROOT)
         if rc:
             return rc
-    from harness.config import results_dir_of
     out = results_dir_of(args) / "sweeps" / "lbs_fidelity"          # where run.py's jobs below write
     reps = []
     for i in range(repeats):

@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     args = tool_args(list(sys.argv[1:] if argv is None else argv), __doc__, KEYS)
     try:                                           # before minutes of calibration
         check_tool_values(args, ints=("repeats", "problems", "n", "threads"), flags=("recalibrate",),
-                          groups={"workload": "workload"})
+                          groups=("workload",))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
