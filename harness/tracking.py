@@ -10,6 +10,11 @@ record (config, summary, tables) into the job's W&B run (``RUN_DIR/wandb``, its 
 run (W&B samples the host/GPU meanwhile) and log into it in-process. The same command mirrors any
 record by hand: ``python -m harness.tracking RUN_DIR`` (``--mode offline`` for a record made with
 ``tracking=none``); it says whether anything was mirrored and exits 0 only if it was.
+
+Online W&B can fail for reasons of its own (no API key, no network). Such a failure never fails a
+run, and it is never silent: a tracker that cannot start is a warning on the console, and in
+``online`` mode a single job waits for its mirror (at most :data:`ONLINE_WAIT_S`) and warns when it
+exited non-zero.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from typing import Any, Dict, Optional
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 MIRROR_LOG = Path("wandb") / "mirror.log"       # in the job's folder: the detached mirror's output
+ONLINE_WAIT_S = 120.0                           # how long a single online job waits for its mirror
 
 
 class NullTracker:
@@ -111,7 +117,9 @@ def make_tracker(cfg_dict: dict, tracking, outdir: Path, name: str, group: str |
     try:
         return WandbTracker(cfg_dict, tracking, outdir, name, group, system_metrics)
     except Exception as e:  # tracking is a mirror: never let it fail the run
-        log.warning("W&B tracking disabled for this run: %s", e)
+        from harness.logs import say
+        say(f"W&B ({wandb_mode(tracking)}) could not start, nothing of this run goes to W&B: {e} (the local "
+            f"record is complete)", warning=True)
         return NullTracker()
 
 
@@ -128,15 +136,31 @@ def log_record(tracker, status: str, simulated: bool, summary: Dict[str, Any], t
 
 def mirror_later(outdir: Path, tracking, name: str, group: Optional[str]) -> Optional[Path]:
     """Start the detached process that mirrors the record in ``outdir`` into its own W&B run (module
-    doc); returns its log file, or None when W&B is disabled (``$WANDB_MODE=disabled``)."""
+    doc); returns its log file, or None when W&B is disabled (``$WANDB_MODE=disabled``). In
+    ``online`` mode it waits for that process (:data:`ONLINE_WAIT_S`) and prints a warning when the
+    mirror failed or is still running."""
+    from harness.logs import say
     if wandb_mode(tracking) == "disabled":
         return None
     logfile = Path(outdir).resolve() / MIRROR_LOG
     logfile.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "harness.tracking", str(logfile.parent.parent), "--name", name]
     with open(logfile, "ab") as out:
-        subprocess.Popen(cmd + (["--group", group] if group else []), cwd=ROOT, stdin=subprocess.DEVNULL,
-                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd + (["--group", group] if group else []), cwd=ROOT, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    if wandb_mode(tracking) != "online":
+        return logfile
+    again = f"`python -m harness.tracking {logfile.parent.parent} --mode online` mirrors it again"
+    try:
+        rc = proc.wait(timeout=ONLINE_WAIT_S)
+    except subprocess.TimeoutExpired:
+        say(f"W&B (online): the mirror is still running after {ONLINE_WAIT_S:.0f} s; it goes on in the background "
+            f"(its output: {logfile})", warning=True)
+        return logfile
+    if rc != 0:
+        lines = [ln for ln in logfile.read_text(errors="replace").splitlines() if ln.strip()]
+        say(f"W&B (online) did not mirror this run (exit {rc}: {lines[-1] if lines else 'no output'}); the local "
+            f"record is complete; {again}", warning=True)
     return logfile
 
 

@@ -6,9 +6,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Data: every test reads the small slices in tests/fixture_data (the data folder's layout; sources and
+# licences in its README), whatever TTC_DATA_DIR says. The folder runs would read without the suite
+# ($TTC_DATA_DIR, ../shared/data, the fetch cache) serves only tests that need a full data set
+# (the `full_data` fixture); they are skipped, with the reason, where it is absent.
+from workloads.data import data_dir  # noqa: E402
+
+FIXTURE_DATA = ROOT / "tests" / "fixture_data"
+FULL_DATA = data_dir()
+os.environ["TTC_DATA_DIR"] = str(FIXTURE_DATA)
 # Tests write only to temporary folders: run records (results_dir defaults to $TTC_RESULTS_DIR) and
 # everything W&B keeps outside a run (logs, cache, artifact staging, settings).
 _TMP = Path(tempfile.mkdtemp(prefix="ttc-tests-"))
@@ -37,12 +45,54 @@ def compose_cfg(tmp_path):
     return _compose
 
 
+def full_data_missing(prefix: str = "") -> list:
+    """The pinned data files (workloads/data_manifest.json) under ``prefix`` that FULL_DATA lacks
+    (absent, or of another size)."""
+    from workloads.fetch import load_manifest
+    return [e["path"] for e in load_manifest() if e["path"].startswith(prefix)
+            and not ((FULL_DATA / e["path"]).is_file() and (FULL_DATA / e["path"]).stat().st_size == e["bytes"])]
+
+
+def pytest_collection_modifyitems(items):
+    """A test that takes the ``full_data`` fixture is marked ``full_data`` (``pytest -m full_data`` selects them)."""
+    for item in items:
+        if "full_data" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("full_data"):
+            item.add_marker(pytest.mark.full_data)
+
+
 @pytest.fixture
-def shared_data():
-    d = SHARED / "data"
-    if not d.exists():
-        pytest.fail(f"shared data not found at {d}")
-    return d
+def full_data(request, monkeypatch):
+    """The full data folder, for a test that needs whole data sets: it is skipped, naming what is
+    missing, unless every pinned file under the prefixes of its ``@pytest.mark.full_data("math/", ...)``
+    marker (default: all) is in FULL_DATA. For the test's duration runs read that folder
+    (``TTC_DATA_DIR``)."""
+    mark = request.node.get_closest_marker("full_data")
+    prefixes = (mark.args if mark and mark.args else ("",))
+    missing = [p for prefix in prefixes for p in full_data_missing(prefix)]
+    if missing:
+        pytest.skip(f"needs the full data set ({', '.join(prefixes) or 'all'}): {len(missing)} files missing in "
+                    f"{FULL_DATA} (e.g. {missing[0]}); `python -m workloads.fetch` or TTC_DATA_DIR provides it")
+    monkeypatch.setenv("TTC_DATA_DIR", str(FULL_DATA))
+    return FULL_DATA
+
+
+@pytest.fixture(autouse=True)
+def _full_data_where_marked(request):
+    """A test marked ``full_data`` (directly or through a parameter) gets the ``full_data`` fixture:
+    skipped where the data is absent, run on it where present."""
+    if request.node.get_closest_marker("full_data"):
+        request.getfixturevalue("full_data")
+
+
+def marked_full_data(names, needs: dict) -> list:
+    """Parameters ``names``, those in ``needs`` (name -> data prefix) marked ``full_data(prefix)``."""
+    return [pytest.param(n, marks=pytest.mark.full_data(needs[n])) if n in needs else n for n in names]
+
+
+@pytest.fixture(params=["fixture", pytest.param("full", marks=pytest.mark.full_data("traces/"))])
+def each_trace_data(request):
+    """A test run twice: on tests/fixture_data's traces, and on the full data folder's (skipped where absent)."""
+    return FIXTURE_DATA if request.param == "fixture" else request.getfixturevalue("full_data")
 
 
 @pytest.fixture

@@ -10,6 +10,9 @@ import os
 import pytest
 
 from systems import compiled
+from tests.conftest import marked_full_data
+from tests.serving.summaries import FULL_DATA as SERVING_FULL_DATA
+from tests.tts.summaries import FULL_DATA as FASTTTS_FULL_DATA
 
 PURE = os.environ.get(compiled.PURE_ENV) == "1"
 needs_twins = pytest.mark.skipif(PURE, reason=f"{compiled.PURE_ENV}=1: the pure-Python modules are tested on purpose")
@@ -89,7 +92,7 @@ def test_the_hash_covers_the_source_and_its_pxd(tmp_path):
 SERVING_JOBS = ["main", "beam_fig8 system=window_dvfs workload=burst", "kv preemption"]
 
 
-@pytest.mark.parametrize("name", SERVING_JOBS)
+@pytest.mark.parametrize("name", marked_full_data(SERVING_JOBS, SERVING_FULL_DATA))
 def test_the_pure_python_serving_simulator_gives_the_stored_results(name, monkeypatch):
     """The same stored summaries and table digests as tests/serving/test_same_results.py, with the
     pure-Python modules (that test runs the twins). Mutations caught (with the twin built):
@@ -117,7 +120,7 @@ def test_the_record_says_which_modules_ran_compiled(compose_cfg, tmp_path, monke
 FASTTTS_JOBS = ["main", "system=vllm_tts n=64 model=qwen2.5-math-1.5b verifier=math-shepherd-7b workload=aime24"]
 
 
-@pytest.mark.parametrize("name", FASTTTS_JOBS)
+@pytest.mark.parametrize("name", marked_full_data(FASTTTS_JOBS, FASTTTS_FULL_DATA))
 def test_the_pure_python_fasttts_simulator_gives_the_stored_results(name, monkeypatch):
     """The same stored summaries and table digests as tests/tts/test_same_results.py, with the
     pure-Python modules (that test runs the twin). Mutations caught (with the twin built, by

@@ -191,3 +191,39 @@ def test_mirror_by_hand_of_a_json_that_is_no_runs_record_exits_2(tmp_path, capsy
     assert main([str(tmp_path), "--mode", "offline"]) == 2
     assert capsys.readouterr().err == (f"error: {tmp_path / 'run.json'} is not a run's record (it lacks config, status, "
                                        "backend, system, run_id); pass a job's folder written by run.py\n")
+
+
+def _online_without_a_key(tmp_path):
+    """The environment of a user with tracking.mode=online and no W&B API key anywhere."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    return {**base, "HOME": str(tmp_path / "home"), "WANDB_SILENT": "true",
+            "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config")}
+
+
+@pytest.mark.slow
+def test_an_online_single_run_that_w_and_b_refuses_says_so_on_the_console(tmp_path):
+    """``tracking.mode=online`` without an API key: the run exits 0 with its record (W&B is a
+    mirror), and the console says the mirror failed, with W&B's reason and the command that mirrors
+    it again; the mirror itself exited 1 (before: exit 0 and nothing said; only mirror.log knew).
+    Mutations caught: the online mirror not waited for; its exit status not read."""
+    out = subprocess.run([sys.executable, "run.py", "system=lbs", "beams=4", "gen_len=64", "progress=false",
+                          "tracking.mode=online", f"results_dir={tmp_path / 'r'}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env=_online_without_a_key(tmp_path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    (run_dir,) = (tmp_path / "r" / "runs").iterdir()
+    assert (run_dir / "run.json").is_file()
+    assert "warning: W&B (online) did not mirror this run (exit 1: error: not mirrored: W&B (online) failed: " \
+        in out.stderr and "API key" in out.stderr
+    assert f"`python -m harness.tracking {run_dir} --mode online` mirrors it again" in out.stderr
+
+
+def test_a_tracker_that_cannot_start_is_a_console_warning(tmp_path, monkeypatch, capsys):
+    """A real-engine job or a sweep's report opens W&B in-process: when it cannot start the run goes
+    on without it, and the console says so (before: a log line only run.log received). Mutation
+    caught: the warning logged, not said."""
+    from harness import tracking
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setattr(tracking, "WandbTracker", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("No API key")))
+    tr = tracking.make_tracker({}, {"name": "wandb", "mode": "online", "project": "p"}, tmp_path, "n")
+    assert isinstance(tr, tracking.NullTracker)
+    assert "warning: W&B (online) could not start, nothing of this run goes to W&B: No API key" in capsys.readouterr().err

@@ -27,6 +27,7 @@ import json
 import shutil
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -44,12 +45,28 @@ SOURCES = {
     "traces/mooncake/": ("kvcache-ai/Mooncake", "3b5a594133958449a1feaf1c9e0fc1b553e34a28", "FAST25-release/traces/",
                          "Apache-2.0"),
     "traces/servegen/": ("alibaba/ServeGen", "f891d1189eb32b3868dfc443800c4150548c282a", "data/", "Apache-2.0"),
+    # GPU power (systems.serving.power_fit): the Perseus SOSP'24 artifact's A100 stage profiles, and
+    # ML.ENERGY v3's per-model files (Apache-2.0 as the ML.ENERGY dataset card states; the leaderboard
+    # repository has no LICENSE file)
+    "gpu_power/perseus_a100_sxm/": ("ml-energy/zeus", "38cb3f90c30d9041d4b141cfe5c922dba55baa45",
+                                    "sosp24_data/emulation/stage_profile/", "Apache-2.0"),
+    "gpu_power/mlenergy_leaderboard_v3/": ("ml-energy/leaderboard", "0cd52dab897c5d91a45f4d413038f3b8b4251b0f",
+                                           "public/data/models/", "Apache-2.0"),
 }
+# Files a data folder may hold under those prefixes that are derived, not the source's: not pinned
+DERIVED = ("gpu_power/mlenergy_leaderboard_v3/llm_configs_flat.csv",)
 CUT_DAY1 = "traces/servegen/language/m-large/"
 
 
 class FetchError(RuntimeError):
     """A file could not be obtained or its checksum differs (the message names file and fix)."""
+
+
+def _unreachable(ex: Exception) -> bool:
+    """Whether a download failed for want of a network (no answer from the host), not for the file:
+    a URLError other than an HTTP error (DNS, refused, unreachable), or a timeout."""
+    return (isinstance(ex, urllib.error.URLError) and not isinstance(ex, urllib.error.HTTPError)) \
+        or isinstance(ex, (TimeoutError, ConnectionError))
 
 
 def sha256(data: bytes) -> str:
@@ -127,7 +144,14 @@ def fetch(dest: Path, mirror: Optional[Path] = None, only: Optional[str] = None,
                 raise FetchError(f"sha256 {got} != pinned {e['sha256']}")
             _write(target, data)
             counts["fetched"] += 1
-        except Exception as ex:       # one bad file must not stop the others
+        except Exception as ex:       # one bad file must not stop the others; no network stops all
+            if mirror is None and _unreachable(ex):
+                reason = getattr(ex, "reason", ex)
+                raise FetchError(f"could not reach raw.githubusercontent.com ({reason}) for {rel}: no network? "
+                                 f"Copy from a local mirror of a data folder instead (same layout, e.g. a "
+                                 f"colleague's or ../shared/data): `python -m workloads.fetch --from DIR`, or point "
+                                 f"TTC_DATA_DIR at such a folder ({counts['fetched']} files fetched into {dest} "
+                                 f"before this)") from ex
             counts["failed"] += 1
             errors.append(f"{rel}: {ex}")
     if errors:
@@ -147,8 +171,8 @@ def write_manifest(src: Path) -> int:
     files = []
     for prefix in SOURCES:
         for p in sorted((src / prefix).rglob("*")):
-            if p.is_file() and p.name != "README.md":
-                rel = p.relative_to(src).as_posix()
+            rel = p.relative_to(src).as_posix()
+            if p.is_file() and p.name != "README.md" and rel not in DERIVED:
                 source_of(rel)                       # every file needs a recorded source
                 files.append([rel, sha256(p.read_bytes()), p.stat().st_size])
     body = ",\n".join(json.dumps(f) for f in files)

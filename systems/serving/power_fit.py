@@ -12,17 +12,35 @@
 * The scatter of single measured points (:func:`profile_scatter`), the source of the default
   profiling error (``system.profile_error.noise``, systems/serving/config.py).
 
-``python -m systems.serving.power_fit /path/to/shared/data/gpu_power`` prints the parameters and fit
-quality (MAPE, %) that ``conf/hardware/a100-80gb.yaml`` records under ``power:``, and the scatter.
+``python -m systems.serving.power_fit`` prints the parameters and fit quality (MAPE, %) that
+``conf/hardware/a100-80gb.yaml`` records under ``power:``, and the scatter, from the data folder's
+``gpu_power/`` (``python -m workloads.fetch --only gpu_power/`` brings it; ``--data DIR`` reads another).
 """
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Dict
 
 import numpy as np
 import pandas as pd
+
+PERSEUS = ("gpt3-175b+a100_sxm_bf16.csv", "bloom+a100_sxm_bf16.csv")      # the artifact's two A100 profiles
+MLENERGY_LLAMA_8B = "mlenergy_leaderboard_v3/meta-llama__Llama-3.1-8B-Instruct__lm-arena-chat.json"
+
+
+def perseus_frame(gpu_power_dir: Path) -> pd.DataFrame:
+    """The Perseus A100 stage profiles present in ``gpu_power_dir/perseus_a100_sxm`` (of :data:`PERSEUS`,
+    in that order), one frame with a ``model`` column. Raises FileNotFoundError naming the folder
+    when none is there."""
+    d = Path(gpu_power_dir) / "perseus_a100_sxm"
+    paths = [d / n for n in PERSEUS if (d / n).is_file()]
+    if not paths:
+        from workloads.data import missing_hint
+        raise FileNotFoundError(f"{d}: none of the Perseus profiles {', '.join(PERSEUS)}; {missing_hint()}")
+    return pd.concat([pd.read_csv(p).assign(model=p.name.split("+")[0]) for p in paths], ignore_index=True)
 
 
 def fit_perseus(gpu_power_dir: Path, f_max: float = 1410.0) -> Dict[str, float]:
@@ -32,13 +50,7 @@ def fit_perseus(gpu_power_dir: Path, f_max: float = 1410.0) -> Dict[str, float]:
     time_mape_pct (t = c/f + d fitted per (model, stage, instruction)), clock_scaled_share
     (median c/f_max / t(f_max)), n_rows. Raises FileNotFoundError if the CSVs are absent.
     """
-    d = Path(gpu_power_dir) / "perseus_a100_sxm"
-    frames = []
-    for name in ("gpt3-175b+a100_sxm_bf16.csv", "bloom+a100_sxm_bf16.csv"):
-        df = pd.read_csv(d / name)
-        df["model"] = name.split("+")[0]
-        frames.append(df)
-    df = pd.concat(frames, ignore_index=True)
+    df = perseus_frame(gpu_power_dir)
     x = df["frequency"].to_numpy(float) / f_max
     p = (df["energy"] / df["time"]).to_numpy(float)
     best = None
@@ -71,8 +83,7 @@ def profile_scatter(gpu_power_dir: Path) -> Dict[str, float]:
     any misfit of the curves); the artifact's stages 1-6 are copies, so run-to-run spread itself is
     not in the data.
     """
-    df = pd.concat([pd.read_csv(Path(gpu_power_dir) / "perseus_a100_sxm" / n).assign(model=n.split("+")[0])
-                    for n in ("gpt3-175b+a100_sxm_bf16.csv", "bloom+a100_sxm_bf16.csv")], ignore_index=True)
+    df = perseus_frame(gpu_power_dir)
     t_res, e_res = [], []
     for _, g in df.groupby(["model", "stage", "instruction"]):
         f, t, e = (g[k].to_numpy(float) for k in ("frequency", "time", "energy"))
@@ -93,16 +104,19 @@ def fit_mem_beta(gpu_power_dir: Path, model_cfg, h100_cfg, ctx_tokens: float = 5
     the measured median ITL), n_configs.
     """
     from systems.serving.gpu_model import StageModel
-    df = pd.read_csv(Path(gpu_power_dir) / "mlenergy_leaderboard_v3" / "llm_configs_flat.csv")
-    df = df[(df.gpu_model == "H100") & (df.num_gpus == 1) & (df.task == "lm-arena-chat")
-            & (df.model_id == "meta-llama/Llama-3.1-8B-Instruct")].sort_values("avg_batch_size")
+    path = Path(gpu_power_dir) / MLENERGY_LLAMA_8B
+    if not path.is_file():
+        from workloads.data import missing_hint
+        raise FileNotFoundError(f"{path}: no such file; {missing_hint()}")
+    df = pd.DataFrame(json.loads(path.read_text())["configurations"])
+    df = df[(df.gpu_model == "H100") & (df.num_gpus == 1)].sort_values("avg_batch_size", kind="stable")
     if df.empty:
-        raise ValueError("no H100 / Llama-3.1-8B-Instruct / lm-arena-chat rows in llm_configs_flat.csv")
+        raise ValueError(f"{path}: no single-GPU H100 configuration")
     sm = StageModel(model_cfg, h100_cfg, tp=1, pp=1)
     bs = df["avg_batch_size"].to_numpy(float)
     t_sm, t_mem, t_other = sm.parts(bs, sm.f_max, ctx_tokens=bs * ctx_tokens, attn_pairs=bs * ctx_tokens)
     r = t_sm / np.maximum(t_sm, t_mem)
-    p = df["avg_power_watts_per_gpu"].to_numpy(float)
+    p = df["avg_power_watts"].to_numpy(float)              # one GPU: the total is the GPU's
     idle, limit = float(h100_cfg.idle_w), float(h100_cfg.power["limit_w"])
     betas = np.arange(0.0, 1.0001, 0.005)[:, None]
     best = None
@@ -132,13 +146,23 @@ def load_conf(group: str, name: str):
     return cfg[group]
 
 
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    d = Path(argv[0]) if argv else Path(__file__).resolve().parents[3] / "shared" / "data" / "gpu_power"
+def main(argv=None) -> int:
+    from workloads.data import data_dir
+    ap = argparse.ArgumentParser(prog="python -m systems.serving.power_fit", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=None,
+                    help=f"the gpu_power folder (default: the data folder's, here {data_dir() / 'gpu_power'})")
+    a = ap.parse_args(argv)
+    d = a.data if a.data is not None else data_dir() / "gpu_power"
+    try:
+        perseus_frame(d)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print("perseus A100:", fit_perseus(d))
     print("perseus A100 point scatter (profile_error.noise source):", profile_scatter(d))
     print("ml.energy H100:", fit_mem_beta(d, load_conf("model", "llama-3.1-8b"), load_conf("hardware", "h100")))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

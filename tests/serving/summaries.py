@@ -24,6 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STORED = Path(__file__).resolve().parent / "data" / "summaries.json"
 MAIN = ["system=beam", "model=llama-3.3-70b", "hardware=a100-80gb", "tp=2", "pp=4", "workload=servegen"]
 EXPERIMENTS = ("beam_fig10", "beam_fig8")
+# the jobs that read a public trace (stored from the full data; skipped where it is absent)
+FULL_DATA = {"main": "traces/servegen/", "kv preemption": "traces/servegen/", "azure_code": "traces/azure_llm_2023/",
+             "azure_conv": "traces/azure_llm_2023/", "mooncake": "traces/mooncake/"}
 EXTRA = {   # what the main command and the experiments do not reach
     "kv preemption": ["system=beam", "workload=servegen", "workload.duration_s=600", "kv_budget=600MiB"],
     "azure_code": ["system=vanilla", "workload=azure_code", "workload.duration_s=300"],

@@ -16,14 +16,15 @@ import os
 
 import pytest
 
-from tests.serving.summaries import STORED, jobs, summary
+from tests.conftest import marked_full_data
+from tests.serving.summaries import FULL_DATA, STORED, jobs, summary
 
 STORED_SUMMARIES = json.loads(STORED.read_text())
 QUICK = ["main"] + [name for name in jobs() if name.startswith("beam_fig10 ")]
 JOBS = list(jobs()) if os.environ.get("TTC_SAME_RESULTS") == "all" else QUICK
 
 
-@pytest.mark.parametrize("name", JOBS)
+@pytest.mark.parametrize("name", marked_full_data(JOBS, FULL_DATA))
 def test_summary_as_before_the_speedups(name):
     """Mutations caught: listed in the commit that made the simulator faster (each changed the main
     command's summary)."""

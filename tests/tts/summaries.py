@@ -22,6 +22,7 @@ STORED_TABLES = STORED.with_name("tables.json")
 MAIN = ["system=fasttts", "model=qwen2.5-math-1.5b", "verifier=skywork-prm-1.5b", "workload=aime24", "n=64"]
 EXPERIMENT = "fasttts_ablation"
 PROBLEMS = 3
+FULL_DATA = {"main": "math/aime24/"}      # all 30 problems (the sweep's jobs read the first 3: fixture slices)
 
 
 def jobs() -> Dict[str, List[str]]:

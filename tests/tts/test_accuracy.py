@@ -76,13 +76,24 @@ def test_normalize_rules():
     assert normalize("\\$ 4.50.") == "4.50" and normalize("\\left( 1, 2 \\right)") == "(1,2)"
 
 
-def test_reference_answers_grade_as_their_own_boxed_form(shared_data):
-    # every reference answer of the three sets, boxed, is correct
+def _reference_answers_grade_as_their_own_boxed_form(data):
     for name in ("aime24", "amc23", "math500"):
-        lines = (shared_data / "math" / name / "test.jsonl").read_text().splitlines()
+        lines = (data / "math" / name / "test.jsonl").read_text().splitlines()
         for line in lines:
             a = str(json.loads(line)["answer"])
             assert is_correct(f"The final answer is $\\boxed{{{a}}}$.", a), (name, a)
+
+
+def test_reference_answers_grade_as_their_own_boxed_form():
+    """Each set's first problems (the fixture slices): the reference answer, boxed, is correct."""
+    from tests.conftest import FIXTURE_DATA
+    _reference_answers_grade_as_their_own_boxed_form(FIXTURE_DATA)
+
+
+@pytest.mark.full_data("math/")
+def test_every_reference_answer_grades_as_its_own_boxed_form(full_data):
+    """All 570 problems of the three sets."""
+    _reference_answers_grade_as_their_own_boxed_form(full_data)
 
 
 def test_top1_weighted_vote_and_pass_at_n():

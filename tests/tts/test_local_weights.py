@@ -21,8 +21,8 @@ SMALL = ["n=8", "workload.num_iterations=2", "workload.num_problems=2", "workloa
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """(generator dir, PRM dir), built once per module (about 1.5 s)."""
-    from tests.conftest import SHARED
-    return build_all(tmp_path_factory.mktemp("ckpt"), SHARED / "data")
+    from tests.conftest import FIXTURE_DATA
+    return build_all(tmp_path_factory.mktemp("ckpt"), FIXTURE_DATA)
 
 
 def _weights(gen, prm):

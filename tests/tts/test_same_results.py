@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from tests.tts.summaries import ROOT, STORED, STORED_TABLES, jobs, summary
+from tests.conftest import marked_full_data
+from tests.tts.summaries import FULL_DATA, ROOT, STORED, STORED_TABLES, jobs, summary
 
 STORED_SUMMARIES = json.loads(STORED.read_text())
 STORED_DIGESTS = json.loads(STORED_TABLES.read_text())
@@ -26,7 +27,7 @@ QUICK = ["main"] + [name for name in jobs() if name != "main" and (" n=8 " in na
 JOBS = list(jobs()) if os.environ.get("TTC_SAME_RESULTS") == "all" else QUICK
 
 
-@pytest.mark.parametrize("name", JOBS)
+@pytest.mark.parametrize("name", marked_full_data(JOBS, FULL_DATA))
 def test_summary_as_before_the_speedups(name):
     """Mutations caught (each changed the main command's summary): a block hash extended from a
     parent whose tokens differ (no comparison), the synthetic PRM's hash continued past a different

@@ -21,12 +21,12 @@ SMALL = ["n=4", "workload.num_iterations=2", "workload.num_problems=2", "workloa
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """dict: gen (Qwen2 generator dir), prm (Qwen2 PRM dir), ms (Mistral verifier dir), ov (its overrides)."""
-    from tests.conftest import SHARED
+    from tests.conftest import FIXTURE_DATA
     root = tmp_path_factory.mktemp("shepherd")
-    tok = build_tokenizer(root / "tokenizer", SHARED / "data")
+    tok = build_tokenizer(root / "tokenizer", FIXTURE_DATA)
     build_generator(root / "gen", tok)
     build_prm(root / "prm", tok)
-    ov = build_shepherd(root / "ms", SHARED / "data")
+    ov = build_shepherd(root / "ms", FIXTURE_DATA)
     return dict(gen=root / "gen", prm=root / "prm", ms=root / "ms", ov=ov)
 
 
