@@ -70,7 +70,8 @@ def full_data(request, monkeypatch):
     prefixes = (mark.args if mark and mark.args else ("",))
     missing = [p for prefix in prefixes for p in full_data_missing(prefix)]
     if missing:
-        pytest.skip(f"needs the full data set ({', '.join(prefixes) or 'all'}): {len(missing)} files missing in "
+        files = f"{len(missing)} file{'s' if len(missing) != 1 else ''}"
+        pytest.skip(f"needs the full data set ({', '.join(prefixes) or 'all'}): {files} missing in "
                     f"{FULL_DATA} (e.g. {missing[0]}); `python -m workloads.fetch` or TTC_DATA_DIR provides it")
     monkeypatch.setenv("TTC_DATA_DIR", str(FULL_DATA))
     return FULL_DATA
