@@ -45,8 +45,8 @@ def _flatten(prefix: str, obj: Any, out: Dict[str, Any]) -> None:
 def record_row(rec: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
     """One flat row for a run.json: status, system, model, simulated, run_dir, wall_s, finished_at
     (ISO time, UTC), git_sha, git_dirty, config_hash, overrides (the job's command line),
-    headline (the key of its first displayed metric), summary.*, config.*, compiled.* (module -> compiled |
-    pure: systems.compiled)."""
+    headline (the key of its first displayed metric), summary.*, config.*, compiled.* (records written
+    while the simulators had Cython-compiled twins: module -> compiled | pure)."""
     row: Dict[str, Any] = {
         "status": rec.get("status"), "message": rec.get("message", ""),
         "system": rec.get("system"), "model": rec.get("model"),

@@ -33,7 +33,6 @@ from harness.config import (check_folder, check_results_dir, check_shortcuts, sh
 from harness.errors import TYPE_WORDS, ConfigError, RunInterrupted, RunOOM, bad
 from harness.stats import aggregate, repeat_seeds
 from harness.tracking import NullTracker, job_gets_own_run, log_record, make_tracker, mirror_later
-from systems import compiled
 
 log = logging.getLogger(__name__)
 
@@ -608,7 +607,6 @@ def _record_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg
     if not backend.simulated:              # stable timing: torch's thread count fixed and recorded
         rec["threads"] = machine.set_threads(cfg.backend.get("threads", 1))
     t0 = time.perf_counter()
-    compiled.LOADED.clear()              # what this job runs as compiled twins (systems.compiled.twin records it)
     repeats = []
     for i, seed in enumerate(seeds):
         repeats.append(_run_repeat(runner, cfg, backend, outdir, tracker, i, seed, len(seeds)))
@@ -621,8 +619,6 @@ def _record_job(cfg, runner, backend: Backend, multirun: bool, outdir: Path, cfg
         rec.update(status=res.status, message=res.message, wall_s=time.perf_counter() - t0,
                    finished_at=datetime.now(timezone.utc).isoformat(),
                    summary=res.summary, tables=sorted(res.tables), **res.extra)
-        if compiled.LOADED:          # which modules ran as compiled twins: a timing compares only with one of the same kind
-            rec["compiled"] = dict(compiled.LOADED)
         where = backend.name if backend.device == backend.name else f"{backend.name} ({backend.device})"
         meta = records.table_metadata(backend.simulated, where, str(cfg.hardware.name),
                                       str(cfg.system.name), str(cfg.model.name))

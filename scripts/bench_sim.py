@@ -361,18 +361,6 @@ def measure_runners(cases: list, roots: List[Path], rounds: int) -> List[dict]:
 
 
 # --- report ----------------------------------------------------------------------------------------------
-def twins_status(root: Path) -> str:
-    """Which of checkout ``root``'s modules run as compiled twins (systems.compiled), in a fresh process."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
-            "try:\n    from systems import compiled\nexcept ImportError:\n    print('none (no systems/compiled.py)')\n"
-            "else:\n    st = {m: compiled.status(m) for m in compiled.MODULES}\n"
-            "    bad = {m: s for m, s in st.items() if s != 'compiled'}\n"
-            "    print(f'all {len(st)} built and current' if not bad else '; '.join(f'{m}: {s}' for m, s in bad.items()))")
-    out = subprocess.run([sys.executable, "-c", code, str(root)], cwd=root, capture_output=True, text=True,
-                         env=_user_env())
-    return out.stdout.strip() or out.stderr.strip()[-300:]
-
-
 def _verdict(ratio: float) -> str:
     return "OK" if ratio <= 1 else "OVER GOAL"
 
@@ -404,8 +392,6 @@ def main() -> int:
     load1 = os.getloadavg()
     print(f"{a.rounds} rounds, {os.cpu_count()} CPUs, load average {load0[0]:.2f} before / {load1[0]:.2f} after"
           f"{', W&B offline' if a.with_tracking else ''}, Python's bytecode cache on")
-    for root in roots:
-        print(f"[{label[root]}] compiled twins: {twins_status(root)}")
     for r in procs:
         c = r["case"]
         mirror = ""

@@ -145,8 +145,7 @@ def controller_for(cfg, table, p: Optional[int] = None, g: Optional[int] = None)
     """The configured controller on ``table`` for ``p`` stages of ``g`` GPUs (default: the run's
     pp and tp). One stage has one microbatch (vLLM has no virtual engines without PP).
     ``system.fixed_clock_mhz``: the start clock, snapped to the table's menu."""
-    from systems.compiled import twin
-    make_controller = twin("systems.serving.controllers").make_controller
+    from systems.serving.controllers import make_controller
     s, w = cfg.system, cfg.workload
     tp, pp = parallelism(cfg)
     p, g = (pp if p is None else p), (tp if g is None else g)
@@ -174,11 +173,11 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
     import hashlib
     import json as _json
 
-    from systems.compiled import twin
+    from systems.serving.controllers import Controller
+    from systems.serving.driver import Driver
     from systems.serving.profiler import TableCost
+    from systems.serving.simulator import SimExecutor
     from workloads.serving import Requests
-    Driver, SimExecutor = twin("systems.serving.driver").Driver, twin("systems.serving.simulator").SimExecutor
-    Controller = twin("systems.serving.controllers").Controller
     s = cfg.system
     mean_rate = float(req.input_len.sum()) / max(float(req.arrival_s[-1]), 1.0)
     loads = mean_rate * np.array([0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0])

@@ -192,8 +192,7 @@ class Driver:
         self.need, self.pref = list(self.inp_l), [0] * N
         self.fin = [math.nan] * N
         self.gen = [0] * N                       # tokens emitted per request
-        # the logs, in numpy buffers that the compiled twin writes as C numbers (driver.pxd types them),
-        # doubled when full (grown); rows in use: n_it iterations, n_em tokens. The token log: requests
+        # the logs, in numpy buffers doubled when full (grown); rows in use: n_it iterations, n_em tokens. The token log: requests
         # that emitted a token, in order, and how many per iteration (when: the iteration's time_s)
         self.em_req = np.empty(LOG_ROWS, np.int64)
         self.em_n = np.empty(LOG_ROWS, np.int64)

@@ -622,12 +622,8 @@ def tab2(sweep_dir: Path, runs: pd.DataFrame, cfg) -> pd.DataFrame:
                     what=f"the largest P99 over the {', '.join(sorted(set(s12.system)))} runs, wall-clock on this "
                          f"CPU (inside simulated runs)")
     vrows = paper.verdicts("tab2", df, ours, "beam_tab2.md")
-    kinds = sorted(set(df["compiled.systems.serving.controllers"].dropna())) \
-        if "compiled.systems.serving.controllers" in df else []
-    how = {"compiled": "the Cython-compiled twin of their source (systems/compiled.py)", "pure": "pure Python"}
-    ran = (f"The controllers ran as {' and as '.join(how[k] for k in kinds)} (run.json `compiled`). " if kinds else "")
     notes = ("Decision times are wall-clock on this machine (shared, 2 cores), inside runs whose other values are "
-             "as the system column says. " + ran + "BEAM's S2 decision (Alg. 2) depends only on (decodes, chunk size, "
+             "as the system column says. BEAM's S2 decision (Alg. 2) depends only on (decodes, chunk size, "
              "microbatch candidates, p, g, TBT SLO) and its table, so the controller keeps each one it made: an S2 "
              "decision in a state seen before is a lookup, and its time is counted as such.\n\n"
              + paper.write(sweep_dir, vrows))

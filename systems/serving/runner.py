@@ -195,11 +195,11 @@ def run(cfg, ctx) -> RunResult:
 
 def run_sim(cfg, ctx) -> RunResult:
     """Simulate the system. Raises RunOOM if the weights, or the longest request's KV, do not fit."""
-    from systems.compiled import twin
+    from systems.serving.driver import Driver
+    from systems.serving.gpu_model import StageModel
     from systems.serving.metrics import summarize
     from systems.serving.profiler import table_error
-    Driver, SimExecutor = twin("systems.serving.driver").Driver, twin("systems.serving.simulator").SimExecutor
-    StageModel = twin("systems.serving.gpu_model").StageModel
+    from systems.serving.simulator import SimExecutor
     s, w, hw = cfg.system, cfg.workload, cfg.hardware
     tp, pp = parallelism(cfg)
     stage = StageModel(cfg.model, hw, tp, pp)

@@ -81,8 +81,8 @@ class SimExecutor:
         self.heap: list = []
         self.seq = 0
         self.energy = 0.0
-        self.e_bin = np.zeros(64)                # joules per 1-s bin (index = second): _charge; a buffer the
-        self.n_bins = 0                          # twin adds to as C doubles, its first n_bins bins in use
+        self.e_bin = np.zeros(64)                # joules per 1-s bin (index = second): _charge, a buffer
+        self.n_bins = 0                          # grown when full, its first n_bins bins in use
         self.p_idle: dict = {}                   # clock -> cost.idle1(clock), asked once per clock (_idle_power)
 
     # -- the executor protocol ----------------------------------------------------------------------

@@ -299,7 +299,7 @@ def run_real(cfg, ctx) -> RunResult:
     """Serve the workload on vLLM with the configured controller; returns measured metrics."""
     from harness.meters import EnergyMeter
     from systems.serving.actuator import DvfsActuator
-    from systems.compiled import twin
+    from systems.serving.driver import Driver
     from systems.serving.gpu_model import StageModel
     from systems.serving.metrics import summarize
     from systems.serving.profiler import clock_scaled, decode_batch_max, sample_points
@@ -363,7 +363,6 @@ def run_real(cfg, ctx) -> RunResult:
         server.probe_decode(min(4, int(s.max_num_seqs)), 64, rng, m.vocab_size, reps=2)   # warm-up, excluded
         warmup_s = time.perf_counter() - t_warm
         ex = VllmExecutor(server, prompts, act, meter, cpu)
-        Driver = twin("systems.serving.driver", compiled=False).Driver     # a real run's pace is vLLM's: pure Python
         res = serve(Driver(ctl, req, t_stop=stop_time(req, w)), ex, ctx, f"{s.name} (wall s)")
     finally:
         server.close()

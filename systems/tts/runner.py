@@ -367,8 +367,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
     alloc = planner.per_run(st.n, avg_prompt, mean)
     planner.check_fits(alloc)              # RunOOM (recorded as oom) before any engine starts
     if backend.simulated:
-        from systems.compiled import twin
-        sim = twin("systems.tts.sim")              # its compiled twin when built (systems/compiled.py): same results
+        from systems.tts import sim
         p_d, p_e = step_probabilities(mean, float(w.steps_per_answer_mean))
         recorded = replay.load(s.replay_tokens) if not unset(s.replay_tokens) else None
         tokens = sim.TokenSource(sim.StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size), recorded)

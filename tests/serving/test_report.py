@@ -49,8 +49,7 @@ def test_labels_come_from_each_record_and_slos_are_stated(compose_cfg, tmp_path)
     assert "simulated and measured: each row says which" in md and "SLOs TTFT 1 s, TBT 200 ms" in md
     t2 = report.tab2(sweep, runs, None)
     assert list(t2.system) == ["beam (measured)", "beam (sim)"]
-    kind = "pure Python" if os.environ.get("TTC_PURE_PYTHON") == "1" else "the Cython-compiled twin"
-    assert f"The controllers ran as {kind}" in (sweep / "beam_tab2.md").read_text()     # whose decision times these are
+    assert "Decision times are wall-clock on this machine" in (sweep / "beam_tab2.md").read_text()
 
 
 def test_sensitivity_report_against_vanilla(compose_cfg, tmp_path):

@@ -93,11 +93,8 @@ def test_backends_hold_no_controller_calls_or_request_accounting(path):
 
 
 def test_the_simulated_backend_runs_through_the_driver(compose_cfg, tmp_path, monkeypatch):
-    """The runner serves through Driver.run with a SimExecutor (the vLLM path: test_vllm_real). The
-    pure-Python modules run, so that the spy is in the class the runner uses (a compiled twin's
-    class cannot be patched; tests/test_compiled.py: both give the same results)."""
+    """The runner serves through Driver.run with a SimExecutor (the vLLM path: test_vllm_real)."""
     from harness.run import run
-    monkeypatch.setenv("TTC_PURE_PYTHON", "1")
     seen = []
     orig = Driver.run
 

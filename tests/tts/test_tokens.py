@@ -77,23 +77,12 @@ def test_lazy_speculation_end_is_the_streams_boundary(seed):
         assert all(b > 7 + step_len for b in tentative)
 
 
-def _sim_modules():
-    """sim.py as plain Python and, when it is built and current, its compiled twin."""
-    from systems import compiled
-    from systems.tts import sim
-    mods = [sim]
-    if compiled.status("systems.tts.sim") == "compiled":
-        mods.append(compiled.twin("systems.tts.sim"))
-    return mods
-
-
-@pytest.mark.parametrize("sim", _sim_modules(), ids=lambda m: m.__name__)
-def test_starts_with_compares_the_first_n_tokens_of_base_then_tail(sim):
+def test_starts_with_compares_the_first_n_tokens_of_base_then_tail():
     """sim.starts_with, shared by the simulated engines' block hashes and the synthetic PRM:
-    tokens[:n] against (base + tail)[:n], as plain Python and compiled. Mutations caught: the tail's
+    tokens[:n] against (base + tail)[:n]. Mutations caught: the tail's
     part compared from its position in ``tokens`` (``tail[p:n]``); ``n == p`` taken as all of
     ``tokens``; the tail ignored."""
-    starts_with = sim.starts_with
+    from systems.tts.sim import starts_with
     base, tail = [1, 2, 3], [4, 5]
     assert starts_with([1, 2, 3, 4, 5, 6], 5, base, tail)
     assert starts_with([1, 2, 3, 4], 4, base, tail)
