@@ -1,4 +1,5 @@
 """Backend resolution: which engine runs a job, and whether its numbers are measured or simulated."""
+
 from __future__ import annotations
 
 import os
@@ -14,10 +15,10 @@ REAL_ENGINE = {"ttc": "torch", "tts": "vllm", "serving": "vllm"}
 
 @dataclass(frozen=True)
 class Backend:
-    name: str        # torch | vllm | sim
-    device: str      # cpu | cuda | sim
+    name: str  # torch | vllm | sim
+    device: str  # cpu | cuda | sim
     simulated: bool
-    reason: str      # one line for the first line of output and the record
+    reason: str  # one line for the first line of output and the record
 
     @property
     def label(self) -> str:
@@ -29,8 +30,11 @@ def no_nvidia_gpu() -> bool:
     files (``/dev/nvidiactl``, ``/proc/driver/nvidia``) and without WSL's GPU device (``/dev/dxg``),
     and no NVML module loaded already (one that is, a test's fake included, is asked instead).
     GPU checks then need neither NVML nor torch (a simulated run imports neither)."""
-    return sys.platform == "linux" and "pynvml" not in sys.modules and not any(
-        os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg"))
+    return (
+        sys.platform == "linux"
+        and "pynvml" not in sys.modules
+        and not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg"))
+    )
 
 
 def cuda_available() -> bool:
@@ -40,6 +44,7 @@ def cuda_available() -> bool:
         return False
     try:
         import pynvml
+
         pynvml.nvmlInit()
         n = pynvml.nvmlDeviceGetCount()
         pynvml.nvmlShutdown()
@@ -49,6 +54,7 @@ def cuda_available() -> bool:
         return False
     try:
         import torch
+
         return bool(torch.cuda.is_available())
     except Exception:
         return False
@@ -62,25 +68,36 @@ def resolve_backend(cfg, family: str) -> Backend:
     """
     name, device = cfg.backend.name, cfg.backend.device
     hw = cfg.hardware.name
-    real = REAL_ENGINE.get(family)          # None: a simulated-only family
+    real = REAL_ENGINE.get(family)  # None: a simulated-only family
     if name == "auto":
         if real is not None and cuda_available():
             name, device = real, "cuda"
             return Backend(name, device, False, real_reason("auto", name, device, hw))
         why = "no CUDA GPU found" if real is not None else f"family {family} has no real engine"
-        return Backend("sim", "sim", True,
-                       f"backend=auto -> SIMULATED backend on the '{hw}' profile ({why}); "
-                       f"all numbers below are simulated")
+        return Backend(
+            "sim",
+            "sim",
+            True,
+            f"backend=auto -> SIMULATED backend on the '{hw}' profile ({why}); all numbers below are simulated",
+        )
     if name == "sim":
-        return Backend("sim", "sim", True, f"backend=sim -> SIMULATED backend on the '{hw}' profile; "
-                                           f"all numbers below are simulated")
+        return Backend(
+            "sim",
+            "sim",
+            True,
+            f"backend=sim -> SIMULATED backend on the '{hw}' profile; all numbers below are simulated",
+        )
     if name != real:
-        raise ConfigError(f"backend={name!r} is not allowed for system={cfg.system.name!r} "
-                          f"(family {family}): use auto, sim" + (f" or {real}" if real else " (no real engine)"))
+        raise ConfigError(
+            f"backend={name!r} is not allowed for system={cfg.system.name!r} "
+            f"(family {family}): use auto, sim" + (f" or {real}" if real else " (no real engine)")
+        )
     has_cuda = cuda_available() if device in ("auto", "cuda") else False
     if device == "cuda" and not has_cuda:
-        raise ConfigError("backend.device='cuda' is not allowed here: no CUDA GPU is available "
-                          "(use backend.device=cpu or backend=sim)")
+        raise ConfigError(
+            "backend.device='cuda' is not allowed here: no CUDA GPU is available "
+            "(use backend.device=cpu or backend=sim)"
+        )
     if device == "auto":
         device = "cuda" if has_cuda else "cpu"
     return Backend(name, device, False, real_reason(name, name, device, hw))
@@ -89,6 +106,8 @@ def resolve_backend(cfg, family: str) -> Backend:
 def real_reason(setting: str, name: str, device: str, hw: str) -> str:
     """The first output line of a real engine's run: the device it measures (the run table's title says
     the same) and what the hardware profile is still used for."""
-    return (f"backend={setting} -> real {name} engine, measured on {device.upper()}; the hardware profile "
-            f"'{hw}' is not what is measured: it only supplies defaults the engine does not measure, such "
-            f"as a CPU run's KV budget when kv_budget is not given")
+    return (
+        f"backend={setting} -> real {name} engine, measured on {device.upper()}; the hardware profile "
+        f"'{hw}' is not what is measured: it only supplies defaults the engine does not measure, such "
+        f"as a CPU run's KV budget when kv_budget is not given"
+    )

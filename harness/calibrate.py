@@ -16,6 +16,7 @@ are 1.0 (measured ceilings are achieved rates already, on a CPU or a GPU). Nothi
 changed on the device. Times use the real engine's basis on the device
 (``harness.meters.time_basis``: wall on CUDA, this thread's CPU time on a CPU) and one torch thread.
 """
+
 from __future__ import annotations
 
 import sys
@@ -50,23 +51,26 @@ def _timeit(fn, sync, repeats=5, warmup=2, per_window=1, clock=time.perf_counter
     return min(ts)
 
 
-GEMV_BYTES = 512 << 20       # decode-bandwidth weight matrix: beyond any cache
+GEMV_BYTES = 512 << 20  # decode-bandwidth weight matrix: beyond any cache
 
 
 def gemv_bandwidth(device: str, dtype, nbytes: int, per_window: int, sync) -> float:
     """Bytes/s of a decode-shaped matmul (4 rows x a square weight matrix of ``nbytes``), timed over
     windows of ``per_window`` matmuls: the memory ceiling of the roofline."""
     import torch
+
     k = int((nbytes / torch.empty((), dtype=dtype).element_size()) ** 0.5)
     w = torch.randn(k, k, device=device, dtype=dtype)
     v = torch.randn(4, k, device=device, dtype=dtype)
-    return w.numel() * w.element_size() / _timeit(lambda: v @ w, sync, per_window=per_window,
-                                                  clock=time_basis(device)[0])
+    return (
+        w.numel() * w.element_size() / _timeit(lambda: v @ w, sync, per_window=per_window, clock=time_basis(device)[0])
+    )
 
 
 def kernel_launch_seconds(device: str, sync, per_window: int = 1000) -> float:
     """Seconds per launch of a one-element op, many per window (launch and dispatch cost)."""
     import torch
+
     x = torch.zeros(1, device=device)
     return _timeit(lambda: x.add_(1.0), sync, per_window=per_window, clock=time_basis(device)[0])
 
@@ -76,6 +80,7 @@ def measure(device: str = "cpu", quick: bool = False, threads: int = 1) -> dict:
     kernel_launch_s, measured with ``threads`` torch CPU threads (the real engine's default, 1:
     ``backend.threads``; restored afterwards)."""
     import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -86,6 +91,7 @@ def measure(device: str = "cpu", quick: bool = False, threads: int = 1) -> dict:
 
 def _measure(device: str, quick: bool) -> dict:
     import torch
+
     cuda = device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     dt = torch.float16 if cuda else torch.float32
@@ -94,7 +100,7 @@ def _measure(device: str, quick: bool) -> dict:
     b = torch.randn(n, n, device=device, dtype=dt)
     clock = time_basis(device)[0]
     t = _timeit(lambda: a @ b, sync, clock=clock)
-    flops = 2 * n ** 3 / t
+    flops = 2 * n**3 / t
     size = (1 << 30 if cuda else 256 << 20) >> (2 if quick else 0)
     x = torch.empty(size // 4, dtype=torch.float32, device=device).fill_(1.0)
     stream_bw = size / _timeit(lambda: x.sum(), sync, clock=clock)
@@ -109,19 +115,38 @@ def _measure(device: str, quick: bool) -> dict:
     h2d = size / _timeit(lambda: dev.copy_(host, non_blocking=cuda), sync, clock=clock)
     d2h = size / _timeit(lambda: host.copy_(dev, non_blocking=cuda), sync, clock=clock)
     launch = _layer_launch_overhead(device, dt, sync)
-    return {"time_basis": time_basis(device)[1], "peak_flops": flops, "mem_bw": mem_bw, "stream_bw": stream_bw,
-            "h2d_bw": h2d, "d2h_bw": d2h,
-            "launch_overhead_s": launch, "kernel_launch_s": launch_kernel, "gemm_n": n,
-            "gemv_bytes": gemv_bytes, "gemv_per_window": gemv_window, "copy_bytes": size, "device": device,
-            "torch": str(torch.__version__), "threads": torch.get_num_threads()}
+    return {
+        "time_basis": time_basis(device)[1],
+        "peak_flops": flops,
+        "mem_bw": mem_bw,
+        "stream_bw": stream_bw,
+        "h2d_bw": h2d,
+        "d2h_bw": d2h,
+        "launch_overhead_s": launch,
+        "kernel_launch_s": launch_kernel,
+        "gemm_n": n,
+        "gemv_bytes": gemv_bytes,
+        "gemv_per_window": gemv_window,
+        "copy_bytes": size,
+        "device": device,
+        "torch": str(torch.__version__),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _layer_launch_overhead(device, dtype, sync) -> float:
     import torch
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
-                      num_hidden_layers=1, vocab_size=128)
+
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_hidden_layers=1,
+        vocab_size=128,
+    )
     cfg._attn_implementation = "sdpa"
     layer = LlamaDecoderLayer(cfg, 0).to(device=device, dtype=dtype).eval()
     rope = LlamaRotaryEmbedding(cfg).to(device)
@@ -130,8 +155,10 @@ def _layer_launch_overhead(device, dtype, sync) -> float:
     pe = rope(h, pos)
     with torch.inference_mode():
         reps = 200
-        return _timeit(lambda: [layer(h, position_embeddings=pe) for _ in range(reps)], sync,
-                       clock=time_basis(device)[0]) / reps
+        return (
+            _timeit(lambda: [layer(h, position_embeddings=pe) for _ in range(reps)], sync, clock=time_basis(device)[0])
+            / reps
+        )
 
 
 def write_profile(base: dict, measured: dict, out: Path) -> Path:
@@ -141,7 +168,10 @@ def write_profile(base: dict, measured: dict, out: Path) -> Path:
     name = f"{base['name']}-calibrated"
     prof["name"] = name
     prof["description"] = f"{base.get('description', '')} -- ceilings measured by harness.calibrate on {date}"
-    prof["measured"] = {"date": date, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in measured.items()}}
+    prof["measured"] = {
+        "date": date,
+        **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in measured.items()},
+    }
     prof["datasheet"] = {k: base.get(k) for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s")}
     sources = dict(base.get("sources", {}))
     for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s"):
@@ -161,36 +191,47 @@ def write_profile(base: dict, measured: dict, out: Path) -> Path:
 
 def main(argv=None) -> int:
     from harness.cli import tool_args
+
     args = tool_args(list(argv if argv is not None else sys.argv[1:]), __doc__, ("hardware", "out", "quick", "threads"))
     hw = args.get("hardware", "cpu")
     src = ROOT / "conf" / "hardware" / f"{hw}.yaml"
     from harness.cli import check_group_options, check_tool_values
     from harness.errors import ConfigError
+
     try:
         check_group_options([f"hardware={hw}"], ROOT / "conf")
         check_tool_values(args, ints=("threads",), flags=("quick",), files=("out",))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    base = OmegaConf.to_container(OmegaConf.load(src))   # OmegaConf's YAML reads 1.0e9 as a float
+    base = OmegaConf.to_container(OmegaConf.load(src))  # OmegaConf's YAML reads 1.0e9 as a float
     device = "cpu" if base.get("kind") == "cpu" else "cuda"
     if device == "cuda":
         import torch
+
         if not torch.cuda.is_available():
             print(f"error: hardware={hw} is a GPU profile but no CUDA GPU is available", file=sys.stderr)
             return 2
     m = measure(device, quick=args.get("quick", "false") == "true", threads=int(args.get("threads", 1)))
     out = Path(args.get("out", ROOT / "conf" / "hardware" / f"{hw}-calibrated.yaml"))
     write_profile(base, m, out)
-    labels = {"peak_flops": "GEMM FLOP/s", "mem_bw": "decode-GEMV B/s", "h2d_bw": "pool copy B/s",
-              "d2h_bw": "pool copy B/s"}
+    labels = {
+        "peak_flops": "GEMM FLOP/s",
+        "mem_bw": "decode-GEMV B/s",
+        "h2d_bw": "pool copy B/s",
+        "d2h_bw": "pool copy B/s",
+    }
     for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw"):
         print(f"{k:11s} {m[k] / 1e9:10.2f} G   {labels[k]:16s} (datasheet {base.get(k, 0) / 1e9:.2f})")
-    print(f"{'stream_bw':11s} {m['stream_bw'] / 1e9:10.2f} G   streaming read B/s (recorded, not used: decode "
-          f"matmuls see mem_bw)")
+    print(
+        f"{'stream_bw':11s} {m['stream_bw'] / 1e9:10.2f} G   streaming read B/s (recorded, not used: decode "
+        f"matmuls see mem_bw)"
+    )
     print(f"{'launch_overhead_s':18s} {m['launch_overhead_s'] * 1e6:10.1f} us per decoder layer")
-    print(f"{'kernel_launch_s':18s} {m['kernel_launch_s'] * 1e6:10.1f} us per kernel launch (decode GEMVs: "
-          f"{m['gemv_per_window']} per timed window on {m['gemv_bytes'] / 2**20:.0f} MiB)")
+    print(
+        f"{'kernel_launch_s':18s} {m['kernel_launch_s'] * 1e6:10.1f} us per kernel launch (decode GEMVs: "
+        f"{m['gemv_per_window']} per timed window on {m['gemv_bytes'] / 2**20:.0f} MiB)"
+    )
     print(f"wrote {out}")
     return 0
 

@@ -1,4 +1,5 @@
 """Hydra callbacks: at multirun end, gather the sweep's records and draw its report."""
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,8 @@ class SweepReport(Callback):
     recorded result, not an error), so scripts and CI see a failed sweep. Hydra calls end hooks in
     reverse order: listed first under ``hydra.callbacks``, this one runs after the others."""
 
-    started_at: Optional[float] = None          # time.time() at multirun start
-    driver: Optional[Tuple[str, int]] = None    # (host, pid) of the sweep's driver process
+    started_at: Optional[float] = None  # time.time() at multirun start
+    driver: Optional[Tuple[str, int]] = None  # (host, pid) of the sweep's driver process
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.started_at = time.time()
@@ -50,11 +51,12 @@ class SweepReport(Callback):
 
         from harness.records import atomic_write_parquet, remove_stale_temp_files
         from harness.report import gather_runs, run_report
+
         sweep_dir = Path(config.hydra.sweep.dir)
-        if self.started_at is not None:         # left by processes killed mid-write, e.g. an earlier driver
+        if self.started_at is not None:  # left by processes killed mid-write, e.g. an earlier driver
             remove_stale_temp_files(sweep_dir, older_than=self.started_at)
         runs = gather_runs(sweep_dir)
-        flat = runs.astype({c: str for c in runs.columns if runs[c].dtype == object})   # mixed-type columns
+        flat = runs.astype({c: str for c in runs.columns if runs[c].dtype == object})  # mixed-type columns
         if len(runs):
             atomic_write_parquet(sweep_dir / "runs.parquet", flat)
         counts = runs["status"].value_counts() if len(runs) else {}
@@ -65,13 +67,16 @@ class SweepReport(Callback):
         t_report = time.time()
         try:
             if target:
-                run_report(get_method(target), sweep_dir, runs, config)     # with repeats: intervals
-            else:                                # an ad-hoc sweep: a summary table (+ figure)
+                run_report(get_method(target), sweep_dir, runs, config)  # with repeats: intervals
+            else:  # an ad-hoc sweep: a summary table (+ figure)
                 from harness.sweep_summary import write_summary
+
                 write_summary(sweep_dir, runs)
-            written = sorted(p.name for p in sweep_dir.iterdir()
-                             if p.is_file() and p.suffix in (".png", ".pdf", ".md", ".csv")
-                             and p.stat().st_mtime >= t_report - 1)
+            written = sorted(
+                p.name
+                for p in sweep_dir.iterdir()
+                if p.is_file() and p.suffix in (".png", ".pdf", ".md", ".csv") and p.stat().st_mtime >= t_report - 1
+            )
             if written:
                 print(f"report: {', '.join(written)} in {sweep_dir}")
         except Exception:
@@ -84,12 +89,16 @@ class SweepReport(Callback):
             print("every job was already recorded: the sweep's W&B run is not logged again")
         errors = int(dict(counts).get("error", 0))
         if errors:
-            print(f"sweep failed: {errors} job(s) with status error (their message: the 'message' column of "
-                  f"{sweep_dir / 'runs.parquet'}); re-running the same command runs them again", file=sys.stderr)
+            print(
+                f"sweep failed: {errors} job(s) with status error (their message: the 'message' column of "
+                f"{sweep_dir / 'runs.parquet'}); re-running the same command runs them again",
+                file=sys.stderr,
+            )
             sys.exit(1)
         if report_failed:
-            print(f"sweep failed: its report ({target}) raised; the records and runs.parquet are written",
-                  file=sys.stderr)
+            print(
+                f"sweep failed: its report ({target}) raised; the records and runs.parquet are written", file=sys.stderr
+            )
             sys.exit(1)
 
     def _any_written_since_start(self, runs) -> bool:
@@ -106,16 +115,23 @@ class SweepReport(Callback):
         from omegaconf import OmegaConf
 
         from harness.tracking import make_tracker, tracking_on
+
         tracking = config.get("tracking")
         if not tracking_on(tracking) or not len(runs):
             return
         params = config.hydra.sweeper.get("params")
-        tr = make_tracker({"experiment": config.get("experiment_name"),
-                           "sweep_params": OmegaConf.to_container(params) if params is not None else None,
-                           "overrides": OmegaConf.to_container(config.hydra.overrides.task),
-                           "jobs": len(runs)},
-                          tracking, sweep_dir, name=f"{config.get('sweep_name')}-sweep",
-                          group=config.get("sweep_name"))
+        tr = make_tracker(
+            {
+                "experiment": config.get("experiment_name"),
+                "sweep_params": OmegaConf.to_container(params) if params is not None else None,
+                "overrides": OmegaConf.to_container(config.hydra.overrides.task),
+                "jobs": len(runs),
+            },
+            tracking,
+            sweep_dir,
+            name=f"{config.get('sweep_name')}-sweep",
+            group=config.get("sweep_name"),
+        )
         try:
             tr.log_table("runs", runs)
             for png in sorted(sweep_dir.glob("*.png")):
@@ -124,7 +140,7 @@ class SweepReport(Callback):
             tr.finish()
 
 
-_watched: Optional[int] = None      # the driver pid this process watches (one watcher thread per process)
+_watched: Optional[int] = None  # the driver pid this process watches (one watcher thread per process)
 
 
 def _watch_driver(pid: int) -> None:
@@ -141,8 +157,12 @@ def _watch(pid: int) -> None:
 
 
 def _driver_gone(pid: int) -> None:
-    print(f"the sweep's driver (pid {pid}) is gone: its worker {os.getpid()} stops (jobs without a record "
-          f"run again when the sweep is re-run)", file=sys.stderr, flush=True)
+    print(
+        f"the sweep's driver (pid {pid}) is gone: its worker {os.getpid()} stops (jobs without a record "
+        f"run again when the sweep is re-run)",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(3)
 
 
@@ -153,7 +173,7 @@ def _alive(pid: int) -> bool:
         return state not in ("Z", "X")
     except FileNotFoundError:
         return False
-    except OSError:                 # no /proc (macOS): ask the kernel
+    except OSError:  # no /proc (macOS): ask the kernel
         try:
             os.kill(pid, 0)
         except ProcessLookupError:

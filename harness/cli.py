@@ -8,6 +8,7 @@ ConfigError names the key and the nearest valid one (exit 2); a value a typed sc
 hold (``system.prefetch=maybe``) is named with the type allowed. ``+key=`` (add), ``~key`` (delete),
 ``hydra.*`` and arguments with sweep functions or interpolations are left to Hydra.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -20,8 +21,24 @@ from harness.errors import TYPE_WORDS, ConfigError, bad
 
 CONFIG_GROUPS = ("hardware", "model", "verifier", "workload", "system", "backend", "tracking", "experiment")
 _OWN_SEARCH_PATH = ("--config-dir", "-cd", "--config-path", "-cp", "hydra.searchpath")
-_HYDRA_FLAGS = ("-m", "--multirun", "--cfg", "-c", "--resolve", "--info", "-i", "--package", "-p",
-                "--run", "-r", "--hydra-help", "--version", "--shell-completion", "-sc", "--experimental-rerun")
+_HYDRA_FLAGS = (
+    "-m",
+    "--multirun",
+    "--cfg",
+    "-c",
+    "--resolve",
+    "--info",
+    "-i",
+    "--package",
+    "-p",
+    "--run",
+    "-r",
+    "--hydra-help",
+    "--version",
+    "--shell-completion",
+    "-sc",
+    "--experimental-rerun",
+)
 
 EXAMPLES = """\
   python run.py system=lbs model=opt-6.7b beams=64                      # LBS, simulated RTX 4090 without a GPU
@@ -40,28 +57,40 @@ def usage(conf_dir) -> str:
     """Our ``--help``: what run.py does, the config groups and their options, the top-level
     shortcuts, and example commands."""
     from omegaconf import OmegaConf
+
     conf_dir = Path(conf_dir)
     root = OmegaConf.load(conf_dir / "config.yaml")
-    lines = ["usage: python run.py [-m] [group=option ...] [key=value ...]", "",
-             "Runs one job (or, with -m, a sweep) composed from one option of each config group, and",
-             "records it under results/ (run.json + parquet tables). Without a CUDA GPU, backend=auto",
-             "simulates the hardware profile's GPU and labels every number simulated.", "",
-             "config groups (group=option):"]
+    lines = [
+        "usage: python run.py [-m] [group=option ...] [key=value ...]",
+        "",
+        "Runs one job (or, with -m, a sweep) composed from one option of each config group, and",
+        "records it under results/ (run.json + parquet tables). Without a CUDA GPU, backend=auto",
+        "simulates the hardware profile's GPU and labels every number simulated.",
+        "",
+        "config groups (group=option):",
+    ]
     for g in CONFIG_GROUPS:
         lines.append(f"  {g:<10} {', '.join(group_options(conf_dir, g))}")
     lines += ["", "shortcuts (key=value; null = the group's own default):"]
     raw = OmegaConf.to_container(root, resolve=False)
     shortcuts = [k for k, v in raw.items() if k not in ("defaults", "hydra") and not isinstance(v, dict)]
     lines.append("  " + ", ".join(shortcuts))
-    lines += ["", "any field: group.field=value (e.g. system.prefetch=false, workload.num_problems=5)",
-              "", "examples:", EXAMPLES, "",
-              "python run.py --hydra-help shows Hydra's own flags (--cfg job prints the composed config)."]
+    lines += [
+        "",
+        "any field: group.field=value (e.g. system.prefetch=false, workload.num_problems=5)",
+        "",
+        "examples:",
+        EXAMPLES,
+        "",
+        "python run.py --hydra-help shows Hydra's own flags (--cfg job prints the composed config).",
+    ]
     return "\n".join(lines)
 
 
 def _keys_of(node) -> Optional[Dict]:
     """Nested key tree of a config node; None for an open mapping (a Dict[str, Any] field)."""
     from omegaconf import DictConfig, OmegaConf
+
     if not isinstance(node, DictConfig):
         return {}
     if len(node) == 0:
@@ -86,6 +115,7 @@ def _group_tree(conf_dir: Path, group: str) -> Dict:
     """Union of the key trees of every option and schema of ``group``."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
+
     tree: Dict = {}
     for p in sorted((conf_dir / group).glob("*.yaml")):
         y = OmegaConf.load(p)
@@ -107,6 +137,7 @@ def _top_level_keys(path: Path) -> set:
     """The top-level keys of a yaml file, read by pyyaml (its C loader where built: ~0.5 ms; building
     the file's DictConfig with OmegaConf.load cost every command ~13 ms)."""
     import yaml
+
     return {str(k) for k in yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))}
 
 
@@ -120,18 +151,22 @@ def check_key(key: str, conf_dir, _cache: Optional[dict] = None) -> None:
     parts = key.split(".")
     top = parts[0]
     if top not in cache["root"]:
-        raise ConfigError(f"{key!r} is not a config key{_nearest(top, cache['root'])} "
-                          f"(python run.py --help lists the groups and shortcuts)")
+        raise ConfigError(
+            f"{key!r} is not a config key{_nearest(top, cache['root'])} "
+            f"(python run.py --help lists the groups and shortcuts)"
+        )
     if len(parts) == 1 or top not in CONFIG_GROUPS:
         return
     tree = cache.get(top) or cache.setdefault(top, _group_tree(conf_dir, top))
     for i, p in enumerate(parts[1:], start=1):
-        if tree is None:                 # open mapping: any sub-key
+        if tree is None:  # open mapping: any sub-key
             return
         if p not in tree:
             prefix = ".".join(parts[:i])
-            raise ConfigError(f"{key!r} is not a config key: {prefix} has no field {p!r}"
-                              f"{_nearest(p, tree)} (fields: {', '.join(sorted(tree))})")
+            raise ConfigError(
+                f"{key!r} is not a config key: {prefix} has no field {p!r}"
+                f"{_nearest(p, tree)} (fields: {', '.join(sorted(tree))})"
+            )
         tree = tree[p]
 
 
@@ -140,12 +175,16 @@ def _option_tree(conf_dir: Path, group: str, option: str) -> Optional[Dict]:
     name, ``_..._schema``); {} when it cannot be read (Hydra's to report)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
+
     try:
         y = OmegaConf.load(conf_dir / group / f"{option}.yaml")
     except Exception:
         return {}
-    schemas = [d for d in (y.pop("defaults") if "defaults" in y else []) if isinstance(d, str) and d.startswith("_")
-               and d != "_self_"]
+    schemas = [
+        d
+        for d in (y.pop("defaults") if "defaults" in y else [])
+        if isinstance(d, str) and d.startswith("_") and d != "_self_"
+    ]
     tree = _keys_of(y)
     repo = ConfigStore.instance().repo.get(group) or {}
     for name in schemas:
@@ -168,18 +207,21 @@ def check_key_of_options(key: str, args: List[str], conf_dir) -> None:
     def has(option: str) -> bool:
         tree = _option_tree(conf_dir, group, option)
         for p in path:
-            if tree is None:                 # an open mapping: any sub-key
+            if tree is None:  # an open mapping: any sub-key
                 return True
             if p not in tree:
                 return False
             tree = tree[p]
         return True
+
     lacking = [o for o in (x.strip() for x in chosen[-1].split(",")) if o and not has(o)]
     if lacking:
         others = [o for o in group_options(conf_dir, group) if not o.startswith("_") and has(o)]
-        raise ConfigError(f"{key!r} is not a field of {group}={','.join(lacking)}; it is a field of "
-                          f"{group}={', '.join(others) or '(none)'} (python run.py {group}={lacking[0]} --cfg job "
-                          f"shows that option's fields)")
+        raise ConfigError(
+            f"{key!r} is not a field of {group}={','.join(lacking)}; it is a field of "
+            f"{group}={', '.join(others) or '(none)'} (python run.py {group}={lacking[0]} --cfg job "
+            f"shows that option's fields)"
+        )
 
 
 def check_value_type(key: str, value: str) -> None:
@@ -187,12 +229,13 @@ def check_value_type(key: str, value: str) -> None:
     the field ``key`` in none of its group's schemas that declare it as a bool, an integer or a
     number (``system.prefetch=maybe``: Hydra's "Error merging override", exit 1)."""
     group, *path = key.split(".")
-    if not path:                             # ``system=lbs`` selects an option: check_group_options' job
+    if not path:  # ``system=lbs`` selects an option: check_group_options' job
         return
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf, ValueNode
     from omegaconf.errors import ValidationError
-    typed = []                               # (the field's node in a schema, "an integer" / ...)
+
+    typed = []  # (the field's node in a schema, "an integer" / ...)
     for entry in (ConfigStore.instance().repo.get(group) or {}).values():
         node = getattr(entry, "node", None)
         for p in path:
@@ -224,12 +267,20 @@ def check_group_options(args, conf_dir) -> None:
         if key not in CONFIG_GROUPS or any(c in value for c in "()[]{}*$"):
             continue
         for v in (x.strip() for x in value.split(",")):
-            if not (v and (conf_dir / key / f"{v}.yaml").exists()):      # empty: Hydra's error, exit 1 (QA)
+            if not (v and (conf_dir / key / f"{v}.yaml").exists()):  # empty: Hydra's error, exit 1 (QA)
                 raise bad(key, v, f"one of {', '.join(group_options(conf_dir, key))} (conf/{key}/*.yaml)")
 
 
-_MODES = {"-m": "--multirun", "--multirun": "--multirun", "--cfg": "--cfg", "-c": "--cfg", "--info": "--info",
-          "-i": "--info", "--run": "--run", "-r": "--run"}
+_MODES = {
+    "-m": "--multirun",
+    "--multirun": "--multirun",
+    "--cfg": "--cfg",
+    "-c": "--cfg",
+    "--info": "--info",
+    "-i": "--info",
+    "--run": "--run",
+    "-r": "--run",
+}
 
 
 def check_mode_flags(args: List[str]) -> None:
@@ -240,16 +291,21 @@ def check_mode_flags(args: List[str]) -> None:
         return
     hint = ""
     if "--multirun" in modes and ("--cfg" in modes or "--info" in modes):
-        hint = ("; to see a sweep job's config, drop -m and give one value per swept key "
-                "(python run.py experiment=NAME KEY=VALUE --cfg job)")
-    raise ConfigError(f"{' and '.join(modes)} cannot be combined: Hydra runs one of --run, --multirun, "
-                      f"--cfg, --info per command{hint}")
+        hint = (
+            "; to see a sweep job's config, drop -m and give one value per swept key "
+            "(python run.py experiment=NAME KEY=VALUE --cfg job)"
+        )
+    raise ConfigError(
+        f"{' and '.join(modes)} cannot be combined: Hydra runs one of --run, --multirun, "
+        f"--cfg, --info per command{hint}"
+    )
 
 
 def _experiment_is_a_sweep(name: str, conf_dir) -> bool:
     """Whether ``conf/experiment/<name>.yaml`` (or an experiment it lists in its defaults) sets
     ``hydra.mode: MULTIRUN``: a sweep without -m."""
     import yaml
+
     path = Path(conf_dir) / "experiment" / f"{name}.yaml"
     try:
         doc = yaml.safe_load(path.read_text()) or {}
@@ -257,14 +313,18 @@ def _experiment_is_a_sweep(name: str, conf_dir) -> bool:
         return False
     if str(((doc.get("hydra") or {}).get("mode")) or "").upper() == "MULTIRUN":
         return True
-    return any(_experiment_is_a_sweep(d, conf_dir) for d in doc.get("defaults") or ()   # an experiment it extends
-               if isinstance(d, str) and d != "_self_" and d != name)
+    return any(
+        _experiment_is_a_sweep(d, conf_dir)
+        for d in doc.get("defaults") or ()  # an experiment it extends
+        if isinstance(d, str) and d != "_self_" and d != name
+    )
 
 
 def _sweeps(args: List[str], conf_dir) -> bool:
     """Whether the command runs a sweep: ``-m``, ``hydra.mode=MULTIRUN``, or an experiment that sets it."""
     return any(a in ("-m", "--multirun") or a.replace(" ", "") == "hydra.mode=MULTIRUN" for a in args) or any(
-        _experiment_is_a_sweep(a.split("=", 1)[1], conf_dir) for a in args if a.startswith("experiment="))
+        _experiment_is_a_sweep(a.split("=", 1)[1], conf_dir) for a in args if a.startswith("experiment=")
+    )
 
 
 def _top_level_comma(value: str) -> bool:
@@ -292,9 +352,11 @@ def check_sweep_values(args: List[str], conf_dir) -> None:
     for a in args:
         key, eq, value = a.partition("=")
         if eq and not key.startswith("-") and _top_level_comma(value):
-            raise ConfigError(f"{a} is a sweep over {value.count(',') + 1} values, and this is a single run: add -m to "
-                              f"sweep (python run.py -m ... {a}); for a list write {key}=[{value}], for a string "
-                              f"holding a comma quote it: {key}='{value}'")
+            raise ConfigError(
+                f"{a} is a sweep over {value.count(',') + 1} values, and this is a single run: add -m to "
+                f"sweep (python run.py -m ... {a}); for a list write {key}=[{value}], for a string "
+                f"holding a comma quote it: {key}='{value}'"
+            )
 
 
 def check_report(args: List[str], conf_dir) -> None:
@@ -308,16 +370,23 @@ def check_report(args: List[str], conf_dir) -> None:
         if key.lstrip("+") != "report" or value in ("", "null"):
             continue
         if not multirun:
-            print(f"warning: report={value} has no effect: a report runs at a sweep's end (python run.py -m ...); "
-                  f"this is a single run", file=sys.stderr)
+            print(
+                f"warning: report={value} has no effect: a report runs at a sweep's end (python run.py -m ...); "
+                f"this is a single run",
+                file=sys.stderr,
+            )
         mod, _, fn = value.rpartition(".")
         try:
             why = "" if callable(getattr(importlib.import_module(mod), fn, None)) else f"{mod} has no function {fn!r}"
         except Exception as e:  # noqa: BLE001 - any import failure is the value's
             why = f"{type(e).__name__}: {e}" if mod else "not a dotted module.function"
         if why:
-            raise bad("report", value, "a module.function called at a sweep's end with (sweep_dir, runs, cfg), "
-                                       f"e.g. systems.ttc.report.fig9, or null ({why})")
+            raise bad(
+                "report",
+                value,
+                "a module.function called at a sweep's end with (sweep_dir, runs, cfg), "
+                f"e.g. systems.ttc.report.fig9, or null ({why})",
+            )
 
 
 def hydra_group_options(conf_dir, group: str) -> List[str]:
@@ -326,9 +395,14 @@ def hydra_group_options(conf_dir, group: str) -> List[str]:
     import hydra
     from hydra.core.config_store import ConfigStore
     from hydra.core.plugins import Plugins
-    Plugins.instance()                           # registers the installed plugins' configs
-    names = {p.stem for d in (Path(conf_dir) / "hydra" / group, Path(hydra.__file__).parent / "conf" / "hydra" / group)
-             if d.is_dir() for p in d.glob("*.yaml")}
+
+    Plugins.instance()  # registers the installed plugins' configs
+    names = {
+        p.stem
+        for d in (Path(conf_dir) / "hydra" / group, Path(hydra.__file__).parent / "conf" / "hydra" / group)
+        if d.is_dir()
+        for p in d.glob("*.yaml")
+    }
     node = ConfigStore.instance().repo.get("hydra", {}).get(group, {})
     names |= {k[:-5] for k in node if isinstance(k, str) and k.endswith(".yaml")}
     return sorted(names)
@@ -343,7 +417,7 @@ def check_hydra_groups(args, conf_dir) -> None:
         if not key.startswith("hydra/") or "=" not in a or any(c in value for c in "()[]{}*$,"):
             continue
         allowed = hydra_group_options(conf_dir, key.split("/", 1)[1])
-        if not allowed:                  # hydra/foo: no such group
+        if not allowed:  # hydra/foo: no such group
             known = ", ".join(f"hydra/{g}" for g in ("launcher", "sweeper", "hydra_logging", "job_logging"))
             raise ConfigError(f"{key} is not a Hydra config group: use one such as {known}")
         if value not in allowed:
@@ -354,11 +428,14 @@ def note_implicit_sweep(args: List[str], conf_dir) -> None:
     """An experiment whose yaml sets ``hydra.mode: MULTIRUN`` runs its whole sweep without ``-m``
     (``run.py experiment=lbs_fig9`` ran 225 jobs on every core without a word; QA): say so first."""
     if any(a.split("=", 1)[0] in _MODES or a.replace(" ", "").startswith("hydra.mode=") for a in args):
-        return                           # -m, --cfg / --info, or a mode of the user's own
+        return  # -m, --cfg / --info, or a mode of the user's own
     for a in args:
         if a.startswith("experiment=") and _experiment_is_a_sweep(a.split("=", 1)[1], conf_dir):
-            print(f"note: {a} is a sweep (its hydra.mode is MULTIRUN): every job of it runs, as with -m; "
-                  f"give one value per swept key with hydra.mode=RUN for a single job", file=sys.stderr)
+            print(
+                f"note: {a} is a sweep (its hydra.mode is MULTIRUN): every job of it runs, as with -m; "
+                f"give one value per swept key with hydra.mode=RUN for a single job",
+                file=sys.stderr,
+            )
 
 
 def preflight(args: List[str], conf_dir) -> None:
@@ -368,7 +445,7 @@ def preflight(args: List[str], conf_dir) -> None:
     check_sweep_values(args, conf_dir)
     note_implicit_sweep(args, conf_dir)
     if any(a.split("=", 1)[0] in _OWN_SEARCH_PATH for a in args):
-        return                           # another config search path: Hydra decides
+        return  # another config search path: Hydra decides
     check_hydra_groups(args, conf_dir)
     check_group_options(args, conf_dir)
     cache: dict = {}
@@ -376,7 +453,11 @@ def preflight(args: List[str], conf_dir) -> None:
         if "=" not in a or a[0] in "+~-" or a.split("=", 1)[0] in _HYDRA_FLAGS:
             continue
         key = a.split("=", 1)[0]
-        if key.startswith("hydra.") or key == "hydra" or not key.replace(".", "").replace("_", "").replace("-", "").isalnum():
+        if (
+            key.startswith("hydra.")
+            or key == "hydra"
+            or not key.replace(".", "").replace("_", "").replace("-", "").isalnum()
+        ):
             continue
         check_key(key, conf_dir, cache)
         check_key_of_options(key, args, conf_dir)
@@ -385,8 +466,13 @@ def preflight(args: List[str], conf_dir) -> None:
             check_value_type(key, value)
 
 
-def check_tool_values(values: Dict[str, str], ints: Iterable[str] = (), flags: Iterable[str] = (),
-                      groups: Iterable[str] = (), files: Iterable[str] = ()) -> None:
+def check_tool_values(
+    values: Dict[str, str],
+    ints: Iterable[str] = (),
+    flags: Iterable[str] = (),
+    groups: Iterable[str] = (),
+    files: Iterable[str] = (),
+) -> None:
     """A tool's own ``key=value`` arguments, checked before it calibrates or runs anything (QA: a
     fidelity tool with ``repeats=0`` or ``recalibrate=maybe`` started minutes of calibration; a
     calibration with ``out=/proc/x.yaml`` measured, then lost it): each of ``ints`` present an
@@ -394,6 +480,7 @@ def check_tool_values(values: Dict[str, str], ints: Iterable[str] = (), flags: I
     key) an option of it (:func:`check_group_options`), each of ``files`` a file path whose folder
     can be made. Raises ConfigError."""
     from harness.records import check_creatable
+
     for k in files:
         if k in values:
             if not values[k].strip() or Path(values[k]).is_dir():
@@ -410,7 +497,9 @@ def check_tool_values(values: Dict[str, str], ints: Iterable[str] = (), flags: I
     for k in flags:
         if k in values and values[k] not in ("true", "false"):
             raise bad(k, values[k], "true or false")
-    check_group_options([f"{k}={values[k]}" for k in groups if k in values], Path(__file__).resolve().parent.parent / "conf")
+    check_group_options(
+        [f"{k}={values[k]}" for k in groups if k in values], Path(__file__).resolve().parent.parent / "conf"
+    )
 
 
 def tool_args(argv: List[str], doc: str, allowed: Optional[Iterable[str]] = None) -> Dict[str, str]:
@@ -426,11 +515,15 @@ def tool_args(argv: List[str], doc: str, allowed: Optional[Iterable[str]] = None
     for a in argv:
         key, eq, value = a.partition("=")
         if not eq or not key:
-            print(f"error: argument {a!r} is not allowed: key=value arguments only (--help lists them)", file=sys.stderr)
+            print(
+                f"error: argument {a!r} is not allowed: key=value arguments only (--help lists them)", file=sys.stderr
+            )
             raise SystemExit(2)
         if allowed is not None and key not in allowed:
-            print(f"error: {key}={value!r} is not allowed: one of {', '.join(sorted(allowed))} "
-                  f"(--help describes them)", file=sys.stderr)
+            print(
+                f"error: {key}={value!r} is not allowed: one of {', '.join(sorted(allowed))} (--help describes them)",
+                file=sys.stderr,
+            )
             raise SystemExit(2)
         out[key] = value
     return out

@@ -11,6 +11,7 @@ those GPUs. Records from before the last reboot are obsolete (a reboot resets lo
 Lock dir: ``$TTC_CLOCK_LOCK_DIR``, else ``$XDG_STATE_HOME/ttc-sched-bench/clock-locks`` (default
 ``~/.local/state/...``).
 """
+
 from __future__ import annotations
 
 import json
@@ -55,12 +56,23 @@ def write(gpu, previous: Dict[str, Any]) -> Path:
     """Record that this process is about to lock ``gpu``'s clocks (a :class:`harness.gpus.JobGpu`);
     ``previous``: what NVML said before. Raises OSError when the record cannot be written."""
     from harness.records import atomic_write_json
+
     path = _path(gpu.uuid)
-    atomic_write_json(path, {
-        "uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id, "name": gpu.name, "host": socket.gethostname(),
-        "pid": os.getpid(), "pid_start": _start_time(os.getpid()), "boot_id": _boot_id(),
-        "locked_at": datetime.now(timezone.utc).isoformat(), "previous": previous,
-        "restore": f"{RESTORE_COMMAND} (resets the locked clocks of this GPU to the driver default)"})
+    atomic_write_json(
+        path,
+        {
+            "uuid": gpu.uuid,
+            "pci_bus_id": gpu.pci_bus_id,
+            "name": gpu.name,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "pid_start": _start_time(os.getpid()),
+            "boot_id": _boot_id(),
+            "locked_at": datetime.now(timezone.utc).isoformat(),
+            "previous": previous,
+            "restore": f"{RESTORE_COMMAND} (resets the locked clocks of this GPU to the driver default)",
+        },
+    )
     return path
 
 
@@ -88,7 +100,7 @@ def read_all() -> List[Dict[str, Any]]:
     out = []
     try:
         paths = sorted(lock_dir().glob("*.json"))
-    except (OSError, RuntimeError):          # no readable folder, or no home directory to find it in
+    except (OSError, RuntimeError):  # no readable folder, or no home directory to find it in
         paths = []
     for p in paths:
         try:
@@ -101,10 +113,13 @@ def read_all() -> List[Dict[str, Any]]:
 
 def stale_warnings() -> List[str]:
     """One line per GPU left with locked clocks by a process that did not exit cleanly."""
-    return [f"GPU {r['uuid']} ({r.get('name')}, PCI {r.get('pci_bus_id')}) was left with locked SM clocks by "
-            f"pid {r.get('pid')} (locked at {r.get('locked_at')}), which did not exit cleanly; measurements on it "
-            f"are affected until you run: {RESTORE_COMMAND}"
-            for r in read_all() if owner_state(r) == "stale"]
+    return [
+        f"GPU {r['uuid']} ({r.get('name')}, PCI {r.get('pci_bus_id')}) was left with locked SM clocks by "
+        f"pid {r.get('pid')} (locked at {r.get('locked_at')}), which did not exit cleanly; measurements on it "
+        f"are affected until you run: {RESTORE_COMMAND}"
+        for r in read_all()
+        if owner_state(r) == "stale"
+    ]
 
 
 __all__ = ["lock_dir", "write", "remove", "owner_state", "read_all", "stale_warnings", "RESTORE_COMMAND"]

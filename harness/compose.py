@@ -14,6 +14,7 @@ The cache is a module global of each worker process. It lives here, in a regular
 Hydra re-executes modules under ``hydra_plugins/`` whenever it rescans plugins (a fresh cache per
 job) and cloudpickle ships their classes by value.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,9 +29,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-_COMPOSED: Dict[Tuple, DictConfig] = {}     # per process: memo key -> pristine composed config
-_VIEWS: Dict[Tuple, DictConfig] = {}        # per process: memo key -> one config reused by job_view
-_PARSED: Dict[str, Override] = {}           # per process: override string -> Hydra's parse of it
+_COMPOSED: Dict[Tuple, DictConfig] = {}  # per process: memo key -> pristine composed config
+_VIEWS: Dict[Tuple, DictConfig] = {}  # per process: memo key -> one config reused by job_view
+_PARSED: Dict[str, Override] = {}  # per process: override string -> Hydra's parse of it
 _PRIMITIVES = (str, int, float, bool, type(None))
 
 
@@ -38,7 +39,7 @@ class MemoConfigLoader(ConfigLoader):
     """A ``ConfigLoader`` whose ``load_sweep_config`` reuses compositions (see module doc); every
     other method is the wrapped loader's."""
 
-    hits = 0            # per process, for tests and curiosity
+    hits = 0  # per process, for tests and curiosity
 
     def __init__(self, inner: ConfigLoader) -> None:
         self.inner = inner
@@ -63,9 +64,9 @@ class MemoConfigLoader(ConfigLoader):
         # classes Hydra re-imports while scanning plugins cannot be pickled by name in a worker
         cfg = copy.deepcopy(cached)
         try:
-            for o in values:                 # Hydra's own step for a plain `key=value` override
+            for o in values:  # Hydra's own step for a plain `key=value` override
                 OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
-        except OmegaConfBaseException:       # e.g. a key the config lacks: Hydra says so its way
+        except OmegaConfBaseException:  # e.g. a key the config lacks: Hydra says so its way
             return self.inner.load_sweep_config(master_config, sweep_overrides)
         MemoConfigLoader.hits += 1
         _set_task(cfg, task)
@@ -109,13 +110,17 @@ class MemoConfigLoader(ConfigLoader):
         groups, values = [], []
         for o in parsed:
             if o.is_hydra_override():
-                groups.append(o.input_line)           # from the master config: identical for all jobs
+                groups.append(o.input_line)  # from the master config: identical for all jobs
                 continue
             value = o.value()
             if self._group_exists(o.key_or_group) and not isinstance(value, dict):
                 groups.append(o.input_line)
-            elif (o.type == OverrideType.CHANGE and o.package is None and isinstance(value, _PRIMITIVES)
-                  and not o.key_or_group.startswith("hydra.")):
+            elif (
+                o.type == OverrideType.CHANGE
+                and o.package is None
+                and isinstance(value, _PRIMITIVES)
+                and not o.key_or_group.startswith("hydra.")
+            ):
                 values.append(o)
             else:
                 return None
@@ -129,10 +134,17 @@ class MemoConfigLoader(ConfigLoader):
         return self._is_group[key]
 
     # --- the rest of the ConfigLoader interface: the wrapped loader's -----------------------------
-    def load_configuration(self, config_name: Optional[str], overrides: List[str], run_mode: RunMode,
-                           from_shell: bool = True, validate_sweep_overrides: bool = True) -> DictConfig:
-        return self.inner.load_configuration(config_name, overrides, run_mode, from_shell=from_shell,
-                                             validate_sweep_overrides=validate_sweep_overrides)
+    def load_configuration(
+        self,
+        config_name: Optional[str],
+        overrides: List[str],
+        run_mode: RunMode,
+        from_shell: bool = True,
+        validate_sweep_overrides: bool = True,
+    ) -> DictConfig:
+        return self.inner.load_configuration(
+            config_name, overrides, run_mode, from_shell=from_shell, validate_sweep_overrides=validate_sweep_overrides
+        )
 
     def get_search_path(self) -> Any:
         return self.inner.get_search_path()
@@ -143,8 +155,13 @@ class MemoConfigLoader(ConfigLoader):
     def list_groups(self, parent_name: str) -> List[str]:
         return self.inner.list_groups(parent_name)
 
-    def get_group_options(self, group_name: str, results_filter: Optional[ObjectType] = ObjectType.CONFIG,
-                          config_name: Optional[str] = None, overrides: Optional[List[str]] = None) -> List[str]:
+    def get_group_options(
+        self,
+        group_name: str,
+        results_filter: Optional[ObjectType] = ObjectType.CONFIG,
+        config_name: Optional[str] = None,
+        overrides: Optional[List[str]] = None,
+    ) -> List[str]:
         return self.inner.get_group_options(group_name, results_filter, config_name, overrides)
 
     def compute_defaults_list(self, config_name: Optional[str], overrides: List[str], run_mode: RunMode) -> Any:

@@ -9,6 +9,7 @@ Semantic checks that types cannot express (beams divisible by beam width, a KV b
 for one beam, ...) raise :class:`ConfigError` from the family's ``validate(cfg)`` before any work
 starts.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,19 +32,20 @@ class HardwareConfig:
 
     Units: bytes, bytes/s, FLOP/s, seconds, watts, MHz.
     """
+
     name: str = MISSING
-    kind: str = "gpu"                     # gpu | cpu
+    kind: str = "gpu"  # gpu | cpu
     description: str = ""
     num_gpus: int = 1
-    memory_bytes: int = MISSING           # device memory per GPU (bytes)
-    peak_flops: float = MISSING           # dense fp16/bf16 tensor FLOP/s per GPU
-    mem_bw: float = MISSING               # device memory bandwidth (B/s)
-    h2d_bw: float = MISSING               # effective host->device copy bandwidth, pinned (B/s)
-    d2h_bw: float = MISSING               # effective device->host copy bandwidth, pinned (B/s)
-    launch_overhead_s: float = 0.0        # fixed cost per decoder layer per forward launch (s)
-    flops_efficiency: float = 0.6         # achieved / peak for large GEMMs
-    mem_efficiency: float = 0.8           # achieved / peak for streaming reads
-    interconnect_bw: float = 0.0          # GPU<->GPU (NVLink) B/s, for TP/PP
+    memory_bytes: int = MISSING  # device memory per GPU (bytes)
+    peak_flops: float = MISSING  # dense fp16/bf16 tensor FLOP/s per GPU
+    mem_bw: float = MISSING  # device memory bandwidth (B/s)
+    h2d_bw: float = MISSING  # effective host->device copy bandwidth, pinned (B/s)
+    d2h_bw: float = MISSING  # effective device->host copy bandwidth, pinned (B/s)
+    launch_overhead_s: float = 0.0  # fixed cost per decoder layer per forward launch (s)
+    flops_efficiency: float = 0.6  # achieved / peak for large GEMMs
+    mem_efficiency: float = 0.8  # achieved / peak for streaming reads
+    interconnect_bw: float = 0.0  # GPU<->GPU (NVLink) B/s, for TP/PP
     tdp_w: float = 0.0
     idle_w: float = 0.0
     clock_min_mhz: int = 0
@@ -51,11 +53,13 @@ class HardwareConfig:
     clock_default_mhz: int = 0
     clock_step_mhz: int = 15
     kv_reserve_bytes: Optional[int] = None  # device memory for neither weights nor KV; null = 10 % (model_facts)
-    host_memory_bytes: Optional[int] = None # host RAM that holds offloaded KV (TTC family); null = unknown, not checked
-    power: Dict[str, Any] = field(default_factory=dict)     # power-model parameters (serving family)
+    host_memory_bytes: Optional[int] = (
+        None  # host RAM that holds offloaded KV (TTC family); null = unknown, not checked
+    )
+    power: Dict[str, Any] = field(default_factory=dict)  # power-model parameters (serving family)
     measured: Dict[str, Any] = field(default_factory=dict)  # calibrated values, with their date
-    datasheet: Dict[str, Any] = field(default_factory=dict) # vendor values a measured profile replaced
-    sources: Dict[str, str] = field(default_factory=dict)   # field -> spec sheet / measurement
+    datasheet: Dict[str, Any] = field(default_factory=dict)  # vendor values a measured profile replaced
+    sources: Dict[str, str] = field(default_factory=dict)  # field -> spec sheet / measurement
 
 
 @dataclass
@@ -66,10 +70,11 @@ class ModelConfig:
     config unless ``weights`` is a local checkpoint directory). ``hf_config`` carries extra
     constructor fields of that transformers config class.
     """
+
     name: str = MISSING
-    paper_name: str = ""                  # how the paper calls it
-    hf_model_type: str = MISSING          # opt | llama | qwen2 | mistral | ...
-    maps_to: str = ""                     # why this transformers class stands for the paper's model
+    paper_name: str = ""  # how the paper calls it
+    hf_model_type: str = MISSING  # opt | llama | qwen2 | mistral | ...
+    maps_to: str = ""  # why this transformers class stands for the paper's model
     num_layers: int = MISSING
     hidden_size: int = MISSING
     num_heads: int = MISSING
@@ -78,15 +83,16 @@ class ModelConfig:
     intermediate_size: int = MISSING
     vocab_size: int = MISSING
     max_position: int = 2048
-    dtype: str = "float16"                # float16 | bfloat16 | float32 | float64
-    weights: str = "random"               # random | /path/to/local/checkpoint
-    num_params: Optional[int] = None      # parameter count; None = derived from the shapes
+    dtype: str = "float16"  # float16 | bfloat16 | float32 | float64
+    weights: str = "random"  # random | /path/to/local/checkpoint
+    num_params: Optional[int] = None  # parameter count; None = derived from the shapes
     hf_config: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class VerifierConfig(ModelConfig):
     """A verifier / reward model (same shapes as a model); ``name: none`` means no verifier."""
+
     name: str = "none"
     hf_model_type: str = ""
     num_layers: int = 0
@@ -96,38 +102,40 @@ class VerifierConfig(ModelConfig):
     head_dim: int = 0
     intermediate_size: int = 0
     vocab_size: int = 0
-    step_tag_id: Optional[int] = None     # token id of the PRM step tag
+    step_tag_id: Optional[int] = None  # token id of the PRM step tag
     # How a step's score is read (tts family, systems/tts/checkpoint.py):
     #   head: a PRM with a 2-label head (Qwen2ForProcessRewardModel, Skywork-style): P(label 1) at
     #         the "\n\n" step tag.
     #   lm:   a causal LM (*ForCausalLM, Math-Shepherd-style): P(good) of the 2-way softmax over its
     #         logits for [good_token_id, bad_token_id] at each ``step_tag`` token (" ки" = 12902,
     #         "+" = 648, "-" = 387 for math-shepherd-mistral-7b-prm).
-    prm_kind: str = "head"                # head | lm
-    step_tag: str = "\n\n"                # text of the step tag (lm: inserted after every step)
-    good_token_id: Optional[int] = None   # lm: the "+" token
-    bad_token_id: Optional[int] = None    # lm: the "-" token
+    prm_kind: str = "head"  # head | lm
+    step_tag: str = "\n\n"  # text of the step tag (lm: inserted after every step)
+    good_token_id: Optional[int] = None  # lm: the "+" token
+    bad_token_id: Optional[int] = None  # lm: the "-" token
 
 
 @dataclass
 class BackendConfig:
     """Which engine executes the system: ``auto`` = the real engine on a CUDA GPU, else ``sim``."""
-    name: str = "auto"                    # auto | torch | vllm | sim
-    device: str = "auto"                  # auto | cpu | cuda
-    threads: int = 1                      # torch threads of a real-engine run; 0 = torch's default (harness/machine.py)
+
+    name: str = "auto"  # auto | torch | vllm | sim
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 1  # torch threads of a real-engine run; 0 = torch's default (harness/machine.py)
 
 
 @dataclass
 class TrackingConfig:
     """Experiment tracking. Local files stay the source of truth."""
-    name: str = "wandb"                   # wandb | none
-    mode: str = "offline"                 # offline | online | disabled
+
+    name: str = "wandb"  # wandb | none
+    mode: str = "offline"  # offline | online | disabled
     project: str = "ttc-sched-bench"
     entity: Optional[str] = None
     # How jobs of a multirun reach W&B. runs: each job its own W&B run. table: each job one row
     # (config + summary) of the sweep's W&B run, next to the sweep's figures. auto: table for
     # simulated jobs (W&B start-up costs more CPU than a simulated job), runs for real-engine jobs.
-    sweep_jobs: str = "auto"              # auto | runs | table
+    sweep_jobs: str = "auto"  # auto | runs | table
 
 
 class AttrDict(dict):
@@ -142,12 +150,14 @@ class AttrDict(dict):
 
 def plain(cfg) -> AttrDict:
     """Resolve a DictConfig into nested :class:`AttrDict` s."""
+
     def conv(x):
         if isinstance(x, dict):
             return AttrDict({k: conv(v) for k, v in x.items()})
         if isinstance(x, list):
             return [conv(v) for v in x]
         return x
+
     return conv(OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg)
 
 
@@ -189,6 +199,7 @@ def _parallel_jobs(backend_name: str) -> int:
         return -1
     if backend_name == "auto":
         from harness.backend import cuda_available
+
         return 1 if cuda_available() else -1
     return 1
 
@@ -197,6 +208,7 @@ def _repo_path(*parts: str) -> str:
     """Resolver ``${repo_path:results}``: a path inside the repository, absolute, so ``results_dir``'s
     default is the repository's ``results/`` from any current directory (as harness.reproduce's)."""
     from pathlib import Path
+
     return str(Path(__file__).resolve().parent.parent.joinpath(*parts))
 
 
@@ -211,6 +223,7 @@ def default_results_dir():
     """$TTC_RESULTS_DIR (unless unset or empty), else the repository's ``results/``: run.py's
     ``results_dir`` default (conf/config.yaml), for the tools that find records without a config."""
     from pathlib import Path
+
     return Path(_env_or("TTC_RESULTS_DIR", _repo_path("results")))
 
 
@@ -219,6 +232,7 @@ def results_dir_of(overrides: List[str]):
     ``overrides`` (a relative one inside the repository, where the tools run run.py), else
     :func:`default_results_dir`."""
     from pathlib import Path
+
     given = next((str(a).split("=", 1)[1] for a in overrides if str(a).startswith("results_dir=")), None)
     if not given:
         return default_results_dir()
@@ -247,9 +261,14 @@ TRACKING_MODES = ("offline", "online", "disabled")
 
 # The range each numeric field of a hardware profile or a model must be in (a finite number always;
 # null only where the schema allows it). ">= 0" where 0 means none or not modelled.
-RANGES = {"> 0": lambda x: x > 0, ">= 0": lambda x: x >= 0, "in (0, 1]": lambda x: 0 < x <= 1,
-          "in [0, 1]": lambda x: 0 <= x <= 1, "in (0, 1)": lambda x: 0 < x < 1}
-HARDWARE_NUMBERS = {           # field: (what it is, range, what 0 or null means)
+RANGES = {
+    "> 0": lambda x: x > 0,
+    ">= 0": lambda x: x >= 0,
+    "in (0, 1]": lambda x: 0 < x <= 1,
+    "in [0, 1]": lambda x: 0 <= x <= 1,
+    "in (0, 1)": lambda x: 0 < x < 1,
+}
+HARDWARE_NUMBERS = {  # field: (what it is, range, what 0 or null means)
     "num_gpus": ("a GPU count", "> 0", ""),
     "memory_bytes": ("a device memory size in bytes", "> 0", ""),
     "peak_flops": ("a compute rate in FLOP/s", "> 0", ""),
@@ -268,7 +287,7 @@ HARDWARE_NUMBERS = {           # field: (what it is, range, what 0 or null means
     "clock_step_mhz": ("a clock step in MHz", "> 0", ""),
     "kv_reserve_bytes": ("a size in bytes", ">= 0", "null = 10 % of memory_bytes"),
 }
-POWER_NUMBERS = {             # hardware.power: the serving power model (systems/serving/gpu_model.py)
+POWER_NUMBERS = {  # hardware.power: the serving power model (systems/serving/gpu_model.py)
     "act_a_w": ("a power in watts", ">= 0", ""),
     "act_b_w": ("a power in watts", ">= 0", ""),
     "act_alpha": ("an exponent", "> 0", ""),
@@ -279,8 +298,18 @@ POWER_NUMBERS = {             # hardware.power: the serving power model (systems
     "tile_tokens": ("a token count", "> 0", ""),
 }
 MODEL_NUMBERS = {
-    **{k: ("a count", "> 0", "") for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                                           "intermediate_size", "vocab_size")},
+    **{
+        k: ("a count", "> 0", "")
+        for k in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+        )
+    },
     "max_position": ("a token count", "> 0", ""),
     "num_params": ("a parameter count", ">= 0", "null or 0 = derived from the shapes"),
 }
@@ -316,8 +345,11 @@ def check_hardware(hw) -> None:
     clocks = [(k, hw.get(k)) for k in ("clock_min_mhz", "clock_default_mhz", "clock_max_mhz") if hw.get(k)]
     for (k1, f1), (k2, f2) in zip(clocks, clocks[1:]):
         if f1 > f2:
-            raise bad(f"hardware.{k1}", f1, f"a clock at most hardware.{k2}={f2} MHz "
-                                            "(clock_min_mhz <= clock_default_mhz <= clock_max_mhz)")
+            raise bad(
+                f"hardware.{k1}",
+                f1,
+                f"a clock at most hardware.{k2}={f2} MHz (clock_min_mhz <= clock_default_mhz <= clock_max_mhz)",
+            )
     if hw.get("tdp_w") and hw.get("idle_w") and hw.idle_w > hw.tdp_w:
         raise bad("hardware.idle_w", hw.idle_w, f"a power at most hardware.tdp_w={hw.tdp_w} W")
 
@@ -333,8 +365,15 @@ def check_model(group: str, m) -> None:
 
 # Top-level shortcuts (conf/config.yaml) other than kv_budget (check_kv_budget): each feeds its group's
 # field through ``${first:${key},default}``; a set value is checked here even where nothing reads it.
-SHORTCUTS = {"beams": "a beam count", "step": "a token count", "gen_len": "a token count",
-             "prompt_len": "a token count", "n": "a path count", "tp": "a GPU count", "pp": "a GPU count"}
+SHORTCUTS = {
+    "beams": "a beam count",
+    "step": "a token count",
+    "gen_len": "a token count",
+    "prompt_len": "a token count",
+    "n": "a path count",
+    "tp": "a GPU count",
+    "pp": "a GPU count",
+}
 
 
 def check_shortcuts(cfg, keys: List[str]) -> None:
@@ -366,6 +405,7 @@ def shortcut_overridden_by(key: str, overrides: Optional[List[str]]) -> Optional
     a group field of the same name that replaced its ``${key}`` (``system.kv_budget=1GiB`` beside
     ``kv_budget=2GiB``), as given; None when there is none (the shortcut is simply not read here)."""
     from harness.cli import CONFIG_GROUPS
+
     for o in overrides or ():
         name = o.split("=", 1)[0].lstrip("+~")
         if "=" in o and name.count(".") == 1 and name.split(".")[1] == key and name.split(".")[0] in CONFIG_GROUPS:
@@ -379,11 +419,13 @@ def check_kv_budget(cfg) -> None:
     ``system.cpu_kv_budget`` (the default on a real CPU engine), where a system has one: a size, also
     in a run that does not use it (it was parsed only on a real CPU run, so a typo passed elsewhere)."""
     from harness.units import parse_size
+
     def size_of(value, field: str) -> int:
         try:
             return parse_size(value, field)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
     if cfg.system.get("cpu_kv_budget") is not None:
         size_of(cfg.system.cpu_kv_budget, "system.cpu_kv_budget")
     val, hw = cfg.system.get("kv_budget"), cfg.hardware
@@ -391,9 +433,13 @@ def check_kv_budget(cfg) -> None:
         return
     size = size_of(val, "kv_budget")
     if size > hw.memory_bytes:
-        raise bad("kv_budget", val, f"a KV cache size per device of at most the device's memory, "
-                                    f"hardware.memory_bytes={hw.memory_bytes} B ({hw.memory_bytes / 2**30:.2f} GiB "
-                                    f"on {hw.name})")
+        raise bad(
+            "kv_budget",
+            val,
+            f"a KV cache size per device of at most the device's memory, "
+            f"hardware.memory_bytes={hw.memory_bytes} B ({hw.memory_bytes / 2**30:.2f} GiB "
+            f"on {hw.name})",
+        )
 
 
 def check_folder(key: str, value: Any, allowed: str) -> None:
@@ -406,8 +452,12 @@ def check_folder(key: str, value: Any, allowed: str) -> None:
 
 def check_results_dir(value: Any) -> None:
     """:func:`check_folder` for ``results_dir`` (its ``runs/``, ``sweeps/`` and ``cache/``)."""
-    check_folder("results_dir", value, "a folder (records, sweeps and caches go under it; "
-                                       "leave results_dir out for $TTC_RESULTS_DIR, else <repo>/results)")
+    check_folder(
+        "results_dir",
+        value,
+        "a folder (records, sweeps and caches go under it; "
+        "leave results_dir out for $TTC_RESULTS_DIR, else <repo>/results)",
+    )
 
 
 def validate_common(cfg) -> None:

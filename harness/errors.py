@@ -6,6 +6,7 @@
 - :class:`RunInterrupted`: a job was interrupted (SIGINT, Ctrl-C) and its record (status
   ``interrupted``) written; raised after the record so the process or sweep stops.
 """
+
 from __future__ import annotations
 
 from typing import Any

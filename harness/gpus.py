@@ -16,6 +16,7 @@ Programming Guide, "CUDA Environment Variables"):
 
 Any GPU that cannot be mapped raises :class:`GpuMappingError` saying why and what to set.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,6 +32,7 @@ class GpuMappingError(RuntimeError):
 class JobGpu:
     """One GPU of the job: ``ordinal`` = its CUDA index in the job (``cuda:ordinal``),
     ``nvml_index`` = NVML's index for it, ``handle`` = its NVML handle."""
+
     ordinal: int
     nvml_index: int
     uuid: str
@@ -49,8 +51,16 @@ def _devices(nvml) -> List[JobGpu]:
     out = []
     for i in range(nvml.nvmlDeviceGetCount()):
         h = nvml.nvmlDeviceGetHandleByIndex(i)
-        out.append(JobGpu(-1, i, text(nvml.nvmlDeviceGetUUID(h)),
-                          text(nvml.nvmlDeviceGetPciInfo(h).busId).upper(), text(nvml.nvmlDeviceGetName(h)), h))
+        out.append(
+            JobGpu(
+                -1,
+                i,
+                text(nvml.nvmlDeviceGetUUID(h)),
+                text(nvml.nvmlDeviceGetPciInfo(h).busId).upper(),
+                text(nvml.nvmlDeviceGetName(h)),
+                h,
+            )
+        )
     return out
 
 
@@ -60,7 +70,8 @@ def _cuda_order(devices: List[JobGpu], env: Mapping[str, str]) -> List[JobGpu]:
         raise GpuMappingError(
             f"CUDA's device order cannot be matched to NVML on a machine with mixed GPU models "
             f"({', '.join(sorted({d.name for d in devices}))}): set CUDA_DEVICE_ORDER=PCI_BUS_ID, or "
-            f"name the GPUs by UUID in CUDA_VISIBLE_DEVICES (nvidia-smi -L lists them)")
+            f"name the GPUs by UUID in CUDA_VISIBLE_DEVICES (nvidia-smi -L lists them)"
+        )
     return sorted(devices, key=lambda d: d.pci_bus_id)
 
 
@@ -75,39 +86,43 @@ def _visible(devices: List[JobGpu], env: Mapping[str, str]) -> List[JobGpu]:
             raise GpuMappingError(
                 f"CUDA_VISIBLE_DEVICES={spec!r} names a MIG instance ({entry}): NVML's energy counter and "
                 f"locked clocks belong to the whole GPU, which other instances share; run on whole GPUs "
-                f"to measure energy or set clocks")
+                f"to measure energy or set clocks"
+            )
         if entry.upper().startswith("GPU-"):
             hits = [d for d in devices if d.uuid.upper().startswith(entry.upper())]
             if len(hits) != 1:
                 raise GpuMappingError(
                     f"CUDA_VISIBLE_DEVICES={spec!r}: {entry} matches {len(hits)} GPUs "
-                    f"({', '.join(d.uuid for d in hits) or 'none of ' + ', '.join(d.uuid for d in devices)})")
+                    f"({', '.join(d.uuid for d in hits) or 'none of ' + ', '.join(d.uuid for d in devices)})"
+                )
             gpu = hits[0]
         elif entry.lstrip("+").isdigit() and int(entry) < len(devices):
             gpu = _cuda_order(devices, env)[int(entry)]
         else:
-            break                                          # CUDA ignores this entry and the rest
+            break  # CUDA ignores this entry and the rest
         if gpu in out:
             raise GpuMappingError(f"CUDA_VISIBLE_DEVICES={spec!r} names GPU {gpu.uuid} twice")
         out.append(gpu)
     return out
 
 
-def job_gpus(nvml, ordinals: Optional[Sequence[int]] = None,
-             env: Optional[Mapping[str, str]] = None) -> List[JobGpu]:
+def job_gpus(nvml, ordinals: Optional[Sequence[int]] = None, env: Optional[Mapping[str, str]] = None) -> List[JobGpu]:
     """The job's GPUs (``ordinals``: CUDA device indices in the job, e.g. ``[0]`` for ``cuda:0``;
     None = all the job sees) with their NVML handles. ``nvml``: an initialised NVML module;
     ``env``: default ``os.environ``. Raises GpuMappingError (see the module docstring)."""
     env = os.environ if env is None else env
     visible = _visible(_devices(nvml), env)
     if not visible:
-        raise GpuMappingError(f"no GPU visible to the job (CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r}, "
-                              f"{nvml.nvmlDeviceGetCount()} GPUs in NVML)")
+        raise GpuMappingError(
+            f"no GPU visible to the job (CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r}, "
+            f"{nvml.nvmlDeviceGetCount()} GPUs in NVML)"
+        )
     picked = range(len(visible)) if ordinals is None else list(ordinals)
     for k in picked:
         if not 0 <= k < len(visible):
-            raise GpuMappingError(f"GPU index {k} is not allowed: the job sees {len(visible)} GPU(s), "
-                                  f"cuda:0..cuda:{len(visible) - 1}")
+            raise GpuMappingError(
+                f"GPU index {k} is not allowed: the job sees {len(visible)} GPU(s), cuda:0..cuda:{len(visible) - 1}"
+            )
     return [replace(visible[k], ordinal=k) for k in picked]
 
 

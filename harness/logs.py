@@ -6,6 +6,7 @@ already writes it for a normal run, ``conf/hydra/job_logging/harness.yaml``; a s
 and a direct ``run(cfg)`` get a handler of their own for the run's duration). :func:`quiet_engines`
 keeps vLLM's INFO lines off the console unless ``verbose=true``.
 """
+
 from __future__ import annotations
 
 import logging

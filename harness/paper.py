@@ -9,6 +9,7 @@ shown in %. A report gives :class:`Ours` for every paper number of its figure; :
 makes one :class:`harness.verdict.Row` per paper number and source of ours (simulated / measured)
 with the verdict of the one rule, and :func:`verdict_table` shows them in the report's markdown.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,16 +26,17 @@ BOOL_UNIT = "(1 = holds)"
 @dataclass(frozen=True)
 class PaperNumber:
     """One number of a paper (a point, a bound or a range), in the CSV's own unit."""
-    paper: str                      # lbs | fasttts | beam
+
+    paper: str  # lbs | fasttts | beam
     figure: str
-    metric: str                     # the CSV metric; for a range its stem (speedup for speedup_min/_max)
+    metric: str  # the CSV metric; for a range its stem (speedup for speedup_min/_max)
     config: Tuple[Tuple[str, str], ...]
-    kind: str                       # = | >= | <= | range
+    kind: str  # = | >= | <= | range
     value: float
     value_hi: Optional[float]
-    unit: str                       # fraction | x | GiB | % | ms | bool | ...
+    unit: str  # fraction | x | GiB | % | ms | bool | ...
     note: str
-    what: str                       # the metric in words
+    what: str  # the metric in words
 
     @property
     def cfg(self) -> Dict[str, str]:
@@ -64,8 +66,11 @@ class PaperNumber:
         """Same metric, and every condition given agrees with the config where the config names it
         (:func:`_agrees`: as text, number or byte size); ``model`` and ``system``, when given, must be named."""
         c = self.cfg
-        return (self.metric == metric and all(_agrees(v, c[k]) for k, v in conds.items() if k in c)
-                and all(k in c for k in conds if k in ("model", "system")))
+        return (
+            self.metric == metric
+            and all(_agrees(v, c[k]) for k, v in conds.items() if k in c)
+            and all(k in c for k in conds if k in ("model", "system"))
+        )
 
     def text(self) -> str:
         """The paper's value as shown: ``> 55 %``, ``3.39-9.72 x``, ``2,052 GiB``."""
@@ -76,9 +81,14 @@ class PaperNumber:
     def judge(self, lo: Optional[float], hi: Optional[float] = None) -> str:
         """The verdict (harness/verdict.py) of ours ``lo`` (..``hi``), given in the CSV's unit."""
         s = self.scale
-        return verdict(None if lo is None else lo * s, self.value * s, self.kind,
-                       None if hi is None else hi * s, None if self.value_hi is None else self.value_hi * s,
-                       points=self.points)
+        return verdict(
+            None if lo is None else lo * s,
+            self.value * s,
+            self.kind,
+            None if hi is None else hi * s,
+            None if self.value_hi is None else self.value_hi * s,
+            points=self.points,
+        )
 
 
 @dataclass
@@ -86,6 +96,7 @@ class Ours:
     """Our value for a paper number, in the CSV's unit: ``lo`` (..``hi`` for a range over runs),
     what it is (``what``: which runs, which test), and ``simulated`` when it differs from the
     source of the runs it came from (a decision time measured on this CPU inside a simulated run)."""
+
     lo: Optional[float]
     hi: Optional[float] = None
     what: str = ""
@@ -96,6 +107,7 @@ def numbers(paper: str, figure: str, names: Dict[str, str]) -> List[PaperNumber]
     """The paper numbers of ``figure`` in the CSV's order, each min/max pair as one range; ``names``:
     metric -> what it is in words. Raises ValueError for an unknown bound or an unpaired min/max."""
     from harness.report import load_reference
+
     out, pending = [], {}
     csv = f"results/reference/{paper}.csv"
     for _, r in load_reference(paper, figure).iterrows():
@@ -107,15 +119,38 @@ def numbers(paper: str, figure: str, names: Dict[str, str]) -> List[PaperNumber]
             got = pending.setdefault((stem, config), {})
             got[bound] = (float(r["value"]), note, str(r["unit"]))
             if len(got) == 2:
-                out.append(PaperNumber(paper, figure, stem, config, "range", got["min"][0], got["max"][0],
-                                       got["min"][2], got["min"][1] or got["max"][1],
-                                       names.get(stem, stem.replace("_", " "))))
+                out.append(
+                    PaperNumber(
+                        paper,
+                        figure,
+                        stem,
+                        config,
+                        "range",
+                        got["min"][0],
+                        got["max"][0],
+                        got["min"][2],
+                        got["min"][1] or got["max"][1],
+                        names.get(stem, stem.replace("_", " ")),
+                    )
+                )
             continue
         if bound not in ("=", ">=", "<="):
             raise ValueError(f"{csv}: bound={bound!r} for {figure} {r['metric']}; allowed: =, >=, <=, min, max")
         metric = str(r["metric"])
-        out.append(PaperNumber(paper, figure, metric, config, bound, float(r["value"]), None, str(r["unit"]), note,
-                               names.get(metric, metric.replace("_", " "))))
+        out.append(
+            PaperNumber(
+                paper,
+                figure,
+                metric,
+                config,
+                bound,
+                float(r["value"]),
+                None,
+                str(r["unit"]),
+                note,
+                names.get(metric, metric.replace("_", " ")),
+            )
+        )
     unpaired = [k for k, v in pending.items() if len(v) == 1]
     if unpaired:
         raise ValueError(f"{csv}: {figure}: a min or max row without its pair: {unpaired}")
@@ -184,15 +219,23 @@ def in_setting(n: PaperNumber, d: pd.DataFrame, setting: Dict[str, str]) -> Tupl
             keep &= each[key]
     if not each or keep.any():
         return d[keep], ""
-    wanted = [k for k, ok in each.items() if not ok.any()] or list(each)    # the keys no run agrees with
-    have = "; ".join(f"{k}=" + ",".join(_shown(x, n.cfg[k]) for x in _in_order(d[setting[k]].dropna().unique()))
-                     for k in wanted)
-    return d[keep], (f"no run at the paper's setting ({', '.join(f'{k}={n.cfg[k]}' for k in wanted)}); "
-                     f"this sweep has {have}")
+    wanted = [k for k, ok in each.items() if not ok.any()] or list(each)  # the keys no run agrees with
+    have = "; ".join(
+        f"{k}=" + ",".join(_shown(x, n.cfg[k]) for x in _in_order(d[setting[k]].dropna().unique())) for k in wanted
+    )
+    return d[keep], (
+        f"no run at the paper's setting ({', '.join(f'{k}={n.cfg[k]}' for k in wanted)}); this sweep has {have}"
+    )
 
 
-def verdict_rows(nums: List[PaperNumber], df: pd.DataFrame, ours: Callable[[PaperNumber, pd.DataFrame], Optional[Ours]],
-                 source_file: str, source_col: str = "source", setting: Optional[Dict[str, str]] = None) -> List[Row]:
+def verdict_rows(
+    nums: List[PaperNumber],
+    df: pd.DataFrame,
+    ours: Callable[[PaperNumber, pd.DataFrame], Optional[Ours]],
+    source_file: str,
+    source_col: str = "source",
+    setting: Optional[Dict[str, str]] = None,
+) -> List[Row]:
     """One Row per paper number in ``nums`` and per source of ours in ``df[source_col]`` (simulated |
     measured): ``ours(number, rows of one source)``, None for no result. ``source_file``: our figure
     or table file, relative to the sweep folder. ``setting`` (config key -> column of ``df``): ours
@@ -210,25 +253,47 @@ def verdict_rows(nums: List[PaperNumber], df: pd.DataFrame, ours: Callable[[Pape
             hi = None if o.hi is None or pd.isna(o.hi) or lo is None or o.hi == lo else float(o.hi)
             s = n.scale
             sim = (src == "simulated") if o.simulated is None else bool(o.simulated)
-            rows.append(Row(n.paper, n.figure, n.quantity, n.value * s, n.kind,
-                            None if n.value_hi is None else n.value_hi * s,
-                            ours=None if lo is None else lo * s, ours_hi=None if hi is None else hi * s,
-                            unit=n.shown_unit, simulated=sim, source=source_file,
-                            note="; ".join(x for x in (f"ours: {o.what}" if o.what else "", n.note) if x),
-                            points=n.points))
+            rows.append(
+                Row(
+                    n.paper,
+                    n.figure,
+                    n.quantity,
+                    n.value * s,
+                    n.kind,
+                    None if n.value_hi is None else n.value_hi * s,
+                    ours=None if lo is None else lo * s,
+                    ours_hi=None if hi is None else hi * s,
+                    unit=n.shown_unit,
+                    simulated=sim,
+                    source=source_file,
+                    note="; ".join(x for x in (f"ours: {o.what}" if o.what else "", n.note) if x),
+                    points=n.points,
+                )
+            )
     return rows
 
 
 def verdict_table(rows: List[Row], paper: str) -> str:
     """The rows as a markdown section (quantity, ours, paper, verdict, ours is, note)."""
     sign = {">=": "> ", "<=": "< "}
-    t = pd.DataFrame([{"paper number": r.quantity, "ours": fmt_range(r.ours, r.ours_hi, r.unit) or "n/a",
-                       "paper": sign.get(r.kind, "") + fmt_range(r.paper_value, r.paper_hi, r.unit),
-                       "verdict": r.verdict, "ours is": "simulated" if r.simulated else "measured",
-                       "note": r.note} for r in rows])
+    t = pd.DataFrame(
+        [
+            {
+                "paper number": r.quantity,
+                "ours": fmt_range(r.ours, r.ours_hi, r.unit) or "n/a",
+                "paper": sign.get(r.kind, "") + fmt_range(r.paper_value, r.paper_hi, r.unit),
+                "verdict": r.verdict,
+                "ours is": "simulated" if r.simulated else "measured",
+                "note": r.note,
+            }
+            for r in rows
+        ]
+    )
     tol = round(100 * TOLERANCE)
-    head = (f"Paper numbers (results/reference/{paper}.csv) and the verdict of harness/verdict.py (within {tol} % "
-            f"of a point; inside a bound or range with {tol} % slack; 'partly': a range of ours that overlaps, or a "
-            f"point within {2 * tol} %; an SLO attainment within {ATTAINMENT_POINTS:g} percentage points, 'partly' "
-            f"within {2 * ATTAINMENT_POINTS:g}):")
+    head = (
+        f"Paper numbers (results/reference/{paper}.csv) and the verdict of harness/verdict.py (within {tol} % "
+        f"of a point; inside a bound or range with {tol} % slack; 'partly': a range of ours that overlaps, or a "
+        f"point within {2 * tol} %; an SLO attainment within {ATTAINMENT_POINTS:g} percentage points, 'partly' "
+        f"within {2 * ATTAINMENT_POINTS:g}):"
+    )
     return head + "\n\n" + (t.to_markdown(index=False) if len(t) else "(no paper numbers)")

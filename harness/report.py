@@ -14,6 +14,7 @@ and draws each line, bar and scatter point of a figure at the mean over repeats 
 bars. Every number derived from several jobs (a speedup, a ratio) is thus computed per repeat,
 paired by seed, before it is averaged.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,13 +49,18 @@ def record_row(rec: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
     headline (the key of its first displayed metric), summary.*, config.*, compiled.* (records written
     while the simulators had Cython-compiled twins: module -> compiled | pure)."""
     row: Dict[str, Any] = {
-        "status": rec.get("status"), "message": rec.get("message", ""),
-        "system": rec.get("system"), "model": rec.get("model"),
+        "status": rec.get("status"),
+        "message": rec.get("message", ""),
+        "system": rec.get("system"),
+        "model": rec.get("model"),
         "hardware": rec.get("hardware_profile"),
         "simulated": bool(rec.get("backend", {}).get("simulated")),
         "backend": rec.get("backend", {}).get("name"),
-        "run_dir": str(run_dir), "wall_s": rec.get("wall_s"), "finished_at": rec.get("finished_at"),
-        "git_sha": (rec.get("git") or {}).get("sha"), "git_dirty": (rec.get("git") or {}).get("dirty"),
+        "run_dir": str(run_dir),
+        "wall_s": rec.get("wall_s"),
+        "finished_at": rec.get("finished_at"),
+        "git_sha": (rec.get("git") or {}).get("sha"),
+        "git_dirty": (rec.get("git") or {}).get("dirty"),
         "config_hash": rec.get("config_hash"),
         "overrides": " ".join(rec.get("overrides") or []),
         "headline": (rec.get("headline") or {}).get("key"),
@@ -70,7 +76,7 @@ def gather_runs(sweep_dir: Path) -> pd.DataFrame:
     """Every ``run.json`` below ``sweep_dir`` as one row (see :func:`record_row`)."""
     rows = []
     for p in sorted(Path(sweep_dir).rglob("run.json")):
-        if REPLACED_DIR in p.relative_to(sweep_dir).parts:      # a record a resume=false re-run set aside
+        if REPLACED_DIR in p.relative_to(sweep_dir).parts:  # a record a resume=false re-run set aside
             continue
         try:
             rec = json.loads(p.read_text())
@@ -98,6 +104,7 @@ def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
     Inside :func:`run_report` with repeats: collected per repeat, then saved with its lines, bars
     and scatter points at the mean over repeats and 95 % error bars (:func:`_draw_intervals`)."""
     import matplotlib.pyplot as plt
+
     if _PASS is not None:
         if _PASS.collecting:
             _PASS.figures.setdefault(name, []).append(_figure_data(fig))
@@ -108,7 +115,8 @@ def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
     import io
-    for ext in ("png", "pdf"):            # written whole or not at all (a Ctrl-C left a 124-byte png: QA)
+
+    for ext in ("png", "pdf"):  # written whole or not at all (a Ctrl-C left a 124-byte png: QA)
         p = sweep_dir / f"{name}.{ext}"
         buf = io.BytesIO()
         fig.savefig(buf, format=ext, dpi=130, bbox_inches="tight")
@@ -118,8 +126,7 @@ def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
     return paths
 
 
-def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "",
-                   floatfmt: str = ",.4g") -> Path:
+def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "", floatfmt: str = ",.4g") -> Path:
     """Write a DataFrame as a markdown table (with an optional title and notes) to ``path``.
 
     Inside :func:`run_report` with repeats: collected per repeat, then written with every cell
@@ -140,13 +147,15 @@ def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "
 
 # --- labels: every value, column, point and title says simulated or measured, from its own records ---
 
+
 def source_of(simulated) -> str:
     """Where the values behind one number, column, point or figure come from, by each record's own
     ``backend.simulated`` (a bool or a sequence of them): ``simulated``, ``measured``, or
     ``simulated+measured`` for a mixed set; '' for none."""
     flags = {bool(x) for x in np.atleast_1d(np.asarray(simulated, dtype=object)) if not _missing(x)}
     return {frozenset([True]): "simulated", frozenset([False]): "measured"}.get(
-        frozenset(flags), "simulated+measured" if flags else "")
+        frozenset(flags), "simulated+measured" if flags else ""
+    )
 
 
 def sim_label(simulated) -> str:
@@ -175,6 +184,7 @@ def label_values(values, simulated) -> List[Any]:
 
 
 # --- repeats: one report pass per repeat, then tables and figures with 95 % intervals -----------
+
 
 class _RepeatPasses:
     """What :func:`run_report` collects while a report runs once per repeat."""
@@ -262,14 +272,18 @@ def combine_tables(reps: List[pd.DataFrame], fallback: pd.DataFrame, floatfmt: s
     if n == 0:
         return fallback, ""
     if n < 2 or any(r.shape != reps[0].shape or list(r.columns) != list(reps[0].columns) for r in reps):
-        return fallback, (f"Values from the mean over {n} repeats of each job; no intervals (the table's rows "
-                          f"differ between repeats).")
+        return fallback, (
+            f"Values from the mean over {n} repeats of each job; no intervals (the table's rows "
+            f"differ between repeats)."
+        )
     out = reps[0].copy().astype(object)
     for j in range(out.shape[1]):
         for i in range(out.shape[0]):
             out.iat[i, j] = _combine_cell([r.iat[i, j] for r in reps], floatfmt)
-    return out, (f"Mean over {n} repeats (seeds seed..seed+{n - 1}) ± half width of the 95 % Student-t interval; "
-                 f"a value without ± was the same in every repeat; (n=k): only k repeats had a value.")
+    return out, (
+        f"Mean over {n} repeats (seeds seed..seed+{n - 1}) ± half width of the 95 % Student-t interval; "
+        f"a value without ± was the same in every repeat; (n=k): only k repeats had a value."
+    )
 
 
 def _missing(v) -> bool:
@@ -307,15 +321,22 @@ def _figure_data(fig) -> list:
     bar) and scatter offsets, as drawn for one repeat."""
     from matplotlib.collections import PathCollection
     from matplotlib.container import BarContainer
+
     data = []
     for ax in fig.axes:
-        data.append({
-            "lines": [(ln.get_label(), _floats(ln.get_xdata()), _floats(ln.get_ydata())) for ln in ax.lines],
-            "bars": [np.array([[p.get_x() + p.get_width() / 2, p.get_y(), p.get_height()] for p in c.patches])
-                     for c in ax.containers if isinstance(c, BarContainer)],
-            "scatters": [np.asarray(c.get_offsets(), dtype=float) for c in ax.collections
-                         if isinstance(c, PathCollection)],
-        })
+        data.append(
+            {
+                "lines": [(ln.get_label(), _floats(ln.get_xdata()), _floats(ln.get_ydata())) for ln in ax.lines],
+                "bars": [
+                    np.array([[p.get_x() + p.get_width() / 2, p.get_y(), p.get_height()] for p in c.patches])
+                    for c in ax.containers
+                    if isinstance(c, BarContainer)
+                ],
+                "scatters": [
+                    np.asarray(c.get_offsets(), dtype=float) for c in ax.collections if isinstance(c, PathCollection)
+                ],
+            }
+        )
     return data
 
 
@@ -323,7 +344,7 @@ def _floats(a) -> Optional[np.ndarray]:
     try:
         return np.asarray(a, dtype=float)
     except (TypeError, ValueError):
-        return None          # categorical data: not averaged
+        return None  # categorical data: not averaged
 
 
 def _stack(arrays: list) -> Optional[np.ndarray]:
@@ -338,8 +359,10 @@ def _mean_half(stacked: np.ndarray):
     flat = stacked.reshape(stacked.shape[0], -1)
     ivs = [mean_ci(flat[:, k]) for k in range(flat.shape[1])]
     shape = stacked.shape[1:]
-    return (np.array([iv.mean for iv in ivs]).reshape(shape),
-            np.nan_to_num(np.array([iv.half_width for iv in ivs]).reshape(shape)))
+    return (
+        np.array([iv.mean for iv in ivs]).reshape(shape),
+        np.nan_to_num(np.array([iv.half_width for iv in ivs]).reshape(shape)),
+    )
 
 
 def _draw_intervals(fig, reps: list) -> None:
@@ -348,6 +371,7 @@ def _draw_intervals(fig, reps: list) -> None:
     repeats (another number of points, categorical data) are left as drawn. Says so in the title."""
     from matplotlib.collections import PathCollection
     from matplotlib.container import BarContainer
+
     if not reps:
         return
     drawn = False
@@ -357,14 +381,24 @@ def _draw_intervals(fig, reps: list) -> None:
             continue
         for k, ln in enumerate(list(ax.lines)):
             got = [p["lines"][k] for p in per_ax if k < len(p["lines"]) and p["lines"][k][0] == ln.get_label()]
-            xs, ys = (_stack([g[1] for g in got]), _stack([g[2] for g in got])) if len(got) == len(per_ax) else (None, None)
+            xs, ys = (
+                (_stack([g[1] for g in got]), _stack([g[2] for g in got])) if len(got) == len(per_ax) else (None, None)
+            )
             if xs is None or ys is None or not ys.size:
                 continue
             (xm, xh), (ym, yh) = _mean_half(xs), _mean_half(ys)
             ln.set_data(xm, ym)
             if (yh > 0).any() or (xh > 0).any():
-                ax.errorbar(xm, ym, yerr=yh if (yh > 0).any() else None, xerr=xh if (xh > 0).any() else None,
-                            fmt="none", ecolor=ln.get_color(), elinewidth=0.9, capsize=2)
+                ax.errorbar(
+                    xm,
+                    ym,
+                    yerr=yh if (yh > 0).any() else None,
+                    xerr=xh if (xh > 0).any() else None,
+                    fmt="none",
+                    ecolor=ln.get_color(),
+                    elinewidth=0.9,
+                    capsize=2,
+                )
                 drawn = True
         bars = [c for c in ax.containers if isinstance(c, BarContainer)]
         for k, c in enumerate(bars):
@@ -376,8 +410,15 @@ def _draw_intervals(fig, reps: list) -> None:
                 p.set_y(bottom)
                 p.set_height(height)
             if (half[:, 2] > 0).any():
-                ax.errorbar(mean[:, 0], mean[:, 1] + mean[:, 2], yerr=half[:, 2], fmt="none", ecolor="k",
-                            elinewidth=0.9, capsize=2)
+                ax.errorbar(
+                    mean[:, 0],
+                    mean[:, 1] + mean[:, 2],
+                    yerr=half[:, 2],
+                    fmt="none",
+                    ecolor="k",
+                    elinewidth=0.9,
+                    capsize=2,
+                )
                 drawn = True
         scatters = [c for c in ax.collections if isinstance(c, PathCollection)]
         for k, c in enumerate(scatters):
@@ -387,14 +428,22 @@ def _draw_intervals(fig, reps: list) -> None:
             mean, half = _mean_half(st)
             c.set_offsets(mean)
             if (half > 0).any():
-                ax.errorbar(mean[:, 0], mean[:, 1], xerr=half[:, 0] if (half[:, 0] > 0).any() else None,
-                            yerr=half[:, 1], fmt="none", ecolor="k", elinewidth=0.9, capsize=2)
+                ax.errorbar(
+                    mean[:, 0],
+                    mean[:, 1],
+                    xerr=half[:, 0] if (half[:, 0] > 0).any() else None,
+                    yerr=half[:, 1],
+                    fmt="none",
+                    ecolor="k",
+                    elinewidth=0.9,
+                    capsize=2,
+                )
                 drawn = True
     _note_intervals(fig, len(reps), drawn)
 
 
 def _note_intervals(fig, repeats: int, drawn: bool) -> None:
-    note = (f"mean of {repeats} repeats" + (", bars: 95 % interval" if drawn else ", equal in every repeat"))
+    note = f"mean of {repeats} repeats" + (", bars: 95 % interval" if drawn else ", equal in every repeat")
     title = next((t for t in fig.texts if fig.get_suptitle() and t.get_text() == fig.get_suptitle()), None)
     if title is None and fig.axes:
         title = fig.axes[0].title

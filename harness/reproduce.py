@@ -22,6 +22,7 @@ checks of its jobs, nothing run); an unknown option or key, or a value an experi
 exits 2 before anything runs. An experiment that fails is
 listed with its exit code and log, and the log's last lines are printed; the others still run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,21 +43,32 @@ from harness.records import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 # real-engine studies (CPU here): module -> sweep folder it writes
-REAL = {"systems.ttc.fidelity": "lbs_fidelity", "systems.serving.fidelity": "serving_fidelity",
-        "systems.tts.fidelity": "tts_fidelity"}
-NOT_PAPER = {"lbs_fidelity", "beam_fidelity", "beam_fidelity_sim",    # not paper figures (--real runs them)
-             "fasttts_offload", "lbs_energy"}                           # cross-paper studies: no paper numbers
+REAL = {
+    "systems.ttc.fidelity": "lbs_fidelity",
+    "systems.serving.fidelity": "serving_fidelity",
+    "systems.tts.fidelity": "tts_fidelity",
+}
+NOT_PAPER = {
+    "lbs_fidelity",
+    "beam_fidelity",
+    "beam_fidelity_sim",  # not paper figures (--real runs them)
+    "fasttts_offload",
+    "lbs_energy",
+}  # cross-paper studies: no paper numbers
 
 
 def paper_experiments() -> List[str]:
-    return sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")
-                  if not p.stem.startswith("_") and p.stem not in NOT_PAPER)
+    return sorted(
+        p.stem
+        for p in (ROOT / "conf" / "experiment").glob("*.yaml")
+        if not p.stem.startswith("_") and p.stem not in NOT_PAPER
+    )
 
 
 def _run(cmd: List[str], log: Path, timeout_s: float) -> Dict:
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with open(log, "a") as f:                     # a re-run adds to the log of an interrupted one
+    with open(log, "a") as f:  # a re-run adds to the log of an interrupted one
         f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         f.flush()
         try:
@@ -74,8 +86,9 @@ def _tell_failure(r: Dict, lines: int = 5) -> None:
     print(f"[reproduce] last lines of {r['log']}:\n" + "\n".join(f"  {ln}" for ln in tail), file=sys.stderr, flush=True)
 
 
-def check_overrides(overrides: List[str], collect_only: bool, names: List[str] = (),
-                    results_dir: Optional[Path] = None) -> None:
+def check_overrides(
+    overrides: List[str], collect_only: bool, names: List[str] = (), results_dir: Optional[Path] = None
+) -> None:
     """Raise ConfigError for extra arguments that no experiment could run with: ignored (with
     --collect-only), set by this command itself (``experiment=``, ``results_dir=``), refused by
     run.py's own pre-flight (an unknown option or key: :func:`harness.cli.preflight`), or refused by
@@ -88,38 +101,58 @@ def check_overrides(overrides: List[str], collect_only: bool, names: List[str] =
 
     from harness.cli import preflight
     from harness.config import register_configs
+
     if overrides and collect_only:
-        raise ConfigError(f"{' '.join(overrides)}: --collect-only runs no experiment, so these overrides would "
-                          f"be ignored (drop them, or drop --collect-only)")
+        raise ConfigError(
+            f"{' '.join(overrides)}: --collect-only runs no experiment, so these overrides would "
+            f"be ignored (drop them, or drop --collect-only)"
+        )
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
         if key in ("experiment", "results_dir"):
-            raise ConfigError(f"{o}: set by this command (use --only NAME,... for experiments, --results-dir "
-                              f"PATH for the results folder)")
+            raise ConfigError(
+                f"{o}: set by this command (use --only NAME,... for experiments, --results-dir "
+                f"PATH for the results folder)"
+            )
     register_configs()
-    preflight(["-m", *overrides], ROOT / "conf")        # they go to experiments' sweeps: a,b sweeps there
+    preflight(["-m", *overrides], ROOT / "conf")  # they go to experiments' sweeps: a,b sweeps there
     if not overrides or collect_only or not names:
         return
     print(f"[reproduce] checking {' '.join(overrides)} with the jobs of {len(names)} experiment(s) ...", flush=True)
     env = dict(os.environ, TTC_SWEEP_CHECK_ONLY="1", WANDB_MODE="disabled")
 
     def check(name: str) -> subprocess.CompletedProcess:
-        return subprocess.run(experiment_command(name, results_dir or default_results_dir(), overrides),
-                              cwd=ROOT, env=env, capture_output=True, text=True)
+        return subprocess.run(
+            experiment_command(name, results_dir or default_results_dir(), overrides),
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         for name, p in zip(names, pool.map(check, names)):
             if p.returncode != 0:
                 lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-                why = "\n".join(ln for ln in lines if ln.startswith(("error:", "  (in the sweep job"))) \
-                    or "\n".join(lines[-5:])
-                raise ConfigError(f"experiment={name} refuses {' '.join(overrides)} (exit {p.returncode}; nothing was "
-                                  f"run):\n{why}")
+                why = "\n".join(ln for ln in lines if ln.startswith(("error:", "  (in the sweep job"))) or "\n".join(
+                    lines[-5:]
+                )
+                raise ConfigError(
+                    f"experiment={name} refuses {' '.join(overrides)} (exit {p.returncode}; nothing was run):\n{why}"
+                )
 
 
 def experiment_command(name: str, results_dir: Path, extra: List[str]) -> List[str]:
     """The command that runs experiment ``name`` (its sweep) with the extra arguments."""
-    return [sys.executable, "run.py", "-m", f"experiment={name}", f"results_dir={results_dir}", "progress=false", *extra]
+    return [
+        sys.executable,
+        "run.py",
+        "-m",
+        f"experiment={name}",
+        f"results_dir={results_dir}",
+        "progress=false",
+        *extra,
+    ]
 
 
 def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[str], timeout_s: float) -> pd.DataFrame:
@@ -152,6 +185,7 @@ def _complete(sweep_dir: Path) -> bool:
     """Whether the sweep has nothing left to run: its runs.parquet lists jobs, each with a valid
     record (``records.VALID_STATUSES``, what a re-run skips)."""
     from harness.records import VALID_STATUSES
+
     p = sweep_dir / "runs.parquet"
     if not p.exists():
         return False
@@ -165,8 +199,9 @@ def _one_sweep_per_figure(v: pd.DataFrame) -> pd.DataFrame:
     fig = [(str(p), str(f)) for p, f in zip(v["paper"], v["figure"])]
     best: Dict[tuple, str] = {}
     others: Dict[tuple, List[str]] = {}
-    for f, _, _, sweep in sorted(set(zip(fig, v["complete"], v["written"], v["sweep"])),
-                                 key=lambda t: t[1:], reverse=True):        # complete first, then newest
+    for f, _, _, sweep in sorted(
+        set(zip(fig, v["complete"], v["written"], v["sweep"])), key=lambda t: t[1:], reverse=True
+    ):  # complete first, then newest
         if best.setdefault(f, sweep) != sweep:
             others.setdefault(f, []).append(sweep)
     keep = [best[f] == s for f, s in zip(fig, v["sweep"])]
@@ -187,8 +222,27 @@ def collect(results_dir: Path, sweeps: Optional[List[str]] = None) -> pd.DataFra
     if frames:
         return _by_figure(_one_sweep_per_figure(pd.concat(frames, ignore_index=True)), "sweep")
     return pd.DataFrame(
-        columns=["sweep", "paper", "figure", "quantity", "paper_value", "kind", "paper_hi", "ours", "ours_hi",
-                 "unit", "simulated", "source", "note", "verdict", "complete", "written", "over", "subset"])
+        columns=[
+            "sweep",
+            "paper",
+            "figure",
+            "quantity",
+            "paper_value",
+            "kind",
+            "paper_hi",
+            "ours",
+            "ours_hi",
+            "unit",
+            "simulated",
+            "source",
+            "note",
+            "verdict",
+            "complete",
+            "written",
+            "over",
+            "subset",
+        ]
+    )
 
 
 def _subset(sweep_dir: Path) -> str:
@@ -199,6 +253,7 @@ def _subset(sweep_dir: Path) -> str:
     col = "config.workload.num_problems"
     try:
         import pyarrow.parquet as pq
+
         if col not in pq.read_schema(p).names:
             return ""
         k = pd.to_numeric(pd.read_parquet(p, columns=[col])[col], errors="coerce").dropna().unique()
@@ -209,6 +264,7 @@ def _subset(sweep_dir: Path) -> str:
 
 def _value(lo, hi, kind: str = "=", unit: str = "") -> str:
     from harness.verdict import fmt_range
+
     s = fmt_range(lo, hi)
     if not s:
         return ""
@@ -218,6 +274,7 @@ def _value(lo, hi, kind: str = "=", unit: str = "") -> str:
 def reference_rows() -> pd.DataFrame:
     """Every paper number: each row of ``results/reference/*.csv`` (column ``paper`` = the file's name)."""
     from harness.report import REFERENCE_DIR, load_reference
+
     frames = [load_reference(p.stem).assign(paper=p.stem) for p in sorted(REFERENCE_DIR.glob("*.csv"))]
     ref = pd.concat(frames, ignore_index=True)
     return ref.assign(figure=ref["figure"].astype(str))
@@ -229,57 +286,96 @@ def not_run(v: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
     return ref[[(p, f) not in done for p, f in zip(ref["paper"], ref["figure"])]].reset_index(drop=True)
 
 
-def write_reproduction(results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None,
-                       only: Optional[List[str]] = None) -> Path:
+def write_reproduction(
+    results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None, only: Optional[List[str]] = None
+) -> Path:
     """``REPRODUCTION.md``: how many paper numbers (rows of results/reference/*.csv) were run, counts
     per verdict, then one row per paper number and source of ours, and last the paper numbers of
     figures without a collected sweep (``not run``), per figure. ``only``: the experiments collected (--only)."""
     counts = v["verdict"].value_counts() if len(v) else pd.Series(dtype=int)
     ref = reference_rows()
     missing = not_run(v, ref)
-    lines = ["# Reproduction status", "",
-             "Every paper number next to ours and the verdict of `harness/verdict.py` (within 15 % of a point,",
-             "inside a stated range or bound; an SLO attainment within 3 percentage points). `sim` = ours is simulated (the simulator on the named GPU profile),",
-             "`measured` = a real engine measured it on this machine. Built by `python -m harness.reproduce`.", ""]
+    lines = [
+        "# Reproduction status",
+        "",
+        "Every paper number next to ours and the verdict of `harness/verdict.py` (within 15 % of a point,",
+        "inside a stated range or bound; an SLO attainment within 3 percentage points). `sim` = ours is simulated (the simulator on the named GPU profile),",
+        "`measured` = a real engine measured it on this machine. Built by `python -m harness.reproduce`.",
+        "",
+    ]
     if only is not None:
-        lines += [f"Only these experiments' sweeps are collected (--only): {', '.join(only)}; any other sweep "
-                  f"under `{results_dir / 'sweeps'}` is left out.", ""]
+        lines += [
+            f"Only these experiments' sweeps are collected (--only): {', '.join(only)}; any other sweep "
+            f"under `{results_dir / 'sweeps'}` is left out.",
+            "",
+        ]
     why = "not collected (--only) or no sweep here" if only is not None else "no sweep here"
-    lines += [f"**{len(ref) - len(missing)} of {len(ref)} paper numbers run** (rows of results/reference/*.csv), "
-              f"**{len(missing)} not run** ({why}; listed last). Verdicts of {len(v)} paper numbers "
-              "(one per source of ours; a stated min-max pair is one range): **" + ", ".join(f"{counts.get(k, 0)} {k}" for k in
-                                                         ("reproduced", "partly", "not reproduced", "no result")) + "**.",
-              ""]
-    cut = sorted({f"{r.paper} {r.figure} ({r.subset})" for r in v.itertuples()
-                  if isinstance(getattr(r, "subset", ""), str) and r.subset}) if len(v) else []
+    lines += [
+        f"**{len(ref) - len(missing)} of {len(ref)} paper numbers run** (rows of results/reference/*.csv), "
+        f"**{len(missing)} not run** ({why}; listed last). Verdicts of {len(v)} paper numbers "
+        "(one per source of ours; a stated min-max pair is one range): **"
+        + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("reproduced", "partly", "not reproduced", "no result"))
+        + "**.",
+        "",
+    ]
+    cut = (
+        sorted(
+            {
+                f"{r.paper} {r.figure} ({r.subset})"
+                for r in v.itertuples()
+                if isinstance(getattr(r, "subset", ""), str) and r.subset
+            }
+        )
+        if len(v)
+        else []
+    )
     if cut:
-        lines += ["Sweeps run on a subset of the problems (`workload.num_problems`), judged against the paper's "
-                  "full-dataset numbers: " + "; ".join(cut) + ".", ""]
+        lines += [
+            "Sweeps run on a subset of the problems (`workload.num_problems`), judged against the paper's "
+            "full-dataset numbers: " + "; ".join(cut) + ".",
+            "",
+        ]
     over = v[v["over"].astype(bool)].drop_duplicates(["paper", "figure"]) if len(v) else v
     if len(over):
-        lines += ["Figures with more than one sweep: each shows the newest complete sweep (every job recorded ok "
-                  "or oom; newest = its verdicts.csv written last), else the newest; the others are left out:", ""]
+        lines += [
+            "Figures with more than one sweep: each shows the newest complete sweep (every job recorded ok "
+            "or oom; newest = its verdicts.csv written last), else the newest; the others are left out:",
+            "",
+        ]
         lines += [f"- {r.paper} {r.figure}: `{r.sweep}` (left out: {r.over})" for r in over.itertuples()] + [""]
     if runs is not None and len(runs):
         bad = runs[runs["rc"].astype(str) != "0"]
         if len(bad):
             lines += ["Commands that failed (see their logs):", ""]
             lines += [f"- `{r.command}`: exit {r.rc} ({r.log})" for r in bad.itertuples()] + [""]
-    lines += ["| paper | figure | quantity | ours | paper | verdict | ours is | figure of ours |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| paper | figure | quantity | ours | paper | verdict | ours is | figure of ours |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in v.itertuples():
         link = f"[{r.source}](sweeps/{r.sweep}/{r.source})" if isinstance(r.source, str) and r.source else ""
-        lines.append(f"| {r.paper} | {r.figure} | {r.quantity} | {_value(r.ours, r.ours_hi, '=', r.unit)} | "
-                     f"{_value(r.paper_value, r.paper_hi, r.kind, r.unit)} | {r.verdict} | "
-                     f"{'sim' if bool(r.simulated) else 'measured'}"
-                     f"{', ' + r.subset if isinstance(getattr(r, 'subset', ''), str) and r.subset else ''} | {link} |")
+        lines.append(
+            f"| {r.paper} | {r.figure} | {r.quantity} | {_value(r.ours, r.ours_hi, '=', r.unit)} | "
+            f"{_value(r.paper_value, r.paper_hi, r.kind, r.unit)} | {r.verdict} | "
+            f"{'sim' if bool(r.simulated) else 'measured'}"
+            f"{', ' + r.subset if isinstance(getattr(r, 'subset', ''), str) and r.subset else ''} | {link} |"
+        )
     if len(missing):
-        lines += ["", f"## Not run ({len(missing)} paper numbers: "
-                  + ("no sweep of their figure collected (--only), or none here)" if only is not None
-                     else "no sweep of their figure here)"), ""]
+        lines += [
+            "",
+            f"## Not run ({len(missing)} paper numbers: "
+            + (
+                "no sweep of their figure collected (--only), or none here)"
+                if only is not None
+                else "no sweep of their figure here)"
+            ),
+            "",
+        ]
         per_figure = _by_figure(missing).groupby(["paper", "figure"], sort=False)
-        lines += [f"- {p} {f}: {len(g)} not run ({', '.join(dict.fromkeys(g['metric'].astype(str)))})"
-                  for (p, f), g in per_figure]
+        lines += [
+            f"- {p} {f}: {len(g)} not run ({', '.join(dict.fromkeys(g['metric'].astype(str)))})"
+            for (p, f), g in per_figure
+        ]
     p = results_dir / "REPRODUCTION.md"
     atomic_write_bytes(p, ("\n".join(lines) + "\n").encode())
     return p
@@ -289,26 +385,32 @@ def write_index(results_dir: Path, only: Optional[List[str]] = None) -> Path:
     """``index.html``: every sweep's figures (PNG) and markdown tables on one static page; ``only``:
     just these sweeps (--only), as REPRODUCTION.md."""
     import markdown
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>ttc-sched-bench results</title>",
-             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto} img{max-width:100%;"
-             "border:1px solid #ccc} table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #bbb;"
-             "padding:2px 6px} h2{border-top:2px solid #444;padding-top:8px}</style></head><body>",
-             "<h1>ttc-sched-bench: figures and tables</h1>"]
+
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>ttc-sched-bench results</title>",
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto} img{max-width:100%;"
+        "border:1px solid #ccc} table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #bbb;"
+        "padding:2px 6px} h2{border-top:2px solid #444;padding-top:8px}</style></head><body>",
+        "<h1>ttc-sched-bench: figures and tables</h1>",
+    ]
     rep = results_dir / "REPRODUCTION.md"
     if rep.exists():
         parts.append(markdown.markdown(rep.read_text(), extensions=["tables"]))
     sweeps = sorted(d for d in (results_dir / "sweeps").glob("*") if d.is_dir() and (only is None or d.name in only))
-    parts.append("<p>Sweeps: " + " ".join(f"<a href='#{html.escape(d.name)}'>{html.escape(d.name)}</a>"
-                                           for d in sweeps) + "</p>")
+    parts.append(
+        "<p>Sweeps: " + " ".join(f"<a href='#{html.escape(d.name)}'>{html.escape(d.name)}</a>" for d in sweeps) + "</p>"
+    )
     for d in sweeps:
         pngs, mds = sorted(d.glob("*.png")), sorted(d.glob("*.md"))
         if not pngs and not mds:
             continue
         parts.append(f"<h2 id='{html.escape(d.name)}'>{html.escape(d.name)}</h2>")
         for p in pngs:
-            parts.append(f"<p><img src='sweeps/{html.escape(d.name)}/{html.escape(p.name)}' alt='{html.escape(p.stem)}'></p>")
+            parts.append(
+                f"<p><img src='sweeps/{html.escape(d.name)}/{html.escape(p.name)}' alt='{html.escape(p.stem)}'></p>"
+            )
         for p in mds:
-            body = re.sub(r"(?m)^#(?=#* )", "####", p.read_text())      # the table's own title below h3
+            body = re.sub(r"(?m)^#(?=#* )", "####", p.read_text())  # the table's own title below h3
             parts.append(f"<h3>{html.escape(p.name)}</h3>" + markdown.markdown(body, extensions=["tables"]))
     parts.append("</body></html>")
     out = results_dir / "index.html"
@@ -319,31 +421,41 @@ def write_index(results_dir: Path, only: Optional[List[str]] = None) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.reproduce", description=__doc__.split("\n\n")[0])
     ap.add_argument("--real", action="store_true", help="also the real-engine fidelity studies (CPU)")
-    ap.add_argument("--only", action="append", default=None,
-                    help="comma-separated experiment names (may be repeated: the union)")
+    ap.add_argument(
+        "--only", action="append", default=None, help="comma-separated experiment names (may be repeated: the union)"
+    )
     ap.add_argument("--collect-only", action="store_true", help="only rebuild REPRODUCTION.md and index.html")
-    ap.add_argument("--results-dir", default=default_results_dir(),
-                    help="default: $TTC_RESULTS_DIR, else <repo>/results (as run.py's results_dir)")
+    ap.add_argument(
+        "--results-dir",
+        default=default_results_dir(),
+        help="default: $TTC_RESULTS_DIR, else <repo>/results (as run.py's results_dir)",
+    )
     ap.add_argument("--timeout", type=float, default=None, help="seconds per command (default 3600)")
     ap.add_argument("overrides", nargs="*", help="extra overrides for every experiment (e.g. tracking=none)")
     a = ap.parse_args(argv)
     names = paper_experiments()
-    if a.only is not None:       # every --only counts; an empty one is an error, not "all" (QA)
+    if a.only is not None:  # every --only counts; an empty one is an error, not "all" (QA)
         wanted = list(dict.fromkeys(x.strip() for o in a.only for x in o.split(",") if x.strip()))
         if not wanted:
-            print(f"error: --only {','.join(map(repr, a.only))}: names no experiment; one or more of "
-                  f"{', '.join(names)} (comma-separated), or no --only for all", file=sys.stderr)
+            print(
+                f"error: --only {','.join(map(repr, a.only))}: names no experiment; one or more of "
+                f"{', '.join(names)} (comma-separated), or no --only for all",
+                file=sys.stderr,
+            )
             return 2
         unknown = sorted(set(wanted) - set(names))
         if unknown:
-            print(f"error: --only {','.join(unknown)}: not a paper experiment; one of {', '.join(names)}",
-                  file=sys.stderr)
+            print(
+                f"error: --only {','.join(unknown)}: not a paper experiment; one of {', '.join(names)}", file=sys.stderr
+            )
             return 2
         names = wanted
-    problems = []                # checked before anything runs or is written (QA)
+    problems = []  # checked before anything runs or is written (QA)
     if not str(a.results_dir).strip():
-        problems.append("--results-dir '': a folder (an empty one wrote into the current directory); leave it "
-                        "out for $TTC_RESULTS_DIR, else <repo>/results")
+        problems.append(
+            "--results-dir '': a folder (an empty one wrote into the current directory); leave it "
+            "out for $TTC_RESULTS_DIR, else <repo>/results"
+        )
     if a.timeout is not None and not a.timeout > 0:
         problems.append(f"--timeout {a.timeout:g}: seconds per command, > 0")
     if a.collect_only and (a.real or a.timeout is not None):
@@ -367,9 +479,12 @@ def main(argv=None) -> int:
     if not a.collect_only:
         try:
             runs = run_all(names, a.results_dir, real, a.overrides, a.timeout)
-        except KeyboardInterrupt:           # one line, not a traceback; each sweep keeps what it recorded
-            print(f"interrupted: every record written before is intact; the same command again skips them "
-                  f"(REPRODUCTION.md not rewritten; --collect-only rebuilds it from {a.results_dir})", file=sys.stderr)
+        except KeyboardInterrupt:  # one line, not a traceback; each sweep keeps what it recorded
+            print(
+                f"interrupted: every record written before is intact; the same command again skips them "
+                f"(REPRODUCTION.md not rewritten; --collect-only rebuilds it from {a.results_dir})",
+                file=sys.stderr,
+            )
             return 130
     collected = [*names, *(REAL[m] for m in real)] if a.only is not None else None
     v = collect(a.results_dir, collected)

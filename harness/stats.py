@@ -14,6 +14,7 @@ interval (half width NaN); a metric equal in every repeat has half width 0. Seed
 ``seed, seed + 1, ..., seed + N - 1`` (:func:`repeat_seeds`), so repeat i of every job of a sweep
 shares its seed and ratios between jobs can be taken repeat by repeat (paired).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,10 +28,11 @@ CONFIDENCE = 0.95
 @dataclass(frozen=True)
 class Interval:
     """Mean and 95 % Student-t interval of one metric over n repeats (units of the metric)."""
+
     mean: float
     lo: float
     hi: float
-    half_width: float      # NaN when n < 2
+    half_width: float  # NaN when n < 2
     n: int
 
     def as_dict(self) -> Dict[str, Any]:
@@ -45,6 +47,7 @@ def repeat_seeds(seed: int, repeats: int) -> List[int]:
 def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
     """Two-sided Student t quantile ``t_{(1+confidence)/2, df}`` (df >= 1); 4.303 for df = 2."""
     from scipy.special import stdtrit
+
     return float(stdtrit(df, 0.5 + confidence / 2))
 
 

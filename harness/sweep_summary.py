@@ -6,6 +6,7 @@ overrides), the status, the headline metric of each job's family (the first row 
 table) and whether it is simulated or measured. The figure plots the headline against the first
 numeric swept parameter, one line per combination of the others.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,6 +33,7 @@ def write_summary(sweep_dir, runs: pd.DataFrame) -> List[Path]:
     """Write ``summary.md`` (and ``summary.png``/``.pdf`` when a swept parameter is numeric) in
     ``sweep_dir``; returns the files written (none for an empty sweep)."""
     from harness.report import save_figure, source_of, title_label, write_markdown
+
     if not len(runs):
         return []
     sweep_dir = Path(sweep_dir)
@@ -43,25 +45,43 @@ def write_summary(sweep_dir, runs: pd.DataFrame) -> List[Path]:
     keys = [k for k in runs.get("headline", pd.Series(dtype=object)).dropna().unique() if f"summary.{k}" in runs]
     for k in keys:
         t[k] = runs[f"summary.{k}"].to_numpy()
-    if len(params.columns):                  # numbers sort as numbers (4 before 16), the rest as text
+    if len(params.columns):  # numbers sort as numbers (4 before 16), the rest as text
         t = t.sort_values(list(params.columns), key=lambda c: pd.to_numeric(c) if _numeric(c) else c)
-    out = [write_markdown(t, sweep_dir / "summary.md", title=f"sweep {sweep_dir.name}: {len(t)} jobs",
-                          notes="One row per job; the metric columns are each family's headline (first row "
-                                "of its printed table; SI units: seconds, bytes, joules). `source`: simulated "
-                                "on the hardware profile, or measured by a real engine."
-                                + _failed_notes(t[t["status"] != "ok"], runs, list(params.columns)))]
+    out = [
+        write_markdown(
+            t,
+            sweep_dir / "summary.md",
+            title=f"sweep {sweep_dir.name}: {len(t)} jobs",
+            notes="One row per job; the metric columns are each family's headline (first row "
+            "of its printed table; SI units: seconds, bytes, joules). `source`: simulated "
+            "on the hardware profile, or measured by a real engine."
+            + _failed_notes(t[t["status"] != "ok"], runs, list(params.columns)),
+        )
+    ]
     num = [c for c in params.columns if _numeric(params[c])]
     if num and keys:
         labels = runs.loc[runs["headline"] == keys[0], "headline_label"].dropna()
-        fig = draw(t, num[0], [c for c in params.columns if c != num[0]], keys[0],
-                   f"{labels.iloc[0] if len(labels) else keys[0]} ({unit_of(keys[0])})",
-                   title_label(f"sweep {sweep_dir.name}", [bool(s) for s in sim]))
+        fig = draw(
+            t,
+            num[0],
+            [c for c in params.columns if c != num[0]],
+            keys[0],
+            f"{labels.iloc[0] if len(labels) else keys[0]} ({unit_of(keys[0])})",
+            title_label(f"sweep {sweep_dir.name}", [bool(s) for s in sim]),
+        )
         out += list(save_figure(fig, sweep_dir, "summary").values())
     return out
 
 
-UNITS = (("_tok_s", "tok/s"), ("_bytes", "bytes"), ("_s", "s"), ("_j", "J"), ("_w", "W"), ("_mhz", "MHz"),
-         ("_pct", "%"))
+UNITS = (
+    ("_tok_s", "tok/s"),
+    ("_bytes", "bytes"),
+    ("_s", "s"),
+    ("_j", "J"),
+    ("_w", "W"),
+    ("_mhz", "MHz"),
+    ("_pct", "%"),
+)
 
 
 def unit_of(key: str) -> str:
@@ -74,12 +94,15 @@ def _failed_notes(failed: pd.DataFrame, runs: pd.DataFrame, params: List[str]) -
     """The summary's list of jobs without a result: their swept values, status and message."""
     if not len(failed):
         return ""
+
     def line(i, r):
         msg = runs.at[i, "message"] if "message" in runs else None
         msg = f": {msg.splitlines()[0][:160]}" if isinstance(msg, str) and msg else ""
         return f"\n- {', '.join(f'{c}={r[c]}' for c in params)}: {r['status']}{msg}"
-    return (f"\n\nJobs without a result ({len(failed)}; marked on the figure's x axis):"
-            + "".join(line(i, r) for i, r in failed.iterrows()))
+
+    return f"\n\nJobs without a result ({len(failed)}; marked on the figure's x axis):" + "".join(
+        line(i, r) for i, r in failed.iterrows()
+    )
 
 
 MARKERS = "osD^vP*X"
@@ -92,22 +115,51 @@ def draw(t: pd.DataFrame, x: str, others: List[str], key: str, ylabel: str, titl
     visible; a job without a value (oom, error, timeout) is an 'x' on the x axis at its x, labelled
     with its status, in its line's colour."""
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
     df = t.assign(_x=pd.to_numeric(t[x]), _y=pd.to_numeric(t[key], errors="coerce"))
     groups = list(df.groupby(others) if others else [("", df)])
     for n, (name, g) in enumerate(groups):
         g = g.sort_values("_x")
-        label = ", ".join(f"{o}={v}" for o, v in zip(others, name if isinstance(name, tuple) else (name,))) if others else key
+        label = (
+            ", ".join(f"{o}={v}" for o, v in zip(others, name if isinstance(name, tuple) else (name,)))
+            if others
+            else key
+        )
         ok = g[g["status"].eq("ok") & g["_y"].notna()]
-        size = 4 + 3 * (len(groups) - 1 - n)                      # the first drawn is the widest
-        line, = ax.plot(ok["_x"], ok["_y"], marker=MARKERS[n % len(MARKERS)], markersize=size,
-                        linewidth=1 + 0.8 * (len(groups) - 1 - n), zorder=2 + n,
-                        label=f"{label} ({g['source'].iloc[0]})")
+        size = 4 + 3 * (len(groups) - 1 - n)  # the first drawn is the widest
+        (line,) = ax.plot(
+            ok["_x"],
+            ok["_y"],
+            marker=MARKERS[n % len(MARKERS)],
+            markersize=size,
+            linewidth=1 + 0.8 * (len(groups) - 1 - n),
+            zorder=2 + n,
+            label=f"{label} ({g['source'].iloc[0]})",
+        )
         for _, r in g.drop(ok.index).iterrows():
-            ax.plot([r["_x"]], [0], marker="x", markersize=9, mew=2, color=line.get_color(), clip_on=False,
-                    transform=ax.get_xaxis_transform(), zorder=10, gid=f"failed:{label}:{r[x]}")
-            ax.annotate(r["status"], (r["_x"], 0), xycoords=ax.get_xaxis_transform(), xytext=(0, 6 + 9 * n),
-                        textcoords="offset points", ha="center", fontsize=7, color=line.get_color())
+            ax.plot(
+                [r["_x"]],
+                [0],
+                marker="x",
+                markersize=9,
+                mew=2,
+                color=line.get_color(),
+                clip_on=False,
+                transform=ax.get_xaxis_transform(),
+                zorder=10,
+                gid=f"failed:{label}:{r[x]}",
+            )
+            ax.annotate(
+                r["status"],
+                (r["_x"], 0),
+                xycoords=ax.get_xaxis_transform(),
+                xytext=(0, 6 + 9 * n),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+                color=line.get_color(),
+            )
     ax.set_xlabel(x)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -16,6 +16,7 @@ run, and it is never silent: a tracker that cannot start is a warning on the con
 ``online`` mode a single job waits for its mirror (at most :data:`ONLINE_WAIT_S`) and warns when it
 exited non-zero.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,8 @@ from typing import Any, Dict, Optional
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
-MIRROR_LOG = Path("wandb") / "mirror.log"       # in the job's folder: the detached mirror's output
-ONLINE_WAIT_S = 120.0                           # how long a single online job waits for its mirror
+MIRROR_LOG = Path("wandb") / "mirror.log"  # in the job's folder: the detached mirror's output
+ONLINE_WAIT_S = 120.0  # how long a single online job waits for its mirror
 
 
 class NullTracker:
@@ -42,21 +43,38 @@ class NullTracker:
 
 # W&B's host metadata (git, pip, machine) and system-metrics sampler cost ~0.35 CPU-s per run,
 # more than a simulated job itself; run.json already records git, packages and the host inventory.
-LEAN_SETTINGS = dict(x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True,
-                     save_code=False, disable_git=True, x_save_requirements=False, disable_job_creation=True)
+LEAN_SETTINGS = dict(
+    x_disable_stats=True,
+    x_disable_meta=True,
+    x_disable_machine_info=True,
+    save_code=False,
+    disable_git=True,
+    x_save_requirements=False,
+    disable_job_creation=True,
+)
 
 
 class WandbTracker(NullTracker):
-    def __init__(self, cfg_dict: dict, tracking, outdir: Path, name: str, group: str | None,
-                 system_metrics: bool = False):
+    def __init__(
+        self, cfg_dict: dict, tracking, outdir: Path, name: str, group: str | None, system_metrics: bool = False
+    ):
         import wandb
+
         os.environ.setdefault("WANDB_SILENT", "true")
         self.wandb = wandb
         settings = dict(console="off", silent=True, **({} if system_metrics else LEAN_SETTINGS))
-        self.run = wandb.init(project=tracking["project"], entity=tracking.get("entity"), mode=wandb_mode(tracking),
-                              dir=str(outdir), config=cfg_dict, name=name, group=group,
-                              job_type=cfg_dict.get("system", {}).get("name"), reinit="finish_previous",
-                              settings=wandb.Settings(**settings))
+        self.run = wandb.init(
+            project=tracking["project"],
+            entity=tracking.get("entity"),
+            mode=wandb_mode(tracking),
+            dir=str(outdir),
+            config=cfg_dict,
+            name=name,
+            group=group,
+            job_type=cfg_dict.get("system", {}).get("name"),
+            reinit="finish_previous",
+            settings=wandb.Settings(**settings),
+        )
 
     def log_summary(self, summary: dict) -> None:
         for k, v in summary.items():
@@ -68,13 +86,13 @@ class WandbTracker(NullTracker):
         first 10,000 rows."""
         if isinstance(table, dict):
             import pandas as pd
+
             table = pd.DataFrame(table)
         if table is None or not len(table):
             return
         if isinstance(table, list):
             cols = list(table[0])
-            self.run.log({name: self.wandb.Table(columns=cols, data=[[r.get(c) for c in cols]
-                                                                     for r in table[:10000]])})
+            self.run.log({name: self.wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in table[:10000]])})
         else:
             self.run.log({name: self.wandb.Table(dataframe=table.head(10000))})
 
@@ -106,8 +124,9 @@ def job_gets_own_run(tracking, simulated: bool, in_multirun: bool) -> bool:
     return not in_multirun or mode == "runs" or (mode == "auto" and not simulated)
 
 
-def make_tracker(cfg_dict: dict, tracking, outdir: Path, name: str, group: str | None = None,
-                 system_metrics: bool = False):
+def make_tracker(
+    cfg_dict: dict, tracking, outdir: Path, name: str, group: str | None = None, system_metrics: bool = False
+):
     """A tracker for the run; falls back to NullTracker (with a warning) if W&B cannot start.
 
     ``system_metrics``: let W&B sample host/GPU utilisation and collect host metadata (real runs);
@@ -118,8 +137,12 @@ def make_tracker(cfg_dict: dict, tracking, outdir: Path, name: str, group: str |
         return WandbTracker(cfg_dict, tracking, outdir, name, group, system_metrics)
     except Exception as e:  # tracking is a mirror: never let it fail the run
         from harness.logs import say
-        say(f"W&B ({wandb_mode(tracking)}) could not start, nothing of this run goes to W&B: {e} (the local "
-            f"record is complete)", warning=True)
+
+        say(
+            f"W&B ({wandb_mode(tracking)}) could not start, nothing of this run goes to W&B: {e} (the local "
+            f"record is complete)",
+            warning=True,
+        )
         return NullTracker()
 
 
@@ -140,27 +163,40 @@ def mirror_later(outdir: Path, tracking, name: str, group: Optional[str]) -> Opt
     ``online`` mode it waits for that process (:data:`ONLINE_WAIT_S`) and prints a warning when the
     mirror failed or is still running."""
     from harness.logs import say
+
     if wandb_mode(tracking) == "disabled":
         return None
     logfile = Path(outdir).resolve() / MIRROR_LOG
     logfile.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "harness.tracking", str(logfile.parent.parent), "--name", name]
     with open(logfile, "ab") as out:
-        proc = subprocess.Popen(cmd + (["--group", group] if group else []), cwd=ROOT, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd + (["--group", group] if group else []),
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     if wandb_mode(tracking) != "online":
         return logfile
     again = f"`python -m harness.tracking {logfile.parent.parent} --mode online` mirrors it again"
     try:
         rc = proc.wait(timeout=ONLINE_WAIT_S)
     except subprocess.TimeoutExpired:
-        say(f"W&B (online): the mirror is still running after {ONLINE_WAIT_S:.0f} s; it goes on in the background "
-            f"(its output: {logfile})", warning=True)
+        say(
+            f"W&B (online): the mirror is still running after {ONLINE_WAIT_S:.0f} s; it goes on in the background "
+            f"(its output: {logfile})",
+            warning=True,
+        )
         return logfile
     if rc != 0:
         lines = [ln for ln in logfile.read_text(errors="replace").splitlines() if ln.strip()]
-        say(f"W&B (online) did not mirror this run (exit {rc}: {lines[-1] if lines else 'no output'}); the local "
-            f"record is complete; {again}", warning=True)
+        say(
+            f"W&B (online) did not mirror this run (exit {rc}: {lines[-1] if lines else 'no output'}); the local "
+            f"record is complete; {again}",
+            warning=True,
+        )
     return logfile
 
 
@@ -179,48 +215,66 @@ def mirror(outdir: Path, name: Optional[str] = None, group: Optional[str] = None
     too); it does not override ``$WANDB_MODE`` (:func:`main` sets that). Returns what was done;
     raises MirrorError when nothing was mirrored."""
     import pandas as pd
+
     outdir = Path(outdir)
     rec = json.loads((outdir / "run.json").read_text())
     cfg = rec["config"]
     tracking = {**cfg["tracking"], **({"name": "wandb", "mode": mode} if mode else {})}
     if not tracking_on(tracking) or wandb_mode(tracking) == "disabled":
-        why = (f"tracking={tracking['name']}, tracking.mode={tracking['mode']}" if not tracking_on(tracking)
-               else "$WANDB_MODE=disabled")
-        raise MirrorError(f"not mirrored: W&B is disabled for this record ({why}); "
-                          f"`python -m harness.tracking {outdir} --mode offline` mirrors it anyway", disabled=True)
-    tables = {t: pd.read_parquet(outdir / f"{t}.parquet") for t in rec.get("tables", [])
-              if (outdir / f"{t}.parquet").exists()}
+        why = (
+            f"tracking={tracking['name']}, tracking.mode={tracking['mode']}"
+            if not tracking_on(tracking)
+            else "$WANDB_MODE=disabled"
+        )
+        raise MirrorError(
+            f"not mirrored: W&B is disabled for this record ({why}); "
+            f"`python -m harness.tracking {outdir} --mode offline` mirrors it anyway",
+            disabled=True,
+        )
+    tables = {
+        t: pd.read_parquet(outdir / f"{t}.parquet") for t in rec.get("tables", []) if (outdir / f"{t}.parquet").exists()
+    }
     try:
         tracker = WandbTracker(cfg, tracking, outdir, name=name or f"{rec['system']}-{rec['run_id']}", group=group)
         log_record(tracker, rec["status"], rec["backend"]["simulated"], rec.get("summary") or {}, tables)
-    except Exception as e:          # noqa: BLE001 (W&B raises many kinds; each is reported)
+    except Exception as e:  # noqa: BLE001 (W&B raises many kinds; each is reported)
         raise MirrorError(f"not mirrored: W&B ({wandb_mode(tracking)}) failed: {e}") from e
     return f"mirrored {outdir / 'run.json'} to W&B ({wandb_mode(tracking)}) in {Path(tracker.run.dir).parent}"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m harness.tracking",
-                                 description="Mirror a run's record (run.json + tables) into a W&B run in its folder.")
+    ap = argparse.ArgumentParser(
+        prog="python -m harness.tracking",
+        description="Mirror a run's record (run.json + tables) into a W&B run in its folder.",
+    )
     ap.add_argument("run_dir", type=Path, help="the job's folder (holds run.json)")
     ap.add_argument("--name", help="W&B run name (default: <system>-<run folder>)")
     ap.add_argument("--group", help="W&B group (a single run's: its sweep_name)")
-    ap.add_argument("--mode", choices=("offline", "online"),
-                    help="W&B mode for this command, over the record's tracking and $WANDB_MODE (default: "
-                         "the record's tracking.mode, or $WANDB_MODE; a record made with tracking=none needs it)")
+    ap.add_argument(
+        "--mode",
+        choices=("offline", "online"),
+        help="W&B mode for this command, over the record's tracking and $WANDB_MODE (default: "
+        "the record's tracking.mode, or $WANDB_MODE; a record made with tracking=none needs it)",
+    )
     args = ap.parse_args(argv)
     if not (args.run_dir / "run.json").is_file():
-        print(f"error: {args.run_dir}: no run.json here (pass a job's folder, e.g. results/runs/<run>)",
-              file=sys.stderr)
+        print(
+            f"error: {args.run_dir}: no run.json here (pass a job's folder, e.g. results/runs/<run>)", file=sys.stderr
+        )
         return 2
     from harness.records import read_record
+
     rec = read_record(args.run_dir)
     if rec is None:
         print(f"error: {args.run_dir / 'run.json'} is not a record (not a readable JSON object)", file=sys.stderr)
         return 2
     missing = [k for k in ("config", "status", "backend", "system", "run_id") if k not in rec]
     if missing or not isinstance(rec.get("config"), dict) or "tracking" not in rec["config"]:
-        print(f"error: {args.run_dir / 'run.json'} is not a run's record (it lacks "
-              f"{', '.join(missing) or 'config.tracking'}); pass a job's folder written by run.py", file=sys.stderr)
+        print(
+            f"error: {args.run_dir / 'run.json'} is not a run's record (it lacks "
+            f"{', '.join(missing) or 'config.tracking'}); pass a job's folder written by run.py",
+            file=sys.stderr,
+        )
         return 2
     if args.mode:
         os.environ["WANDB_MODE"] = args.mode

@@ -1,12 +1,20 @@
 """Byte sizes with units: ``7GiB``, ``512MiB``, ``24GB`` or a plain number of bytes."""
+
 from __future__ import annotations
 
 import re
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -36,7 +44,8 @@ def parse_size(value, field: str = "size") -> int:
         raise ValueError(
             f"{field}={value!r} is not a size; use bytes (e.g. 7516192768) or a number with one of the "
             f"units B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal), case-insensitive "
-            f"(e.g. 7GiB, 512MiB)")
+            f"(e.g. 7GiB, 512MiB)"
+        )
     return int(float(m.group(1)) * _UNITS[unit])
 
 

@@ -17,6 +17,7 @@ of 95 % would call 81 % (four times the misses) reproduced.
 Every verdict row says whether ours is simulated; a simulated "reproduced" means the simulator
 with the stated hardware profile agrees, not that a GPU measured it.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import List, Optional
 
 TOLERANCE = 0.15
-ATTAINMENT_POINTS = 3.0      # percentage points: the tolerance of rates near 100 % (a metric *_attainment)
+ATTAINMENT_POINTS = 3.0  # percentage points: the tolerance of rates near 100 % (a metric *_attainment)
 VERDICTS = ("reproduced", "partly", "not reproduced", "no result")
 
 
@@ -37,8 +38,15 @@ def _close(a: float, b: float, tol: float) -> bool:
     return abs(a - b) <= tol * abs(b) if b != 0 else abs(a) <= tol
 
 
-def verdict(ours: Optional[float], paper: float, kind: str = "=", ours_hi: Optional[float] = None,
-            paper_hi: Optional[float] = None, tol: float = TOLERANCE, points: Optional[float] = None) -> str:
+def verdict(
+    ours: Optional[float],
+    paper: float,
+    kind: str = "=",
+    ours_hi: Optional[float] = None,
+    paper_hi: Optional[float] = None,
+    tol: float = TOLERANCE,
+    points: Optional[float] = None,
+) -> str:
     """The verdict (module docstring). ``kind``: ``=`` point, ``>=``/``<=`` bound, ``range``
     (``paper``..``paper_hi``). ``ours_hi``: the upper end when ours is a range. ``points``: judge
     in absolute units instead (a rate in %: within ``points`` percentage points, slack of bounds and
@@ -49,21 +57,21 @@ def verdict(ours: Optional[float], paper: float, kind: str = "=", ours_hi: Optio
         raise ValueError("a paper range needs paper_hi")
     if _nan(ours):
         return "no result"
-    if points is None:                                 # relative to the paper's value
+    if points is None:  # relative to the paper's value
         lower, upper = (lambda x: x * (1 - tol)), (lambda x: x * (1 + tol))
-        close = lambda a, b: _close(a, b, tol)          # noqa: E731
-        near = lambda a, b: abs(a - b) / max(abs(b), 1e-300) <= 2 * tol    # noqa: E731
-    else:                                              # absolute (percentage points of a rate)
+        close = lambda a, b: _close(a, b, tol)  # noqa: E731
+        near = lambda a, b: abs(a - b) / max(abs(b), 1e-300) <= 2 * tol  # noqa: E731
+    else:  # absolute (percentage points of a rate)
         lower, upper = (lambda x: x - points), (lambda x: x + points)
-        close = lambda a, b: abs(a - b) <= points       # noqa: E731
-        near = lambda a, b: abs(a - b) <= 2 * points    # noqa: E731
+        close = lambda a, b: abs(a - b) <= points  # noqa: E731
+        near = lambda a, b: abs(a - b) <= 2 * points  # noqa: E731
     lo_o, hi_o = float(ours), float(ours if _nan(ours_hi) else ours_hi)
     if kind == ">=":
         return "reproduced" if lo_o >= lower(paper) else "partly" if hi_o >= lower(paper) else "not reproduced"
     if kind == "<=":
         return "reproduced" if hi_o <= upper(paper) else "partly" if lo_o <= upper(paper) else "not reproduced"
     p_lo, p_hi = (paper, paper) if kind == "=" else (paper, float(paper_hi))
-    if lo_o == hi_o:                                   # a point of ours
+    if lo_o == hi_o:  # a point of ours
         if kind == "range" and lower(p_lo) <= lo_o <= upper(p_hi):
             return "reproduced"
         if kind == "=" and close(lo_o, p_lo):
@@ -78,32 +86,34 @@ def verdict(ours: Optional[float], paper: float, kind: str = "=", ours_hi: Optio
 @dataclass
 class Row:
     """One paper number beside ours, as written to a sweep's ``verdicts.csv``."""
-    paper: str                      # lbs | fasttts | beam
-    figure: str                     # the paper's figure/table, e.g. fig9
-    quantity: str                   # what is compared, in words
+
+    paper: str  # lbs | fasttts | beam
+    figure: str  # the paper's figure/table, e.g. fig9
+    quantity: str  # what is compared, in words
     paper_value: float
-    kind: str = "="                 # = | >= | <= | range
+    kind: str = "="  # = | >= | <= | range
     paper_hi: Optional[float] = None
     ours: Optional[float] = None
     ours_hi: Optional[float] = None
     unit: str = ""
     simulated: bool = True
-    source: str = ""                # the figure/table file of ours, relative to the sweep dir
+    source: str = ""  # the figure/table file of ours, relative to the sweep dir
     note: str = ""
     points: Optional[float] = None  # judged in absolute units (percentage points for rates), else relative
     verdict: str = field(default="")
 
     def __post_init__(self):
-        self.verdict = verdict(self.ours, self.paper_value, self.kind, self.ours_hi, self.paper_hi,
-                               points=self.points)
+        self.verdict = verdict(self.ours, self.paper_value, self.kind, self.ours_hi, self.paper_hi, points=self.points)
 
 
 def write(sweep_dir, rows: List[Row]) -> Path:
     """Write ``<sweep_dir>/verdicts.csv`` (one row per paper number)."""
     import pandas as pd
+
     p = Path(sweep_dir) / "verdicts.csv"
     p.parent.mkdir(parents=True, exist_ok=True)
-    from harness.records import atomic_write_bytes         # whole or not at all: reproduce collects it
+    from harness.records import atomic_write_bytes  # whole or not at all: reproduce collects it
+
     atomic_write_bytes(p, pd.DataFrame([asdict(r) for r in rows]).to_csv(index=False).encode())
     return p
 
@@ -113,7 +123,7 @@ def fmt_range(lo, hi=None, unit: str = "", digits: int = 3) -> str:
     whole numbers from 1,000 on); one value when both ends read the same; empty for a missing value."""
     if _nan(lo):
         return ""
-    f = (lambda v: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.{digits}g}")
+    f = lambda v: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.{digits}g}"
     s = f(lo) if _nan(hi) or f(hi) == f(lo) else f"{f(lo)}-{f(hi)}"
     return f"{s} {unit}".strip()
 

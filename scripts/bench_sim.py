@@ -35,6 +35,7 @@ simulated: no time to count); 2 for bad arguments.
 
 Cases live in one function per family (``fasttts_cases``, ``lbs_cases``, ...): each returns cases.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,6 +61,7 @@ RUNNER = "--runner"
 class Case:
     """One command: ``overrides`` of ``run.py``; goal: at most ``goal_s`` seconds of process wall
     time beyond the empty app composing the same overrides."""
+
     name: str
     overrides: List[str]
     goal_s: float = 1.0
@@ -68,6 +70,7 @@ class Case:
 @dataclass
 class RunnerCase:
     """The runner time (s) of one simulated config; goal: at most ``goal_s`` (best of the rounds)."""
+
     name: str
     overrides: List[str]
     goal_s: float = 1.0
@@ -77,6 +80,7 @@ class RunnerCase:
 class LinearCase:
     """Cost linear in beams x steps: runner time per beam-step of ``long`` over that of ``short``
     (each ``(overrides, beams x steps)``), goal at most ``tolerance`` (1 = exactly linear)."""
+
     name: str
     short: Tuple[List[str], int]
     long: Tuple[List[str], int]
@@ -131,8 +135,13 @@ def lbs_linear_cases() -> List[LinearCase]:
     """256 beams, 2048 -> 8192 tokens (64 -> 256 steps of 32); the old code's cost grew like beams x
     steps^2 (64 beams, 1920 -> 8192 tokens: 15x for 4.3x the work). Goal: per beam-step at most 1.25x
     the short run's (per-step costs that do not grow with the tree's depth)."""
-    return [LinearCase("lbs runner per beam-step, 256 beams: 8192 vs 2048 tokens",
-                       ([*LBS_LONG, "gen_len=2048"], 256 * 64), ([*LBS_LONG, "gen_len=8192"], 256 * 256))]
+    return [
+        LinearCase(
+            "lbs runner per beam-step, 256 beams: 8192 vs 2048 tokens",
+            ([*LBS_LONG, "gen_len=2048"], 256 * 64),
+            ([*LBS_LONG, "gen_len=8192"], 256 * 256),
+        )
+    ]
 
 
 # --- BEAM serving (engineer M) -------------------------------------------------------------------------
@@ -153,10 +162,16 @@ def serving_runner_cases() -> List[RunnerCase]:
     return [RunnerCase("serving runner, main command", SERVING_MAIN, 1.0)]
 
 
-CASES: Dict[str, Callable[[], list]] = {"fasttts": fasttts_cases, "fasttts-runner": fasttts_runner_cases,
-                                        "lbs": lbs_cases, "startup": startup_cases,
-                                        "lbs-runner": lbs_runner_cases, "lbs-linear": lbs_linear_cases,
-                                        "serving": serving_cases, "serving-runner": serving_runner_cases}
+CASES: Dict[str, Callable[[], list]] = {
+    "fasttts": fasttts_cases,
+    "fasttts-runner": fasttts_runner_cases,
+    "lbs": lbs_cases,
+    "startup": startup_cases,
+    "lbs-runner": lbs_runner_cases,
+    "lbs-linear": lbs_linear_cases,
+    "serving": serving_cases,
+    "serving-runner": serving_runner_cases,
+}
 
 
 # --- measurement: process cases ------------------------------------------------------------------------
@@ -165,7 +180,7 @@ def _children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-PACKAGES = ("harness", "systems", "workloads", "hydra_plugins")     # compiled before measuring (module docstring)
+PACKAGES = ("harness", "systems", "workloads", "hydra_plugins")  # compiled before measuring (module docstring)
 
 
 def _user_env(**extra: str) -> Dict[str, str]:
@@ -175,8 +190,12 @@ def _user_env(**extra: str) -> Dict[str, str]:
 
 def compile_packages(root: Path) -> None:
     """Write the bytecode cache of checkout ``root``'s packages, as its first run would."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", *[str(root / p) for p in PACKAGES]], check=True,
-                   capture_output=True, env=_user_env())
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", *[str(root / p) for p in PACKAGES]],
+        check=True,
+        capture_output=True,
+        env=_user_env(),
+    )
 
 
 def _run(cmd: List[str], root: Path, env: Dict[str, str]) -> Tuple[float, float]:
@@ -230,7 +249,7 @@ def measure(cases: List[Case], roots: List[Path], rounds: int, tracking: bool) -
     keys = [(c.name, root, kind) for c in cases for root in roots for kind in ("case", "app")]
     wall: Dict[tuple, List[float]] = {k: [] for k in keys}
     cpu: Dict[tuple, List[float]] = {k: [] for k in keys}
-    cold: Dict[tuple, List[Tuple[float, float]]] = {k: [] for k in keys}     # (wall, CPU) of cold-cache runs
+    cold: Dict[tuple, List[Tuple[float, float]]] = {k: [] for k in keys}  # (wall, CPU) of cold-cache runs
     mirror: Dict[tuple, List[float]] = {k: [] for k in keys}
     by_name = {c.name: c for c in cases}
     with tempfile.TemporaryDirectory(prefix="bench_sim_") as tmp:
@@ -242,7 +261,9 @@ def measure(cases: List[Case], roots: List[Path], rounds: int, tracking: bool) -
                 name, root, kind = key
                 c = by_name[name]
                 over = c.overrides if not tracking else [o for o in c.overrides if not o.startswith("tracking=")]
-                cmd = [py, "run.py", *over] if kind == "case" else [py, str(Path(__file__)), EMPTY_APP, str(root), *over]
+                cmd = (
+                    [py, "run.py", *over] if kind == "case" else [py, str(Path(__file__)), EMPTY_APP, str(root), *over]
+                )
                 cached = _cache_files(Path(tmp))
                 w, u = _run(cmd, root, env)
                 if _cache_files(Path(tmp)) - cached:
@@ -254,21 +275,33 @@ def measure(cases: List[Case], roots: List[Path], rounds: int, tracking: bool) -
                 if done is not None:
                     mirror[key].append(done)
         mirrored = sorted(Path(tmp).rglob("wandb/mirror.log"))
-        mirror_cost = _run([py, "-m", "harness.tracking", str(mirrored[0].parent.parent)], ROOT, env) if mirrored else None
+        mirror_cost = (
+            _run([py, "-m", "harness.tracking", str(mirrored[0].parent.parent)], ROOT, env) if mirrored else None
+        )
     out = []
     for c in cases:
         for root in roots:
             key = (c.name, root, "case")
-            if not wall[key]:            # every run filled the cache (one round): those are the numbers
+            if not wall[key]:  # every run filled the cache (one round): those are the numbers
                 wall[key], cpu[key] = [w for w, _ in cold[key]], [u for _, u in cold[key]]
             case, app = (statistics.median(wall[(c.name, root, k)]) for k in ("case", "app"))
             case_cpu, app_cpu = (statistics.median(cpu[(c.name, root, k)]) for k in ("case", "app"))
             m = mirror[key]
             cold_s = [(w - app, u - app_cpu) for w, u in cold[key]] if len(wall[key]) != len(cold[key]) else []
-            out.append({"case": c, "root": root, "wall_s": case, "app_s": app, "extra_s": case - app,
-                        "extra_cpu_s": case_cpu - app_cpu, "ratio": (case - app) / c.goal_s, "cold": cold_s,
-                        "mirror_s": statistics.median(m) if m else None,
-                        "mirror_cost": mirror_cost if m and root == ROOT else None})
+            out.append(
+                {
+                    "case": c,
+                    "root": root,
+                    "wall_s": case,
+                    "app_s": app,
+                    "extra_s": case - app,
+                    "extra_cpu_s": case_cpu - app_cpu,
+                    "ratio": (case - app) / c.goal_s,
+                    "cold": cold_s,
+                    "mirror_s": statistics.median(m) if m else None,
+                    "mirror_cost": mirror_cost if m and root == ROOT else None,
+                }
+            )
     return out
 
 
@@ -284,12 +317,14 @@ def empty_app(root: Path) -> None:
     import hydra
 
     from harness.config import register_configs, register_resolvers
+
     register_resolvers()
     register_configs()
 
     @hydra.main(version_base="1.3", config_path=str(root / "conf"), config_name="config")
     def app(cfg) -> None:
         pass
+
     app()
 
 
@@ -297,12 +332,20 @@ def empty_app(root: Path) -> None:
 def runner_times(root: Path, overrides: List[str], rounds: int) -> List[float]:
     """Runner seconds of ``rounds`` runs of one simulated config in checkout ``root`` (a fresh process,
     the config composed once, records in a temporary folder, W&B off)."""
-    out = subprocess.run([sys.executable, str(Path(__file__)), RUNNER, str(root), str(rounds), *overrides],
-                         cwd=root, capture_output=True, text=True, env=_user_env())
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__)), RUNNER, str(root), str(rounds), *overrides],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=_user_env(),
+    )
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or [""])[-1]
-        raise SystemExit(last if last.startswith("error:") else
-                         f"error: runner case {overrides} in {root} exited {out.returncode}:\n{out.stderr[-2000:]}")
+        raise SystemExit(
+            last
+            if last.startswith("error:")
+            else f"error: runner case {overrides} in {root} exited {out.returncode}:\n{out.stderr[-2000:]}"
+        )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -312,11 +355,22 @@ def sim_config(root: Path, tmp: str, overrides: List[str]):
     from hydra import compose, initialize_config_dir
 
     from harness.config import register_configs, register_resolvers
+
     register_resolvers()
     register_configs()
     with initialize_config_dir(version_base="1.3", config_dir=str(root / "conf")):
-        return compose("config", overrides=[f"output_dir={tmp}", f"results_dir={tmp}", "tracking=none",
-                                            "progress=false", "backend=sim", "resume=false", *overrides])
+        return compose(
+            "config",
+            overrides=[
+                f"output_dir={tmp}",
+                f"results_dir={tmp}",
+                "tracking=none",
+                "progress=false",
+                "backend=sim",
+                "resume=false",
+                *overrides,
+            ],
+        )
 
 
 def runner_child(root: Path, rounds: int, overrides: List[str]) -> None:
@@ -324,14 +378,17 @@ def runner_child(root: Path, rounds: int, overrides: List[str]) -> None:
     caches in a temporary folder, never the checkout's results/)."""
     sys.path.insert(0, str(root))
     from harness.run import run
+
     with tempfile.TemporaryDirectory(prefix="bench_sim_runner_") as tmp:
         cfg = sim_config(root, tmp, overrides)
         walls = []
         for _ in range(rounds):
             rec = run(cfg, multirun=True, overrides=[])
-            if rec["status"] != "ok":            # nothing simulated: no time to count (QA: 'ratio 0.00 OK')
-                raise SystemExit(f"error: {' '.join(overrides)}: status {rec['status']} ({rec.get('message')}); "
-                                 f"a runner case times a simulation that runs")
+            if rec["status"] != "ok":  # nothing simulated: no time to count (QA: 'ratio 0.00 OK')
+                raise SystemExit(
+                    f"error: {' '.join(overrides)}: status {rec['status']} ({rec.get('message')}); "
+                    f"a runner case times a simulation that runs"
+                )
             walls.append(rec["repeat_runs"][0]["wall_s"])
     print(json.dumps(walls))
 
@@ -339,7 +396,9 @@ def runner_child(root: Path, rounds: int, overrides: List[str]) -> None:
 def measure_runners(cases: list, roots: List[Path], rounds: int) -> List[dict]:
     """Best runner time of each RunnerCase, and the per-beam-step ratio of each LinearCase, per
     checkout; each round one process per config and checkout, the checkouts in shuffled order."""
-    configs = {tuple(o) for c in cases for o in ([c.overrides] if isinstance(c, RunnerCase) else [c.short[0], c.long[0]])}
+    configs = {
+        tuple(o) for c in cases for o in ([c.overrides] if isinstance(c, RunnerCase) else [c.short[0], c.long[0]])
+    }
     best: Dict[tuple, float] = {}
     for _ in range(rounds):
         for over in sorted(configs):
@@ -355,8 +414,15 @@ def measure_runners(cases: list, roots: List[Path], rounds: int) -> List[dict]:
             else:
                 short = best[(root, tuple(c.short[0]))] / c.short[1]
                 long = best[(root, tuple(c.long[0]))] / c.long[1]
-                out.append({"case": c, "root": root, "short_us": short * 1e6, "long_us": long * 1e6,
-                            "ratio": long / short / c.tolerance})
+                out.append(
+                    {
+                        "case": c,
+                        "root": root,
+                        "short_us": short * 1e6,
+                        "long_us": long * 1e6,
+                        "ratio": long / short / c.tolerance,
+                    }
+                )
     return out
 
 
@@ -374,10 +440,15 @@ def main() -> int:
     a = ap.parse_args()
     families = [f for f in a.only.split(",") if f] or list(CASES)
     unknown = [f for f in families if f not in CASES]
-    problems = ([f"--only {','.join(unknown)}: not a family of cases; one or more of {', '.join(CASES)}"] if unknown else []) \
-        + ([f"--rounds {a.rounds}: at least 1"] if a.rounds < 1 else []) \
-        + ([f"--against {a.against}: not a checkout of this project (no run.py and conf/ in it)"]
-           if a.against and not ((a.against / "run.py").is_file() and (a.against / "conf").is_dir()) else [])
+    problems = (
+        ([f"--only {','.join(unknown)}: not a family of cases; one or more of {', '.join(CASES)}"] if unknown else [])
+        + ([f"--rounds {a.rounds}: at least 1"] if a.rounds < 1 else [])
+        + (
+            [f"--against {a.against}: not a checkout of this project (no run.py and conf/ in it)"]
+            if a.against and not ((a.against / "run.py").is_file() and (a.against / "conf").is_dir())
+            else []
+        )
+    )
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         return 2
@@ -390,8 +461,10 @@ def main() -> int:
     procs = measure([c for c in cases if isinstance(c, Case)], roots, a.rounds, a.with_tracking)
     runners = measure_runners([c for c in cases if not isinstance(c, Case)], roots, a.rounds)
     load1 = os.getloadavg()
-    print(f"{a.rounds} rounds, {os.cpu_count()} CPUs, load average {load0[0]:.2f} before / {load1[0]:.2f} after"
-          f"{', W&B offline' if a.with_tracking else ''}, Python's bytecode cache on")
+    print(
+        f"{a.rounds} rounds, {os.cpu_count()} CPUs, load average {load0[0]:.2f} before / {load1[0]:.2f} after"
+        f"{', W&B offline' if a.with_tracking else ''}, Python's bytecode cache on"
+    )
     for r in procs:
         c = r["case"]
         mirror = ""
@@ -401,19 +474,28 @@ def main() -> int:
             mirror += f" (the mirror alone: {r['mirror_cost'][0]:.1f} s wall, {r['mirror_cost'][1]:.1f} s CPU)"
         cache = ""
         if r["cold"]:
-            cache = (" [results_dir/cache warm; the run that filled it (a fresh results folder): "
-                     + ", ".join(f"{w:.2f} s wall / {u:.2f} s CPU" for w, u in r["cold"]) + " beyond the app]")
-        print(f"[{label[r['root']]}] {c.name}: {r['wall_s']:.2f} s, empty Hydra app {r['app_s']:.2f} s, beyond it "
-              f"{r['extra_s']:.2f} s wall / {r['extra_cpu_s']:.2f} s CPU (goal {c.goal_s:g} s){mirror}{cache}: "
-              f"ratio {r['ratio']:.2f} {_verdict(r['ratio'])}")
+            cache = (
+                " [results_dir/cache warm; the run that filled it (a fresh results folder): "
+                + ", ".join(f"{w:.2f} s wall / {u:.2f} s CPU" for w, u in r["cold"])
+                + " beyond the app]"
+            )
+        print(
+            f"[{label[r['root']]}] {c.name}: {r['wall_s']:.2f} s, empty Hydra app {r['app_s']:.2f} s, beyond it "
+            f"{r['extra_s']:.2f} s wall / {r['extra_cpu_s']:.2f} s CPU (goal {c.goal_s:g} s){mirror}{cache}: "
+            f"ratio {r['ratio']:.2f} {_verdict(r['ratio'])}"
+        )
     for r in runners:
         c = r["case"]
         if isinstance(c, RunnerCase):
-            print(f"[{label[r['root']]}] {c.name}: best of {a.rounds} {r['best_s']:.2f} s (goal {c.goal_s:g} s): "
-                  f"ratio {r['ratio']:.2f} {_verdict(r['ratio'])}")
+            print(
+                f"[{label[r['root']]}] {c.name}: best of {a.rounds} {r['best_s']:.2f} s (goal {c.goal_s:g} s): "
+                f"ratio {r['ratio']:.2f} {_verdict(r['ratio'])}"
+            )
         else:
-            print(f"[{label[r['root']]}] {c.name}: {r['long_us']:.1f} vs {r['short_us']:.1f} us per beam-step "
-                  f"(goal <= {c.tolerance:g}x): ratio {r['ratio']:.2f} {_verdict(r['ratio'])}")
+            print(
+                f"[{label[r['root']]}] {c.name}: {r['long_us']:.1f} vs {r['short_us']:.1f} us per beam-step "
+                f"(goal <= {c.tolerance:g}x): ratio {r['ratio']:.2f} {_verdict(r['ratio'])}"
+            )
     return 0 if all(r["ratio"] <= 1 for r in procs + runners if r["root"] == ROOT) else 1
 
 

@@ -10,6 +10,7 @@ checkout of the project (e.g. ``git worktree add ../base main``) in the same ses
 two alternating so both see the same machine load, and prints the ratio of their best times.
 Extra arguments are passed to ``run.py -m``. Timings depend on the machine's load: run it alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,16 +31,23 @@ def one_sweep(root: Path, overrides: list, env: dict) -> float:
         load = os.getloadavg()[0]
         cpu0 = _children_cpu_s()
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "run.py", "-m", *overrides, f"results_dir={tmp}"],
-                             cwd=root, env=env, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, "run.py", "-m", *overrides, f"results_dir={tmp}"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         wall = time.perf_counter() - t0
         cpu = _children_cpu_s() - cpu0
         records = len(list(Path(tmp).glob("sweeps/*/*/run.json")))
     if out.returncode != 0:
         print(out.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"sweep in {root} failed (exit {out.returncode})")
-    print(f"  {root}: {records} job records in {wall:.1f} s wall, {cpu:.1f} s CPU "
-          f"(load average before: {load:.2f})", flush=True)
+    print(
+        f"  {root}: {records} job records in {wall:.1f} s wall, {cpu:.1f} s CPU (load average before: {load:.2f})",
+        flush=True,
+    )
     return wall
 
 
@@ -66,12 +74,16 @@ def main() -> int:
             wall = one_sweep(root, overrides, env)
             best[root] = min(best.get(root, wall), wall)
     ok = best[ROOT] <= args.goal
-    print(f"{' '.join(overrides)}: best of {args.repeat} {best[ROOT]:.1f} s wall (goal {args.goal:.0f} s, "
-          f"ratio {best[ROOT] / args.goal:.2f}, W&B {env['WANDB_MODE']}, {os.cpu_count()} CPUs): "
-          f"{'OK' if ok else 'OVER GOAL'}")
+    print(
+        f"{' '.join(overrides)}: best of {args.repeat} {best[ROOT]:.1f} s wall (goal {args.goal:.0f} s, "
+        f"ratio {best[ROOT] / args.goal:.2f}, W&B {env['WANDB_MODE']}, {os.cpu_count()} CPUs): "
+        f"{'OK' if ok else 'OVER GOAL'}"
+    )
     if args.against:
-        print(f"against {roots[1]}: best {best[roots[1]]:.1f} s; this checkout takes "
-              f"{best[ROOT] / best[roots[1]]:.2f}x its time")
+        print(
+            f"against {roots[1]}: best {best[roots[1]]:.1f} s; this checkout takes "
+            f"{best[ROOT] / best[roots[1]]:.2f}x its time"
+        )
     return 0 if ok else 1
 
 

@@ -13,6 +13,7 @@ the best CPU seconds of the rounds per checkout and their ratio. The synthetic P
 token map run inside the simulated verifier and are not timed here (``scripts/bench_sim.py`` times
 the whole runner). The load average is printed: timings on a shared machine swing with it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,11 @@ def record(root: Path, out: Path) -> None:
     the prompts, every engine answer in call order and each iteration's survivors and keys."""
     sys.path.insert(0, str(root))
     from bench_sim import FASTTTS_MAIN, sim_config
+
     from harness.backend import Backend
     from systems.tts import runner
     from systems.tts.search import Search
+
     with tempfile.TemporaryDirectory(prefix="bench_tts_search_") as tmp:
         cfg = sim_config(root, tmp, FASTTTS_MAIN)
     runner.validate(cfg)
@@ -67,6 +70,7 @@ def replay(root: Path, recording: Path, repeats: int) -> None:
     recorded answers, printed last."""
     sys.path.insert(0, str(root))
     from systems.tts.search import Search
+
     st, runs, gens, vers, decisions = pickle.loads(recording.read_bytes())
     best = float("inf")
     for _ in range(repeats):
@@ -100,20 +104,27 @@ def main() -> int:
     best = {r: float("inf") for r in roots}
     with tempfile.TemporaryDirectory(prefix="bench_tts_search_") as tmp:
         recording = Path(tmp) / "answers.pkl"
-        subprocess.run([sys.executable, __file__, "--record", str(ROOT), str(recording)], cwd=ROOT, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, __file__, "--record", str(ROOT), str(recording)], cwd=ROOT, check=True, capture_output=True
+        )
         for _ in range(a.rounds):
             for root in random.sample(roots, len(roots)):
-                out = subprocess.run([sys.executable, __file__, "--replay", str(root), str(recording), str(a.repeats)],
-                                     cwd=root, capture_output=True, text=True)
+                out = subprocess.run(
+                    [sys.executable, __file__, "--replay", str(root), str(recording), str(a.repeats)],
+                    cwd=root,
+                    capture_output=True,
+                    text=True,
+                )
                 if out.returncode != 0:
                     raise RuntimeError(f"replay in {root} exited {out.returncode}:\n{out.stderr[-2000:]}")
                 best[root] = min(best[root], float(out.stdout.strip().splitlines()[-1]))
     load1 = os.getloadavg()
     print(f"{a.rounds} rounds x {a.repeats} searches, load average {load0[0]:.2f} before / {load1[0]:.2f} after")
     for root in roots:
-        print(f"[{'this checkout' if root == ROOT else f'against {root}'}] FastTTS search loop alone (30 problems, "
-              f"n = 64, engines replayed): best {best[root]:.3f} s CPU")
+        print(
+            f"[{'this checkout' if root == ROOT else f'against {root}'}] FastTTS search loop alone (30 problems, "
+            f"n = 64, engines replayed): best {best[root]:.3f} s CPU"
+        )
     if a.against:
         print(f"this checkout / against: {best[ROOT] / best[roots[1]]:.2f}")
     return 0

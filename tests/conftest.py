@@ -40,8 +40,16 @@ def compose_cfg(tmp_path):
 
     def _compose(*overrides, output_dir=None):
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            return compose("config", overrides=[f"output_dir={output_dir or tmp_path / 'run'}",
-                                                 "tracking=none", "progress=false", *overrides])
+            return compose(
+                "config",
+                overrides=[
+                    f"output_dir={output_dir or tmp_path / 'run'}",
+                    "tracking=none",
+                    "progress=false",
+                    *overrides,
+                ],
+            )
+
     return _compose
 
 
@@ -49,8 +57,13 @@ def full_data_missing(prefix: str = "") -> list:
     """The pinned data files (workloads/data_manifest.json) under ``prefix`` that FULL_DATA lacks
     (absent, or of another size)."""
     from workloads.fetch import load_manifest
-    return [e["path"] for e in load_manifest() if e["path"].startswith(prefix)
-            and not ((FULL_DATA / e["path"]).is_file() and (FULL_DATA / e["path"]).stat().st_size == e["bytes"])]
+
+    return [
+        e["path"]
+        for e in load_manifest()
+        if e["path"].startswith(prefix)
+        and not ((FULL_DATA / e["path"]).is_file() and (FULL_DATA / e["path"]).stat().st_size == e["bytes"])
+    ]
 
 
 def pytest_collection_modifyitems(items):
@@ -67,12 +80,14 @@ def full_data(request, monkeypatch):
     marker (default: all) is in FULL_DATA. For the test's duration runs read that folder
     (``TTC_DATA_DIR``)."""
     mark = request.node.get_closest_marker("full_data")
-    prefixes = (mark.args if mark and mark.args else ("",))
+    prefixes = mark.args if mark and mark.args else ("",)
     missing = [p for prefix in prefixes for p in full_data_missing(prefix)]
     if missing:
         files = f"{len(missing)} file{'s' if len(missing) != 1 else ''}"
-        pytest.skip(f"needs the full data set ({', '.join(prefixes) or 'all'}): {files} missing in "
-                    f"{FULL_DATA} (e.g. {missing[0]}); `python -m workloads.fetch` or TTC_DATA_DIR provides it")
+        pytest.skip(
+            f"needs the full data set ({', '.join(prefixes) or 'all'}): {files} missing in "
+            f"{FULL_DATA} (e.g. {missing[0]}); `python -m workloads.fetch` or TTC_DATA_DIR provides it"
+        )
     monkeypatch.setenv("TTC_DATA_DIR", str(FULL_DATA))
     return FULL_DATA
 
@@ -103,6 +118,7 @@ def fake_nvml(tmp_path, monkeypatch):
     ``gpu(uuid, pci_bus_id, name=..., energy_step_mj=...)``; ``kw``: its ``configure`` options.
     The test also gets its own clock lock-record folder."""
     import importlib.util
+
     monkeypatch.setenv("TTC_CLOCK_LOCK_DIR", str(tmp_path / "clock-locks"))
 
     def make(gpus, **kw):
@@ -111,6 +127,7 @@ def fake_nvml(tmp_path, monkeypatch):
         spec.loader.exec_module(mod)
         mod.configure(tmp_path / "nvml-state.json", [mod.gpu(*g) for g in gpus], **kw)
         return mod
+
     return make
 
 

@@ -1,4 +1,5 @@
 """harness.run.collector_paused: the cyclic garbage collector off inside a block, as it was after."""
+
 import gc
 
 import pytest
@@ -39,13 +40,14 @@ def test_end_startup_freezes_the_start_up_objects_and_turns_the_collector_on(gc_
     """run.py starts with the collector off; harness.run.end_startup ends that once. Mutations
     caught: the collector left off; nothing frozen; a collector that is on frozen again."""
     from harness.run import end_startup
+
     try:
         gc.unfreeze()
         gc.disable()
         end_startup()
         assert gc.isenabled() and gc.get_freeze_count() > 0
         gc.unfreeze()
-        end_startup()                                  # already on: nothing to do
+        end_startup()  # already on: nothing to do
         assert gc.isenabled() and gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
@@ -56,6 +58,7 @@ def test_run_and_sweep_hooks_end_the_start_up(monkeypatch):
     sweep's driver never calls run.py's main(): without the multirun hook its collector stayed off
     for the whole sweep). Mutation caught: either hook not calling end_startup."""
     import harness.run as hr
+
     calls = []
     monkeypatch.setattr(hr, "end_startup", lambda: calls.append(1))
     monkeypatch.setattr(hr.OutputDirCheck, "_check", staticmethod(lambda config, key: None))

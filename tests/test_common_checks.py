@@ -1,6 +1,7 @@
 """The checks every family shares (harness.config.validate_common, harness.cli.preflight): a hardware
 profile's and a model's numbers, kv_budget against the device, seed, the on/off settings and
 tracking's, each a ConfigError (exit 2) naming the field and what is allowed, before any work."""
+
 from pathlib import Path
 
 import pytest
@@ -11,30 +12,41 @@ from harness.errors import ConfigError
 from harness.run import validate_config
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-FAMILIES = {            # a small job of each family
+FAMILIES = {  # a small job of each family
     "lbs": ("system=lbs",),
     "fasttts": ("system=fasttts", "model=tiny-qwen2", "verifier=tiny-prm", "workload=aime24", "n=8"),
     "beam": ("system=vanilla", "workload=poisson", "hardware=rtx4090"),
 }
 
 
-@pytest.mark.parametrize("override,message", [
-    ("hardware.h2d_bw=-5", "hardware.h2d_bw=-5.0 is not allowed: a bandwidth in bytes/s > 0"),
-    ("hardware.h2d_bw=0", "hardware.h2d_bw=0.0 is not allowed: a bandwidth in bytes/s > 0"),
-    ("hardware.peak_flops=0", "hardware.peak_flops=0.0 is not allowed: a compute rate in FLOP/s > 0"),
-    ("hardware.mem_bw=inf", "hardware.mem_bw=inf is not allowed: a bandwidth in bytes/s > 0 and finite"),
-    ("hardware.memory_bytes=-1", "hardware.memory_bytes=-1 is not allowed: a device memory size in bytes > 0"),
-    ("hardware.flops_efficiency=1.5", "hardware.flops_efficiency=1.5 is not allowed: a fraction of peak_flops in (0, 1]"),
-    ("hardware.kv_reserve_bytes=-1",
-     "hardware.kv_reserve_bytes=-1 is not allowed: a size in bytes >= 0 (null = 10 % of memory_bytes)"),
-    ("model.num_layers=0", "model.num_layers=0 is not allowed: a count > 0"),
-    ("kv_budget=1e30", "kv_budget=1e+30 is not allowed: a KV cache size per device of at most the device's "
-                       "memory, hardware.memory_bytes=25757220864 B (23.99 GiB on rtx4090)"),
-    ("progress=maybe", "progress='maybe' is not allowed: true or false"),
-    ("resume=maybe", "resume='maybe' is not allowed: true or false"),
-    ("isolate=sometimes", "isolate='sometimes' is not allowed: auto, true or false"),
-    ("tracking.mode=bogus", "tracking.mode='bogus' is not allowed: one of offline, online, disabled"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("hardware.h2d_bw=-5", "hardware.h2d_bw=-5.0 is not allowed: a bandwidth in bytes/s > 0"),
+        ("hardware.h2d_bw=0", "hardware.h2d_bw=0.0 is not allowed: a bandwidth in bytes/s > 0"),
+        ("hardware.peak_flops=0", "hardware.peak_flops=0.0 is not allowed: a compute rate in FLOP/s > 0"),
+        ("hardware.mem_bw=inf", "hardware.mem_bw=inf is not allowed: a bandwidth in bytes/s > 0 and finite"),
+        ("hardware.memory_bytes=-1", "hardware.memory_bytes=-1 is not allowed: a device memory size in bytes > 0"),
+        (
+            "hardware.flops_efficiency=1.5",
+            "hardware.flops_efficiency=1.5 is not allowed: a fraction of peak_flops in (0, 1]",
+        ),
+        (
+            "hardware.kv_reserve_bytes=-1",
+            "hardware.kv_reserve_bytes=-1 is not allowed: a size in bytes >= 0 (null = 10 % of memory_bytes)",
+        ),
+        ("model.num_layers=0", "model.num_layers=0 is not allowed: a count > 0"),
+        (
+            "kv_budget=1e30",
+            "kv_budget=1e+30 is not allowed: a KV cache size per device of at most the device's "
+            "memory, hardware.memory_bytes=25757220864 B (23.99 GiB on rtx4090)",
+        ),
+        ("progress=maybe", "progress='maybe' is not allowed: true or false"),
+        ("resume=maybe", "resume='maybe' is not allowed: true or false"),
+        ("isolate=sometimes", "isolate='sometimes' is not allowed: auto, true or false"),
+        ("tracking.mode=bogus", "tracking.mode='bogus' is not allowed: one of offline, online, disabled"),
+    ],
+)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_an_impossible_shared_value_is_refused_in_every_family(compose_cfg, family, override, message):
     """Mutations caught: validate_common without check_numbers for hardware / model (h2d_bw=-5, num_layers=0
@@ -56,8 +68,11 @@ def test_a_negative_seed_is_refused_in_every_family(compose_cfg, family):
 def test_a_kv_budget_above_the_device_memory_is_refused_even_for_the_in_gpu_baseline(compose_cfg):
     """system=in_gpu beams=64 kv_budget=1TiB on the 24 GB RTX 4090 reported status ok with 64 GiB of
     device KV; the device's whole memory itself is allowed (whether the weights fit too is the run's)."""
-    with pytest.raises(ConfigError, match=r"^kv_budget='1TiB' is not allowed: a KV cache size per device of at "
-                                          r"most the device's memory, hardware.memory_bytes=25757220864 B"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^kv_budget='1TiB' is not allowed: a KV cache size per device of at "
+        r"most the device's memory, hardware.memory_bytes=25757220864 B",
+    ):
         validate_config(compose_cfg("system=in_gpu", "beams=64", "kv_budget=1TiB"))
     validate_config(compose_cfg("system=in_gpu", "beams=64", "kv_budget=25757220864"))
 
@@ -83,21 +98,40 @@ def test_every_profile_and_model_in_conf_passes_the_number_checks(compose_cfg, g
     check_numbers("hardware", OmegaConf.create({"kv_reserve_bytes": None, "launch_overhead_s": 0}), HARDWARE_NUMBERS)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("hardware.power.act_a_w=-500", "hardware.power.act_a_w=-500 is not allowed: a power in watts >= 0"),
-    ("hardware.power.blocking_w=nan", "hardware.power.blocking_w=nan is not allowed: a power in watts >= 0 and finite"),
-    ("hardware.power.limit_w=-1", "hardware.power.limit_w=-1 is not allowed: a power in watts > 0"),
-    ("hardware.power.mem_beta=5", "hardware.power.mem_beta=5 is not allowed: a fraction of the active power in [0, 1]"),
-    ("hardware.clock_default_mhz=9999", "hardware.clock_default_mhz=9999 is not allowed: a clock at most "
-     "hardware.clock_max_mhz=3105 MHz (clock_min_mhz <= clock_default_mhz <= clock_max_mhz)"),
-    ("hardware.clock_min_mhz=4000", "hardware.clock_min_mhz=4000 is not allowed: a clock at most "
-     "hardware.clock_default_mhz=2520 MHz (clock_min_mhz <= clock_default_mhz <= clock_max_mhz)"),
-    ("hardware.idle_w=1000", "hardware.idle_w=1000.0 is not allowed: a power at most hardware.tdp_w=450.0 W"),
-    ("model.num_kv_heads=5", "model.num_kv_heads=5 is not allowed: a divisor of model.num_heads=32 "
-     "(grouped-query attention)"),
-    ("model.num_kv_heads=64", "model.num_kv_heads=64 is not allowed: a divisor of model.num_heads=32 "
-     "(grouped-query attention)"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("hardware.power.act_a_w=-500", "hardware.power.act_a_w=-500 is not allowed: a power in watts >= 0"),
+        (
+            "hardware.power.blocking_w=nan",
+            "hardware.power.blocking_w=nan is not allowed: a power in watts >= 0 and finite",
+        ),
+        ("hardware.power.limit_w=-1", "hardware.power.limit_w=-1 is not allowed: a power in watts > 0"),
+        (
+            "hardware.power.mem_beta=5",
+            "hardware.power.mem_beta=5 is not allowed: a fraction of the active power in [0, 1]",
+        ),
+        (
+            "hardware.clock_default_mhz=9999",
+            "hardware.clock_default_mhz=9999 is not allowed: a clock at most "
+            "hardware.clock_max_mhz=3105 MHz (clock_min_mhz <= clock_default_mhz <= clock_max_mhz)",
+        ),
+        (
+            "hardware.clock_min_mhz=4000",
+            "hardware.clock_min_mhz=4000 is not allowed: a clock at most "
+            "hardware.clock_default_mhz=2520 MHz (clock_min_mhz <= clock_default_mhz <= clock_max_mhz)",
+        ),
+        ("hardware.idle_w=1000", "hardware.idle_w=1000.0 is not allowed: a power at most hardware.tdp_w=450.0 W"),
+        (
+            "model.num_kv_heads=5",
+            "model.num_kv_heads=5 is not allowed: a divisor of model.num_heads=32 (grouped-query attention)",
+        ),
+        (
+            "model.num_kv_heads=64",
+            "model.num_kv_heads=64 is not allowed: a divisor of model.num_heads=32 (grouped-query attention)",
+        ),
+    ],
+)
 def test_a_profiles_power_model_clock_order_and_a_models_heads_are_checked(compose_cfg, override, message):
     """A negative or NaN power-model term gave negative or NaN energy recorded as ok; a default clock
     above the maximum, an idle power above the TDP and KV heads that do not divide the heads ran too
@@ -112,22 +146,38 @@ def test_a_value_of_the_wrong_type_for_a_group_field_stops_the_preflight():
     """system.prefetch=maybe was Hydra's "Error merging override" (exit 1). Mutation caught: preflight
     without check_value_type."""
     from harness.cli import preflight
-    for args, message in [(["system.prefetch=maybe"], "system.prefetch='maybe' is not allowed: true or false"),
-                          (["-m", "system.prefetch=true,maybe"], "system.prefetch='maybe' is not allowed: true or false"),
-                          (["hardware.memory_bytes=2.5e10"], "hardware.memory_bytes='2.5e10' is not allowed: an integer"),
-                          (["hardware.h2d_bw=fast"], "hardware.h2d_bw='fast' is not allowed: a number")]:
+
+    for args, message in [
+        (["system.prefetch=maybe"], "system.prefetch='maybe' is not allowed: true or false"),
+        (["-m", "system.prefetch=true,maybe"], "system.prefetch='maybe' is not allowed: true or false"),
+        (["hardware.memory_bytes=2.5e10"], "hardware.memory_bytes='2.5e10' is not allowed: an integer"),
+        (["hardware.h2d_bw=fast"], "hardware.h2d_bw='fast' is not allowed: a number"),
+    ]:
         with pytest.raises(ConfigError) as e:
             preflight(args, CONF)
         assert str(e.value) == message
-    preflight(["-m", "system.prefetch=false", "system.prefetch=true,false", "hardware.kv_reserve_bytes=null",
-               "hardware.h2d_bw=1e10", "system.kv_budget=7GiB", "workload.num_problems=null"], CONF)
+    preflight(
+        [
+            "-m",
+            "system.prefetch=false",
+            "system.prefetch=true,false",
+            "hardware.kv_reserve_bytes=null",
+            "hardware.h2d_bw=1e10",
+            "system.kv_budget=7GiB",
+            "workload.num_problems=null",
+        ],
+        CONF,
+    )
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (("system=vanilla", "rate=inf"), "rate=inf is not allowed: a request rate in req/s > 0 and finite"),
-    (("system=lbs", "rate=-1"), "rate=-1 is not allowed: a request rate in req/s > 0"),
-    (("system=lbs", "n=-5"), "n=-5 is not allowed: a path count: an integer > 0"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (("system=vanilla", "rate=inf"), "rate=inf is not allowed: a request rate in req/s > 0 and finite"),
+        (("system=lbs", "rate=-1"), "rate=-1 is not allowed: a request rate in req/s > 0"),
+        (("system=lbs", "n=-5"), "n=-5 is not allowed: a path count: an integer > 0"),
+    ],
+)
 def test_a_shortcut_nothing_reads_is_still_checked(compose_cfg, overrides, message):
     """``rate`` with the ServeGen trace (which replays its own arrivals) or with LBS, ``n`` with LBS:
     no setting reads them, so no family checked them and rate=inf ran with rc 0 (QA). Mutation
@@ -143,10 +193,13 @@ def test_a_single_run_warns_of_a_shortcut_nothing_reads(compose_cfg, capsys):
     Mutation caught: unused_shortcuts returning none."""
     from harness.config import unused_shortcuts
     from harness.run import run
+
     rec = run(compose_cfg("system=lbs", "beams=4", "rate=2"), multirun=False)
     assert rec["status"] == "ok"
-    assert "warning: rate=2 has no effect: no setting of this run reads it (system=lbs, workload=ttc_beam)" \
+    assert (
+        "warning: rate=2 has no effect: no setting of this run reads it (system=lbs, workload=ttc_beam)"
         in capsys.readouterr().err
+    )
     assert unused_shortcuts(compose_cfg("system=lbs", "beams=4")) == []
     assert unused_shortcuts(compose_cfg("system=vanilla", "workload=poisson", "rate=2")) == []
 
@@ -155,11 +208,14 @@ def test_a_shortcut_beside_its_own_group_field_names_the_field_that_wins(compose
     """``system.kv_budget=8GiB kv_budget=9GiB`` said the shortcut was read by no setting of the run (QA);
     it names the field now. Mutation caught: the overrides not passed (the old message)."""
     from harness.run import run
+
     over = ["system=lbs", "beams=4", "system.kv_budget=8GiB", "kv_budget=9GiB"]
     rec = run(compose_cfg(*over, output_dir=tmp_path / "r"), multirun=False, overrides=over)
     assert rec["status"] == "ok" and rec["summary"]["kv_budget_bytes"] == 8 << 30
-    assert "warning: kv_budget=9GiB has no effect: system.kv_budget=8GiB is set too and wins (drop one of the two)" \
+    assert (
+        "warning: kv_budget=9GiB has no effect: system.kv_budget=8GiB is set too and wins (drop one of the two)"
         in capsys.readouterr().err
+    )
 
 
 def test_system_parallel_beside_tp_pp_names_the_setting_that_wins(compose_cfg, capsys, tmp_path):
@@ -168,15 +224,18 @@ def test_system_parallel_beside_tp_pp_names_the_setting_that_wins(compose_cfg, c
     family hook not called by harness.run; values compared without the one used.)"""
     from harness.run import run
     from systems.serving.runner import ignored_settings
+
     over = ["system=beam", "workload=poisson", "workload.duration_s=5", "system.parallel=2x4", "tp=4", "pp=4"]
     rec = run(compose_cfg(*over, output_dir=tmp_path / "r"), multirun=False, overrides=over)
     assert (rec["summary"]["tp"], rec["summary"]["pp"]) == (2, 4)
     err = capsys.readouterr().err
-    assert "warning: tp=4 has no effect: system.parallel=2x4 is set too and wins (tp=2, pp=4; drop one of the two)" \
-        in err and "pp=4 has no effect" not in err
-    assert ignored_settings(compose_cfg("system=beam", "system.tp=1", "system.parallel=2x2"),
-                            ["system.tp=1", "system.parallel=2x2"]) == [
-        "system.tp=1 has no effect: system.parallel=2x2 is set too and wins (tp=2, pp=2; drop one of the two)"]
+    assert (
+        "warning: tp=4 has no effect: system.parallel=2x4 is set too and wins (tp=2, pp=4; drop one of the two)" in err
+        and "pp=4 has no effect" not in err
+    )
+    assert ignored_settings(
+        compose_cfg("system=beam", "system.tp=1", "system.parallel=2x2"), ["system.tp=1", "system.parallel=2x2"]
+    ) == ["system.tp=1 has no effect: system.parallel=2x2 is set too and wins (tp=2, pp=2; drop one of the two)"]
     assert ignored_settings(compose_cfg("system=beam", "tp=1"), ["tp=1"]) == []
 
 
@@ -185,20 +244,39 @@ def test_a_verifier_on_a_family_without_one_is_warned_of(compose_cfg, capsys, tm
     has no effect; FastTTS reads it, so no warning there. (Mutations caught: the check dropped; the
     FastTTS runner without USES_VERIFIER.)"""
     from harness.run import run
+
     run(compose_cfg("system=lbs", "beams=4", "verifier=skywork-prm-1.5b", output_dir=tmp_path / "lbs"), multirun=False)
-    assert "warning: verifier=skywork-prm-1.5b has no effect: system=lbs runs no verifier model" in capsys.readouterr().err
-    run(compose_cfg("system=fasttts", "workload=aime24", "workload.num_problems=1", "n=4", "verifier=skywork-prm-1.5b",
-                    "model=qwen2.5-math-1.5b", output_dir=tmp_path / "tts"), multirun=False)
+    assert (
+        "warning: verifier=skywork-prm-1.5b has no effect: system=lbs runs no verifier model" in capsys.readouterr().err
+    )
+    run(
+        compose_cfg(
+            "system=fasttts",
+            "workload=aime24",
+            "workload.num_problems=1",
+            "n=4",
+            "verifier=skywork-prm-1.5b",
+            "model=qwen2.5-math-1.5b",
+            output_dir=tmp_path / "tts",
+        ),
+        multirun=False,
+    )
     assert "verifier=" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args,modes", [(["-m", "experiment=beam_fig10", "--cfg", "job"], "--multirun and --cfg"),
-                                        (["--multirun", "-c", "job"], "--multirun and --cfg"),
-                                        (["--info", "--cfg=job"], "--info and --cfg")])
+@pytest.mark.parametrize(
+    "args,modes",
+    [
+        (["-m", "experiment=beam_fig10", "--cfg", "job"], "--multirun and --cfg"),
+        (["--multirun", "-c", "job"], "--multirun and --cfg"),
+        (["--info", "--cfg=job"], "--info and --cfg"),
+    ],
+)
 def test_two_hydra_modes_are_one_clear_error(args, modes):
     """``run.py -m experiment=... --cfg job`` was Hydra's ValueError traceback (QA). Mutation caught:
     preflight without check_mode_flags; one flag alone still passes."""
     from harness.cli import preflight
+
     with pytest.raises(ConfigError) as e:
         preflight(args, CONF)
     assert str(e.value).startswith(f"{modes} cannot be combined")
@@ -207,8 +285,10 @@ def test_two_hydra_modes_are_one_clear_error(args, modes):
 
 
 @pytest.mark.parametrize("system", ["beam", "fasttts"])
-@pytest.mark.parametrize("value,message", [("lots", "system.cpu_kv_budget='lots' is not a size"),
-                                           ("-3", "system.cpu_kv_budget=-3 must be >= 0 bytes")])
+@pytest.mark.parametrize(
+    "value,message",
+    [("lots", "system.cpu_kv_budget='lots' is not a size"), ("-3", "system.cpu_kv_budget=-3 must be >= 0 bytes")],
+)
 def test_a_bad_cpu_kv_budget_is_refused_where_it_is_not_used(compose_cfg, system, value, message):
     """system.cpu_kv_budget=lots ran with rc 0 on the simulator (parsed only by a real CPU engine).
     Mutation caught: check_kv_budget without the cpu_kv_budget check."""
@@ -218,16 +298,34 @@ def test_a_bad_cpu_kv_budget_is_refused_where_it_is_not_used(compose_cfg, system
     validate_config(compose_cfg(f"system={system}", "system.cpu_kv_budget=1GiB"))
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (("system=layerwise", "backend=torch", "model=opt-6.7b"),
-     "model='opt-6.7b' with random weights (12.4 GiB) is not allowed for torch on CPU"),
-    (("system=fasttts", "backend=vllm", "model=qwen2.5-math-7b", "verifier=tiny-prm", "workload=aime24", "n=8"),
-     "model='qwen2.5-math-7b' with random weights (14.2 GiB) is not allowed for vLLM on CPU"),
-    (("system=fasttts", "backend=vllm", "model=tiny-qwen2", "verifier=skywork-prm-1.5b", "workload=aime24", "n=8"),
-     "verifier='skywork-prm-1.5b' with random weights (2.9 GiB) is not allowed for vLLM on CPU"),
-    (("system=beam", "backend=vllm", "model=llama-3.1-8b", "workload=poisson"),
-     "model='llama-3.1-8b' with random weights (15.0 GiB) is not allowed for vLLM on CPU"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ("system=layerwise", "backend=torch", "model=opt-6.7b"),
+            "model='opt-6.7b' with random weights (12.4 GiB) is not allowed for torch on CPU",
+        ),
+        (
+            ("system=fasttts", "backend=vllm", "model=qwen2.5-math-7b", "verifier=tiny-prm", "workload=aime24", "n=8"),
+            "model='qwen2.5-math-7b' with random weights (14.2 GiB) is not allowed for vLLM on CPU",
+        ),
+        (
+            (
+                "system=fasttts",
+                "backend=vllm",
+                "model=tiny-qwen2",
+                "verifier=skywork-prm-1.5b",
+                "workload=aime24",
+                "n=8",
+            ),
+            "verifier='skywork-prm-1.5b' with random weights (2.9 GiB) is not allowed for vLLM on CPU",
+        ),
+        (
+            ("system=beam", "backend=vllm", "model=llama-3.1-8b", "workload=poisson"),
+            "model='llama-3.1-8b' with random weights (15.0 GiB) is not allowed for vLLM on CPU",
+        ),
+    ],
+)
 def test_a_paper_size_random_model_on_a_real_cpu_engine_is_refused_in_every_family(compose_cfg, overrides, message):
     """One rule (harness.model_facts.check_cpu_model) for the three real engines on a CPU: LBS on torch
     and FastTTS on vLLM loaded random 7B weights for minutes, then searched for hours (QA); BEAM's
@@ -240,24 +338,33 @@ def test_a_paper_size_random_model_on_a_real_cpu_engine_is_refused_in_every_fami
 
 def test_a_local_checkpoint_or_a_tiny_model_passes_the_cpu_engine_rule(tmp_path):
     from harness.model_facts import check_cpu_model
+
     big = OmegaConf.load(CONF / "model" / "opt-6.7b.yaml")
     big.name = "opt-6.7b"
-    check_cpu_model(OmegaConf.merge(big, {"weights": str(tmp_path)}), "torch")   # the user's own checkpoint
+    check_cpu_model(OmegaConf.merge(big, {"weights": str(tmp_path)}), "torch")  # the user's own checkpoint
     tiny = OmegaConf.load(CONF / "model" / "tiny-opt.yaml")
     check_cpu_model(tiny, "torch")
 
 
-@pytest.mark.parametrize("value,why", [("foo.bar", "ModuleNotFoundError: No module named 'foo'"),
-                                       ("systems.ttc.report.nothere", "systems.ttc.report has no function 'nothere'"),
-                                       ("fig9", "not a dotted module.function")])
+@pytest.mark.parametrize(
+    "value,why",
+    [
+        ("foo.bar", "ModuleNotFoundError: No module named 'foo'"),
+        ("systems.ttc.report.nothere", "systems.ttc.report has no function 'nothere'"),
+        ("fig9", "not a dotted module.function"),
+    ],
+)
 def test_a_report_that_names_no_function_stops_a_sweep_before_its_jobs(value, why, capsys):
     """``-m report=foo.bar`` ran every job, then failed at the sweep's end (QA). Mutation caught:
     preflight without check_report; a function that exists refused."""
     from harness.cli import preflight
+
     with pytest.raises(ConfigError) as e:
         preflight(["-m", f"report={value}", "beams=4,8"], CONF)
-    assert str(e.value) == (f"report={value!r} is not allowed: a module.function called at a sweep's end with "
-                            f"(sweep_dir, runs, cfg), e.g. systems.ttc.report.fig9, or null ({why})")
+    assert str(e.value) == (
+        f"report={value!r} is not allowed: a module.function called at a sweep's end with "
+        f"(sweep_dir, runs, cfg), e.g. systems.ttc.report.fig9, or null ({why})"
+    )
     preflight(["-m", "report=systems.ttc.report.fig9", "beams=4,8"], CONF)
     assert capsys.readouterr().err == ""
 
@@ -270,17 +377,23 @@ def test_a_report_on_a_single_run_warns_and_stays_out_of_job_folder_names(capsys
     from hydra.core.global_hydra import GlobalHydra
 
     from harness.cli import preflight
+
     preflight(["report=systems.ttc.report.fig9"], CONF)
-    assert "warning: report=systems.ttc.report.fig9 has no effect: a report runs at a sweep's end" \
+    assert (
+        "warning: report=systems.ttc.report.fig9 has no effect: a report runs at a sweep's end"
         in capsys.readouterr().err
-    for exp in ("lbs_fig4", "beam_fidelity_sim"):     # experiments are sweeps without -m (hydra.mode, or inherited)
+    )
+    for exp in ("lbs_fig4", "beam_fidelity_sim"):  # experiments are sweeps without -m (hydra.mode, or inherited)
         preflight([f"experiment={exp}", "report=systems.ttc.report.fig5"], CONF)
         err = capsys.readouterr().err
         assert "has no effect" not in err and f"note: experiment={exp} is a sweep" in err
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
         master = compose("config", overrides=["tracking=none"], return_hydra_config=True)
-        job = GlobalHydra.instance().config_loader().load_sweep_config(
-            master, ["tracking=none", "report=systems.ttc.report.fig9", "beams=4"])
+        job = (
+            GlobalHydra.instance()
+            .config_loader()
+            .load_sweep_config(master, ["tracking=none", "report=systems.ttc.report.fig9", "beams=4"])
+        )
     assert job.hydra.job.override_dirname == "beams=4"
 
 
@@ -289,21 +402,29 @@ def test_a_hydra_group_option_that_does_not_exist_is_one_clear_error():
     without check_hydra_groups; an existing option (ours, Hydra's, a plugin's) refused; an empty value or an
     unknown hydra/ group passed (Hydra's error, exit 1)."""
     from harness.cli import preflight
+
     with pytest.raises(ConfigError) as e:
         preflight(["-m", "hydra/launcher=foo", "beams=4,8"], CONF)
     assert str(e.value).startswith("hydra/launcher='foo' is not allowed: one of basic, joblib, local, ray, slurm")
-    for bad_arg, message in (("hydra/launcher=", "hydra/launcher='' is not allowed: one of basic, joblib,"),
-                             ("hydra/foo=bar", "hydra/foo is not a Hydra config group: use one such as hydra/launcher"),
-                             ("system=", "system='' is not allowed: one of beam, ")):
-        with pytest.raises(ConfigError) as e:          # empty values and unknown groups were exit 1 too
+    for bad_arg, message in (
+        ("hydra/launcher=", "hydra/launcher='' is not allowed: one of basic, joblib,"),
+        ("hydra/foo=bar", "hydra/foo is not a Hydra config group: use one such as hydra/launcher"),
+        ("system=", "system='' is not allowed: one of beam, "),
+    ):
+        with pytest.raises(ConfigError) as e:  # empty values and unknown groups were exit 1 too
             preflight([bad_arg, "beams=4"], CONF)
         assert str(e.value).startswith(message)
     for ok in ("hydra/launcher=local", "hydra/launcher=basic", "hydra/launcher=joblib", "hydra/job_logging=disabled"):
         preflight(["-m", ok, "beams=4,8"], CONF)
 
 
-@pytest.mark.parametrize("overrides", [("system=lbs", "backend=torch", "model=tiny-opt"),
-                                       ("system=beam", "backend=vllm", "model=tiny-llama", "workload=poisson")])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("system=lbs", "backend=torch", "model=tiny-opt"),
+        ("system=beam", "backend=vllm", "model=tiny-llama", "workload=poisson"),
+    ],
+)
 def test_a_weights_path_that_is_no_directory_is_refused_where_weights_are_loaded(compose_cfg, overrides, tmp_path):
     """One rule (harness.model_facts.check_weights) for LBS on torch and BEAM on vLLM: LBS made an error
     record after ~10 s (QA); BEAM's own copy of the check had no test. Mutations caught: either call
@@ -312,8 +433,10 @@ def test_a_weights_path_that_is_no_directory_is_refused_where_weights_are_loaded
         (tmp_path / "f").write_text("")
         with pytest.raises(ConfigError) as e:
             validate_config(compose_cfg(*overrides, f"model.weights={weights}"))
-        assert str(e.value) == (f"model.weights={weights!r} is not allowed: random or an existing local checkpoint "
-                                f"directory (config.json and weights; nothing is fetched from a hub)")
+        assert str(e.value) == (
+            f"model.weights={weights!r} is not allowed: random or an existing local checkpoint "
+            f"directory (config.json and weights; nothing is fetched from a hub)"
+        )
 
 
 def test_an_experiment_without_dash_m_says_it_runs_its_sweep(capsys):
@@ -322,11 +445,16 @@ def test_an_experiment_without_dash_m_says_it_runs_its_sweep(capsys):
     plain run. (Mutations caught: the note not called by preflight; the -m exemption dropped.)"""
     from harness.cli import preflight
     from tests.conftest import ROOT
+
     conf = ROOT / "conf"
     preflight(["experiment=lbs_fig9"], conf)
     assert "note: experiment=lbs_fig9 is a sweep (its hydra.mode is MULTIRUN)" in capsys.readouterr().err
-    for args in (["-m", "experiment=lbs_fig9"], ["experiment=lbs_fig9", "hydra.mode=RUN", "system=lbs"],
-                 ["experiment=lbs_fig9", "--cfg", "job"], ["system=lbs"]):
+    for args in (
+        ["-m", "experiment=lbs_fig9"],
+        ["experiment=lbs_fig9", "hydra.mode=RUN", "system=lbs"],
+        ["experiment=lbs_fig9", "--cfg", "job"],
+        ["system=lbs"],
+    ):
         preflight(args, conf)
         assert "is a sweep" not in capsys.readouterr().err, args
 
@@ -339,12 +467,20 @@ def test_a_comma_list_in_a_single_run_is_exit_2_with_hydras_advice():
     from harness.cli import preflight
     from harness.errors import ConfigError
     from tests.conftest import ROOT
+
     conf = ROOT / "conf"
-    with pytest.raises(ConfigError, match=r"system=in_gpu,layerwise is a sweep over 2 values, and this is a single "
-                                          r"run: add -m"):
+    with pytest.raises(
+        ConfigError,
+        match=r"system=in_gpu,layerwise is a sweep over 2 values, and this is a single "
+        r"run: add -m",
+    ):
         preflight(["system=in_gpu,layerwise", "beams=4"], conf)
-    for ok in (["-m", "system=in_gpu,layerwise"], ["+tags=[a,b]"], ["+tag='a,b'"],
-               ["experiment=lbs_fig12", "system=lbs,layerwise"]):
+    for ok in (
+        ["-m", "system=in_gpu,layerwise"],
+        ["+tags=[a,b]"],
+        ["+tag='a,b'"],
+        ["experiment=lbs_fig12", "system=lbs,layerwise"],
+    ):
         preflight(ok, conf)
 
 
@@ -354,10 +490,14 @@ def test_a_family_without_a_real_engine_is_simulated_never_a_keyerror(compose_cf
     and an empty run folder). Mutation caught: REAL_ENGINE[family] indexed."""
     import harness.backend as B
     from harness.errors import ConfigError
+
     monkeypatch.setattr(B, "cuda_available", lambda: True)
     b = B.resolve_backend(compose_cfg("system=lbs"), "toy")
     assert b.simulated and "(family toy has no real engine)" in b.reason
-    with pytest.raises(ConfigError, match=r"backend='torch' is not allowed for system='lbs' \(family toy\): "
-                                          r"use auto, sim \(no real engine\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"backend='torch' is not allowed for system='lbs' \(family toy\): "
+        r"use auto, sim \(no real engine\)",
+    ):
         B.resolve_backend(compose_cfg("system=lbs", "backend=torch"), "toy")
-    assert not B.resolve_backend(compose_cfg("system=lbs"), "ttc").simulated        # a listed family: its engine
+    assert not B.resolve_backend(compose_cfg("system=lbs"), "ttc").simulated  # a listed family: its engine

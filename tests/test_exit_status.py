@@ -1,6 +1,7 @@
 """What a user's script sees from ``run.py``: exit 0 for a recorded result (ok, oom), exit 1 for a run
 whose status is error (its record kept), exit 2 with our message before any work for bad input --
 here an output location that cannot be written."""
+
 import json
 import os
 import subprocess
@@ -98,9 +99,14 @@ if os.environ.get("INTERRUPT_IN_REPORT"):
 
 
 def run_py(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "run.py", *args, "tracking=none", "progress=false"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, WANDB_MODE="disabled", **(env or {})))
+    return subprocess.run(
+        [sys.executable, "run.py", *args, "tracking=none", "progress=false"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, WANDB_MODE="disabled", **(env or {})),
+    )
 
 
 def run_py_patched(tmp_path, patch: str, flag: str, *args, env_value: str = "1"):
@@ -116,10 +122,17 @@ def run_py_patched(tmp_path, patch: str, flag: str, *args, env_value: str = "1")
 def test_a_run_with_status_error_exits_1_and_keeps_its_record(tmp_path, isolate):
     """Mutation caught: run.py ignoring the record (EXIT left at 0) -> exit 0 here; run_isolated
     returning None for a child that wrote its record -> the isolate=true case fails."""
-    out = run_py_patched(tmp_path, FAIL_MID_RUN, "FAIL_MID_RUN", "system=lbs", "beams=4", f"isolate={isolate}",
-                         f"results_dir={tmp_path / 'r'}")
+    out = run_py_patched(
+        tmp_path,
+        FAIL_MID_RUN,
+        "FAIL_MID_RUN",
+        "system=lbs",
+        "beams=4",
+        f"isolate={isolate}",
+        f"results_dir={tmp_path / 'r'}",
+    )
     assert out.returncode == 1, out.stderr[-2000:]
-    assert "Error executing job" not in out.stderr          # exit 1 by decision, not by a crash
+    assert "Error executing job" not in out.stderr  # exit 1 by decision, not by a crash
     (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
     rec = json.loads(rec_path.read_text())
     assert rec["status"] == "error"
@@ -131,8 +144,15 @@ def test_an_interrupted_run_is_recorded_and_exits_130(tmp_path, isolate):
     """Ctrl-C mid-run: the record says status interrupted, exit 130, one line saying where the record
     is (no traceback). Mutations caught: _run_once not catching KeyboardInterrupt (no record, a
     traceback); run.py exiting 1."""
-    out = run_py_patched(tmp_path, INTERRUPT_MID_RUN, "INTERRUPT_MID_RUN", "system=lbs", "beams=4",
-                         f"isolate={isolate}", f"results_dir={tmp_path / 'r'}")
+    out = run_py_patched(
+        tmp_path,
+        INTERRUPT_MID_RUN,
+        "INTERRUPT_MID_RUN",
+        "system=lbs",
+        "beams=4",
+        f"isolate={isolate}",
+        f"results_dir={tmp_path / 'r'}",
+    )
     assert out.returncode == 130, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
@@ -146,8 +166,15 @@ def test_a_terminated_run_is_recorded_as_interrupted(tmp_path, isolate):
     """SIGTERM mid-run (``timeout``, ``kill``, ``scancel``): recorded as interrupted with the work done,
     exit 130, as Ctrl-C. Mutation caught: no SIGTERM handler (the process died: exit -15, no record;
     a QA report: runs stopped by timeout vanished from the results)."""
-    out = run_py_patched(tmp_path, TERMINATE_MID_RUN, "TERMINATE_MID_RUN", "system=lbs", "beams=4",
-                         f"isolate={isolate}", f"results_dir={tmp_path / 'r'}")
+    out = run_py_patched(
+        tmp_path,
+        TERMINATE_MID_RUN,
+        "TERMINATE_MID_RUN",
+        "system=lbs",
+        "beams=4",
+        f"isolate={isolate}",
+        f"results_dir={tmp_path / 'r'}",
+    )
     assert out.returncode == 130, (out.returncode, out.stderr[-2000:])
     (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
     assert json.loads(rec_path.read_text())["status"] == "interrupted"
@@ -160,8 +187,15 @@ def test_an_interrupt_while_the_record_is_written_is_held_until_it_is_whole(tmp_
     are written whole (status ok: the work had ended), then exit 130 with one line saying so.
     Mutations caught: _record_job without sigint_held (no run.json, 'no record was written');
     sigint_held not holding SIGTERM."""
-    out = run_py_patched(tmp_path, INTERRUPT_AT_RECORD, "INTERRUPT_AT_RECORD", "system=lbs", "beams=4",
-                         f"results_dir={tmp_path / 'r'}", env_value=sig)
+    out = run_py_patched(
+        tmp_path,
+        INTERRUPT_AT_RECORD,
+        "INTERRUPT_AT_RECORD",
+        "system=lbs",
+        "beams=4",
+        f"results_dir={tmp_path / 'r'}",
+        env_value=sig,
+    )
     assert out.returncode == 130, out.stderr[-2000:]
     (rec_path,) = (tmp_path / "r").glob("runs/*/run.json")
     rec = json.loads(rec_path.read_text())
@@ -170,8 +204,15 @@ def test_an_interrupt_while_the_record_is_written_is_held_until_it_is_whole(tmp_
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("at", [("SIGINT_ON_IMPORT", "omegaconf"), ("SIGINT_ON_IMPORT", "hydra._internal.logging_config"),
-                                ("SIGINT_ON_IMPORT", "harness.clock_locks"), ("SIGINT_ON_OPEN", "/.hydra/overrides.yaml")])
+@pytest.mark.parametrize(
+    "at",
+    [
+        ("SIGINT_ON_IMPORT", "omegaconf"),
+        ("SIGINT_ON_IMPORT", "hydra._internal.logging_config"),
+        ("SIGINT_ON_IMPORT", "harness.clock_locks"),
+        ("SIGINT_ON_OPEN", "/.hydra/overrides.yaml"),
+    ],
+)
 def test_an_interrupt_before_any_job_is_one_line_and_exit_130(tmp_path, at):
     """Ctrl-C while run.py imports its libraries, while Hydra starts, while the task imports the
     harness, and while Hydra writes the new run folder: exit 130, one line, no traceback, no run folder
@@ -180,22 +221,33 @@ def test_an_interrupt_before_any_job_is_one_line_and_exit_130(tmp_path, at):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(INTERRUPT_ON_IMPORT)
-    out = run_py("system=lbs", f"results_dir={tmp_path / 'r'}",
-                 env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", at[0]: at[1]})
+    out = run_py(
+        "system=lbs", f"results_dir={tmp_path / 'r'}", env={"PYTHONPATH": f"{site}{os.pathsep}{ROOT}", at[0]: at[1]}
+    )
     assert out.returncode == 130, out.stderr[-2000:]
-    assert out.stderr == ("interrupted while no job was running (start-up or a sweep's report): every record "
-                          "written before is intact\n")
+    assert out.stderr == (
+        "interrupted while no job was running (start-up or a sweep's report): every record written before is intact\n"
+    )
     assert not list((tmp_path / "r").glob("runs/*"))
 
 
 def test_an_interrupt_in_a_sweeps_report_keeps_its_records(tmp_path):
     """Ctrl-C while an ad-hoc sweep's summary is made: its records and runs.parquet stay, exit 130 with
     one line, no traceback. Mutation caught: no KeyboardInterrupt handler around main()."""
-    out = run_py_patched(tmp_path, INTERRUPT_IN_REPORT, "INTERRUPT_IN_REPORT", "-m", "system=lbs", "beams=4,8",
-                         f"results_dir={tmp_path / 'r'}", "sweep_name=t")
+    out = run_py_patched(
+        tmp_path,
+        INTERRUPT_IN_REPORT,
+        "INTERRUPT_IN_REPORT",
+        "-m",
+        "system=lbs",
+        "beams=4,8",
+        f"results_dir={tmp_path / 'r'}",
+        "sweep_name=t",
+    )
     assert out.returncode == 130, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and out.stderr.endswith(
-        "interrupted while no job was running (start-up or a sweep's report): every record written before is intact\n")
+        "interrupted while no job was running (start-up or a sweep's report): every record written before is intact\n"
+    )
     d = tmp_path / "r" / "sweeps" / "t"
     assert sorted(json.loads(p.read_text())["status"] for p in d.glob("*/run.json")) == ["ok", "ok"]
     assert (d / "runs.parquet").exists()
@@ -206,8 +258,17 @@ def test_an_interrupted_sweep_stops_and_records_only_the_interrupted_job(tmp_pat
     recorded as interrupted, the job that did not start gets no record (it was recorded as 'error: job
     failed outside its run'). Mutation caught: the sweeper not catching the launcher's
     KeyboardInterrupt."""
-    out = run_py_patched(tmp_path, INTERRUPT_MID_RUN, "INTERRUPT_MID_RUN", "-m", "system=lbs", "beams=4,8",
-                         "hydra.launcher.n_jobs=1", f"results_dir={tmp_path / 'r'}", "sweep_name=t")
+    out = run_py_patched(
+        tmp_path,
+        INTERRUPT_MID_RUN,
+        "INTERRUPT_MID_RUN",
+        "-m",
+        "system=lbs",
+        "beams=4,8",
+        "hydra.launcher.n_jobs=1",
+        f"results_dir={tmp_path / 'r'}",
+        "sweep_name=t",
+    )
     assert out.returncode == 130, out.stderr[-2000:]
     assert "sweep interrupted: the records written so far stay in" in out.stderr
     recs = {p.parent.name: json.loads(p.read_text())["status"] for p in (tmp_path / "r").glob("sweeps/t/*/run.json")}
@@ -217,12 +278,15 @@ def test_an_interrupted_sweep_stops_and_records_only_the_interrupted_job(tmp_pat
 def test_a_full_disk_at_the_record_is_one_clear_line_and_exit_1(tmp_path):
     """No space left when run.json is written: exit 1 with one line naming the file (no traceback).
     Mutation caught: the OSError handler dropped (a traceback)."""
-    out = run_py_patched(tmp_path, DISK_FULL_AT_RECORD, "DISK_FULL_AT_RECORD", "system=lbs", "beams=4",
-                         f"results_dir={tmp_path / 'r'}")
+    out = run_py_patched(
+        tmp_path, DISK_FULL_AT_RECORD, "DISK_FULL_AT_RECORD", "system=lbs", "beams=4", f"results_dir={tmp_path / 'r'}"
+    )
     assert out.returncode == 1, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
-    assert "error: No space left on device writing " in out.stderr and "run.json: this run could not be recorded" \
-        in out.stderr
+    assert (
+        "error: No space left on device writing " in out.stderr
+        and "run.json: this run could not be recorded" in out.stderr
+    )
 
 
 def test_an_oom_run_is_a_recorded_result_and_exits_0(tmp_path):
@@ -233,12 +297,18 @@ def test_an_oom_run_is_a_recorded_result_and_exits_0(tmp_path):
     assert json.loads(rec_path.read_text())["status"] == "oom"
 
 
-@pytest.mark.parametrize("args,path,key", [
-    (["hydra.run.dir=/dev/null/x"], "'/dev/null/x' (hydra.run.dir)", "hydra.run.dir"),
-    (["results_dir=/dev/null/r"], "'/dev/null/r/runs/", "hydra.run.dir"),
-    (["-m", "system=in_gpu,lbs", "results_dir=/dev/null/r", "sweep_name=t"], "'/dev/null/r/sweeps/t' (hydra.sweep.dir)",
-     "hydra.sweep.dir"),
-])
+@pytest.mark.parametrize(
+    "args,path,key",
+    [
+        (["hydra.run.dir=/dev/null/x"], "'/dev/null/x' (hydra.run.dir)", "hydra.run.dir"),
+        (["results_dir=/dev/null/r"], "'/dev/null/r/runs/", "hydra.run.dir"),
+        (
+            ["-m", "system=in_gpu,lbs", "results_dir=/dev/null/r", "sweep_name=t"],
+            "'/dev/null/r/sweeps/t' (hydra.sweep.dir)",
+            "hydra.sweep.dir",
+        ),
+    ],
+)
 def test_unwritable_output_location_exits_2_naming_path_and_fix(args, path, key):
     """A path under a file (/dev/null) cannot be created, even by root. Mutations caught: the
     OutputDirCheck callback left out of conf/config.yaml (Hydra's mkdir traceback, exit 1);
@@ -259,30 +329,45 @@ def test_check_creatable_refuses_a_read_only_directory_and_creates_nothing(tmp_p
     ro.mkdir()
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == ro else real_access(p, mode))
-    with pytest.raises(ConfigError, match=r"output directory '.*/ro/a/b' \(results_dir\) cannot be written: "
-                                          r"'.*/ro' is not writable; pass a writable results_dir=PATH"):
+    with pytest.raises(
+        ConfigError,
+        match=r"output directory '.*/ro/a/b' \(results_dir\) cannot be written: "
+        r"'.*/ro' is not writable; pass a writable results_dir=PATH",
+    ):
         records.check_creatable(ro / "a" / "b")
     assert not (ro / "a").exists()
-    records.check_creatable(tmp_path / "fresh" / "x")          # writable ancestor: fine, nothing made
+    records.check_creatable(tmp_path / "fresh" / "x")  # writable ancestor: fine, nothing made
     assert not (tmp_path / "fresh").exists()
 
 
 def test_unwritable_output_dir_override_is_a_config_error_before_work(compose_cfg):
     """``output_dir=`` (tests, isolated sweep jobs) is checked by run() itself and names its own fix."""
     from harness.run import run
-    with pytest.raises(ConfigError, match=r"output directory '/dev/null/x' \(output_dir\) is not writable "
-                                          r"\(Not a directory\); pass a writable output_dir=PATH"):
+
+    with pytest.raises(
+        ConfigError,
+        match=r"output directory '/dev/null/x' \(output_dir\) is not writable "
+        r"\(Not a directory\); pass a writable output_dir=PATH",
+    ):
         run(compose_cfg("system=lbs", "beams=4", output_dir="/dev/null/x"))
 
 
 @pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux /proc")
-@pytest.mark.parametrize("args,env,path,key", [
-    (["results_dir=/proc/x"], None, "'/proc/x/runs/", "hydra.run.dir"),
-    (["results_dir=/sys/foo"], None, "'/sys/foo/runs/", "hydra.run.dir"),
-    (["hydra.run.dir=/proc/y"], None, "'/proc/y' (hydra.run.dir)", "hydra.run.dir"),
-    ([], {"TTC_RESULTS_DIR": "/proc/q"}, "'/proc/q/runs/", "hydra.run.dir"),
-    (["-m", "system=in_gpu,lbs", "hydra.sweep.dir=/proc/s"], None, "'/proc/s' (hydra.sweep.dir)", "hydra.sweep.dir"),
-])
+@pytest.mark.parametrize(
+    "args,env,path,key",
+    [
+        (["results_dir=/proc/x"], None, "'/proc/x/runs/", "hydra.run.dir"),
+        (["results_dir=/sys/foo"], None, "'/sys/foo/runs/", "hydra.run.dir"),
+        (["hydra.run.dir=/proc/y"], None, "'/proc/y' (hydra.run.dir)", "hydra.run.dir"),
+        ([], {"TTC_RESULTS_DIR": "/proc/q"}, "'/proc/q/runs/", "hydra.run.dir"),
+        (
+            ["-m", "system=in_gpu,lbs", "hydra.sweep.dir=/proc/s"],
+            None,
+            "'/proc/s' (hydra.sweep.dir)",
+            "hydra.sweep.dir",
+        ),
+    ],
+)
 def test_output_location_on_a_pseudo_file_system_exits_2(args, env, path, key):
     """/proc and /sys are directories that root passes os.access(W_OK) on, yet mkdir there fails
     (FileNotFoundError, PermissionError): the check must try making a folder. Mutation caught:
@@ -306,11 +391,11 @@ def test_a_run_rejected_before_work_leaves_no_run_folder(tmp_path):
     regardless (the existing results_dir is removed)."""
     out = run_py("beams=63", f"results_dir={tmp_path / 'r'}")
     assert out.returncode == 2 and out.stderr.startswith("error: beams=63 is not allowed"), out.stderr[-2000:]
-    assert not (tmp_path / "r").exists()                     # nor the results_dir and runs/ it made
-    (tmp_path / "r").mkdir()                                 # a results_dir that exists stays, empty
-    out = run_py("beams=63", "hydra.job.name=x", f"results_dir={tmp_path / 'r'}")     # its log is x.log (QA)
+    assert not (tmp_path / "r").exists()  # nor the results_dir and runs/ it made
+    (tmp_path / "r").mkdir()  # a results_dir that exists stays, empty
+    out = run_py("beams=63", "hydra.job.name=x", f"results_dir={tmp_path / 'r'}")  # its log is x.log (QA)
     assert out.returncode == 2 and list((tmp_path / "r").iterdir()) == [], out.stderr[-2000:]
-    (tmp_path / "r" / "runs" / "old").mkdir(parents=True)    # runs/ holding another run stays
+    (tmp_path / "r" / "runs" / "old").mkdir(parents=True)  # runs/ holding another run stays
     out = run_py("beams=63", f"results_dir={tmp_path / 'r'}")
     assert out.returncode == 2 and [p.name for p in (tmp_path / "r" / "runs").iterdir()] == ["old"]
     mine = tmp_path / "mine"
@@ -328,16 +413,20 @@ def test_a_run_rejected_before_work_leaves_no_run_folder(tmp_path):
     assert out.returncode == 2 and (tmp_path / "E3").is_dir(), out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("override,message", [
-    ("beams=abc", "beams='abc' is not allowed: an integer (sets workload.beams)"),
-    ("step=1.5", "step='1.5' is not allowed: an integer (sets workload.step)"),
-    ("seed=x", "seed='x' is not allowed: an integer >= 0 (repeats use seeds seed..seed+repeats-1)"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("beams=abc", "beams='abc' is not allowed: an integer (sets workload.beams)"),
+        ("step=1.5", "step='1.5' is not allowed: an integer (sets workload.step)"),
+        ("seed=x", "seed='x' is not allowed: an integer >= 0 (repeats use seeds seed..seed+repeats-1)"),
+    ],
+)
 def test_a_shortcut_of_the_wrong_type_names_the_value_and_the_type(compose_cfg, override, message):
     """Mutations caught: validate_config without its typed-value branch (the message is OmegaConf's
     "workload.beams: While dereferencing interpolation '${first:${beams},16}': ..."); validate_common
     without its seed check (seed=x: int('x') raised mid-run, a traceback and exit 1)."""
     from harness.run import validate_config
+
     with pytest.raises(ConfigError) as e:
         validate_config(compose_cfg("system=lbs", override))
     assert str(e.value) == message
@@ -361,6 +450,7 @@ def test_an_interrupt_is_recognised_behind_the_error_raised_while_handling_it():
     context is the KeyboardInterrupt): that is an interrupt, not a lost batch. Mutation caught: not
     following ``__context__``."""
     from hydra_plugins.harness_sweeper import interrupted
+
     try:
         try:
             raise KeyboardInterrupt
@@ -376,23 +466,42 @@ def test_a_sweep_for_a_cluster_launcher_checks_the_machine_independent_values_fi
     """SLURM/Ray sweeps skip the job's full validation up front (the submitting host may lack the
     devices), but a value wrong on any machine (seed=-1) stops them before submitting: exit 2, no
     job folder. Mutation caught: the sweeper skipping every check for non-local launchers."""
-    out = run_py("-m", "hydra/launcher=slurm", "system=lbs", "beams=4,8", "seed=-1", f"results_dir={tmp_path}",
-                 "sweep_name=t")
+    out = run_py(
+        "-m", "hydra/launcher=slurm", "system=lbs", "beams=4,8", "seed=-1", f"results_dir={tmp_path}", "sweep_name=t"
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "seed=-1 is not allowed: an integer >= 0" in out.stderr and "nothing was run" in out.stderr
     assert not list(tmp_path.glob("sweeps/t/*/"))
 
 
-@pytest.mark.parametrize("args,key", [(["hydra.run.dir="], "hydra.run.dir"),
-                                      (["-m", "system=lbs", "hydra.sweep.dir="], "hydra.sweep.dir"),
-                                      (["-m", "system=lbs", "sweep_name="], "sweep_name")])
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (["hydra.run.dir="], "hydra.run.dir"),
+        (["-m", "system=lbs", "hydra.sweep.dir="], "hydra.sweep.dir"),
+        (["-m", "system=lbs", "sweep_name="], "sweep_name"),
+    ],
+)
 def test_an_empty_run_or_sweep_folder_exits_2(tmp_path, args, key):
     """``hydra.run.dir=`` wrote the run into the current folder, ``hydra.sweep.dir=`` made it the sweep
     (its report collected every run.json below it) and ``sweep_name=`` made results/sweeps itself the
     sweep (QA). Mutation caught: OutputDirCheck not checking for an empty folder / the sweeps root."""
-    out = subprocess.run([sys.executable, str(ROOT / "run.py"), *args, "beams=4", "tracking=none", "progress=false",
-                          f"results_dir={tmp_path / 'r'}"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120, env=dict(os.environ, WANDB_MODE="disabled"))
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "run.py"),
+            *args,
+            "beams=4",
+            "tracking=none",
+            "progress=false",
+            f"results_dir={tmp_path / 'r'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, WANDB_MODE="disabled"),
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert f"error: {key}='' is not allowed:" in out.stderr
     assert not (tmp_path / "run.json").exists() and not (tmp_path / "r").exists()
@@ -418,11 +527,13 @@ def test_a_host_memory_error_is_a_recorded_oom_that_says_what_ran_out(compose_cf
 
     def out_of_memory(cfg, ctx):
         raise MemoryError()
+
     monkeypatch.setattr(runner, "run", out_of_memory)
     rec = run(compose_cfg("system=lbs", "beams=4"), multirun=False, overrides=[])
     assert rec["status"] == "oom"
-    assert rec["message"] == ("host MemoryError: this process ran out of host memory (the run's own state, "
-                              "not a modelled KV cache)")
+    assert rec["message"] == (
+        "host MemoryError: this process ran out of host memory (the run's own state, not a modelled KV cache)"
+    )
 
 
 def test_a_deadline_that_is_no_time_exits_2(tmp_path):
@@ -430,6 +541,8 @@ def test_a_deadline_that_is_no_time_exits_2(tmp_path):
     2020 is refused. Mutation caught: the floor check removed (exit 0, status timeout)."""
     out = run_py("system=lbs", "system.deadline=600", f"results_dir={tmp_path}")
     assert out.returncode == 2, out.stderr[-2000:]
-    assert out.stderr == ("error: system.deadline=600 is not allowed: a time as Unix seconds (e.g. $(date -d '+10 min' "
-                          "+%s)), not a duration: a value before 2020 is none\n")
+    assert out.stderr == (
+        "error: system.deadline=600 is not allowed: a time as Unix seconds (e.g. $(date -d '+10 min' "
+        "+%s)), not a duration: a value before 2020 is none\n"
+    )
     assert not list(tmp_path.rglob("run.json"))

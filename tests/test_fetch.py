@@ -4,6 +4,7 @@ The mirror here is tests/fixture_data, pinned by a manifest of its own (the ``fi
 fixture), so nothing here needs the full data or a network.
 Mutations caught: checksum not compared (corrupt file accepted); cut keeping timestamp == 86400;
 a failed file written anyway."""
+
 import json
 import urllib.error
 from pathlib import Path
@@ -32,14 +33,18 @@ def test_mirror_copy_and_check(tmp_path, fixture_pins):
 
 def test_every_experiment_file_is_pinned():
     paths = {e["path"] for e in F.load_manifest()}
-    for rel in ("math/aime24/test.jsonl", "math/amc23/test.jsonl", "math/math500/test.jsonl",
-                "traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv",
-                "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
-                "traces/mooncake/conversation_trace.jsonl",
-                "traces/servegen/language/m-large/chunk-0-trace.csv"):
+    for rel in (
+        "math/aime24/test.jsonl",
+        "math/amc23/test.jsonl",
+        "math/math500/test.jsonl",
+        "traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv",
+        "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
+        "traces/mooncake/conversation_trace.jsonl",
+        "traces/servegen/language/m-large/chunk-0-trace.csv",
+    ):
         assert rel in paths
     e = next(e for e in F.load_manifest() if e["path"] == "math/aime24/test.jsonl")
-    assert e["sha256"] == "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac"   # shared/data README
+    assert e["sha256"] == "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac"  # shared/data README
     assert e["url"].startswith("https://raw.githubusercontent.com/QwenLM/Qwen2.5-Math/a45202bd")
 
 
@@ -62,7 +67,9 @@ def test_download_applies_the_day1_cut(tmp_path, monkeypatch, fixture_pins):
     d = json.loads(day1_d)
     d["86400"] = d["0"]
     upstream = {rel_t: upstream_t, rel_d: json.dumps(d).encode()}
-    monkeypatch.setattr(F, "_download", lambda url: upstream[next(r for r in upstream if url.endswith(r.split("servegen/")[1]))])
+    monkeypatch.setattr(
+        F, "_download", lambda url: upstream[next(r for r in upstream if url.endswith(r.split("servegen/")[1]))]
+    )
     c = F.fetch(tmp_path, only="traces/servegen/language/m-large/chunk-0-", log=lambda *_: None)
     assert c["fetched"] == 2
     assert (tmp_path / rel_t).read_bytes() == day1_t and (tmp_path / rel_d).read_bytes() == day1_d
@@ -74,8 +81,9 @@ def test_data_dir_order(monkeypatch, tmp_path):
     assert resolve("/abs/file") == Path("/abs/file")
     monkeypatch.delenv("TTC_DATA_DIR")
     import workloads.data as D
+
     assert D.SHARED == D.REPO.parent / "shared" / "data"
-    monkeypatch.setattr(D, "SHARED", tmp_path)                 # ../shared/data beside the repository, when there
+    monkeypatch.setattr(D, "SHARED", tmp_path)  # ../shared/data beside the repository, when there
     assert data_dir() == tmp_path
     monkeypatch.setattr(D, "SHARED", tmp_path / "no-shared-mirror")
     assert data_dir() == D.CACHE and D.CACHE.name == "data" and ".cache" in str(D.CACHE)
@@ -85,6 +93,7 @@ def test_data_dir_order(monkeypatch, tmp_path):
 def team_layout(monkeypatch, tmp_path, fixture_pins):
     """``../shared/data`` exists (with the math files) and wins over an empty cache folder; TTC_DATA_DIR unset."""
     import workloads.data as D
+
     shared, cache = tmp_path / "shared" / "data", tmp_path / "cache"
     F.fetch(shared, mirror=MIRROR, only="math/", log=lambda *_: None)
     monkeypatch.delenv("TTC_DATA_DIR", raising=False)
@@ -105,18 +114,22 @@ def test_cli_checks_and_fetches_the_folder_runs_read(team_layout, capsys, monkey
     assert capsys.readouterr().out == f"data in {shared}: all 3 files present, each with its pinned sha256\n"
     (shared / "math/amc23/test.jsonl").unlink()
     assert F.main(["--check", "--only", "math/"]) == 1
-    assert capsys.readouterr().err == (f"error: 1 of the data files in {shared} could not be verified:\n"
-                                       f"  math/amc23/test.jsonl: missing\n")
+    assert capsys.readouterr().err == (
+        f"error: 1 of the data files in {shared} could not be verified:\n  math/amc23/test.jsonl: missing\n"
+    )
     assert F.main(["--from", str(MIRROR), "--only", "math/amc23/"]) == 0
     assert capsys.readouterr().out == f"data in {shared}: 0 present (sha256 checked), 1 fetched\n"
     assert (shared / "math/amc23/test.jsonl").is_file() and not cache.exists()
-    monkeypatch.setenv("COLUMNS", "1000")           # argparse: one line per option
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse: one line per option
     with pytest.raises(SystemExit):
         F.main(["--help"])
     help_text = capsys.readouterr().out
-    assert (f"default: the one runs read: $TTC_DATA_DIR, else ../shared/data beside the repository when it "
-            f"exists, else ~/.cache/ttc-sched-bench/data; here {shared})") in help_text
+    assert (
+        f"default: the one runs read: $TTC_DATA_DIR, else ../shared/data beside the repository when it "
+        f"exists, else ~/.cache/ttc-sched-bench/data; here {shared})"
+    ) in help_text
     from workloads.data import missing_hint
+
     assert f"downloads the pinned public files into {shared}, the folder runs read;" in missing_hint()
 
 
@@ -130,8 +143,9 @@ def test_math_workloads_read_the_fetched_copy(monkeypatch, tmp_path, compose_cfg
     cache folder. Every math workload's configured path finds its file there (before, the YAML pointed
     at ``../shared/data`` relative to the working directory and ignored the fetch cache).
     Mutation caught: the YAML path back to ``${oc.env:TTC_DATA_DIR,../shared/data}/math/...``."""
-    from systems.tts.runner import _data_path
     import workloads.data as D
+    from systems.tts.runner import _data_path
+
     cache = tmp_path / "cache"
     monkeypatch.delenv("TTC_DATA_DIR", raising=False)
     monkeypatch.setattr(D, "SHARED", tmp_path / "no-shared-mirror")
@@ -145,10 +159,13 @@ def test_math_workloads_read_the_fetched_copy(monkeypatch, tmp_path, compose_cfg
         assert _data_path(cfg.workload.path) == f
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--check", "--only", "bogus/"], "--only 'bogus/': no data file under it; a prefix of"),
-    (["--dest", "", "--only", "math/"], "--dest '': a folder; leave it out for the folder runs read"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--check", "--only", "bogus/"], "--only 'bogus/': no data file under it; a prefix of"),
+        (["--dest", "", "--only", "math/"], "--dest '': a folder; leave it out for the folder runs read"),
+    ],
+)
 def test_arguments_that_name_nothing_exit_2(args, message, capsys, monkeypatch, tmp_path):
     """QA: --only matching nothing said 'all 0 files present' (exit 0); --dest '' wrote into the
     current folder. Mutation caught: either check left out."""
@@ -168,6 +185,7 @@ def test_without_a_network_the_fetch_stops_at_once_naming_the_mirror_route(tmp_p
     def offline(url, timeout_s=60.0):
         calls.append(url)
         raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+
     monkeypatch.setattr(F, "_download", offline)
     assert F.main(["--dest", str(tmp_path), "--only", "traces/"]) == 1
     err = capsys.readouterr().err
@@ -178,6 +196,7 @@ def test_without_a_network_the_fetch_stops_at_once_naming_the_mirror_route(tmp_p
     def missing(url, timeout_s=60.0):
         calls.append(url)
         raise urllib.error.HTTPError(url, 404, "Not Found", {}, None)
+
     calls.clear()
     monkeypatch.setattr(F, "_download", missing)
     with pytest.raises(F.FetchError, match=r"(?s)3 of the data files .* HTTP Error 404"):
@@ -190,6 +209,7 @@ def test_the_fixture_slices_are_cut_from_the_pinned_data_as_their_readme_says(fu
     """tests/fixture_data is what tests/cut_fixture_data.py makes from the full data folder, byte
     for byte, and nothing else (besides its README and licence text)."""
     from tests.cut_fixture_data import cut
+
     made = cut(full_data, tmp_path)
     for rel in made:
         assert (tmp_path / rel).read_bytes() == (MIRROR / rel).read_bytes(), rel

@@ -1,17 +1,24 @@
 """The job's GPUs in NVML: CUDA_VISIBLE_DEVICES (indices, UUIDs, MIG ids) mapped by PCI bus id and
 UUID, never by NVML index; the energy meter and the DVFS actuator touch only those GPUs. Against a
 fake NVML whose index order is shuffled against PCI bus order."""
+
 import pytest
 
 from harness.gpus import GpuMappingError, job_gpus
 from harness.meters import EnergyMeter
 from systems.serving.actuator import DvfsActuator
 
-UA, UB, UC = ("GPU-aaaaaaaa-0000-0000-0000-000000000001", "GPU-bbbbbbbb-0000-0000-0000-000000000002",
-              "GPU-cccccccc-0000-0000-0000-000000000003")
+UA, UB, UC = (
+    "GPU-aaaaaaaa-0000-0000-0000-000000000001",
+    "GPU-bbbbbbbb-0000-0000-0000-000000000002",
+    "GPU-cccccccc-0000-0000-0000-000000000003",
+)
 # NVML index order C, A, B; PCI bus order (= CUDA order for one GPU model) A, B, C
-SHUFFLED = [(UC, "00000000:88:00.0", "NVIDIA H100", 5000), (UA, "00000000:1A:00.0", "NVIDIA H100", 1000),
-            (UB, "00000000:3B:00.0", "NVIDIA H100", 3000)]
+SHUFFLED = [
+    (UC, "00000000:88:00.0", "NVIDIA H100", 5000),
+    (UA, "00000000:1A:00.0", "NVIDIA H100", 1000),
+    (UB, "00000000:3B:00.0", "NVIDIA H100", 3000),
+]
 
 
 def mapped(nv, cvd, ordinals=None, **env):
@@ -19,30 +26,36 @@ def mapped(nv, cvd, ordinals=None, **env):
     return [(g.ordinal, g.nvml_index, g.uuid) for g in job_gpus(nv, ordinals, env)]
 
 
-@pytest.mark.parametrize("cvd,ordinals,want", [
-    (None, None, [(0, 1, UA), (1, 2, UB), (2, 0, UC)]),       # every GPU, in CUDA (PCI bus) order
-    ("1", None, [(0, 2, UB)]),                                 # cuda:0 of the job is PCI-second: NVML 2
-    ("2,0", None, [(0, 0, UC), (1, 1, UA)]),
-    ("2,0", [1], [(1, 1, UA)]),                                # the job's cuda:1 only
-    (f"{UC},GPU-aaaa", None, [(0, 0, UC), (1, 1, UA)]),        # a full UUID and a unique prefix
-    ("1,-1,0", None, [(0, 2, UB)]),                            # as CUDA: the list ends at an invalid entry
-    ("0,7,1", None, [(0, 1, UA)]),
-])
+@pytest.mark.parametrize(
+    "cvd,ordinals,want",
+    [
+        (None, None, [(0, 1, UA), (1, 2, UB), (2, 0, UC)]),  # every GPU, in CUDA (PCI bus) order
+        ("1", None, [(0, 2, UB)]),  # cuda:0 of the job is PCI-second: NVML 2
+        ("2,0", None, [(0, 0, UC), (1, 1, UA)]),
+        ("2,0", [1], [(1, 1, UA)]),  # the job's cuda:1 only
+        (f"{UC},GPU-aaaa", None, [(0, 0, UC), (1, 1, UA)]),  # a full UUID and a unique prefix
+        ("1,-1,0", None, [(0, 2, UB)]),  # as CUDA: the list ends at an invalid entry
+        ("0,7,1", None, [(0, 1, UA)]),
+    ],
+)
 def test_visible_devices_map_by_pci_bus_and_uuid(fake_nvml, cvd, ordinals, want):
     """Mutations caught: mapping an index entry to NVML's index (``devices[int(entry)]``) gives
     NVML 1 for "1"; ignoring ``ordinals`` returns both GPUs of "2,0"; reading past an invalid entry."""
     assert mapped(fake_nvml(SHUFFLED), cvd, ordinals) == want
 
 
-@pytest.mark.parametrize("cvd,ordinals,env,match", [
-    ("MIG-GPU-aaaaaaaa/1/0", None, {}, r"names a MIG instance \(MIG-GPU-aaaaaaaa/1/0\): NVML's energy counter"),
-    ("MIG-4f2a9c1e-0000-0000-0000-000000000000", None, {}, "names a MIG instance"),
-    ("GPU-dddd", None, {}, "GPU-dddd matches 0 GPUs"),
-    ("GPU-", None, {}, "GPU- matches 3 GPUs"),
-    ("1,1", None, {}, f"names GPU {UB} twice"),
-    ("", None, {}, r"no GPU visible to the job \(CUDA_VISIBLE_DEVICES='', 3 GPUs in NVML\)"),
-    ("1", [1], {}, r"GPU index 1 is not allowed: the job sees 1 GPU\(s\), cuda:0..cuda:0"),
-])
+@pytest.mark.parametrize(
+    "cvd,ordinals,env,match",
+    [
+        ("MIG-GPU-aaaaaaaa/1/0", None, {}, r"names a MIG instance \(MIG-GPU-aaaaaaaa/1/0\): NVML's energy counter"),
+        ("MIG-4f2a9c1e-0000-0000-0000-000000000000", None, {}, "names a MIG instance"),
+        ("GPU-dddd", None, {}, "GPU-dddd matches 0 GPUs"),
+        ("GPU-", None, {}, "GPU- matches 3 GPUs"),
+        ("1,1", None, {}, f"names GPU {UB} twice"),
+        ("", None, {}, r"no GPU visible to the job \(CUDA_VISIBLE_DEVICES='', 3 GPUs in NVML\)"),
+        ("1", [1], {}, r"GPU index 1 is not allowed: the job sees 1 GPU\(s\), cuda:0..cuda:0"),
+    ],
+)
 def test_unmappable_devices_are_a_clear_error(fake_nvml, cvd, ordinals, env, match):
     with pytest.raises(GpuMappingError, match=match):
         mapped(fake_nvml(SHUFFLED), cvd, ordinals, **env)
@@ -97,6 +110,7 @@ def test_inventory_names_every_gpu_by_uuid_and_pci_bus(fake_nvml, monkeypatch):
     import sys
 
     from harness import records
+
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(SHUFFLED))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     records.hardware_inventory.cache_clear()
@@ -106,4 +120,7 @@ def test_inventory_names_every_gpu_by_uuid_and_pci_bus(fake_nvml, monkeypatch):
         records.hardware_inventory.cache_clear()
     assert inv["cuda_visible_devices"] == "1"
     assert [(g["nvml_index"], g["uuid"], g["pci_bus_id"]) for g in inv["gpus"]] == [
-        (0, UC, "00000000:88:00.0"), (1, UA, "00000000:1A:00.0"), (2, UB, "00000000:3B:00.0")]
+        (0, UC, "00000000:88:00.0"),
+        (1, UA, "00000000:1A:00.0"),
+        (2, UB, "00000000:3B:00.0"),
+    ]

@@ -7,6 +7,7 @@ The graph is read from the source (``ast``): every ``import`` statement, also th
 except under ``if TYPE_CHECKING:``. ``importlib.import_module`` calls (harness.run loading
 ``systems.<family>.runner``, harness.config loading family config modules) are plugins, not edges.
 """
+
 import ast
 import subprocess
 import sys
@@ -21,11 +22,22 @@ PACKAGES = ("harness", "systems", "workloads")
 # Policies decide (which beams/requests run, which clock/chunk, which speculation); plain Python
 # shared by the real and simulated backends (DESIGN.md). New policy modules belong here.
 POLICY_MODULES = (
-    "systems.ttc.plan", "systems.ttc.beamset", "systems.ttc.tree", "systems.ttc.analytic",
-    "systems.serving.controllers", "systems.serving.profiler", "systems.serving.protocol",
-    "systems.serving.driver", "systems.serving.build", "systems.serving.metrics",
-    "systems.tts.search", "systems.tts.beams", "systems.tts.memory", "systems.tts.speculation",
-    "systems.tts.plan", "systems.tts.protocol",
+    "systems.ttc.plan",
+    "systems.ttc.beamset",
+    "systems.ttc.tree",
+    "systems.ttc.analytic",
+    "systems.serving.controllers",
+    "systems.serving.profiler",
+    "systems.serving.protocol",
+    "systems.serving.driver",
+    "systems.serving.build",
+    "systems.serving.metrics",
+    "systems.tts.search",
+    "systems.tts.beams",
+    "systems.tts.memory",
+    "systems.tts.speculation",
+    "systems.tts.plan",
+    "systems.tts.protocol",
 )
 FORBIDDEN_FOR_POLICIES = ("torch", "vllm", "harness.run")
 
@@ -61,6 +73,7 @@ def _imported_names(path: Path) -> Set[str]:
                 names.add(child.module)
                 names.update(f"{child.module}.{a.name}" for a in child.names)
             visit(child)
+
     visit(ast.parse(path.read_text()))
     return names
 
@@ -107,6 +120,7 @@ def _cycles() -> List[List[str]]:
                     break
             if len(group) > 1:
                 out.append(sorted(group))
+
     for v in MODULES:
         if v not in index:
             strong(v)
@@ -117,8 +131,9 @@ def _known(key: str):
     return pytest.param(key, marks=pytest.mark.xfail(reason=KNOWN[key], strict=True)) if key in KNOWN else key
 
 
-@pytest.mark.parametrize("area", [_known(a) for a in ("harness", "workloads", "systems.ttc", "systems.tts",
-                                                       "systems.serving")])
+@pytest.mark.parametrize(
+    "area", [_known(a) for a in ("harness", "workloads", "systems.ttc", "systems.tts", "systems.serving")]
+)
 def test_no_import_cycles(area):
     """Mutations caught: harness/backend.py importing ConfigError from harness.config again (the
     config <-> backend cycle), any module importing one that imports it back."""
@@ -154,11 +169,13 @@ def _fresh(code: str) -> subprocess.CompletedProcess:
 
 
 def test_every_module_imports_in_a_fresh_process():
-    code = ("import importlib, traceback\nbad = []\n"
-            f"for m in {sorted(MODULES)!r}:\n"
-            "    try:\n        importlib.import_module(m)\n"
-            "    except Exception:\n        bad.append(m + ': ' + traceback.format_exc().splitlines()[-1])\n"
-            "print('\\n'.join(bad))\n")
+    code = (
+        "import importlib, traceback\nbad = []\n"
+        f"for m in {sorted(MODULES)!r}:\n"
+        "    try:\n        importlib.import_module(m)\n"
+        "    except Exception:\n        bad.append(m + ': ' + traceback.format_exc().splitlines()[-1])\n"
+        "print('\\n'.join(bad))\n"
+    )
     out = _fresh(code)
     assert out.returncode == 0 and out.stdout.strip() == "", out.stdout + out.stderr[-3000:]
 
@@ -167,6 +184,8 @@ def test_policy_modules_load_no_engine_when_imported():
     """At run time too: importing the policies (those without a known violation) leaves torch, vllm
     and harness.run out of sys.modules."""
     clean = [p for p in POLICY_MODULES if p not in KNOWN]
-    out = _fresh(f"import importlib, sys\nfor m in {clean!r}: importlib.import_module(m)\n"
-                 f"print(sorted(set({list(FORBIDDEN_FOR_POLICIES)!r}) & set(sys.modules)))")
+    out = _fresh(
+        f"import importlib, sys\nfor m in {clean!r}: importlib.import_module(m)\n"
+        f"print(sorted(set({list(FORBIDDEN_FOR_POLICIES)!r}) & set(sys.modules)))"
+    )
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-3000:]

@@ -1,5 +1,6 @@
 """Labels that never mislead: each value, column, point and title says simulated or measured from its
 own records (harness/report.py), and a sweep mixing both shows both."""
+
 import pandas as pd
 
 from harness.report import gather_runs, label_values, sim_label, source_of, title_label
@@ -15,7 +16,7 @@ def test_labels_follow_each_records_own_flag():
     assert title_label("Fig", [True]) == "Fig (simulated)" and title_label("Fig", [False]) == "Fig (measured)"
     assert title_label("Fig", [False, True]) == "Fig (simulated and measured: each value labelled)"
     assert label_values(["2x", None, "3x"], [True, True, False]) == ["2x (sim)", None, "3x (measured)"]
-    assert label_values(["2x", "3x"], [True, True]) == ["2x", "3x"]        # the column / title says it once
+    assert label_values(["2x", "3x"], [True, True]) == ["2x", "3x"]  # the column / title says it once
 
 
 def test_mixed_sweep_through_the_lbs_report_labels_both(compose_cfg, tmp_path):
@@ -23,6 +24,7 @@ def test_mixed_sweep_through_the_lbs_report_labels_both(compose_cfg, tmp_path):
     title says both, each value carries its own run's label. Mutation caught: the label added only
     when all runs are simulated (the LBS report before: the mixed table read 'measured')."""
     from systems.ttc import report
+
     sweep = tmp_path / "sweep"
     small = ["system=layerwise", "model=tiny-opt", "step=8", "gen_len=16", "prompt_len=8", "kv_budget=1MiB"]
     sim = run(compose_cfg(*small, "backend=sim", "beams=4", output_dir=sweep / "sim"))

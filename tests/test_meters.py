@@ -1,4 +1,5 @@
 """Meters: energy windows from a fake NVML; unavailable energy is None, never 0; byte counters."""
+
 import types
 
 import pytest
@@ -10,8 +11,9 @@ def test_energy_window_sums_gpus_in_joules(fake_nvml, monkeypatch):
     """Two GPUs whose counters advance by 1 J and 3 J per read; per-GPU energy keyed by CUDA index
     (PCI bus order: the 1 J GPU is cuda:0 though NVML lists it second)."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    m = EnergyMeter(nvml=fake_nvml([("GPU-b", "00000000:3B:00.0", "H100", 3000),
-                                    ("GPU-a", "00000000:1A:00.0", "H100", 1000)]))
+    m = EnergyMeter(
+        nvml=fake_nvml([("GPU-b", "00000000:3B:00.0", "H100", 3000), ("GPU-a", "00000000:1A:00.0", "H100", 1000)])
+    )
     assert m.available
     m.begin_window("run")
     r = m.end_window("run")
@@ -23,6 +25,7 @@ def test_energy_window_sums_gpus_in_joules(fake_nvml, monkeypatch):
 def test_energy_unavailable_is_none_with_reason():
     def boom():
         raise RuntimeError("NVML Shared Library Not Found")
+
     m = EnergyMeter(nvml=types.SimpleNamespace(nvmlInit=boom))
     m.begin_window("w")
     r = m.end_window("w")
@@ -60,6 +63,7 @@ def test_no_driver_is_said_as_such_and_other_nvml_errors_verbatim():
     import types
 
     from harness.meters import EnergyMeter
+
     m = EnergyMeter()
     if m.available:
         pytest.skip("an NVIDIA driver is present")
@@ -70,5 +74,6 @@ def test_no_driver_is_said_as_such_and_other_nvml_errors_verbatim():
 
     def init():
         raise NVMLError_NotSupported("Not Supported")
+
     m = EnergyMeter(nvml=types.SimpleNamespace(nvmlInit=init))
     assert not m.available and m.reason == "energy unavailable: NVMLError_NotSupported: Not Supported"

@@ -5,6 +5,7 @@ Mutations tried (each fails a test here): OPT MLP counted as 3 matrices; Qwen2 q
 dropped; tied embeddings counted twice; OPT's 2-row position offset dropped; KV bytes without
 the factor 2 (K and V).
 """
+
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ MODELS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
 def load(group: str, name: str):
     """The option's YAML over its schema's defaults (as Hydra composes it)."""
     from harness.config import ModelConfig, VerifierConfig
+
     y = OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml")
     y.pop("defaults", None)
     return OmegaConf.merge(OmegaConf.structured(VerifierConfig if group == "verifier" else ModelConfig), y)
@@ -27,6 +29,7 @@ def load(group: str, name: str):
 def transformers_count(cfg_dict) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
     d = {k: v for k, v in cfg_dict.items() if k not in ("architectures", "torch_dtype")}
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**d))
@@ -48,7 +51,7 @@ def test_lm_verifier_count_equals_transformers():
 def test_prm_head_verifier_is_base_plus_two_label_head():
     """Qwen2ForProcessRewardModel (vLLM): the Qwen2 body, no LM head, Linear(h,h) + Linear(h,2)."""
     v = load("verifier", "skywork-prm-1.5b")
-    g = load("model", "qwen2.5-math-1.5b")       # same shapes, tied LM head (counted once)
+    g = load("model", "qwen2.5-math-1.5b")  # same shapes, tied LM head (counted once)
     h = 1536
     assert mf.architecture(v) == "Qwen2ForProcessRewardModel"
     assert mf.num_params(v) == mf.num_params(g) + (h * h + h + 2 * h + 2)
@@ -80,9 +83,9 @@ def test_forward_params_leave_out_lookups():
     LM head; OPT also drops its learned positions."""
     llama = load("model", "llama-2-7b")
     assert mf.forward_params(llama) == mf.num_params(llama) - 32000 * 4096
-    q15 = load("model", "qwen2.5-math-1.5b")          # tied
+    q15 = load("model", "qwen2.5-math-1.5b")  # tied
     assert mf.forward_params(q15) == mf.num_params(q15)
-    opt = load("model", "opt-6.7b")                   # tied, learned positions
+    opt = load("model", "opt-6.7b")  # tied, learned positions
     assert mf.forward_params(opt) == mf.num_params(opt) - (2048 + 2) * 4096
 
 
@@ -102,11 +105,20 @@ def test_lbs_runs_use_the_derived_budget(compose_cfg, tmp_path):
     """The LBS family's budget with no override is the derived one; weights that leave less than one
     beam's KV are a recorded oom (exit 0), not a crash."""
     from harness.run import run
-    rec = run(compose_cfg("system=lbs", "model=opt-6.7b", "beams=4", "gen_len=64", "backend=sim",
-                          output_dir=tmp_path / "opt"), multirun=True)
+
+    rec = run(
+        compose_cfg(
+            "system=lbs", "model=opt-6.7b", "beams=4", "gen_len=64", "backend=sim", output_dir=tmp_path / "opt"
+        ),
+        multirun=True,
+    )
     assert rec["status"] == "ok" and rec["summary"]["kv_budget_bytes"] == 7 * 2**30
-    rec = run(compose_cfg("system=lbs", "model=qwen2.5-32b", "beams=4", "gen_len=64", "backend=sim",
-                          output_dir=tmp_path / "qwen"), multirun=True)
+    rec = run(
+        compose_cfg(
+            "system=lbs", "model=qwen2.5-32b", "beams=4", "gen_len=64", "backend=sim", output_dir=tmp_path / "qwen"
+        ),
+        multirun=True,
+    )
     assert rec["status"] == "oom" and "less than one beam" in rec["message"]
 
 
@@ -130,7 +142,7 @@ def test_facts_of_a_structured_config_keep_no_caller_frame_alive():
     was = gc.isenabled()
     gc.disable()
     try:
-        assert caller()() is None        # freed on return: no cycle holds the caller's frame
+        assert caller()() is None  # freed on return: no cycle holds the caller's frame
     finally:
         if was:
             gc.enable()

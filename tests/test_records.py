@@ -3,9 +3,9 @@ user's results/ or W&B folders.
 
 Mutations caught: dropping the fchmod (mkstemp's 0600 stays); results_dir not read from
 $TTC_RESULTS_DIR."""
+
 import os
 import stat
-from pathlib import Path
 
 import pytest
 
@@ -40,17 +40,30 @@ def test_columns_and_rows_are_written_without_pandas_as_pandas_writes_them(tmp_p
 
     import numpy as np
     import pandas as pd
-    cols = {"t": [0.5, np.nan, 2.0], "n": [1, 2, 3], "ok": [True, None, False], "flag": [True, False, True],
-            "none": [None, None, None], "trigger": ["arrival", "", "décision"]}
-    code = ("import json, sys, numpy as np\nfrom pathlib import Path\nfrom harness import records\n"
-            "cols = json.loads(sys.argv[1]); out = Path(sys.argv[2])\n"
-            "arrays = {k: (np.array(v, dtype=float) if k == 't' else np.asarray(v)) for k, v in cols.items()}\n"
-            "records.atomic_write_parquet(out / 'cols.parquet', arrays)\n"
-            "rows = [dict(zip(arrays, r)) for r in zip(*(a.tolist() for a in arrays.values()))]\n"
-            "records.atomic_write_parquet(out / 'rows.parquet', rows)\n"
-            "print('pandas' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(cols).replace("NaN", "null"), str(tmp_path)],
-                         capture_output=True, text=True, cwd=str(records.Path(records.__file__).parent.parent))
+
+    cols = {
+        "t": [0.5, np.nan, 2.0],
+        "n": [1, 2, 3],
+        "ok": [True, None, False],
+        "flag": [True, False, True],
+        "none": [None, None, None],
+        "trigger": ["arrival", "", "décision"],
+    }
+    code = (
+        "import json, sys, numpy as np\nfrom pathlib import Path\nfrom harness import records\n"
+        "cols = json.loads(sys.argv[1]); out = Path(sys.argv[2])\n"
+        "arrays = {k: (np.array(v, dtype=float) if k == 't' else np.asarray(v)) for k, v in cols.items()}\n"
+        "records.atomic_write_parquet(out / 'cols.parquet', arrays)\n"
+        "rows = [dict(zip(arrays, r)) for r in zip(*(a.tolist() for a in arrays.values()))]\n"
+        "records.atomic_write_parquet(out / 'rows.parquet', rows)\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(cols).replace("NaN", "null"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=str(records.Path(records.__file__).parent.parent),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
     want = pd.DataFrame({**cols, "t": np.array(cols["t"], dtype=float)})
@@ -71,12 +84,18 @@ def test_tables_read_back_as_written_with_pyarrows_defaults(tmp_path):
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     rng = np.random.default_rng(0)
     n = 5000
-    cols = {"t": rng.uniform(0, 1, n), "n": rng.integers(0, 5, n), "u": np.arange(n, dtype=np.uint32),
-            "f": np.where(rng.uniform(size=n) < 0.1, np.nan, 1.0), "ok": rng.uniform(size=n) < 0.5,
-            "trigger": np.array(["arrival", "finish", "décision"])[rng.integers(0, 3, n)],
-            "none": [None] * n}
+    cols = {
+        "t": rng.uniform(0, 1, n),
+        "n": rng.integers(0, 5, n),
+        "u": np.arange(n, dtype=np.uint32),
+        "f": np.where(rng.uniform(size=n) < 0.1, np.nan, 1.0),
+        "ok": rng.uniform(size=n) < 0.5,
+        "trigger": np.array(["arrival", "finish", "décision"])[rng.integers(0, 3, n)],
+        "none": [None] * n,
+    }
     tb = records._arrow_columns(cols)
     tb = tb.append_column("label", pa.array(["a", "b"] * (n // 2)).dictionary_encode())
     records.write_parquet(tb, tmp_path / "ours.parquet")
@@ -93,18 +112,26 @@ def test_tables_read_back_as_written_with_pyarrows_defaults(tmp_path):
 def _same_table(a, b) -> bool:
     """Same schema (types, metadata) and values, NaN equal to NaN (Arrow's ``equals`` says NaN != NaN)."""
     return a.schema.equals(b.schema, check_metadata=True) and all(
-        [repr(v) for v in a[c].to_pylist()] == [repr(v) for v in b[c].to_pylist()] for c in a.column_names)
+        [repr(v) for v in a[c].to_pylist()] == [repr(v) for v in b[c].to_pylist()] for c in a.column_names
+    )
 
 
-@pytest.mark.parametrize("overrides,source", [(["system=lbs", "beams=4"], "simulated"),
-                                              (["system=fasttts", "n=4", "workload.num_problems=1"], "simulated"),
-                                              (["system=beam", "workload.duration_s=30"], "simulated")])
+@pytest.mark.parametrize(
+    "overrides,source",
+    [
+        (["system=lbs", "beams=4"], "simulated"),
+        (["system=fasttts", "n=4", "workload.num_problems=1"], "simulated"),
+        (["system=beam", "workload.duration_s=30"], "simulated"),
+    ],
+)
 def test_every_table_says_in_its_metadata_what_it_is(compose_cfg, tmp_path, overrides, source):
     """A table copied away from its run.json still says it is simulated (parquet schema metadata),
     with the backend, hardware, system and model. Mutation caught: the run's tables written without
     the metadata (a newcomer's report: nothing in steps.parquet said it was simulated)."""
     import pyarrow.parquet as pq
+
     from harness.run import run
+
     outdir = tmp_path / "r"
     rec = run(compose_cfg(*overrides, "backend=sim", output_dir=outdir), multirun=False, overrides=[])
     assert rec["tables"]

@@ -1,6 +1,7 @@
 """harness.reproduce: REPRODUCTION.md counts and rows come from the sweeps' verdicts.csv files and
 results/reference/*.csv (every paper number, run or not), index.html shows every figure and table;
 --only collects only the named experiments; a bad --only exits 2."""
+
 import os
 from pathlib import Path
 
@@ -19,17 +20,45 @@ def _sweep(root, name, rows, png=True):
 
 
 def test_pages_from_verdicts(tmp_path):
-    _sweep(tmp_path, "lbs_fig9", [V.Row("lbs", "fig9", "speedup OPT-6.7B", 3.39, "range", 9.72, ours=5.26, ours_hi=14.55,
-                                        unit="x", source="fig9.png")])
-    _sweep(tmp_path, "beam_fig7", [V.Row("beam", "fig7", "energy vs vanilla", 0.49, ours=0.496, unit="fraction"),
-                                   V.Row("beam", "fig7", "TTFT attainment", 0.949, ours=None)], png=False)
+    _sweep(
+        tmp_path,
+        "lbs_fig9",
+        [
+            V.Row(
+                "lbs",
+                "fig9",
+                "speedup OPT-6.7B",
+                3.39,
+                "range",
+                9.72,
+                ours=5.26,
+                ours_hi=14.55,
+                unit="x",
+                source="fig9.png",
+            )
+        ],
+    )
+    _sweep(
+        tmp_path,
+        "beam_fig7",
+        [
+            V.Row("beam", "fig7", "energy vs vanilla", 0.49, ours=0.496, unit="fraction"),
+            V.Row("beam", "fig7", "TTFT attainment", 0.949, ours=None),
+        ],
+        png=False,
+    )
     v = R.collect(tmp_path)
-    assert list(v["sweep"]) == ["beam_fig7", "beam_fig7", "lbs_fig9"]      # by paper, then figure
+    assert list(v["sweep"]) == ["beam_fig7", "beam_fig7", "lbs_fig9"]  # by paper, then figure
     assert list(v["verdict"]) == ["reproduced", "no result", "partly"]
     md = R.write_reproduction(tmp_path, v).read_text()
-    assert "Verdicts of 3 paper numbers (one per source of ours; a stated min-max pair is one range): **1 reproduced, 1 partly, " \
-           "0 not reproduced, 1 no result**." in md
-    assert "| lbs | fig9 | speedup OPT-6.7B | 5.26-14.6 x | 3.39-9.72 x | partly | sim | [fig9.png](sweeps/lbs_fig9/fig9.png) |" in md
+    assert (
+        "Verdicts of 3 paper numbers (one per source of ours; a stated min-max pair is one range): **1 reproduced, 1 partly, "
+        "0 not reproduced, 1 no result**." in md
+    )
+    assert (
+        "| lbs | fig9 | speedup OPT-6.7B | 5.26-14.6 x | 3.39-9.72 x | partly | sim | [fig9.png](sweeps/lbs_fig9/fig9.png) |"
+        in md
+    )
     page = R.write_index(tmp_path).read_text()
     assert "sweeps/lbs_fig9/fig.png" in page and "<table>" in page and "beam_fig7" in page
 
@@ -53,8 +82,10 @@ def test_repeated_only_options_are_their_union(tmp_path):
     """``--only lbs_fig9 --only beam_fig7`` kept only the last (QA). Mutation caught: action="store"."""
     _sweep(tmp_path, "lbs_fig9", [V.Row("lbs", "fig9", "speedup", 3.39, "range", 9.72, ours=5.0, unit="x")])
     _sweep(tmp_path, "beam_fig7", [V.Row("beam", "fig7", "energy vs vanilla", 0.49, ours=0.496, unit="fraction")])
-    assert R.main(["--only", "lbs_fig9", "--only", "beam_fig7,lbs_fig9", "--collect-only",
-                   "--results-dir", str(tmp_path)]) == 0
+    assert (
+        R.main(["--only", "lbs_fig9", "--only", "beam_fig7,lbs_fig9", "--collect-only", "--results-dir", str(tmp_path)])
+        == 0
+    )
     md = (tmp_path / "REPRODUCTION.md").read_text()
     assert "Only these experiments' sweeps are collected (--only): lbs_fig9, beam_fig7;" in md
     assert "energy vs vanilla" in md
@@ -85,31 +116,49 @@ def test_only_collects_the_named_experiments_and_counts_every_paper_number(tmp_p
     total = sum(len(_reference_rows(p)) for p in ("lbs", "beam", "fasttts"))
     ran = len(_reference_rows("lbs", "fig9"))
     assert 0 < ran < total
-    assert (f"**{ran} of {total} paper numbers run** (rows of results/reference/*.csv), **{total - ran} not run** "
-            "(not collected (--only) or no sweep here;") in md
+    assert (
+        f"**{ran} of {total} paper numbers run** (rows of results/reference/*.csv), **{total - ran} not run** "
+        "(not collected (--only) or no sweep here;"
+    ) in md
     assert "Only these experiments' sweeps are collected (--only): lbs_fig9;" in md
     assert "**1 reproduced, 0 partly" in md and "energy vs vanilla" not in md
-    assert (f"## Not run ({total - ran} paper numbers: no sweep of their figure collected (--only), or none "
-            "here)") in md                   # beam_fig7 has a sweep here: not "no sweep here" (a newcomer's report)
+    assert (
+        f"## Not run ({total - ran} paper numbers: no sweep of their figure collected (--only), or none here)"
+    ) in md  # beam_fig7 has a sweep here: not "no sweep here" (a newcomer's report)
     assert f"- beam fig7: {len(_reference_rows('beam', 'fig7'))} not run (energy_vs_vanilla, " in md
     assert "- lbs fig9:" not in md
-    page = (tmp_path / "index.html").read_text()       # the figure page follows --only too
+    page = (tmp_path / "index.html").read_text()  # the figure page follows --only too
     assert "href='#lbs_fig9'" in page and "beam_fig7" not in page
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["tracking=nonee"], "tracking='nonee' is not allowed: one of none, wandb (conf/tracking/*.yaml)"),
-    (["sytem.prefetch=false"], "'sytem.prefetch' is not a config key; did you mean 'system'? "
-                               "(python run.py --help lists the groups and shortcuts)"),
-    (["experiment=lbs_fig9"], "experiment=lbs_fig9: set by this command (use --only NAME,... for experiments, "
-                              "--results-dir PATH for the results folder)"),
-    (["seed=-1"], "experiment=lbs_fig7 refuses seed=-1 (exit 2; nothing was run):\nerror: seed=-1 is not allowed: "
-                  "an integer >= 0 (repeats use seeds seed..seed+repeats-1)\n  (in the sweep job system=layerwise "
-                  "step=32 experiment=lbs_fig7 results_dir={d} progress=False seed=-1; nothing was run)"),
-    (["beams=abc"], "experiment=lbs_fig7 refuses beams=abc (exit 2; nothing was run):\nerror: beams='abc' is not "
-                    "allowed: an integer (sets workload.beams)\n  (in the sweep job system=layerwise step=32 "
-                    "experiment=lbs_fig7 results_dir={d} progress=False beams=abc; nothing was run)"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["tracking=nonee"], "tracking='nonee' is not allowed: one of none, wandb (conf/tracking/*.yaml)"),
+        (
+            ["sytem.prefetch=false"],
+            "'sytem.prefetch' is not a config key; did you mean 'system'? "
+            "(python run.py --help lists the groups and shortcuts)",
+        ),
+        (
+            ["experiment=lbs_fig9"],
+            "experiment=lbs_fig9: set by this command (use --only NAME,... for experiments, "
+            "--results-dir PATH for the results folder)",
+        ),
+        (
+            ["seed=-1"],
+            "experiment=lbs_fig7 refuses seed=-1 (exit 2; nothing was run):\nerror: seed=-1 is not allowed: "
+            "an integer >= 0 (repeats use seeds seed..seed+repeats-1)\n  (in the sweep job system=layerwise "
+            "step=32 experiment=lbs_fig7 results_dir={d} progress=False seed=-1; nothing was run)",
+        ),
+        (
+            ["beams=abc"],
+            "experiment=lbs_fig7 refuses beams=abc (exit 2; nothing was run):\nerror: beams='abc' is not "
+            "allowed: an integer (sets workload.beams)\n  (in the sweep job system=layerwise step=32 "
+            "experiment=lbs_fig7 results_dir={d} progress=False beams=abc; nothing was run)",
+        ),
+    ],
+)
 def test_bad_extra_argument_exits_2_before_anything_runs(tmp_path, capsys, monkeypatch, extra, message):
     """Before: every experiment ran with it (each exiting 2, the reason only in its log), then both
     pages were rewritten and the command exited 1. Mutations caught: check_overrides not called;
@@ -130,17 +179,21 @@ def test_overrides_are_checked_with_each_experiments_jobs(tmp_path, capsys, monk
     monkeypatch.setattr(R, "_run", lambda *a, **k: pytest.fail("an experiment ran"))
     assert R.main(["--only", "beam_fig7,beam_fig1", "--results-dir", str(tmp_path), "tp=3"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: experiment=beam_fig1 refuses tp=3 (exit 2; nothing was run):\nerror: tp x pp = "
-                          "3 x 4 = 12 GPUs is not allowed: hardware 'a100-80gb' has 8 GPUs (choose tp x pp <= 8)\n")
+    assert err.startswith(
+        "error: experiment=beam_fig1 refuses tp=3 (exit 2; nothing was run):\nerror: tp x pp = "
+        "3 x 4 = 12 GPUs is not allowed: hardware 'a100-80gb' has 8 GPUs (choose tp x pp <= 8)\n"
+    )
     R.check_overrides(["seed=0,1"], False, ["lbs_fig7"], tmp_path)
     R.check_overrides(["workload=ablation", "tracking=none"], False, ["beam_fig1"], tmp_path)
-    assert not (tmp_path / "sweeps").exists() and not (tmp_path / "runs").exists()      # (a request cache: no record)
+    assert not (tmp_path / "sweeps").exists() and not (tmp_path / "runs").exists()  # (a request cache: no record)
 
 
 def test_overrides_with_collect_only_exit_2(tmp_path, capsys):
     assert R.main(["--collect-only", "--results-dir", str(tmp_path), "tracking=none"]) == 2
-    assert capsys.readouterr().err == ("error: tracking=none: --collect-only runs no experiment, so these overrides "
-                                       "would be ignored (drop them, or drop --collect-only)\n")
+    assert capsys.readouterr().err == (
+        "error: tracking=none: --collect-only runs no experiment, so these overrides "
+        "would be ignored (drop them, or drop --collect-only)\n"
+    )
     assert not list(tmp_path.iterdir())
 
 
@@ -148,6 +201,7 @@ def test_failed_experiment_prints_the_reason_from_its_log(tmp_path, capsys, monk
     """An experiment whose jobs fail when they run (the LBS runner raises: tests/test_exit_status.py's
     FAIL_MID_RUN) -- the reason is printed, not only "exit 1". Mutation caught: _tell_failure not called."""
     from tests.test_exit_status import FAIL_MID_RUN
+
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(FAIL_MID_RUN)
@@ -165,6 +219,7 @@ def _runs(root, name, *statuses, mtime):
     import os
 
     import pandas as pd
+
     d = root / "sweeps" / name
     pd.DataFrame({"status": list(statuses)}).to_parquet(d / "runs.parquet")
     os.utime(d / "verdicts.csv", (mtime, mtime))
@@ -194,12 +249,18 @@ def test_a_second_sweep_of_a_figure_counts_its_paper_numbers_once(tmp_path):
     assert list(v["sweep"]) == ["lbs_fig9"] and list(v["verdict"]) == ["reproduced"] and list(v["over"]) == ["a_rerun"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--results-dir", ""], "--results-dir '': a folder (an empty one wrote into the current directory)"),
-    (["--only", "lbs_fig9", "--timeout", "-5"], "--timeout -5: seconds per command, > 0"),
-    (["--collect-only", "--real"], "--collect-only runs nothing: --real and --timeout have no effect with it"),
-    (["--collect-only", "--results-dir", "{tmp}/none"], "--collect-only: {tmp}/none/sweeps does not exist: nothing to collect"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--results-dir", ""], "--results-dir '': a folder (an empty one wrote into the current directory)"),
+        (["--only", "lbs_fig9", "--timeout", "-5"], "--timeout -5: seconds per command, > 0"),
+        (["--collect-only", "--real"], "--collect-only runs nothing: --real and --timeout have no effect with it"),
+        (
+            ["--collect-only", "--results-dir", "{tmp}/none"],
+            "--collect-only: {tmp}/none/sweeps does not exist: nothing to collect",
+        ),
+    ],
+)
 def test_bad_arguments_exit_2_before_anything_is_written(tmp_path, capsys, monkeypatch, args, message):
     """QA: --results-dir '' ran every experiment into the current folder (the repository root);
     --timeout -5 wrote an empty REPRODUCTION.md; --collect-only of a missing folder was a traceback.
@@ -214,8 +275,10 @@ def test_bad_arguments_exit_2_before_anything_is_written(tmp_path, capsys, monke
 def test_an_interrupted_reproduce_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
     """Ctrl-C while the experiments run: one line (was a KeyboardInterrupt traceback), exit 130, no
     REPRODUCTION.md rewritten. Mutation caught: the KeyboardInterrupt not caught."""
+
     def interrupted(*a, **k):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(R, "run_all", interrupted)
     assert R.main(["--only", "lbs_fig9", "--results-dir", str(tmp_path)]) == 130
     assert capsys.readouterr().err.startswith("interrupted: every record written before is intact")
@@ -226,12 +289,17 @@ def test_a_sweep_on_a_subset_of_the_problems_says_so_in_reproduction(tmp_path):
     """fasttts_goodput run with workload.num_problems=2: REPRODUCTION.md gave 27 verdicts against the
     paper's full-dataset numbers without a word (QA). Mutation caught: _subset returning ''."""
     import pandas as pd
+
     _sweep(tmp_path, "fasttts_goodput", [V.Row("fasttts", "fig12", "goodput gain", 1.2, ours=1.1, unit="x")])
-    pd.DataFrame({"status": ["ok", "ok"], "config.workload.num_problems": [2, 2]}).to_parquet(tmp_path / "sweeps" / "fasttts_goodput" / "runs.parquet")
+    pd.DataFrame({"status": ["ok", "ok"], "config.workload.num_problems": [2, 2]}).to_parquet(
+        tmp_path / "sweeps" / "fasttts_goodput" / "runs.parquet"
+    )
     _sweep(tmp_path, "lbs_fig9", [V.Row("lbs", "fig9", "speedup", 3.39, ours=3.3, unit="x")])
     md = R.write_reproduction(tmp_path, R.collect(tmp_path)).read_text()
-    assert ("Sweeps run on a subset of the problems (`workload.num_problems`), judged against the paper's "
-            "full-dataset numbers: fasttts fig12 (first 2 problems).") in md
+    assert (
+        "Sweeps run on a subset of the problems (`workload.num_problems`), judged against the paper's "
+        "full-dataset numbers: fasttts fig12 (first 2 problems)."
+    ) in md
     rows = [ln for ln in md.splitlines() if ln.startswith("| ")]
     assert any("goodput gain" in ln and "| sim, first 2 problems |" in ln for ln in rows)
     assert any("speedup" in ln and "| sim |" in ln for ln in rows)

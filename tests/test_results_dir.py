@@ -1,5 +1,6 @@
 """Where records go: results_dir defaults to the repository's results/ from any current directory
 (the same folder harness.reproduce uses), $TTC_RESULTS_DIR overrides it."""
+
 import os
 import subprocess
 import sys
@@ -14,8 +15,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _results_dir(cwd: Path, **env) -> str:
     base = {k: v for k, v in os.environ.items() if k != "TTC_RESULTS_DIR"}
-    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "--cfg", "job", "--resolve", "tracking=none"],
-                         cwd=cwd, capture_output=True, text=True, timeout=120, env=dict(base, **env))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "--cfg", "job", "--resolve", "tracking=none"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(base, **env),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return yaml.safe_load(out.stdout)["results_dir"]
 
@@ -44,7 +51,8 @@ def test_fidelity_tools_write_where_run_py_does(tmp_path, monkeypatch):
     from harness.cli import tool_args
     from harness.config import results_dir_of
     from systems.tts import fidelity
-    monkeypatch.chdir(tmp_path)                     # a relative results_dir is not the current directory's
+
+    monkeypatch.chdir(tmp_path)  # a relative results_dir is not the current directory's
     monkeypatch.setenv("TTC_RESULTS_DIR", str(tmp_path / "env"))
     assert results_dir_of(["repeats=2"]) == tmp_path / "env"
     assert results_dir_of(["results_dir=out/r"]) == ROOT / "out" / "r"

@@ -1,5 +1,6 @@
 """Where a job writes: every single run its own folder, a folder holding the record of another
 config never written over (exit 2 before any work), an empty results_dir refused."""
+
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import pytest
 from harness.errors import ConfigError
 from tests.test_exit_status import ROOT, run_py
 
-RUN_DIR = re.compile(r"\d{8}-\d{6}\.\d{6}-p(\d+)-lbs-opt-6\.7b")    # <date>-<time>.<microseconds>-p<pid>-<system>-<model>
+RUN_DIR = re.compile(r"\d{8}-\d{6}\.\d{6}-p(\d+)-lbs-opt-6\.7b")  # <date>-<time>.<microseconds>-p<pid>-<system>-<model>
 
 
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
@@ -22,8 +23,12 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     run.json replaced the earlier)."""
     cmd = [sys.executable, "run.py", "tracking=none", "progress=false", f"results_dir={tmp_path}"]
     env = dict(os.environ, WANDB_MODE="disabled")
-    procs = {b: subprocess.Popen([*cmd, f"beams={b}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for b in (4, 8)}
+    procs = {
+        b: subprocess.Popen(
+            [*cmd, f"beams={b}"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for b in (4, 8)
+    }
     for b, p in procs.items():
         assert p.wait(timeout=120) == 0, p.stderr.read()[-2000:]
     folders = sorted((tmp_path / "runs").iterdir())
@@ -35,15 +40,27 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
         assert (f / "run.log").read_text().count("record: ") == 1
 
 
-
 def test_output_dir_is_the_run_folder(tmp_path):
     """``output_dir=PATH`` on the command line: the record, run.log and Hydra's .hydra/ all in PATH,
     nothing under results_dir. Mutation caught: hydra.run.dir not following output_dir (a second
     folder under results_dir/runs holding only .hydra/ and a copy of run.log)."""
     out = tmp_path / "mine"
-    r = subprocess.run([sys.executable, "run.py", "tracking=none", "progress=false", "beams=4",
-                        f"results_dir={tmp_path / 'results'}", f"output_dir={out}"], cwd=ROOT,
-                       env=dict(os.environ, WANDB_MODE="disabled"), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "tracking=none",
+            "progress=false",
+            "beams=4",
+            f"results_dir={tmp_path / 'results'}",
+            f"output_dir={out}",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, WANDB_MODE="disabled"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert {p.name for p in out.iterdir()} >= {"run.json", "run.log", ".hydra"}
     assert (out / "run.log").read_text().count("record: ") == 1
@@ -56,13 +73,26 @@ def test_sweeps_started_in_the_same_second_get_their_own_folders(tmp_path):
     processes (with ``isolate=true`` a third job runs in a child of its own). Mutations caught: the
     default sweep_name without the pid (one folder: a summary mixing both sweeps' jobs); the pid
     resolver not cached (each worker resolved its own pid: jobs scattered over other folders)."""
-    cmd = [sys.executable, "run.py", "-m", "tracking=none", "progress=false", "report=null",
-           f"results_dir={tmp_path}", "hydra.launcher.n_jobs=2"]
+    cmd = [
+        sys.executable,
+        "run.py",
+        "-m",
+        "tracking=none",
+        "progress=false",
+        "report=null",
+        f"results_dir={tmp_path}",
+        "hydra.launcher.n_jobs=2",
+    ]
     env = dict(os.environ, WANDB_MODE="disabled")
-    procs = {g: subprocess.Popen([*cmd, f"beams={g}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for g in ("4,8", "16,32")}
-    procs["iso"] = subprocess.Popen([*cmd, "beams=4", "isolate=true"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+    procs = {
+        g: subprocess.Popen(
+            [*cmd, f"beams={g}"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for g in ("4,8", "16,32")
+    }
+    procs["iso"] = subprocess.Popen(
+        [*cmd, "beams=4", "isolate=true"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     for p in procs.values():
         assert p.wait(timeout=240) == 0, p.stderr.read()[-2000:]
     folders = {f.name: f for f in (tmp_path / "sweeps").iterdir()}
@@ -72,6 +102,8 @@ def test_sweeps_started_in_the_same_second_get_their_own_folders(tmp_path):
         assert re.fullmatch(rf"\d{{8}}-\d{{6}}-p{p.pid}", name)
         beams = sorted(json.loads(r.read_text())["config"]["beams"] for r in folders[name].glob("*/run.json"))
         assert beams == ([4] if g == "iso" else [int(b) for b in g.split(",")])
+
+
 def test_a_folder_holding_another_configs_record_is_refused_before_any_work(tmp_path):
     """``hydra.run.dir`` re-used: beams=16 into beams=8's folder exits 2 naming the folder and the
     fix, and leaves its run.json, .hydra/ and run.log as they were; beams=8 again is skipped by
@@ -87,10 +119,13 @@ def test_a_folder_holding_another_configs_record_is_refused_before_any_work(tmp_
 
     other = run_py(f"hydra.run.dir={d}", "beams=16")
     assert other.returncode == 2, other.stderr[-2000:]
-    assert other.stderr.startswith(f"error: hydra.run.dir: {str(d)!r} holds the record of a different config "
-                                   "(run.json, status ok, overrides: beams=8 tracking=none progress=false; ")
-    assert other.stderr.rstrip().endswith(f"nothing was run. Pass another folder (hydra.run.dir=PATH) or "
-                                          f"delete {str(d)!r} to run here")
+    assert other.stderr.startswith(
+        f"error: hydra.run.dir: {str(d)!r} holds the record of a different config "
+        "(run.json, status ok, overrides: beams=8 tracking=none progress=false; "
+    )
+    assert other.stderr.rstrip().endswith(
+        f"nothing was run. Pass another folder (hydra.run.dir=PATH) or delete {str(d)!r} to run here"
+    )
     assert {p: p.read_bytes() for p in kept} == kept
 
     same = run_py(f"hydra.run.dir={d}", "beams=8")
@@ -109,10 +144,14 @@ def test_run_refuses_an_output_dir_holding_another_configs_record(compose_cfg, t
     the record stays. Mutations caught: writable_output_dir without check_no_other_record (the
     record replaced); run_isolated without it (the child fails, the parent returns the old record)."""
     from harness.run import run, run_isolated
+
     out = tmp_path / "job"
     rec = run(compose_cfg("system=lbs", "beams=8", output_dir=out))
-    with pytest.raises(ConfigError, match=rf"^output_dir: '{re.escape(str(out))}' holds the record of a different "
-                                          r"config .* Pass another folder \(output_dir=PATH\)"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^output_dir: '{re.escape(str(out))}' holds the record of a different "
+        r"config .* Pass another folder \(output_dir=PATH\)",
+    ):
         (run_isolated if isolate else run)(compose_cfg("system=lbs", "beams=16", output_dir=out))
     assert json.loads((out / "run.json").read_text()) == json.loads(json.dumps(rec))
 
@@ -130,7 +169,9 @@ def test_a_sweep_job_never_replaces_another_configs_record(tmp_path):
     assert len(recs) == 2
     hidden = "hydra.job.config.override_dirname.exclude_keys=[gen_len,tag,tracking,progress,results_dir,sweep_name]"
     changed = run_py(*base, "gen_len=128", hidden)
-    assert changed.returncode == 2 and "holds the record of a different config" in changed.stderr, changed.stderr[-2000:]
+    assert changed.returncode == 2 and "holds the record of a different config" in changed.stderr, changed.stderr[
+        -2000:
+    ]
     assert "nothing was run" in changed.stderr and "sweep:" not in changed.stdout
     tagged = run_py(*base, "+tag=x", hidden)
     assert tagged.stderr.count("holds the record of a different config") == 2, tagged.stderr[-2000:]
@@ -140,21 +181,29 @@ def test_a_sweep_job_never_replaces_another_configs_record(tmp_path):
     assert {p: p.read_bytes() for p in recs} == recs
 
 
-@pytest.mark.parametrize("args", [["results_dir="], ["results_dir=null"],
-                                  ["-m", "system=lbs,in_gpu", "results_dir=", "sweep_name=t"]])
+@pytest.mark.parametrize(
+    "args", [["results_dir="], ["results_dir=null"], ["-m", "system=lbs,in_gpu", "results_dir=", "sweep_name=t"]]
+)
 def test_an_empty_results_dir_exits_2_before_any_folder_is_made(args, tmp_path):
     """``results_dir=`` made every folder at the file system root (/runs/..., /sweeps/...). Run from
     tmp_path as the current directory, so a relative folder (``None/``) would land there. Mutation
     caught: the check left out of OutputDirCheck._check (Hydra makes /runs/<run>, and run() refuses
     only then; ``null``: a folder None/ here)."""
     at_root = {d: Path(d).exists() for d in ("/runs", "/sweeps")}
-    out = subprocess.run([sys.executable, str(ROOT / "run.py"), *args, "tracking=none", "progress=false"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, WANDB_MODE="disabled"))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), *args, "tracking=none", "progress=false"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, WANDB_MODE="disabled"),
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     value = "None" if "results_dir=null" in args else "''"
-    assert out.stderr == (f"error: results_dir={value} is not allowed: a folder (records, sweeps and caches go "
-                          "under it; leave results_dir out for $TTC_RESULTS_DIR, else <repo>/results)\n")
+    assert out.stderr == (
+        f"error: results_dir={value} is not allowed: a folder (records, sweeps and caches go "
+        "under it; leave results_dir out for $TTC_RESULTS_DIR, else <repo>/results)\n"
+    )
     assert list(tmp_path.iterdir()) == []
     assert {d: Path(d).exists() for d in at_root} == at_root
 
@@ -163,6 +212,7 @@ def test_run_refuses_an_empty_results_dir(compose_cfg):
     """API callers (output_dir set: no Hydra run dir) get the same error. Mutation caught: the check
     left out of validate_common (the run writes its record, serving caches would go to /cache)."""
     from harness.run import run
+
     with pytest.raises(ConfigError, match=r"^results_dir='' is not allowed: a folder"):
         run(compose_cfg("system=lbs", "beams=4", "results_dir="))
 
@@ -174,6 +224,7 @@ def test_a_run_json_that_is_no_json_object_is_no_record(tmp_path, text):
     exits 2 saying so. Mutation caught: read_record returning any parsed JSON."""
     from harness.records import read_record
     from harness.tracking import main as mirror_main
+
     (tmp_path / "run.json").write_text(text, encoding="latin-1")
     assert read_record(tmp_path) is None
     assert mirror_main([str(tmp_path)]) == 2
@@ -187,6 +238,7 @@ def test_an_error_record_without_a_result_is_no_obstacle(tmp_path):
     second passes)."""
     from harness import records
     from harness.run import check_no_other_record
+
     out = tmp_path / "job"
     records.atomic_write_json(out / "run.json", {"status": "error", "config_hash": "a" * 16, "summary": {}})
     check_no_other_record(out, "b" * 16, "hydra.sweep.dir")
@@ -195,19 +247,23 @@ def test_an_error_record_without_a_result_is_no_obstacle(tmp_path):
         check_no_other_record(out, "b" * 16, "hydra.sweep.dir")
 
 
-@pytest.mark.parametrize("backend,simulated", [(["backend=torch", "backend.device=cuda"], False), (["backend=sim"], True)])
-def test_an_error_record_names_a_backend_it_cannot_resolve_by_the_one_asked_for(compose_cfg, tmp_path, backend,
-                                                                                 simulated):
+@pytest.mark.parametrize(
+    "backend,simulated", [(["backend=torch", "backend.device=cuda"], False), (["backend=sim"], True)]
+)
+def test_an_error_record_names_a_backend_it_cannot_resolve_by_the_one_asked_for(
+    compose_cfg, tmp_path, backend, simulated
+):
     """``error_record`` of a job whose backend does not resolve here (a CUDA device on this CPU machine):
     the record says the backend it asked for and that it is not simulated, with the job's overrides; a
     resolvable one gets the full header. Mutations caught: the fallback's ``== "sim"`` turned into
     ``!= "sim"`` (a real-engine job said simulated); the fallback without overrides."""
     from harness.run import error_record
+
     cfg = compose_cfg("system=lbs", *backend)
     rec = error_record(cfg, tmp_path / "job", ["system=lbs", *backend], "invalid configuration: x")
     assert rec["backend"]["name"] == cfg.backend.name and rec["backend"]["simulated"] is simulated
     assert rec["overrides"] == ["system=lbs", *backend] and rec["status"] == "error" and rec["summary"] == {}
-    assert ("config_hash" in rec) is simulated            # the full header only where the backend resolved
+    assert ("config_hash" in rec) is simulated  # the full header only where the backend resolved
 
 
 def test_an_unfinished_resume_false_rerun_keeps_the_earlier_record(compose_cfg, tmp_path, monkeypatch):
@@ -220,6 +276,7 @@ def test_an_unfinished_resume_false_rerun_keeps_the_earlier_record(compose_cfg, 
     from harness.records import REPLACED_DIR
     from harness.report import gather_runs
     from harness.run import run
+
     out = tmp_path / "sweep" / "job"
     over = ["system=lbs", "beams=4"]
     first = run(compose_cfg(*over, output_dir=out), multirun=False, overrides=[])
@@ -234,7 +291,7 @@ def test_an_unfinished_resume_false_rerun_keeps_the_earlier_record(compose_cfg, 
     assert {p.name for p in kept.iterdir()} == {"run.json", *(f"{t}.parquet" for t in first["tables"])}
     assert len(gather_runs(tmp_path / "sweep")) == 1
     monkeypatch.setattr(runner, "run", real)
-    again = run(compose_cfg(*over, output_dir=out), multirun=False, overrides=[])   # resume: the record is not valid
+    again = run(compose_cfg(*over, output_dir=out), multirun=False, overrides=[])  # resume: the record is not valid
     assert again["status"] == "ok" and not kept.exists()
 
 
@@ -245,7 +302,9 @@ def test_a_sweep_name_that_is_a_path_exits_2_before_any_folder_is_made(name, tmp
     r = tmp_path / "r"
     out = run_py("-m", "system=lbs", "beams=4", f"sweep_name={name}", f"results_dir={r}")
     assert out.returncode == 2, out.stderr[-2000:]
-    assert out.stderr == (f"error: sweep_name={name!r} is not allowed: a name: the sweep's folder under "
-                          f"{r / 'sweeps'}, no '/' or '..' (leave it out for a timestamp; hydra.sweep.dir=PATH puts "
-                          "a sweep elsewhere)\n")
+    assert out.stderr == (
+        f"error: sweep_name={name!r} is not allowed: a name: the sweep's folder under "
+        f"{r / 'sweeps'}, no '/' or '..' (leave it out for a timestamp; hydra.sweep.dir=PATH puts "
+        "a sweep elsewhere)\n"
+    )
     assert not any(tmp_path.rglob("run.json")) and not (tmp_path / "escape").exists()

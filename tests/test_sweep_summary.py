@@ -3,32 +3,55 @@ numeric); runs.parquet carries the git SHA, dirty flag, config hash and override
 console names the report's files and lists no jobs up front.
 
 Mutations caught: numeric sweep values sorted as text; overrides not recorded."""
-import pytest
+
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_adhoc_sweep_summary_and_runs_columns(tmp_path):
-    p = subprocess.run([sys.executable, "run.py", "-m", "system=lbs,layerwise", "beams=4,16", "gen_len=256",
-                        "tracking=none", f"results_dir={tmp_path}", "sweep_name=s"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "system=lbs,layerwise",
+            "beams=4,16",
+            "gen_len=256",
+            "tracking=none",
+            f"results_dir={tmp_path}",
+            "sweep_name=s",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     d = tmp_path / "sweeps" / "s"
     assert "report: summary.md, summary.pdf, summary.png in" in p.stdout
-    assert "sweep: 4 jobs ->" in p.stdout and "#0 :" not in p.stdout          # no up-front job list
+    assert "sweep: 4 jobs ->" in p.stdout and "#0 :" not in p.stdout  # no up-front job list
     md = (d / "summary.md").read_text()
     rows = [ln for ln in md.splitlines() if ln.startswith("| l")]
-    assert [r.split("|")[1].strip() + r.split("|")[2].strip() for r in rows] == \
-        ["layerwise4", "layerwise16", "lbs4", "lbs16"]
+    assert [r.split("|")[1].strip() + r.split("|")[2].strip() for r in rows] == [
+        "layerwise4",
+        "layerwise16",
+        "lbs4",
+        "lbs16",
+    ]
     runs = pd.read_parquet(d / "runs.parquet")
     assert runs["git_sha"].str.len().eq(40).all() and runs["config_hash"].str.len().eq(16).all()
     assert set(runs["overrides"].str.split().str[:2].str.join(" ")) == {
-        "system=lbs beams=4", "system=lbs beams=16", "system=layerwise beams=4", "system=layerwise beams=16"}
+        "system=lbs beams=4",
+        "system=lbs beams=16",
+        "system=layerwise beams=4",
+        "system=layerwise beams=16",
+    }
     assert (d / "beams=4,gen_len=256,system=lbs" / "run.log").read_text().count("status=ok") == 1
 
 
@@ -36,13 +59,23 @@ def _runs():
     """Three systems x beams 4, 16, 64 as records: in_gpu ok only at 4 beams (the value the others
     share there), oom at 16 and 64."""
     rows = []
-    for system, e2e in (("in_gpu", (41.0, None, None)), ("layerwise", (41.0, 468.0, 4320.0)),
-                        ("lbs", (41.0, 88.0, 304.0))):
+    for system, e2e in (
+        ("in_gpu", (41.0, None, None)),
+        ("layerwise", (41.0, 468.0, 4320.0)),
+        ("lbs", (41.0, 88.0, 304.0)),
+    ):
         for beams, v in zip((4, 16, 64), e2e):
-            rows.append({"overrides": f"system={system} beams={beams}", "status": "ok" if v else "oom",
-                         "message": "" if v else f"in_gpu: KV of {beams} beams exceeds the KV budget",
-                         "simulated": True, "headline": "e2e_s", "headline_label": "end-to-end latency",
-                         "summary.e2e_s": v})
+            rows.append(
+                {
+                    "overrides": f"system={system} beams={beams}",
+                    "status": "ok" if v else "oom",
+                    "message": "" if v else f"in_gpu: KV of {beams} beams exceeds the KV budget",
+                    "simulated": True,
+                    "headline": "e2e_s",
+                    "headline_label": "end-to-end latency",
+                    "summary.e2e_s": v,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -52,12 +85,20 @@ def test_summary_figure_keeps_coinciding_points_visible_and_marks_failed_jobs(tm
     markers on the x axis at 16 and 64 beams, labelled oom. Mutations caught: one marker size for
     all lines; the failed jobs not drawn."""
     import matplotlib
+
     matplotlib.use("Agg")
     from harness.sweep_summary import draw
+
     r = _runs()
-    t = pd.DataFrame({"system": r.overrides.str.split().str[0].str[7:],
-                      "beams": r.overrides.str.split().str[1].str[6:], "status": r.status,
-                      "source": "simulated", "e2e_s": r["summary.e2e_s"]})
+    t = pd.DataFrame(
+        {
+            "system": r.overrides.str.split().str[0].str[7:],
+            "beams": r.overrides.str.split().str[1].str[6:],
+            "status": r.status,
+            "source": "simulated",
+            "e2e_s": r["summary.e2e_s"],
+        }
+    )
     ax = draw(t, "beams", ["system"], "e2e_s", "e2e", "s").axes[0]
     lines = {ln.get_label().split(" ")[0]: ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
     assert list(lines) == ["system=in_gpu", "system=layerwise", "system=lbs"]
@@ -76,6 +117,7 @@ def test_summary_md_lists_failed_jobs(tmp_path):
     """summary.md lists each job without a result with its swept values, status and message.
     Mutation caught: the list left out of the notes."""
     from harness.sweep_summary import write_summary
+
     write_summary(tmp_path, _runs())
     md = (tmp_path / "summary.md").read_text()
     assert "Jobs without a result (2; marked on the figure's x axis):" in md
@@ -89,15 +131,34 @@ def test_a_job_found_invalid_when_it_ran_is_a_named_row(tmp_path):
     the job (``harness.run.error_record``): the summary's row has its swept values and says
     simulated, and no constant override becomes a column. Mutation caught: the record without top-level
     overrides and backend (the row was all nan, 'measured', and tracking/progress/... became columns)."""
-    p = subprocess.run([sys.executable, "run.py", "-m", "system=lbs", "workload.beam_width=2,3", "beams=4,6",
-                        "tracking=none", "progress=false", f"results_dir={tmp_path}", "sweep_name=s"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "system=lbs",
+            "workload.beam_width=2,3",
+            "beams=4,6",
+            "tracking=none",
+            "progress=false",
+            f"results_dir={tmp_path}",
+            "sweep_name=s",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 1 and "1 job(s) with status error" in p.stderr, p.stderr[-2000:]
     md = (tmp_path / "sweeps" / "s" / "summary.md").read_text()
     rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in md.splitlines() if ln.startswith("|")]
     assert rows[0] == ["workload.beam_width", "beams", "status", "source", "e2e_s"]
-    assert [r[:4] for r in rows[2:]] == [["2", "4", "ok", "simulated"], ["2", "6", "ok", "simulated"],
-                                         ["3", "4", "error", "simulated"], ["3", "6", "ok", "simulated"]]
+    assert [r[:4] for r in rows[2:]] == [
+        ["2", "4", "ok", "simulated"],
+        ["2", "6", "ok", "simulated"],
+        ["3", "4", "error", "simulated"],
+        ["3", "6", "ok", "simulated"],
+    ]
     assert "- workload.beam_width=3, beams=4: error: invalid configuration: beams=4 is not allowed" in md
 
 
@@ -106,6 +167,7 @@ def test_summary_figure_title_says_simulated_and_the_axis_its_unit(tmp_path, mon
     the y axis the headline's unit from its key (e2e_s: s). Mutations caught: the title without the
     source (a newcomer's report: only the legend said "(sim)"); "SI units" instead of the unit."""
     import harness.sweep_summary as S
+
     seen = {}
     real = S.draw
     monkeypatch.setattr(S, "draw", lambda *a: seen.update(args=a) or real(*a))
@@ -124,11 +186,13 @@ def test_a_figure_interrupted_while_written_leaves_the_previous_one_whole(tmp_pa
     written whole or not at all. Mutation caught: savefig straight into the file (the old png
     truncated to what was written before the interrupt)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.figure import Figure
 
     from harness.report import save_figure
+
     fig, ax = plt.subplots()
     ax.plot([1, 2, 3])
     before = {k: p.read_bytes() for k, p in save_figure(fig, tmp_path, "f").items()}
@@ -140,10 +204,11 @@ def test_a_figure_interrupted_while_written_leaves_the_previous_one_whole(tmp_pa
         else:
             open(fname, "wb").write(b"\x89PNG partial")
         raise KeyboardInterrupt
+
     monkeypatch.setattr(Figure, "savefig", interrupted)
     fig2, ax2 = plt.subplots()
     with pytest.raises(KeyboardInterrupt):
         save_figure(fig2, tmp_path, "f")
     monkeypatch.setattr(Figure, "savefig", real)
     assert {k: (tmp_path / f"f.{k}").read_bytes() for k in before} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf", "f.png"]          # no temp file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf", "f.png"]  # no temp file left

@@ -1,4 +1,5 @@
 """Sweeps that survive failures (issue 13 items 1 and 8) and stay on Hydra's public API (issue 15)."""
+
 import json
 import os
 import re
@@ -26,10 +27,20 @@ def test_no_module_of_ours_uses_hydras_private_api():
     """The sweeper, composition cache and launchers use Hydra's public plugin API only, so a Hydra
     upgrade cannot break them silently. Mutation: importing hydra._internal's BasicSweeper again
     fails here."""
-    ours = [ROOT / "run.py", *ROOT.glob("harness/**/*.py"), *ROOT.glob("hydra_plugins/**/*.py"),
-            *ROOT.glob("systems/**/*.py"), *ROOT.glob("workloads/**/*.py"), *ROOT.glob("scripts/*.py")]
-    private = [f"{p.relative_to(ROOT)}:{i}" for p in ours for i, line in enumerate(p.read_text().splitlines(), 1)
-               if re.match(r"\s*(from|import)\s+hydra\._internal", line)]
+    ours = [
+        ROOT / "run.py",
+        *ROOT.glob("harness/**/*.py"),
+        *ROOT.glob("hydra_plugins/**/*.py"),
+        *ROOT.glob("systems/**/*.py"),
+        *ROOT.glob("workloads/**/*.py"),
+        *ROOT.glob("scripts/*.py"),
+    ]
+    private = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in ours
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.match(r"\s*(from|import)\s+hydra\._internal", line)
+    ]
     assert private == []
 
 
@@ -38,9 +49,24 @@ def test_sweep_goes_on_past_an_error_and_exits_1_after_the_counts(tmp_path):
     sweep goes on), 64 beams do not fit in GPU memory (oom: a result, not an error). Exit 1, after
     the count per status. Mutations: counting oom as error (the message says 3) or exiting 0 on
     errors fail here."""
-    out = subprocess.run([sys.executable, "run.py", "-m", "system=in_gpu", "beams=4,64", "workload.beam_width=2,8",
-                          "tracking=none", f"results_dir={tmp_path}", "sweep_name=t"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "system=in_gpu",
+            "beams=4,64",
+            "workload.beam_width=2,8",
+            "tracking=none",
+            f"results_dir={tmp_path}",
+            "sweep_name=t",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 1, out.stderr[-2000:]
     assert "sweep " + str(tmp_path / "sweeps/t") + ": 4 records (1 ok, 2 oom, 1 error)" in out.stdout
     assert "sweep failed: 1 job(s) with status error" in out.stderr
@@ -49,10 +75,11 @@ def test_sweep_goes_on_past_an_error_and_exits_1_after_the_counts(tmp_path):
     err = runs[runs["status"] == "error"].iloc[0]
     assert Path(err["run_dir"]).name == "beams=4,system=in_gpu,workload.beam_width=8"
     assert "beams=4 is not allowed: a positive multiple of beam_width=8" in err["message"]
-    assert not list(tmp_path.rglob(".hydra"))         # run.json holds each job's config (sweeper point 4)
+    assert not list(tmp_path.rglob(".hydra"))  # run.json holds each job's config (sweeper point 4)
 
 
 # --- jobs that fail outside their run: the sweeper records them ---------------------------------
+
 
 class StubLauncher:
     """Returns ``results`` for the batch, or raises ``error`` (a launcher that lost its jobs)."""
@@ -75,8 +102,11 @@ def stub_sweep(tmp_path, launcher, systems="layerwise,lbs", beams="4"):
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         master = compose("config", overrides=args, return_hydra_config=True)
         sweeper = FastBasicSweeper()
-        sweeper.setup(hydra_context=HydraContext(config_loader=GlobalHydra.instance().config_loader(),
-                                                 callbacks=None), task_function=None, config=master)
+        sweeper.setup(
+            hydra_context=HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=None),
+            task_function=None,
+            config=master,
+        )
         sweeper._instantiate_launcher = lambda n_jobs: launcher
         sweeper.sweep([f"system={systems}", f"beams={beams}", *args])
     return {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "sweeps/t").glob("*/run.json")}
@@ -175,16 +205,24 @@ def _record(tmp_path, system, status="ok", beams=4, hashed_beams=None):
     """A run.json in the stub sweep's job folder, with the config hash of ``hashed_beams`` (default:
     the folder's own) from Hydra's composition, as ``harness.run.run`` hashes it."""
     from omegaconf import OmegaConf
+
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        cfg = compose("config", overrides=[f"system={system}", f"beams={hashed_beams or beams}", *SWEEP_ARGS,
-                                           f"results_dir={tmp_path}"])
-    rec = {"record_version": records.RECORD_VERSION, "status": status, "summary": {"x": 1},
-           "config_hash": records.config_hash(OmegaConf.to_container(cfg, resolve=True))}
+        cfg = compose(
+            "config",
+            overrides=[f"system={system}", f"beams={hashed_beams or beams}", *SWEEP_ARGS, f"results_dir={tmp_path}"],
+        )
+    rec = {
+        "record_version": records.RECORD_VERSION,
+        "status": status,
+        "summary": {"x": 1},
+        "config_hash": records.config_hash(OmegaConf.to_container(cfg, resolve=True)),
+    }
     records.atomic_write_json(tmp_path / f"sweeps/t/beams={beams},system={system}/run.json", rec)
     return rec
 
 
 # --- kill -9 of the driver mid-sweep, then the same command again -------------------------------
+
 
 def _group_alive(pgid: int) -> bool:
     try:
@@ -203,18 +241,27 @@ def test_killed_sweep_driver_then_rerun_leaves_one_valid_record_per_job(tmp_path
     rows. Mutations: without SweepReport.on_job_start's driver watch the workers outlive the driver
     (fails at 'workers still running'); without the stale temp file clean-up the planted temp
     files stay."""
-    cmd = [sys.executable, "run.py", "-m", "experiment=lbs_fig9", "model=opt-6.7b", "step=128",
-           "tracking=none", f"results_dir={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "run.py",
+        "-m",
+        "experiment=lbs_fig9",
+        "model=opt-6.7b",
+        "step=128",
+        "tracking=none",
+        f"results_dir={tmp_path}",
+    ]
     sweep_dir = tmp_path / "sweeps/lbs_fig9"
-    p = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         deadline = time.time() + 240
         while len(list(sweep_dir.glob("*/run.json"))) < 3 and time.time() < deadline and p.poll() is None:
             time.sleep(0.2)
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
-        deadline = time.time() + 120    # a worker still importing under heavy load (load 5+) took over 60 s
+        deadline = time.time() + 120  # a worker still importing under heavy load (load 5+) took over 60 s
         while _group_alive(p.pid) and time.time() < deadline:
             time.sleep(0.5)
         assert not _group_alive(p.pid), "workers still running 120 s after their driver was killed"
@@ -224,7 +271,10 @@ def test_killed_sweep_driver_then_rerun_leaves_one_valid_record_per_job(tmp_path
     before = {r.parent.name: json.loads(r.read_text())["finished_at"] for r in sweep_dir.glob("*/run.json")}
     assert 3 <= len(before) < 25, "the kill came after the sweep ended: nothing to resume"
     # what a writer killed mid-write leaves: the temp files of atomic writes
-    stale = [sweep_dir / ".runs.parquet.k1ll3d.tmp", sweep_dir / "beams=4,model=opt-6.7b,step=128,system=lbs/.run.json.k1ll3d.tmp"]
+    stale = [
+        sweep_dir / ".runs.parquet.k1ll3d.tmp",
+        sweep_dir / "beams=4,model=opt-6.7b,step=128,system=lbs/.run.json.k1ll3d.tmp",
+    ]
     for f in stale:
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(b"half a rec")
@@ -239,7 +289,7 @@ def test_killed_sweep_driver_then_rerun_leaves_one_valid_record_per_job(tmp_path
         assert records.load_valid_record(d) is not None, d
     assert not list(tmp_path.rglob("*.tmp"))
     after = {r.parent.name: json.loads(r.read_text())["finished_at"] for r in sweep_dir.glob("*/run.json")}
-    assert {job: after[job] for job in before} == before          # recorded before the kill: skipped
+    assert {job: after[job] for job in before} == before  # recorded before the kill: skipped
     runs = pd.read_parquet(sweep_dir / "runs.parquet")
     assert len(runs) == 25 and runs["run_dir"].is_unique
 
@@ -251,10 +301,11 @@ def test_memoised_composition_gives_hydras_error_for_a_value_the_config_refuses(
     from hydra.errors import ConfigCompositionException
 
     from harness.compose import MemoConfigLoader
+
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         master = compose("config", overrides=["tracking=none"], return_hydra_config=True)
         memo = MemoConfigLoader.wrap(GlobalHydra.instance().config_loader())
-        memo.load_sweep_config(master, ["tracking=none", "workload.beam_width=2"])     # cached
+        memo.load_sweep_config(master, ["tracking=none", "workload.beam_width=2"])  # cached
         with pytest.raises(ConfigCompositionException, match="Error merging override workload.beam_width=two"):
             memo.load_sweep_config(master, ["tracking=none", "workload.beam_width=two"])
 
@@ -268,6 +319,7 @@ def test_memoised_composition_keeps_the_schemas_and_struct_mode():
     from omegaconf.errors import ConfigAttributeError, ValidationError
 
     from harness.compose import MemoConfigLoader
+
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         loader = GlobalHydra.instance().config_loader()
         master = compose("config", overrides=["tracking=none"], return_hydra_config=True)

@@ -2,12 +2,19 @@
 ``--help`` printed nothing and started the tool (``systems.serving.fidelity --help``: a 20-minute
 vLLM run; ``systems.ttc.fidelity --help`` rewrote conf/hardware/cpu-calibrated.yaml, then crashed;
 QA). (Mutations caught: the --help branch dropped; a bare word let through; a tool's keys unchecked.)"""
+
 import importlib
 
 import pytest
 
-TOOLS = ["harness.calibrate", "systems.ttc.fidelity", "systems.serving.fidelity", "systems.serving.calibrate",
-         "systems.tts.fidelity", "systems.tts.calibrate"]
+TOOLS = [
+    "harness.calibrate",
+    "systems.ttc.fidelity",
+    "systems.serving.fidelity",
+    "systems.serving.calibrate",
+    "systems.tts.fidelity",
+    "systems.tts.calibrate",
+]
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -27,9 +34,15 @@ def test_an_argument_that_is_not_key_value_exits_2(tool, capsys):
     assert "argument 'bogus' is not allowed: key=value arguments only" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("tool,arg", [("harness.calibrate", "hardwre=cpu"), ("systems.tts.fidelity", "problem=3"),
-                                      ("systems.serving.calibrate", "modle=tiny-llama"),
-                                      ("systems.tts.calibrate", "thread=2")])
+@pytest.mark.parametrize(
+    "tool,arg",
+    [
+        ("harness.calibrate", "hardwre=cpu"),
+        ("systems.tts.fidelity", "problem=3"),
+        ("systems.serving.calibrate", "modle=tiny-llama"),
+        ("systems.tts.calibrate", "thread=2"),
+    ],
+)
 def test_a_key_the_tool_does_not_read_exits_2(tool, arg, capsys):
     with pytest.raises(SystemExit) as e:
         importlib.import_module(tool).main([arg])
@@ -37,38 +50,50 @@ def test_a_key_the_tool_does_not_read_exits_2(tool, arg, capsys):
     assert f"error: {arg.split('=')[0]}=" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("tool,arg,message", [
-    ("systems.tts.fidelity", "repeats=0", "repeats='0' is not allowed: an integer >= 1"),
-    ("systems.tts.fidelity", "recalibrate=maybe", "recalibrate='maybe' is not allowed: true or false"),
-    ("systems.tts.fidelity", "workload=nosuch", "workload='nosuch' is not allowed: one of ablation, "),
-    ("systems.ttc.fidelity", "repeats=abc", "repeats='abc' is not allowed: an integer >= 1"),
-    ("systems.ttc.fidelity", "sytem=lbs", "'sytem' is not a config key; did you mean 'system'?"),
-    ("systems.serving.fidelity", "recalibrate=maybe", "recalibrate='maybe' is not allowed: true or false"),
-    ("systems.serving.fidelity", "hardware=nosuch", "hardware='nosuch' is not allowed: one of a100-80gb, "),
-])
+@pytest.mark.parametrize(
+    "tool,arg,message",
+    [
+        ("systems.tts.fidelity", "repeats=0", "repeats='0' is not allowed: an integer >= 1"),
+        ("systems.tts.fidelity", "recalibrate=maybe", "recalibrate='maybe' is not allowed: true or false"),
+        ("systems.tts.fidelity", "workload=nosuch", "workload='nosuch' is not allowed: one of ablation, "),
+        ("systems.ttc.fidelity", "repeats=abc", "repeats='abc' is not allowed: an integer >= 1"),
+        ("systems.ttc.fidelity", "sytem=lbs", "'sytem' is not a config key; did you mean 'system'?"),
+        ("systems.serving.fidelity", "recalibrate=maybe", "recalibrate='maybe' is not allowed: true or false"),
+        ("systems.serving.fidelity", "hardware=nosuch", "hardware='nosuch' is not allowed: one of a100-80gb, "),
+    ],
+)
 def test_a_bad_value_exits_2_before_any_calibration(tool, arg, message, capsys, monkeypatch):
     """QA: repeats=0, recalibrate=maybe, workload=nosuch, a misspelt run.py key: each started minutes of
     calibration (or crashed after it). Mutation caught: check_tool_values / check_overrides not called."""
     import subprocess
+
     mod = importlib.import_module(tool)
     monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("the tool started work"))
     if tool == "systems.tts.fidelity":
         import systems.tts.calibrate as cal
+
         monkeypatch.setattr(cal, "main", lambda *a, **k: pytest.fail("the tool started work"))
     assert mod.main([arg]) == 2
     assert capsys.readouterr().err.startswith(f"error: {message}")
 
 
-@pytest.mark.parametrize("tool,arg,message", [
-    ("harness.calibrate", "threads=0", "threads='0' is not allowed: an integer >= 1"),
-    ("harness.calibrate", "quick=maybe", "quick='maybe' is not allowed: true or false"),
-    ("harness.calibrate", "out=", "out='' is not allowed: a file path (the file to write), not a folder"),
-    ("harness.calibrate", "out=/proc/nope/x.yaml", "output directory '/proc/nope' (out) cannot be written"),
-    ("systems.serving.calibrate", "rounds=0", "rounds='0' is not allowed: an integer >= 1"),
-    ("systems.serving.calibrate", "reps=abc", "reps='abc' is not allowed: an integer >= 1"),
-    ("systems.tts.calibrate", "model=nosuch", "model='nosuch' is not allowed: one of "),
-    ("systems.tts.calibrate", "refit=/missing.yaml", "refit='/missing.yaml' is not allowed: a calibrated profile file"),
-])
+@pytest.mark.parametrize(
+    "tool,arg,message",
+    [
+        ("harness.calibrate", "threads=0", "threads='0' is not allowed: an integer >= 1"),
+        ("harness.calibrate", "quick=maybe", "quick='maybe' is not allowed: true or false"),
+        ("harness.calibrate", "out=", "out='' is not allowed: a file path (the file to write), not a folder"),
+        ("harness.calibrate", "out=/proc/nope/x.yaml", "output directory '/proc/nope' (out) cannot be written"),
+        ("systems.serving.calibrate", "rounds=0", "rounds='0' is not allowed: an integer >= 1"),
+        ("systems.serving.calibrate", "reps=abc", "reps='abc' is not allowed: an integer >= 1"),
+        ("systems.tts.calibrate", "model=nosuch", "model='nosuch' is not allowed: one of "),
+        (
+            "systems.tts.calibrate",
+            "refit=/missing.yaml",
+            "refit='/missing.yaml' is not allowed: a calibrated profile file",
+        ),
+    ],
+)
 def test_a_calibration_checks_its_values_before_measuring(tool, arg, message, capsys, monkeypatch):
     """QA: threads=0 ran with 2 threads, rounds=0 crashed after 27 s, out=/proc/... lost 7 s of
     measurements, model=nosuch was Hydra's traceback. Mutation caught: check_tool_values not called."""

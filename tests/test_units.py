@@ -3,10 +3,18 @@ import pytest
 from harness.units import parse_size
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("7GiB", 7 * 2**30), ("512MiB", 512 * 2**20), ("24GB", 24 * 10**9), ("1024", 1024),
-    (4096, 4096), ("1.5 KiB", 1536), ("2e3", 2000),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("7GiB", 7 * 2**30),
+        ("512MiB", 512 * 2**20),
+        ("24GB", 24 * 10**9),
+        ("1024", 1024),
+        (4096, 4096),
+        ("1.5 KiB", 1536),
+        ("2e3", 2000),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 

@@ -5,6 +5,7 @@ Data (math problem sets, serving traces) is never copied into the repository. Lo
 uses); else ``~/.cache/ttc-sched-bench/data``. ``python -m workloads.fetch`` fetches into and checks
 the same folder by default. :func:`missing_hint` is the sentence every "no such data file" error ends with.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,5 +34,7 @@ def resolve(path) -> Path:
 
 
 def missing_hint() -> str:
-    return (f"get the data with `python -m workloads.fetch` (downloads the pinned public files into "
-            f"{data_dir()}, the folder runs read; `--from DIR` copies a local mirror), or set TTC_DATA_DIR")
+    return (
+        f"get the data with `python -m workloads.fetch` (downloads the pinned public files into "
+        f"{data_dir()}, the folder runs read; `--from DIR` copies a local mirror), or set TTC_DATA_DIR"
+    )

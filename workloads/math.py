@@ -8,6 +8,7 @@ Without a tokenizer (random weights) prompts are turned into token ids by :func:
 the text is split into word / number / symbol pieces (about one BPE token each) and every piece is
 hashed to an id of the generator's vocabulary, so the prompt length follows the problem's length.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,20 +22,23 @@ from typing import List, Optional, Tuple
 from harness.errors import ConfigError
 
 # search-and-learn system prompt (FastTTS §1.3)
-SYSTEM_PROMPT = ("Solve the following math problem efficiently and clearly:\n\n"
-                 "- For simple problems (2 steps or fewer):\nProvide a concise solution with minimal explanation.\n\n"
-                 "- For complex problems (3 steps or more):\nUse this step-by-step format:\n\n"
-                 "## Step 1: [Concise description]\n[Brief explanation and calculations]\n\n"
-                 "## Step 2: [Concise description]\n[Brief explanation and calculations]\n\n...\n\n"
-                 "Regardless of the approach, always conclude with:\n\n"
-                 "Therefore, the final answer is: $\\boxed{answer}$. I hope it is correct.\n\n"
-                 "Where [answer] is just the final number or expression that solves the problem.")
+SYSTEM_PROMPT = (
+    "Solve the following math problem efficiently and clearly:\n\n"
+    "- For simple problems (2 steps or fewer):\nProvide a concise solution with minimal explanation.\n\n"
+    "- For complex problems (3 steps or more):\nUse this step-by-step format:\n\n"
+    "## Step 1: [Concise description]\n[Brief explanation and calculations]\n\n"
+    "## Step 2: [Concise description]\n[Brief explanation and calculations]\n\n...\n\n"
+    "Regardless of the approach, always conclude with:\n\n"
+    "Therefore, the final answer is: $\\boxed{answer}$. I hope it is correct.\n\n"
+    "Where [answer] is just the final number or expression that solves the problem."
+)
 
 
 @dataclass(frozen=True)
 class Problem:
     """One problem: ``index`` (0-based, in file order), ``text``, reference ``answer`` (as a
     string), ``line`` (1-based line of the file it was read from)."""
+
     index: int
     text: str
     answer: str
@@ -54,12 +58,17 @@ def load_problems(path: str | Path, limit: Optional[int] = None) -> List[Problem
     p = Path(path)
     if p.is_dir():
         found = ", ".join(sorted(x.name for x in p.glob("*.jsonl"))[:5]) or "none"
-        raise ConfigError(f"workload.path={str(path)!r} is not allowed: a folder, not a dataset file (its .jsonl "
-                          f"files: {found}; pass workload.path={p / 'test.jsonl'} or the like)")
+        raise ConfigError(
+            f"workload.path={str(path)!r} is not allowed: a folder, not a dataset file (its .jsonl "
+            f"files: {found}; pass workload.path={p / 'test.jsonl'} or the like)"
+        )
     if not p.is_file():
         from workloads.data import missing_hint
-        raise ConfigError(f"workload.path={str(path)!r} is not allowed: no such dataset file "
-                          f"(pass workload.path=/path/to/test.jsonl, or {missing_hint()})")
+
+        raise ConfigError(
+            f"workload.path={str(path)!r} is not allowed: no such dataset file "
+            f"(pass workload.path=/path/to/test.jsonl, or {missing_hint()})"
+        )
     out: List[Problem] = []
     with p.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -75,8 +84,10 @@ def load_problems(path: str | Path, limit: Optional[int] = None) -> List[Problem
             if not isinstance(text, str) or "answer" not in obj:
                 raise ConfigError(f"{p}: line {lineno} lacks a 'problem' string or an 'answer' field")
             if not text.strip() or obj["answer"] is None or not str(obj["answer"]).strip():
-                raise ConfigError(f"{p}: line {lineno} has an empty 'problem' or a null/empty 'answer' (every "
-                                  f"problem needs its text and a reference answer to grade against)")
+                raise ConfigError(
+                    f"{p}: line {lineno} has an empty 'problem' or a null/empty 'answer' (every "
+                    f"problem needs its text and a reference answer to grade against)"
+                )
             out.append(Problem(len(out), text, str(obj["answer"]), lineno))
             if limit is not None and len(out) >= limit:
                 break
@@ -103,8 +114,10 @@ def _stand_in_ids(text: str, vocab_size: int, reserved: int) -> Tuple[int, ...]:
     span = vocab_size - 2 * reserved
     if span <= 0:
         raise ValueError(f"vocab_size {vocab_size} too small for the stand-in tokenizer")
-    return tuple(reserved + int.from_bytes(hashlib.blake2b(piece.encode(), digest_size=8).digest(), "little") % span
-                 for piece in _PIECE.findall(text))
+    return tuple(
+        reserved + int.from_bytes(hashlib.blake2b(piece.encode(), digest_size=8).digest(), "little") % span
+        for piece in _PIECE.findall(text)
+    )
 
 
 def prompt_tokens(problem: Problem, vocab_size: int, tokenizer=None) -> List[int]:
@@ -117,7 +130,7 @@ def prompt_tokens(problem: Problem, vocab_size: int, tokenizer=None) -> List[int
         if getattr(tokenizer, "chat_template", None):
             msgs = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem.text}]
             out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            ids = out["input_ids"] if hasattr(out, "keys") else out      # BatchEncoding in transformers 5
+            ids = out["input_ids"] if hasattr(out, "keys") else out  # BatchEncoding in transformers 5
             return [int(t) for t in ids]
         return list(tokenizer.encode(SYSTEM_PROMPT + "\n\n" + problem.text + "\n\n", add_special_tokens=False))
     return stand_in_tokens(SYSTEM_PROMPT + "\n" + problem.text, vocab_size)

@@ -20,6 +20,7 @@ one pass, its token-length PDFs per 6-hour window when a segment first reads the
 PDF is reported by the run that reads it). Naive trace timestamps are UTC, so
 arrivals do not depend on the host's time zone.
 """
+
 from __future__ import annotations
 
 import ast
@@ -38,7 +39,6 @@ import numpy as np
 
 from workloads.data import missing_hint, resolve
 
-
 # Most requests a stream may be expected to hold (synthetic: peak rate x duration_s, checked by
 # systems.serving.runner.validate; ServeGen: its windows' rates x the target's scale). Its arrays, and
 # the draws behind them, are ~50 bytes a request (0.5 GB at the bound), and a simulation serves each
@@ -54,6 +54,7 @@ class TraceError(ValueError):
 class Requests:
     """Requests sorted by arrival. Arrays of equal length N: arrival_s (float s), input_len and
     output_len (int tokens, >= 1). ``note``: how the stream was made (scaling, truncation)."""
+
     arrival_s: np.ndarray
     input_len: np.ndarray
     output_len: np.ndarray
@@ -72,11 +73,10 @@ class Requests:
         return len(self) / self.span_s if self.span_s > 0 else float("nan")
 
 
-
-
 # -- synthetic arrivals ------------------------------------------------------------------------
-def thinned_poisson(rate_fn: Callable[[np.ndarray], np.ndarray], rate_max: float, duration_s: float,
-                    rng: np.random.Generator) -> np.ndarray:
+def thinned_poisson(
+    rate_fn: Callable[[np.ndarray], np.ndarray], rate_max: float, duration_s: float, rng: np.random.Generator
+) -> np.ndarray:
     """Arrival times (s) of a Poisson process with rate ``rate_fn(t)`` <= ``rate_max`` on [0, duration)."""
     if rate_max <= 0 or duration_s <= 0:
         return np.zeros(0)
@@ -88,10 +88,12 @@ def thinned_poisson(rate_fn: Callable[[np.ndarray], np.ndarray], rate_max: float
 
 def lengths(n: int, mean_in: int, mean_out: int, jitter: float, rng: np.random.Generator):
     """Input/output lengths: the means, or uniform within +-``jitter`` of them (tokens, >= 1)."""
+
     def one(m):
         if jitter <= 0:
             return np.full(n, int(m), dtype=np.int64)
         return np.maximum(1, np.rint(rng.uniform(m * (1 - jitter), m * (1 + jitter), n))).astype(np.int64)
+
     return one(mean_in), one(mean_out)
 
 
@@ -122,6 +124,7 @@ class _Unusual(Exception):
 
 def _read(fast: Callable, by_line: Callable, path: Path):
     import pyarrow as pa
+
     try:
         return fast(path)
     except (_Unusual, pa.ArrowInvalid, ValueError, KeyError, TypeError):
@@ -134,15 +137,22 @@ def _numpy(col, dtype) -> np.ndarray:
     if col.null_count:
         raise _Unusual
     size = np.dtype(dtype).itemsize
-    parts = [np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c), offset=c.offset * size)
-             for c in getattr(col, "chunks", [col])]
+    parts = [
+        np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c), offset=c.offset * size)
+        for c in getattr(col, "chunks", [col])
+    ]
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def _strings(col) -> np.ndarray:
     """A dictionary-encoded pyarrow string column as an object array of str (through its buffers)."""
-    return np.concatenate([np.array(c.dictionary.to_pylist(), dtype=object)[_numpy(c.indices, np.int32)]
-                           for c in col.chunks]) if col.num_chunks else np.zeros(0, dtype=object)
+    return (
+        np.concatenate(
+            [np.array(c.dictionary.to_pylist(), dtype=object)[_numpy(c.indices, np.int32)] for c in col.chunks]
+        )
+        if col.num_chunks
+        else np.zeros(0, dtype=object)
+    )
 
 
 def _whole_counts(x: np.ndarray, minimum: int = 1) -> np.ndarray:
@@ -192,14 +202,18 @@ def _azure_fast(path: Path):
     microsecond (as datetime does), naive = UTC."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
+
     with open(path) as f:
         if [h.strip() for h in f.readline().split(",")] != AZURE_HEADER:
             raise _Unusual
     types = {"TIMESTAMP": pa.timestamp("ns"), "ContextTokens": pa.float64(), "GeneratedTokens": pa.float64()}
     tb = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(column_types=types, include_columns=AZURE_HEADER))
-    us = _numpy(tb.column("TIMESTAMP"), np.int64) // 1000       # datetime keeps 6 digits, truncated
-    return (_sorted(us.astype(float) / 1e6), _whole_counts(_numpy(tb.column("ContextTokens"), np.float64)),
-            _whole_counts(_numpy(tb.column("GeneratedTokens"), np.float64)))
+    us = _numpy(tb.column("TIMESTAMP"), np.int64) // 1000  # datetime keeps 6 digits, truncated
+    return (
+        _sorted(us.astype(float) / 1e6),
+        _whole_counts(_numpy(tb.column("ContextTokens"), np.float64)),
+        _whole_counts(_numpy(tb.column("GeneratedTokens"), np.float64)),
+    )
 
 
 def _azure_by_line(path: Path):
@@ -248,9 +262,11 @@ def _mooncake_fast(path: Path):
     """(ms, input, output) of a Mooncake JSONL, parsed by pyarrow (other fields ignored)."""
     import pyarrow as pa
     import pyarrow.json as pjson
+
     schema = pa.schema([(f, pa.float64()) for f in MOONCAKE_FIELDS])
-    tb = pjson.read_json(path, parse_options=pjson.ParseOptions(explicit_schema=schema,
-                                                                 unexpected_field_behavior="ignore"))
+    tb = pjson.read_json(
+        path, parse_options=pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    )
     t, a, b = (_numpy(tb.column(c), np.float64) for c in MOONCAKE_FIELDS)
     if not (np.isfinite(t).all() and (t >= 0).all()):
         raise _Unusual
@@ -329,9 +345,9 @@ def _pdf_fast(text: str, minimum: int) -> Tuple[np.ndarray, np.ndarray]:
 
 
 SERVEGEN_FIELDS = ("timestamp", "rate", "cv", "pattern", "shape", "scale")
-SERVEGEN_PATTERNS = ("Gamma", "Weibull", "")       # empty: the client is inactive in the window
-MIN_TOKENS = {"input_tokens": 1, "output_tokens": 0}   # 0 output tokens occur in the data (served as 1)
-Windows = Tuple[np.ndarray, ...]       # a client's windows: t, rate, cv, pattern, shape, scale (arrays)
+SERVEGEN_PATTERNS = ("Gamma", "Weibull", "")  # empty: the client is inactive in the window
+MIN_TOKENS = {"input_tokens": 1, "output_tokens": 0}  # 0 output tokens occur in the data (served as 1)
+Windows = Tuple[np.ndarray, ...]  # a client's windows: t, rate, cv, pattern, shape, scale (arrays)
 
 
 def _servegen_row(path: Path, line: int, text: str) -> tuple:
@@ -369,9 +385,13 @@ def _servegen_csv(data):
     (pattern: object array of str). Raises _Unusual for a value the line reader must judge."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
+
     types = {f: pa.dictionary(pa.int32(), pa.string()) if f == "pattern" else pa.float64() for f in SERVEGEN_FIELDS}
-    tb = pcsv.read_csv(data, read_options=pcsv.ReadOptions(column_names=list(SERVEGEN_FIELDS)),
-                       convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False))
+    tb = pcsv.read_csv(
+        data,
+        read_options=pcsv.ReadOptions(column_names=list(SERVEGEN_FIELDS)),
+        convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+    )
     cols = [_strings(tb.column(f)) if f == "pattern" else _numpy(tb.column(f), np.float64) for f in SERVEGEN_FIELDS]
     for i in (0, 1, 2, 4, 5):
         if not (np.isfinite(cols[i]).all() and (cols[i] >= 0).all()):
@@ -396,6 +416,7 @@ def _servegen_traces(paths) -> list:
     as many rows as lines means each file's rows are its lines. Otherwise, or for a value the line
     reader must judge, every file goes to :func:`_read`."""
     import pyarrow as pa
+
     blobs = [b if b.endswith(b"\n") else b + b"\n" for b in (p.read_bytes() for p in paths)]
     data = b"".join(blobs)
     rows = [b.count(b"\n") for b in blobs]
@@ -434,8 +455,10 @@ def _dataset_raw(path: Path):
     except ValueError as e:
         ok, keys = False, str(e)
     if not ok:
-        raise TraceError(f"{path}: not a ServeGen dataset (window start -> field -> dict-literal PDF)"
-                         + (f": {keys}" if keys else ""))
+        raise TraceError(
+            f"{path}: not a ServeGen dataset (window start -> field -> dict-literal PDF)"
+            + (f": {keys}" if keys else "")
+        )
     return text, {keys[k]: d for k, d in raw.items()}
 
 
@@ -450,8 +473,10 @@ def _window_pdfs_by_line(path: Path, text: str, k: int, d: dict) -> dict:
     file's line (found in ``text``), the window and the field."""
     out = {}
     for fld in (f for f in MIN_TOKENS if f in d):
+
         def fail(what):
             raise TraceError(f"{path}:{_line_of(text, str(k), fld)}: window {k} {fld}: {what}")
+
         try:
             pdf = _pdf_literal(d[fld])
         except (ValueError, SyntaxError, AttributeError, TypeError) as e:
@@ -463,8 +488,10 @@ def _window_pdfs_by_line(path: Path, text: str, k: int, d: dict) -> dict:
         if bad_p or (pdf and not sum(pdf.values()) > 0):
             n, q = bad_p[0] if bad_p else next(iter(pdf.items()))
             fail(f"probability {q!r} of {n} tokens is out of range: finite, >= 0, not all 0")
-        out[fld] = (np.fromiter(pdf.keys(), dtype=np.int64, count=len(pdf)),
-                    np.fromiter(pdf.values(), dtype=float, count=len(pdf)))
+        out[fld] = (
+            np.fromiter(pdf.keys(), dtype=np.int64, count=len(pdf)),
+            np.fromiter(pdf.values(), dtype=float, count=len(pdf)),
+        )
     return out
 
 
@@ -517,11 +544,12 @@ def _servegen_clients(root: str):
     root_p = Path(root)
     traces = sorted(root_p.glob("chunk-*-trace.csv"))
     if not traces:
-        raise TraceError(f"{root_p}: no chunk-*-trace.csv files (a ServeGen <category>/<model> folder); "
-                         f"{missing_hint()}")
+        raise TraceError(
+            f"{root_p}: no chunk-*-trace.csv files (a ServeGen <category>/<model> folder); {missing_hint()}"
+        )
     out = {}
     for tp, windows in zip(traces, _servegen_traces(traces)):
-        cid = tp.name[len("chunk-"):-len("-trace.csv")]
+        cid = tp.name[len("chunk-") : -len("-trace.csv")]
         ds_path = root_p / f"chunk-{cid}-dataset.json"
         out[cid] = (windows, _Dataset(ds_path) if ds_path.is_file() else None)
     return out
@@ -546,8 +574,9 @@ def _sequential_sum(x: np.ndarray) -> float:
     return float(np.cumsum(x)[-1]) if len(x) else 0
 
 
-def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: float,
-                  rng: np.random.Generator) -> Requests:
+def load_servegen(
+    path, start_s: float, duration_s: float, target_tokens_per_s: float, rng: np.random.Generator
+) -> Requests:
     """Sample requests from ServeGen windows in [start_s, start_s + duration_s) of day 1.
 
     Each active client window yields IATs from its Gamma/Weibull (shape, scale), rescaled so the
@@ -558,12 +587,13 @@ def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: 
     """
     clients = _servegen_clients(str(Path(path)))
     t0, t1 = float(start_s), float(start_s) + float(duration_s)
-    active = []       # (cid, win_start, win_len, rate, pattern, shape, scale)
+    active = []  # (cid, win_start, win_len, rate, pattern, shape, scale)
     for cid, ((t, rate, _, pat, shape, scale), _) in clients.items():
         lo, hi = np.maximum(t, t0), np.minimum(t + 600.0, t1)
         for i in np.flatnonzero((hi > lo) & (rate > 0) & (pat != "")):
-            active.append((cid, float(lo[i]), float(hi[i] - lo[i]), float(rate[i]), pat[i], float(shape[i]),
-                           float(scale[i])))
+            active.append(
+                (cid, float(lo[i]), float(hi[i] - lo[i]), float(rate[i]), pat[i], float(shape[i]), float(scale[i]))
+            )
     if not active:
         raise TraceError(f"{path}: no active client windows in [{t0}, {t1}) s")
 
@@ -579,7 +609,7 @@ def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: 
 
     # pooled PDFs (rate-weighted, in order of first appearance) for clients without data; every sum
     # left to right, as the per-window dicts of the first version added them (same floats)
-    pool_parts = ([], []), ([], [])          # (token counts, weighted probabilities) per field
+    pool_parts = ([], []), ([], [])  # (token counts, weighted probabilities) per field
     mean_tok = {}
     for cid, lo, ln, rate, *_ in active:
         pd_ = pdfs_for(cid, lo)
@@ -598,9 +628,11 @@ def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: 
     scale_rate = (target_tokens_per_s * (t1 - t0) / exp_tokens) if target_tokens_per_s > 0 else 1.0
     expected = scale_rate * sum(rate * ln for _, _, ln, rate, *_ in active)
     if expected > MAX_REQUESTS:
-        raise TraceError(f"workload.target_tokens_per_s={target_tokens_per_s:g} would draw {expected:,.0f} requests in "
-                         f"[{t0:g}, {t1:g}) s (at most {MAX_REQUESTS:,}; the trace's own rates give "
-                         f"{expected / scale_rate:,.0f}: lower it or workload.duration_s)")
+        raise TraceError(
+            f"workload.target_tokens_per_s={target_tokens_per_s:g} would draw {expected:,.0f} requests in "
+            f"[{t0:g}, {t1:g}) s (at most {MAX_REQUESTS:,}; the trace's own rates give "
+            f"{expected / scale_rate:,.0f}: lower it or workload.duration_s)"
+        )
 
     arr, ins, outs = [], [], []
     for cid, lo, ln, rate, pat, shape, scale in active:
@@ -611,14 +643,16 @@ def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: 
         # (starting at the window edge would put a burst of near-zero IATs there)
         n_exp = r * (ln + 600.0)
         n_draw = int(n_exp + 6 * math.sqrt(n_exp) + 5)
+
         def draw(k):
             if pat == "Gamma" and shape > 0:
                 return rng.gamma(shape, 1.0, k) / shape
             if pat == "Weibull" and shape > 0:
                 return rng.weibull(shape, k) / math.gamma(1 + 1 / shape)
             return rng.exponential(1.0, k)
-        iat = draw(n_draw) / r                                 # mean IAT = 1 / r
-        while iat.sum() < ln + 600.0:                          # bursty IATs: draw until past the window
+
+        iat = draw(n_draw) / r  # mean IAT = 1 / r
+        while iat.sum() < ln + 600.0:  # bursty IATs: draw until past the window
             iat = np.concatenate([iat, draw(n_draw) / r])
         t = lo - 600.0 + np.cumsum(iat)
         t = t[(t >= lo) & (t < lo + ln)]
@@ -633,9 +667,11 @@ def load_servegen(path, start_s: float, duration_s: float, target_tokens_per_s: 
     order = np.argsort(a, kind="stable")
     out_len = np.concatenate(outs)[order]
     zero_out = int((out_len == 0).sum())
-    note = (f"servegen {Path(path).name} [{t0:.0f},{t1:.0f}) s, {len(active)} client windows, "
-            f"rates x{scale_rate:.4g} for {target_tokens_per_s:g} tok/s"
-            + (f"; {zero_out} requests drawn with 0 output tokens served as 1" if zero_out else ""))
+    note = (
+        f"servegen {Path(path).name} [{t0:.0f},{t1:.0f}) s, {len(active)} client windows, "
+        f"rates x{scale_rate:.4g} for {target_tokens_per_s:g} tok/s"
+        + (f"; {zero_out} requests drawn with 0 output tokens served as 1" if zero_out else "")
+    )
     return Requests(a[order], np.concatenate(ins)[order], np.maximum(1, out_len), note=note)
 
 
@@ -657,8 +693,12 @@ def build_requests(w) -> Requests:
         full = load_azure(p) if w.format == "azure" else load_mooncake(p)
         t = full.arrival_s / float(w.time_scale)
         sel = (t >= float(w.start_s)) & (t < float(w.start_s) + float(w.duration_s))
-        req = Requests(t[sel] - float(w.start_s), full.input_len[sel], full.output_len[sel],
-                       note=f"{full.note} time_scale {w.time_scale}")
+        req = Requests(
+            t[sel] - float(w.start_s),
+            full.input_len[sel],
+            full.output_len[sel],
+            note=f"{full.note} time_scale {w.time_scale}",
+        )
     elif w.kind == "servegen":
         req = load_servegen(resolve(w.path), w.start_s, w.duration_s, float(w.target_tokens_per_s), rng)
     else:

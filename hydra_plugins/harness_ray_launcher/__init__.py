@@ -15,6 +15,7 @@ Every node needs the project at the same path (or installed) and the data it rea
 A job whose task raises outside the run, or whose worker dies, comes back as a failed
 ``JobReturn``; the sweeper records it as ``error`` and goes on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,6 +60,7 @@ class RayLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         import ray
+
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
@@ -75,28 +77,36 @@ class RayLauncher(Launcher):
                 cfg.hydra.job.num = idx
             kind = "gpu_job" if needs_gpu(cfg.backend.name, cfg.backend.device, has_gpu) else "cpu_job"
             log.info(f"\t#{idx} ({kind}: {self.resources[kind]}) : {' '.join(filter_overrides(overrides))}")
-            ref = task.options(**self.resources[kind]).remote(self.hydra_context, cfg, self.task_function,
-                                                              Singleton.get_state())
+            ref = task.options(**self.resources[kind]).remote(
+                self.hydra_context, cfg, self.task_function, Singleton.get_state()
+            )
             pending.append((list(overrides), ref))
         return [_result(overrides, ref) for overrides, ref in pending]
 
 
-def _run_job(hydra_context: HydraContext, cfg: DictConfig, task_function: TaskFunction,
-             singleton_state: Dict[Any, Any]) -> JobReturn:
+def _run_job(
+    hydra_context: HydraContext, cfg: DictConfig, task_function: TaskFunction, singleton_state: Dict[Any, Any]
+) -> JobReturn:
     """In the Ray worker: Hydra's global state from the driver, then Hydra's ``run_job``."""
     setup_globals()
     Singleton.set_state(singleton_state)
     HydraConfig.instance().set_config(cfg)
-    return run_job(hydra_context=hydra_context, task_function=task_function, config=cfg,
-                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    return run_job(
+        hydra_context=hydra_context,
+        task_function=task_function,
+        config=cfg,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
 
 
 def _result(overrides: List[str], ref: Any) -> JobReturn:
     """The job's ``JobReturn``; a failed one when its task raised or its worker died."""
     import ray
+
     try:
         return ray.get(ref)
-    except Exception as e:          # ray.exceptions.RayTaskError, WorkerCrashedError, ...
+    except Exception as e:  # ray.exceptions.RayTaskError, WorkerCrashedError, ...
         ret = JobReturn(overrides=overrides, status=JobStatus.FAILED)
         ret.return_value = e
         return ret

@@ -45,6 +45,7 @@ serially, in the parent before launching. For the 225-job Fig.9 sweep that was m
 Only Hydra's public plugin API is used (``hydra.plugins``, ``hydra.core``); tests/test_sweeps.py
 checks that no module of ours imports ``hydra._internal``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -64,8 +65,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from harness.compose import MemoConfigLoader
 
-LOCAL_LAUNCHERS = ("JoblibLauncher", "BasicLauncher")     # run jobs on this host
-CHECK_ONLY = "TTC_SWEEP_CHECK_ONLY"       # set (non-empty): the sweep's checks only (point 7 of the module doc)
+LOCAL_LAUNCHERS = ("JoblibLauncher", "BasicLauncher")  # run jobs on this host
+CHECK_ONLY = "TTC_SWEEP_CHECK_ONLY"  # set (non-empty): the sweep's checks only (point 7 of the module doc)
 
 
 class FastBasicSweeper(Sweeper):
@@ -82,44 +83,52 @@ class FastBasicSweeper(Sweeper):
         self.launcher: Optional[Launcher] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.hydra_context = HydraContext(config_loader=MemoConfigLoader.wrap(hydra_context.config_loader),
-                                          callbacks=hydra_context.callbacks)
+        self.hydra_context = HydraContext(
+            config_loader=MemoConfigLoader.wrap(hydra_context.config_loader), callbacks=hydra_context.callbacks
+        )
         self.task_function = task_function
         self.config = config
 
     def sweep(self, arguments: List[str]) -> List[Sequence[Any]]:
         from harness.records import atomic_write_bytes
+
         hydra_overrides = self.config.hydra.overrides.hydra
         if not any(str(o).split("=", 1)[0].lstrip("+~") == "hydra.output_subdir" for o in hydra_overrides):
             with read_write(self.config.hydra):
-                hydra_overrides.append("hydra.output_subdir=null")        # point 4 of the module doc
+                hydra_overrides.append("hydra.output_subdir=null")  # point 4 of the module doc
                 self.config.hydra.output_subdir = None
         jobs = self.jobs(arguments)
         self.validate_batch_is_legal(jobs)
         n_all = len(jobs)
-        if os.environ.get(CHECK_ONLY):                                    # point 7 of the module doc
+        if os.environ.get(CHECK_ONLY):  # point 7 of the module doc
             for job in jobs:
                 self.recorded(job, tell=lambda _: None)
             print(f"sweep check: {n_all} jobs; nothing was run", flush=True)
             sys.exit(0)
-        jobs = [job for job in jobs if not self.recorded(job)]            # point 6 of the module doc
+        jobs = [job for job in jobs if not self.recorded(job)]  # point 6 of the module doc
         sweep_dir = Path(self.config.hydra.sweep.dir)
         atomic_write_bytes(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config).encode())
         self.launcher = self._instantiate_launcher(len(jobs))
         done = f", {n_all - len(jobs)} already recorded" if len(jobs) < n_all else ""
-        print(f"sweep: {n_all} job{'' if n_all == 1 else 's'} -> {sweep_dir} ({type(self.launcher).__name__}{done})", flush=True)
+        print(
+            f"sweep: {n_all} job{'' if n_all == 1 else 's'} -> {sweep_dir} ({type(self.launcher).__name__}{done})",
+            flush=True,
+        )
         size = self.max_batch_size if self.max_batch_size and self.max_batch_size > 0 else max(1, len(jobs))
         returns = []
         for start in range(0, len(jobs), size):
-            batch = jobs[start:start + size]
+            batch = jobs[start : start + size]
             try:
                 results: Sequence[Any] = self.launcher.launch(batch, initial_job_idx=start)
             except KeyboardInterrupt:
                 self._interrupted(sweep_dir)
-            except Exception as e:       # the launcher lost the batch: its jobs without a record are errors
+            except Exception as e:  # the launcher lost the batch: its jobs without a record are errors
                 if not interrupted(e):
-                    print(f"launcher failed ({type(e).__name__}: {e}); jobs of this batch without a record "
-                          f"are recorded as error", file=sys.stderr)
+                    print(
+                        f"launcher failed ({type(e).__name__}: {e}); jobs of this batch without a record "
+                        f"are recorded as error",
+                        file=sys.stderr,
+                    )
                 results = [e] * len(batch)
             failures = [(o, r if isinstance(r, Exception) else job_failure(r)) for o, r in zip(batch, results)]
             if any(interrupted(f) for _, f in failures if f is not None):
@@ -142,8 +151,10 @@ class FastBasicSweeper(Sweeper):
             elif o.is_discrete_sweep():
                 lists[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
             else:
-                raise HydraException(f"{type(self).__name__} does not support sweep type {o.value_type.name} "
-                                     f"({o.input_line}); list the values (a=1,2,3) or use range(...)")
+                raise HydraException(
+                    f"{type(self).__name__} does not support sweep type {o.value_type.name} "
+                    f"({o.input_line}); list the values (a=1,2,3) or use range(...)"
+                )
         return [list(job) for job in itertools.product(*lists.values())]
 
     def recorded(self, job: Sequence[str], tell=print) -> bool:
@@ -155,6 +166,7 @@ class FastBasicSweeper(Sweeper):
         config (``harness.run.check_no_other_record``: a re-used sweep_name whose jobs changed)."""
         from harness.errors import ConfigError
         from harness.run import check_no_other_record, job_config, recorded
+
         cfg = self.hydra_context.config_loader.job_view(self.config, list(job))
         if cfg is None or cfg.get("output_dir"):
             return False
@@ -170,9 +182,10 @@ class FastBasicSweeper(Sweeper):
         return bool(cfg.get("resume", True)) and recorded(outdir, chash, tell=tell) is not None
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        from harness.errors import ConfigError
         from harness.config import validate_common
+        from harness.errors import ConfigError
         from harness.run import validate_config
+
         local = self._launcher_name() in LOCAL_LAUNCHERS
         for job in covering_jobs(batch):
             # Hydra's own check (what its basic sweeper does for every job): the job's config composes
@@ -180,8 +193,8 @@ class FastBasicSweeper(Sweeper):
             try:
                 if local:
                     validate_config(cfg)
-                else:       # SLURM/Ray: jobs run elsewhere (a login node may lack the GPU they check for):
-                    validate_common(cfg)    # only the checks that do not depend on the machine
+                else:  # SLURM/Ray: jobs run elsewhere (a login node may lack the GPU they check for):
+                    validate_common(cfg)  # only the checks that do not depend on the machine
             except ConfigError as e:
                 print(f"error: {e}\n  (in the sweep job {' '.join(job)}; nothing was run)", file=sys.stderr)
                 sys.exit(2)
@@ -200,8 +213,9 @@ class FastBasicSweeper(Sweeper):
             with read_write(launcher_cfg), open_dict(launcher_cfg):
                 launcher_cfg.batch_size = str(max(1, n_jobs_in_sweep // (4 * workers)))
         try:
-            return Plugins.instance().instantiate_launcher(hydra_context=self.hydra_context,
-                                                           task_function=self.task_function, config=self.config)
+            return Plugins.instance().instantiate_launcher(
+                hydra_context=self.hydra_context, task_function=self.task_function, config=self.config
+            )
         finally:
             if auto:
                 with read_write(launcher_cfg), open_dict(launcher_cfg):
@@ -212,14 +226,18 @@ class FastBasicSweeper(Sweeper):
         """Stop the sweep after SIGINT (Ctrl-C): exit 130. Jobs keep the records they wrote (a job
         interrupted while running: status interrupted, when it got to write it); jobs that did not
         start get none, so re-running the same command runs exactly those and the interrupted ones."""
-        print(f"sweep interrupted: the records written so far stay in {sweep_dir}; re-running the same "
-              f"command runs the jobs without a valid record", file=sys.stderr)
+        print(
+            f"sweep interrupted: the records written so far stay in {sweep_dir}; re-running the same "
+            f"command runs the jobs without a valid record",
+            file=sys.stderr,
+        )
         sys.exit(130)
 
     def _record_failed_job(self, overrides: Sequence[str], why: Any) -> None:
         """An ``error`` record for a job that ended without writing one (a finished record stays)."""
         from harness import records
         from harness.run import error_record
+
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
         outdir = Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
         rec_path = outdir / "run.json"
@@ -248,8 +266,8 @@ def job_failure(ret: JobReturn) -> Optional[BaseException]:
     if ret.status == JobStatus.COMPLETED:
         return None
     try:
-        ret.return_value                  # re-raises the task's exception (and names the job on stderr)
-    except BaseException as e:            # noqa: B036 (whatever the task raised is the job's failure)
+        ret.return_value  # re-raises the task's exception (and names the job on stderr)
+    except BaseException as e:  # noqa: B036 (whatever the task raised is the job's failure)
         return e
     return RuntimeError(f"job status {ret.status.name}")
 

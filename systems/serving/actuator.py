@@ -13,6 +13,7 @@ first lock: the next run warns and ``python -m systems.serving.actuator --restor
 those GPUs. A permission error disables actuation and is recorded; requests keep being logged.
 Never enable it on shared GPUs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ from typing import Any, List, Optional
 
 from harness import clock_locks
 
-_LIVE: "set[DvfsActuator]" = set()       # actuating and not closed (kept alive for the exit paths)
+_LIVE: "set[DvfsActuator]" = set()  # actuating and not closed (kept alive for the exit paths)
 _HANDLERS_INSTALLED = False
 _PREVIOUS_HANDLERS: dict = {}
 NVML_ERROR_NO_PERMISSION = 4
@@ -43,9 +44,22 @@ def _signals(*names: str) -> tuple:
 # caught), the fault signals SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGTRAP/SIGSYS (a Python handler would
 # return to the faulting instruction; the lock record covers those), and SIGPIPE/SIGXFSZ, which
 # Python ignores (they become OSErrors, not exits).
-RESTORING_SIGNALS = _signals("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGABRT", "SIGUSR1", "SIGUSR2",
-                             "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGXCPU", "SIGPWR", "SIGIO",
-                             "SIGSTKFLT") + tuple(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
+RESTORING_SIGNALS = _signals(
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGTERM",
+    "SIGABRT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGALRM",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGXCPU",
+    "SIGPWR",
+    "SIGIO",
+    "SIGSTKFLT",
+) + tuple(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
 
 
 def restore_all() -> None:
@@ -60,7 +74,7 @@ def _on_signal(signum, frame):
     prev = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
     if callable(prev):
         return prev(signum, frame)
-    signal.signal(signum, signal.SIG_DFL)           # the default action: end the process
+    signal.signal(signum, signal.SIG_DFL)  # the default action: end the process
     signal.raise_signal(signum)
 
 
@@ -99,7 +113,7 @@ class DvfsActuator:
         self.log: List[list] = []
         self.gpus: list = []
         self._locked: set = set()
-        self._lock = threading.RLock()       # a signal handler may call restore() inside restore()
+        self._lock = threading.RLock()  # a signal handler may call restore() inside restore()
         self._q: "queue.Queue" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
         self.nvml = None
@@ -107,6 +121,7 @@ class DvfsActuator:
             return
         try:
             from harness.gpus import open_job_gpus
+
             self.nvml, self.gpus = open_job_gpus(nvml, gpu_indices)
             clock_locks.lock_dir().mkdir(parents=True, exist_ok=True)
             self.available, self.reason = True, ""
@@ -236,6 +251,7 @@ except ImportError:  # pragma: no cover
 
 # --- python -m systems.serving.actuator --restore ------------------------------------------------
 
+
 def restore_from_records(nvml=None, out=sys.stdout) -> int:
     """Reset the clocks of every GPU whose lock record is stale (its process died), remove those
     records, and say what was done; leave GPUs of live runs and of other hosts alone; drop records
@@ -263,8 +279,11 @@ def restore_from_records(nvml=None, out=sys.stdout) -> int:
                     nvml_ready = True
                 nvml.nvmlDeviceResetGpuLockedClocks(nvml.nvmlDeviceGetHandleByUUID(uuid))
                 os.unlink(r["path"])
-                print(f"GPU {uuid} ({r.get('name')}, PCI {r.get('pci_bus_id')}): locked clocks reset "
-                      f"(left by pid {r.get('pid')})", file=out)
+                print(
+                    f"GPU {uuid} ({r.get('name')}, PCI {r.get('pci_bus_id')}): locked clocks reset "
+                    f"(left by pid {r.get('pid')})",
+                    file=out,
+                )
             except Exception as e:
                 failed += 1
                 print(f"GPU {uuid}: reset failed ({type(e).__name__}: {e}); record kept in {r['path']}", file=out)
@@ -272,10 +291,12 @@ def restore_from_records(nvml=None, out=sys.stdout) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m systems.serving.actuator",
-                                 description="Reset GPU clocks left locked by a run that was killed.")
-    ap.add_argument("--restore", action="store_true",
-                    help=f"reset the GPUs named by stale lock records in {clock_locks.lock_dir()}")
+    ap = argparse.ArgumentParser(
+        prog="python -m systems.serving.actuator", description="Reset GPU clocks left locked by a run that was killed."
+    )
+    ap.add_argument(
+        "--restore", action="store_true", help=f"reset the GPUs named by stale lock records in {clock_locks.lock_dir()}"
+    )
     args = ap.parse_args(argv)
     if not args.restore:
         ap.print_help()

@@ -5,6 +5,7 @@ controller's table grid and the controller, Window-DVFS's load profile, and the 
 KV budget (one meaning, harness/model_facts.py): ``kv_budget`` = KV bytes per device; default
 memory - weights on the device - the hardware's reserve (vLLM on CPU: ``system.cpu_kv_budget``).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,6 +32,7 @@ def requests_for(w, cache: Optional[Path] = None):
     from omegaconf import OmegaConf
 
     from workloads.serving import build_requests
+
     key = OmegaConf.to_yaml(w, resolve=True)
     if key not in _REQ_CACHE:
         _REQ_CACHE.clear()
@@ -46,6 +48,7 @@ def _stored_requests(key: str, w, cache: Path):
 
     import workloads.data
     import workloads.serving
+
     root = workloads.data.resolve(w.path)
     h = hashlib.sha1(key.encode())
     for module in (workloads.serving, workloads.data):
@@ -53,7 +56,7 @@ def _stored_requests(key: str, w, cache: Path):
     for f in sorted(root.rglob("*")) if root.is_dir() else [root]:
         try:
             st = f.stat()
-        except OSError:                      # missing: build_requests names it
+        except OSError:  # missing: build_requests names it
             continue
         h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode())
     path = cache / f"requests_{h.hexdigest()[:16]}.npz"
@@ -64,8 +67,10 @@ def _stored_requests(key: str, w, cache: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, arrival_s=req.arrival_s, input_len=req.input_len, output_len=req.output_len, note=np.array(req.note))
-    os.replace(tmp, path)                    # a job running beside reads the whole file or none
+        np.savez(
+            f, arrival_s=req.arrival_s, input_len=req.input_len, output_len=req.output_len, note=np.array(req.note)
+        )
+    os.replace(tmp, path)  # a job running beside reads the whole file or none
     return req
 
 
@@ -84,6 +89,7 @@ def parallelism(cfg):
 def configured_kv_budget(s) -> Optional[int]:
     """``kv_budget`` in bytes when set, else None. Raises ConfigError for a value that is not a size."""
     from harness.units import parse_size
+
     val = s.get("kv_budget")
     if val in (None, "None"):
         return None
@@ -98,6 +104,7 @@ def kv_budget_bytes(cfg, weight_bytes_device: float, real_cpu: bool = False) -> 
     weights on the device - the hardware's reserve (harness.model_facts; <= 0: weights do not fit)."""
     from harness.model_facts import default_kv_budget, kv_reserve_bytes
     from harness.units import parse_size
+
     set_ = configured_kv_budget(cfg.system)
     if set_ is not None:
         return set_
@@ -111,11 +118,14 @@ def kv_capacity(budget_bytes: float, kv_bytes_token_device: float, req) -> float
     """KV tokens that fit per device. Raises RunOOM (a recorded result) when the longest request's
     prompt + output does not fit."""
     from harness.errors import RunOOM
+
     cap = budget_bytes / kv_bytes_token_device
     longest = int((req.input_len + req.output_len).max())
     if cap < longest:
-        raise RunOOM(f"KV budget {budget_bytes / 2**20:.1f} MiB per device holds {cap:.0f} tokens < the longest "
-                     f"request's {longest} tokens ({longest * kv_bytes_token_device / 2**20:.1f} MiB)")
+        raise RunOOM(
+            f"KV budget {budget_bytes / 2**20:.1f} MiB per device holds {cap:.0f} tokens < the longest "
+            f"request's {longest} tokens ({longest * kv_bytes_token_device / 2**20:.1f} MiB)"
+        )
     return cap
 
 
@@ -135,10 +145,18 @@ def profile_context(w) -> float:
 def build_table(measure, stage, s, idle_w=None):
     """The controller's table: ``measure`` sampled sparsely (tile-quantised) over the clock menu."""
     from systems.serving.profiler import build_table as _build
+
     clocks = stage.clocks(int(s.freq_step_mhz))
     n_max, chunks = table_grid(s)
-    return _build(measure, clocks, stage.idle_power(clocks) if idle_w is None else idle_w, n_max,
-                  int(s.profile_tile), int(s.profile_small_max), chunks)
+    return _build(
+        measure,
+        clocks,
+        stage.idle_power(clocks) if idle_w is None else idle_w,
+        n_max,
+        int(s.profile_tile),
+        int(s.profile_small_max),
+        chunks,
+    )
 
 
 def controller_for(cfg, table, p: Optional[int] = None, g: Optional[int] = None):
@@ -146,13 +164,25 @@ def controller_for(cfg, table, p: Optional[int] = None, g: Optional[int] = None)
     pp and tp). One stage has one microbatch (vLLM has no virtual engines without PP).
     ``system.fixed_clock_mhz``: the start clock, snapped to the table's menu."""
     from systems.serving.controllers import make_controller
+
     s, w = cfg.system, cfg.workload
     tp, pp = parallelism(cfg)
     p, g = (pp if p is None else p), (tp if g is None else g)
     mbs = [1] if p == 1 else list(s.microbatch_candidates)
-    ctl = make_controller(s.controller, table, p, g, float(w.slo_ttft_s), float(w.slo_tbt_s),
-                          int(s.default_chunk), list(s.chunk_candidates), mbs,
-                          bool(s.search_chunk), bool(s.search_microbatch), float(s.window_s))
+    ctl = make_controller(
+        s.controller,
+        table,
+        p,
+        g,
+        float(w.slo_ttft_s),
+        float(w.slo_tbt_s),
+        int(s.default_chunk),
+        list(s.chunk_candidates),
+        mbs,
+        bool(s.search_chunk),
+        bool(s.search_microbatch),
+        float(s.window_s),
+    )
     if s.controller == "beam" and not s.search_freq:
         ctl.set_clocks(np.array([len(table.clocks) - 1]))
     fc = s.get("fixed_clock_mhz")
@@ -178,15 +208,32 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
     from systems.serving.profiler import TableCost
     from systems.serving.simulator import SimExecutor
     from workloads.serving import Requests
+
     s = cfg.system
     mean_rate = float(req.input_len.sum()) / max(float(req.arrival_s[-1]), 1.0)
     loads = mean_rate * np.array([0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0])
     ci = np.arange(len(table.clocks) - 1, -1, -10)[::-1]
-    digest = hashlib.sha1(np.ascontiguousarray(table.L).tobytes() + np.ascontiguousarray(table.E).tobytes()
-                          + np.ascontiguousarray(table.idle_w).tobytes()).hexdigest()
-    key = _json.dumps(["v3-table", digest, list(map(float, loads / mean_rate)), p, g, int(s.default_chunk),
-                       int(s.max_num_seqs), round(mean_rate, 1), int(req.input_len.sum()), int(req.output_len.sum()),
-                       float(min(kv_cap, 1e18)), list(map(float, table.clocks[ci]))])
+    digest = hashlib.sha1(
+        np.ascontiguousarray(table.L).tobytes()
+        + np.ascontiguousarray(table.E).tobytes()
+        + np.ascontiguousarray(table.idle_w).tobytes()
+    ).hexdigest()
+    key = _json.dumps(
+        [
+            "v3-table",
+            digest,
+            list(map(float, loads / mean_rate)),
+            p,
+            g,
+            int(s.default_chunk),
+            int(s.max_num_seqs),
+            round(mean_rate, 1),
+            int(req.input_len.sum()),
+            int(req.output_len.sum()),
+            float(min(kv_cap, 1e18)),
+            list(map(float, table.clocks[ci])),
+        ]
+    )
     path = cache_dir(cfg) / f"window_profile_{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
     if path.exists():
         z = np.load(path)
@@ -201,11 +248,18 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
         idx = rng.integers(0, len(req), n)
         sub = Requests(np.sort(rng.uniform(0, 40.0, n)), req.input_len[idx], req.output_len[idx])
         for j, c in enumerate(ci):
-            ctl = Controller(table=table, p=p, g=g, slo_ttft=1.0, slo_tbt=1.0, default_chunk=int(s.default_chunk),
-                             fixed_clock_mhz=float(table.clocks[c]))
+            ctl = Controller(
+                table=table,
+                p=p,
+                g=g,
+                slo_ttft=1.0,
+                slo_tbt=1.0,
+                default_chunk=int(s.default_chunk),
+                fixed_clock_mhz=float(table.clocks[c]),
+            )
             ex = SimExecutor(cost, p, g, max_num_seqs=int(s.max_num_seqs), kv_capacity_tokens=kv_cap)
             r = Driver(ctl, sub, t_stop=float(sub.arrival_s[-1]) + 30.0).run(ex).requests
-            with np.errstate(invalid="ignore"):           # a percentile between two misses (inf) is inf
+            with np.errstate(invalid="ignore"):  # a percentile between two misses (inf) is inf
                 ttft[i, j] = float(np.percentile(np.nan_to_num(r["ttft_s"], nan=np.inf), 90))
             tb = r["tbt_mean_s"][~np.isnan(r["tbt_mean_s"])]
             tbt[i, j] = float(np.percentile(tb, 90)) if len(tb) else 0.0
@@ -220,16 +274,20 @@ def slo_check(table, p: int, w) -> str:
     notes = []
     fastest = p * float(table.L[1, -1])
     if w.slo_tbt_s < fastest:
-        notes.append(f"SLO TBT {w.slo_tbt_s:g} s < the fastest possible {fastest:.4g} s (1 token, max clock, "
-                     f"{p} stages): every token misses")
+        notes.append(
+            f"SLO TBT {w.slo_tbt_s:g} s < the fastest possible {fastest:.4g} s (1 token, max clock, "
+            f"{p} stages): every token misses"
+        )
     if w.slo_ttft_s < fastest:
         notes.append(f"SLO TTFT {w.slo_ttft_s:g} s < the fastest possible {fastest:.4g} s: every request misses")
     return "; ".join(notes)
 
 
-CLOCK_NOT_APPLIED = ("predictor MAPE: BEAM predicts latencies at the clock it chooses (its table scales latency with "
-                     "the hardware profile's clock model), but here clocks are recorded and never applied, so steps "
-                     "run at the device's own speed and the predictions are too long by that scaling")
+CLOCK_NOT_APPLIED = (
+    "predictor MAPE: BEAM predicts latencies at the clock it chooses (its table scales latency with "
+    "the hardware profile's clock model), but here clocks are recorded and never applied, so steps "
+    "run at the device's own speed and the predictions are too long by that scaling"
+)
 
 
 def clock_note(applied: bool, summary) -> str:
@@ -259,7 +317,8 @@ def display_rows(clock_applied: bool = True):
 
     def num(v):
         return f"{v:,.4g}"
-    return [                                   # the first row is the headline (a sweep's line and summary)
+
+    return [  # the first row is the headline (a sweep's line and summary)
         ("energy / output token", "energy_per_token_j", lambda v: f"{v:.3f} J"),
         ("requests (completed)", "completed", lambda v: f"{v:,}"),
         ("SLOs", "slos", str),
@@ -306,8 +365,9 @@ def serve(driver, ex, ctx, desc: str):
     with ctx.progress(int(math.ceil(total)), desc) as bar:
         shown = 0
 
-        def progress(t):                    # the driver calls it once per serving second reached
+        def progress(t):  # the driver calls it once per serving second reached
             nonlocal shown
             bar.update(int(t) - shown)
             shown = int(t)
+
         return driver.run(ex, progress=progress)

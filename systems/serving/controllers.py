@@ -14,6 +14,7 @@ p stages, each a TP group of g GPUs, m in-flight microbatches, l = L(n, f), e = 
   Eq.2  TBT(m, f)    = max(m, p) * l,                   l = L(b, f), b = ceil(D / m)
         E_round(m,f) = g * (p * m * e + P_idle(f) * p * (max(m, p) - m) * l);  per token / D
 """
+
 from __future__ import annotations
 
 import math
@@ -28,30 +29,30 @@ from systems.serving.protocol import Decision, EngineState, WindowStats
 
 
 # -- Eq. 1 and Eq. 2 ---------------------------------------------------------------------------
-def eq1_prefill(l, e, p_idle, k, p: int, g: int, m: int, t_queue=0.0):
+def eq1_prefill(lat, e, p_idle, k, p: int, g: int, m: int, t_queue=0.0):
     """BEAM Eq. 1 (our reading): (TTFT s, TBT of ongoing decodes s, prefill energy J).
 
     l, e: per-stage latency (s) and per-GPU energy (J) of one iteration of c + d tokens at f;
     p_idle: P_idle(f) (W per GPU); k: number of chunks; p stages of g GPUs; m microbatches.
     Arrays broadcast.
     """
-    l = np.asarray(l, float)
-    ttft = t_queue + (np.asarray(k) + p - 1) * l
-    tbt = max(m, p) * l
-    energy = g * (np.asarray(k) * p * np.asarray(e, float) + np.asarray(p_idle, float) * p * (p - 1) * l)
+    lat = np.asarray(lat, float)
+    ttft = t_queue + (np.asarray(k) + p - 1) * lat
+    tbt = max(m, p) * lat
+    energy = g * (np.asarray(k) * p * np.asarray(e, float) + np.asarray(p_idle, float) * p * (p - 1) * lat)
     return ttft, tbt, energy
 
 
-def eq2_decode(l, e, p_idle, D: int, m, p: int, g: int):
+def eq2_decode(lat, e, p_idle, D: int, m, p: int, g: int):
     """BEAM Eq. 2 (our reading): (TBT s, energy per round J, energy per token J).
 
     l, e: per-stage latency and per-GPU energy of a microbatch of b = ceil(D/m) tokens at f.
     """
-    l = np.asarray(l, float)
+    lat = np.asarray(lat, float)
     m = np.asarray(m)
     mp = np.maximum(m, p)
-    tbt = mp * l
-    e_round = g * (p * m * np.asarray(e, float) + np.asarray(p_idle, float) * p * (mp - m) * l)
+    tbt = mp * lat
+    e_round = g * (p * m * np.asarray(e, float) + np.asarray(p_idle, float) * p * (mp - m) * lat)
     return tbt, e_round, e_round / max(D, 1)
 
 
@@ -98,8 +99,17 @@ class TableSearch:
         return c[0][j], c[1][j]
 
 
-def s1_search(search: TableSearch, waiting: Sequence[Tuple[float, int]], D: int, m: int,
-              p: int, g: int, chunks: Sequence[int], slo_ttft: float, slo_tbt: float) -> Decision:
+def s1_search(
+    search: TableSearch,
+    waiting: Sequence[Tuple[float, int]],
+    D: int,
+    m: int,
+    p: int,
+    g: int,
+    chunks: Sequence[int],
+    slo_ttft: float,
+    slo_tbt: float,
+) -> Decision:
     """Alg. 1: minimum Eq.1 energy over chunk x clock subject to every waiting request's TTFT SLO
     and the ongoing decodes' TBT SLO (``waiting``: FCFS (waited s, remaining tokens), the newest
     last). Requests that already waited past the TTFT SLO are not constraints (they have missed).
@@ -133,16 +143,17 @@ def s1_search(search: TableSearch, waiting: Sequence[Tuple[float, int]], D: int,
     if best is None:
         c = max(chunks)
         n, k, j = c + d, -(-tot // c), search.F - 1
-        l = float(search.L[n, j])
-        e = g * p * (k * float(search.E[n, j]) + (p - 1) * float(search.idle[j]) * l)
-        return Decision(int(c), m, float(search.clocks[j]), "s1", False, t0 + (k + p - 1) * l, mp * l, e)
+        lat = float(search.L[n, j])
+        e = g * p * (k * float(search.E[n, j]) + (p - 1) * float(search.idle[j]) * lat)
+        return Decision(int(c), m, float(search.clocks[j]), "s1", False, t0 + (k + p - 1) * lat, mp * lat, e)
     v, c, j, k = best
-    l = float(search.L[c + d, j])
-    return Decision(int(c), m, float(search.clocks[j]), "s1", True, t0 + (k + p - 1) * l, mp * l, g * p * v)
+    lat = float(search.L[c + d, j])
+    return Decision(int(c), m, float(search.clocks[j]), "s1", True, t0 + (k + p - 1) * lat, mp * lat, g * p * v)
 
 
-def s2_search(search: TableSearch, D: int, p: int, g: int, microbatches: Sequence[int],
-              slo_tbt: float, chunk: int) -> Decision:
+def s2_search(
+    search: TableSearch, D: int, p: int, g: int, microbatches: Sequence[int], slo_tbt: float, chunk: int
+) -> Decision:
     """Alg. 2: minimum Eq.2 energy per token over microbatches x clock subject to TBT <= SLO.
     m is limited to <= D. Ties go to the earlier m and the lower clock. Infeasible -> the candidate
     with the lowest TBT at max clock."""
@@ -162,18 +173,28 @@ def s2_search(search: TableSearch, D: int, p: int, g: int, microbatches: Sequenc
         jl = search.F - 1
         m = min(ms, key=lambda mm: max(mm, p) * float(search.L[-(-Dp // mm), jl]))
         b, mp = -(-Dp // m), max(m, p)
-        l, e = float(search.L[b, jl]), float(search.E[b, jl])
-        return Decision(chunk, m, float(search.clocks[jl]), "s2", False, None, mp * l,
-                        g * p / Dp * (m * e + float(search.idle[jl]) * (mp - m) * l))
+        lat, e = float(search.L[b, jl]), float(search.E[b, jl])
+        return Decision(
+            chunk,
+            m,
+            float(search.clocks[jl]),
+            "s2",
+            False,
+            None,
+            mp * lat,
+            g * p / Dp * (m * e + float(search.idle[jl]) * (mp - m) * lat),
+        )
     v, m, j, b = best
-    return Decision(chunk, m, float(search.clocks[j]), "s2", True, None, max(m, p) * float(search.L[b, j]),
-                    g * p / Dp * v)
+    return Decision(
+        chunk, m, float(search.clocks[j]), "s2", True, None, max(m, p) * float(search.L[b, j]), g * p / Dp * v
+    )
 
 
 # -- controllers ---------------------------------------------------------------------------------
 @dataclass
 class Controller:
     """Base: fixed knobs (vanilla vLLM: max clock, default chunk, m = p). Event hooks return None."""
+
     table: LatencyEnergyTable
     p: int
     g: int
@@ -182,7 +203,7 @@ class Controller:
     default_chunk: int
     name: str = "vanilla"
     period_s: Optional[float] = None
-    fixed_clock_mhz: Optional[float] = None      # start clock (default: max)
+    fixed_clock_mhz: Optional[float] = None  # start clock (default: max)
 
     def initial(self) -> Decision:
         f = self.fixed_clock_mhz if self.fixed_clock_mhz is not None else float(self.table.clocks[-1])
@@ -214,6 +235,7 @@ class WindowDVFS(Controller):
     meet both SLOs at the first profiled load >= it. Above the profiled loads, or when no clock
     meets them: max clock, ``feasible=False``.
     """
+
     name: str = "window_dvfs"
     period_s: Optional[float] = 5.0
     load_profile: Optional[dict] = None
@@ -230,16 +252,24 @@ class WindowDVFS(Controller):
         if not ok.any():
             return Decision(self.default_chunk, self.p, float(self.table.clocks[-1]), "window", False)
         j = int(np.argmax(ok))
-        return Decision(self.default_chunk, self.p, float(pr["clocks"][j]), "window", True,
-                        float(pr["ttft_p90"][i][j]), float(pr["tbt_p90"][i][j]))
+        return Decision(
+            self.default_chunk,
+            self.p,
+            float(pr["clocks"][j]),
+            "window",
+            True,
+            float(pr["ttft_p90"][i][j]),
+            float(pr["tbt_p90"][i][j]),
+        )
 
 
 @dataclass
 class Beam(Controller):
     """BEAM (event-driven): S1 (Alg. 1) on prefill arrival and on a finish while prefills wait;
     S2 (Alg. 2) on entering/updating a decode-only state. S1 restores m = p (a chunked prefill is
-    pipelined over all stages); S2's m holds only while the engine is decode-only. Ablations: ``search_chunk=False`` keeps
-    the default chunk (DVFS only / +S2), ``search_microbatch=False`` keeps m = p."""
+    pipelined over all stages); S2's m holds only while the engine is decode-only. Ablations:
+    ``search_chunk=False`` keeps the default chunk (DVFS only / +S2), ``search_microbatch=False`` keeps m = p."""
+
     name: str = "beam"
     chunks: Sequence[int] = (128, 256, 512, 1024, 2048)
     microbatches: Sequence[int] = ()
@@ -257,13 +287,14 @@ class Beam(Controller):
         """Restrict the clock candidates (indices into table.clocks; None = all)."""
         self.clock_idx = clock_idx
         self.search = TableSearch(self.table, clock_idx)
-        self._s2_memo: dict = {}          # S2 is a function of its arguments and the table: (D, chunk, ...) -> Decision
+        self._s2_memo: dict = {}  # S2 is a function of its arguments and the table: (D, chunk, ...) -> Decision
 
     def _s1(self, st: EngineState) -> Decision:
         chunks = self.chunks if self.search_chunk else (self.default_chunk,)
         # prefill needs the full pipeline (Eq.1's (k + p - 1) l assumes chunks pipelined): m = p
-        return s1_search(self.search, st.waiting, st.num_decodes, self.p, self.p, self.g,
-                         chunks, self.slo_ttft, self.slo_tbt)
+        return s1_search(
+            self.search, st.waiting, st.num_decodes, self.p, self.p, self.g, chunks, self.slo_ttft, self.slo_tbt
+        )
 
     def _s2(self, st: EngineState) -> Decision:
         ms = self.microbatches if self.search_microbatch else (self.p,)
@@ -283,10 +314,20 @@ class Beam(Controller):
         return self._s2(st)
 
 
-def make_controller(kind: str, table: LatencyEnergyTable, p: int, g: int, slo_ttft: float,
-                    slo_tbt: float, default_chunk: int, chunks: Sequence[int] = (),
-                    microbatches: Sequence[int] = (), search_chunk: bool = True,
-                    search_microbatch: bool = True, window_s: float = 5.0) -> Controller:
+def make_controller(
+    kind: str,
+    table: LatencyEnergyTable,
+    p: int,
+    g: int,
+    slo_ttft: float,
+    slo_tbt: float,
+    default_chunk: int,
+    chunks: Sequence[int] = (),
+    microbatches: Sequence[int] = (),
+    search_chunk: bool = True,
+    search_microbatch: bool = True,
+    window_s: float = 5.0,
+) -> Controller:
     """Build a controller by name: vanilla | window_dvfs | beam. Raises ValueError otherwise."""
     common = dict(table=table, p=p, g=g, slo_ttft=slo_ttft, slo_tbt=slo_tbt, default_chunk=default_chunk)
     if kind == "vanilla":
@@ -294,6 +335,11 @@ def make_controller(kind: str, table: LatencyEnergyTable, p: int, g: int, slo_tt
     if kind == "window_dvfs":
         return WindowDVFS(**common, period_s=window_s)
     if kind == "beam":
-        return Beam(**common, chunks=tuple(chunks) or (default_chunk,), microbatches=tuple(microbatches),
-                    search_chunk=search_chunk, search_microbatch=search_microbatch)
+        return Beam(
+            **common,
+            chunks=tuple(chunks) or (default_chunk,),
+            microbatches=tuple(microbatches),
+            search_chunk=search_chunk,
+            search_microbatch=search_microbatch,
+        )
     raise ValueError(f"controller {kind!r}: use vanilla, window_dvfs or beam")

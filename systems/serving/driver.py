@@ -18,26 +18,50 @@ Rules, one meaning on every backend:
 * After a finished iteration: ``on_finish`` if a request finished, else ``on_decode_only`` if a
   request entered decode and no prefill waits.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
 import time
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from systems.serving.protocol import EngineState, Executor, Iteration, WindowStats, iteration_shape
 
-DECISION_COLUMNS = ["time_s", "trigger", "request", "decision_us", "chunk", "microbatches", "clock_mhz",
-                    "feasible", "pred_ttft_s", "pred_tbt_s", "pred_energy_j"]
-ITERATION_COLUMNS = ["time_s", "latency_s", "cpu_s", "tokens", "ctx_tokens", "attn_pairs", "seqs",
-                     "prefill_tokens", "decodes", "budget", "clock_mhz", "energy_j"]
+DECISION_COLUMNS = [
+    "time_s",
+    "trigger",
+    "request",
+    "decision_us",
+    "chunk",
+    "microbatches",
+    "clock_mhz",
+    "feasible",
+    "pred_ttft_s",
+    "pred_tbt_s",
+    "pred_energy_j",
+]
+ITERATION_COLUMNS = [
+    "time_s",
+    "latency_s",
+    "cpu_s",
+    "tokens",
+    "ctx_tokens",
+    "attn_pairs",
+    "seqs",
+    "prefill_tokens",
+    "decodes",
+    "budget",
+    "clock_mhz",
+    "energy_j",
+]
 INT_ITERATION_COLUMNS = ("tokens", "seqs", "prefill_tokens", "decodes", "budget")
-Columns = Dict[str, np.ndarray]         # a table: column name -> 1-D array, all of one length
-LOG_ROWS = 4096                         # a log's first buffer (rows); doubled when full (grown)
+Columns = Dict[str, np.ndarray]  # a table: column name -> 1-D array, all of one length
+LOG_ROWS = 4096  # a log's first buffer (rows); doubled when full (grown)
 
 
 @dataclass
@@ -47,6 +71,7 @@ class ServeResult:
     decision log; iterations: one row per finished iteration; timeline: 1-s bins (energy, power,
     tokens, arrivals, clock, knobs). gaps / gap_times: every token gap (s) and when it was emitted;
     energy_j: None when not measured (``energy_reason`` says why)."""
+
     requests: Columns
     gaps: np.ndarray
     gap_times: np.ndarray
@@ -82,8 +107,8 @@ class Driver:
     def state(self, now: float) -> EngineState:
         v, w, arr, need, pref = self.max_waiting_view, self.waiting, self.arr_l, self.need, self.pref
         seen = [(now - arr[r], need[r] - pref[r]) for r in w[: v - 1]]
-        if len(w) >= v:                 # the rest as one entry: the newest's wait, all their tokens
-            rest = w[v - 1:]
+        if len(w) >= v:  # the rest as one entry: the newest's wait, all their tokens
+            rest = w[v - 1 :]
             seen.append((now - arr[rest[-1]], sum(need[r] - pref[r] for r in rest)))
         return EngineState(now, seen, self.n_dec, self.chunk, self.m, self.clock)
 
@@ -95,8 +120,21 @@ class Driver:
         if d is None:
             self.dec_rows.append((now, trigger, rid, us, None, None, None, None, None, None, None))
             return
-        self.dec_rows.append((now, trigger, rid, us, d.chunk, d.microbatches, d.clock_mhz, d.feasible,
-                              d.pred_ttft_s, d.pred_tbt_s, d.pred_energy_j))
+        self.dec_rows.append(
+            (
+                now,
+                trigger,
+                rid,
+                us,
+                d.chunk,
+                d.microbatches,
+                d.clock_mhz,
+                d.feasible,
+                d.pred_ttft_s,
+                d.pred_tbt_s,
+                d.pred_energy_j,
+            )
+        )
         self.chunk, self.m, self.clock = int(d.chunk), int(d.microbatches), float(d.clock_mhz)
         self.knobs.append((now, self.chunk, self.m, self.clock))
         self.ex.apply(d, now)
@@ -134,7 +172,7 @@ class Driver:
             self.d_int += self.n_dec * (t - self.d_t)
             self.d_t = t
         in_wait, pref = self.in_wait, self.pref
-        for r in it.preempted:          # evicted: back to the queue's front, recomputing all its tokens
+        for r in it.preempted:  # evicted: back to the queue's front, recomputing all its tokens
             if not in_wait[r]:
                 self.n_dec -= 1
                 in_wait[r] = True
@@ -148,7 +186,7 @@ class Driver:
                 pref[r] += ntok
                 pf += ntok
         emitted = it.emitted
-        k, e = self.n_it, self.n_em              # this iteration's row in the logs, its first token's
+        k, e = self.n_it, self.n_em  # this iteration's row in the logs, its first token's
         if k == len(self.em_n):
             self.em_n, self.it_log = grown(self.em_n, k + 1), grown(self.it_log, k + 1)
         if e + len(emitted) > len(self.em_req):
@@ -159,7 +197,7 @@ class Driver:
             em_req[e] = r
             e += 1
             gen[r] += 1
-            if in_wait[r]:              # its prefill (or recompute) completed with this token
+            if in_wait[r]:  # its prefill (or recompute) completed with this token
                 in_wait[r] = False
                 self.waiting.remove(r)
                 entered += 1
@@ -171,10 +209,10 @@ class Driver:
         self.n_em = e
         n, ctx, pairs, seqs = it.shape or iteration_shape(sch)
         cpu, en = it.cpu_s, it.energy_j
-        row = self.it_log[k]                     # ITERATION_COLUMNS, in order (not measured: NaN)
-        row[0], row[1], row[2] = t, it.latency_s, (math.nan if cpu is None else cpu)    # time_s, latency_s, cpu_s
-        row[3], row[4], row[5], row[6] = n, ctx, pairs, seqs               # tokens, ctx_tokens, attn_pairs, seqs
-        row[7], row[8], row[9] = pf, n - pf, it.budget                     # prefill_tokens, decodes, budget
+        row = self.it_log[k]  # ITERATION_COLUMNS, in order (not measured: NaN)
+        row[0], row[1], row[2] = t, it.latency_s, (math.nan if cpu is None else cpu)  # time_s, latency_s, cpu_s
+        row[3], row[4], row[5], row[6] = n, ctx, pairs, seqs  # tokens, ctx_tokens, attn_pairs, seqs
+        row[7], row[8], row[9] = pf, n - pf, it.budget  # prefill_tokens, decodes, budget
         row[10], row[11] = it.clock_mhz, (math.nan if en is None else en)  # clock_mhz, energy_j
         self.n_it = k + 1
         if it.finished:
@@ -191,17 +229,18 @@ class Driver:
         self.arr_l, self.inp_l, self.out_l = self.arr.tolist(), self.inp.tolist(), self.out.tolist()
         self.need, self.pref = list(self.inp_l), [0] * N
         self.fin = [math.nan] * N
-        self.gen = [0] * N                       # tokens emitted per request
-        # the logs, in numpy buffers doubled when full (grown); rows in use: n_it iterations, n_em tokens. The token log: requests
-        # that emitted a token, in order, and how many per iteration (when: the iteration's time_s)
+        self.gen = [0] * N  # tokens emitted per request
+        # the logs, in numpy buffers doubled when full (grown); rows in use: n_it iterations, n_em tokens.
+        # The token log: requests that emitted a token, in order, and how many per iteration (when: the
+        # iteration's time_s)
         self.em_req = np.empty(LOG_ROWS, np.int64)
         self.em_n = np.empty(LOG_ROWS, np.int64)
         self.n_it = self.n_em = 0
         self.in_wait = [False] * N
         self.waiting: List[int] = []
         self.dec_rows: list = []
-        self.it_log = np.empty((LOG_ROWS, len(ITERATION_COLUMNS)))   # a row of ITERATION_COLUMNS per iteration
-                                                                    # (not measured: NaN)
+        self.it_log = np.empty((LOG_ROWS, len(ITERATION_COLUMNS)))  # a row of ITERATION_COLUMNS per iteration
+        # (not measured: NaN)
         self.knobs: list = []
         self.n_dec = self.next_arr = 0
         self.d_int = self.d_t = self.win_t0 = 0.0
@@ -213,9 +252,9 @@ class Driver:
         period = self.ctl.period_s
         next_tick = period if period else math.inf
         arr = self.arr_l
-        next_second = 1.0               # progress: called when serving reaches each next whole second
+        next_second = 1.0  # progress: called when serving reaches each next whole second
         t_stop = self.t_stop
-        until = min(arr[0] if N else math.inf, next_tick, t_stop)     # the next arrival, tick or stop
+        until = min(arr[0] if N else math.inf, next_tick, t_stop)  # the next arrival, tick or stop
         while self.next_arr < N or ex.busy():
             it = ex.advance(until)
             if it is not None:
@@ -225,9 +264,9 @@ class Driver:
                     next_second = math.floor(it.t_end) + 1.0
                 continue
             now = ex.now
-            if now >= t_stop or until == math.inf:           # stopped, or stuck with nothing to wait for
+            if now >= t_stop or until == math.inf:  # stopped, or stuck with nothing to wait for
                 break
-            while True:                 # events due by now, in time order (ticks first at a tie)
+            while True:  # events due by now, in time order (ticks first at a tie)
                 ta = arr[self.next_arr] if self.next_arr < N else math.inf
                 if next_tick <= now and next_tick <= ta:
                     self._tick(next_tick)
@@ -261,7 +300,7 @@ class Driver:
         req = np.asarray(self.em_req)[: self.n_em].astype(self._id_type())
         t = np.repeat(self._iteration_times(), np.asarray(self.em_n)[: self.n_it])
         gen = np.asarray(self.gen)
-        order = np.argsort(req, kind="stable")              # by request, in time order within one
+        order = np.argsort(req, kind="stable")  # by request, in time order within one
         rs, ts = req[order], t[order]
         first_of = np.ones(len(rs), bool)
         first_of[1:] = rs[1:] != rs[:-1]
@@ -270,7 +309,7 @@ class Driver:
         is_gap = ~first_of
         gap_sorted = np.empty(len(rs))
         gap_sorted[1:] = ts[1:] - ts[:-1]
-        at = np.zeros(len(rs), bool)                        # in emission order: which tokens end a gap
+        at = np.zeros(len(rs), bool)  # in emission order: which tokens end a gap
         at[order[is_gap]] = True
         gap_log = np.empty(len(rs))
         gap_log[order] = gap_sorted
@@ -290,20 +329,29 @@ class Driver:
     def _result(self, totals, t_end: float) -> ServeResult:
         gen, first, gap_sum, gap_max, gaps, gap_times = self._tokens()
         req = {
-            "arrival_s": self.arr, "input_len": self.inp, "output_len": self.out,
-            "first_token_s": first, "finish_s": np.asarray(self.fin, dtype=float), "generated": gen,
+            "arrival_s": self.arr,
+            "input_len": self.inp,
+            "output_len": self.out,
+            "first_token_s": first,
+            "finish_s": np.asarray(self.fin, dtype=float),
+            "generated": gen,
             "ttft_s": first - self.arr,
             "tbt_mean_s": np.where(gen > 1, gap_sum / np.maximum(gen - 1, 1), np.nan),
             "tbt_max_s": np.where(gen > 1, gap_max, np.nan),
         }
-        dec = {c: column(list(v)) for c, v in zip(DECISION_COLUMNS, zip(*self.dec_rows) if self.dec_rows
-                                                  else [()] * len(DECISION_COLUMNS))}
+        dec = {
+            c: column(list(v))
+            for c, v in zip(DECISION_COLUMNS, zip(*self.dec_rows) if self.dec_rows else [()] * len(DECISION_COLUMNS))
+        }
         a = np.asarray(self.it_log)[: self.n_it]
-        its = {c: a[:, i].astype(np.int64) if c in INT_ITERATION_COLUMNS else a[:, i].copy()
-               for i, c in enumerate(ITERATION_COLUMNS)}
+        its = {
+            c: a[:, i].astype(np.int64) if c in INT_ITERATION_COLUMNS else a[:, i].copy()
+            for i, c in enumerate(ITERATION_COLUMNS)
+        }
         tl = self._timeline(totals, t_end)
-        return ServeResult(req, gaps, gap_times, dec, its, tl, totals.energy_j, totals.energy_reason, t_end,
-                           totals.preemptions)
+        return ServeResult(
+            req, gaps, gap_times, dec, its, tl, totals.energy_j, totals.energy_reason, t_end, totals.preemptions
+        )
 
     def _timeline(self, totals, t_end: float) -> Columns:
         """1-s bins: energy (J) and power (W) of the executor (None when not measured), tokens emitted,
@@ -315,8 +363,8 @@ class Driver:
             tl["energy_j"] = np.array([totals.energy_bins.get(i, 0.0) for i in range(nb)], dtype=float)
         else:
             tl["energy_j"] = np.full(nb, np.nan)
-        tl["power_w"] = tl["energy_j"]                          # 1-s bins: J per s
-        em_bin = self._iteration_times().astype(np.int64)       # int(t): the second it is in
+        tl["power_w"] = tl["energy_j"]  # 1-s bins: J per s
+        em_bin = self._iteration_times().astype(np.int64)  # int(t): the second it is in
         n_tok = np.asarray(self.em_n)[: self.n_it]
         tl["tokens"] = np.bincount(em_bin, weights=n_tok, minlength=nb)[:nb].astype(np.int64)
         a = np.minimum(self.arr.astype(int), nb - 1)
@@ -331,13 +379,15 @@ class Driver:
                 if ov > 0:
                     f_bin[i] += fv * ov
         tl["clock_mhz"] = np.array(f_bin)
-        kn = np.fromiter(chain.from_iterable(self.knobs), float, 4 * len(self.knobs)).reshape(-1, 4)  # time, chunk, m, f
+        kn = np.fromiter(chain.from_iterable(self.knobs), float, 4 * len(self.knobs)).reshape(
+            -1, 4
+        )  # time, chunk, m, f
         bins = kn[:, 0].astype(int)
-        last = np.full(nb, -1)                                  # the bin's last knob setting, else -1
+        last = np.full(nb, -1)  # the bin's last knob setting, else -1
         inside = bins < nb
         np.maximum.at(last, bins[inside], np.flatnonzero(inside))
         have = last >= 0
-        last = last[np.maximum.accumulate(np.where(have, np.arange(nb), 0))]      # else the bin before's
+        last = last[np.maximum.accumulate(np.where(have, np.arange(nb), 0))]  # else the bin before's
         for i, c in ((1, "chunk"), (2, "microbatches")):
             v = np.where(last >= 0, kn[last, i], np.nan)
             tl[c] = v.astype(np.int64) if have.all() else v
@@ -361,7 +411,10 @@ def column(values: list) -> np.ndarray:
     if arr.dtype != object:
         return arr
     kinds = set(map(type, values))
-    if type(None) in kinds and len(kinds) > 1 and \
-            all(issubclass(k, numbers.Real) and not issubclass(k, (bool, np.bool_)) for k in kinds - {type(None)}):
-        return np.array(values, dtype=float)                    # None -> NaN
+    if (
+        type(None) in kinds
+        and len(kinds) > 1
+        and all(issubclass(k, numbers.Real) and not issubclass(k, (bool, np.bool_)) for k in kinds - {type(None)})
+    ):
+        return np.array(values, dtype=float)  # None -> NaN
     return arr

@@ -24,6 +24,7 @@ relative dynamic power of a memory-bound kernel, fitted to ML.ENERGY H100 power-
 (:mod:`systems.serving.power_fit`). Energy is power x time, so energy against ``f`` is U-shaped (the
 energy valley, BEAM Fig. 2), and the valley moves with ``n``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,13 +33,13 @@ from typing import Any, Dict
 import numpy as np
 
 # Parameters a hardware profile's ``power:`` dict must carry (see conf/hardware/a100-80gb.yaml).
-POWER_KEYS = ("act_a_w", "act_b_w", "act_alpha", "mem_beta", "blocking_w", "mem_knee_frac",
-              "limit_w", "tile_tokens")
+POWER_KEYS = ("act_a_w", "act_b_w", "act_alpha", "mem_beta", "blocking_w", "mem_knee_frac", "limit_w", "tile_tokens")
 
 
 @dataclass(frozen=True)
 class PowerParams:
     """Fitted power-model parameters of one GPU (watts; fractions in [0, 1]; ``tile_tokens`` tokens)."""
+
     act_a_w: float
     act_b_w: float
     act_alpha: float
@@ -72,8 +73,9 @@ class StageModel:
             idle_w, clock_min/max_mhz, ``power`` dict with :data:`POWER_KEYS`).
         tp, pp: tensor- and pipeline-parallel degrees.
     """
-    has_energy = True          # an IterationCost with a power model (systems.serving.protocol)
-    follows_clock = True       # latency and energy change with the SM clock
+
+    has_energy = True  # an IterationCost with a power model (systems.serving.protocol)
+    follows_clock = True  # latency and energy change with the SM clock
 
     def __init__(self, model, hw, tp: int, pp: int):
         self.tp, self.pp = int(tp), int(pp)
@@ -82,6 +84,7 @@ class StageModel:
         self.power = PowerParams.from_dict(dict(hw.power))
         self.idle_w = float(hw.idle_w)
         from harness import model_facts as mf
+
         bpp = mf.dtype_bytes(model.dtype)
         h, hd = model.hidden_size, model.head_dim
         q = model.num_heads * hd
@@ -91,19 +94,20 @@ class StageModel:
         self.weight_bytes_gpu = mf.weight_bytes(model) / self.pp / self.tp
         self.weight_params_gpu = mf.forward_params(model) / self.pp / self.tp
         self.read_bytes_gpu = self.weight_params_gpu * bpp
-        self.kv_bytes_token_gpu = mf.kv_bytes_per_token(model) / self.pp / self.tp   # K and V, this stage
-        self.attn_flops_pair_gpu = 4 * self.layers * q / self.tp          # QK^T + AV per (token, ctx)
+        self.kv_bytes_token_gpu = mf.kv_bytes_per_token(model) / self.pp / self.tp  # K and V, this stage
+        self.attn_flops_pair_gpu = 4 * self.layers * q / self.tp  # QK^T + AV per (token, ctx)
         self.flops_rate = float(hw.peak_flops) * float(hw.flops_efficiency)
         self.bw = float(hw.mem_bw) * float(hw.mem_efficiency)
         self.t_launch = float(hw.launch_overhead_s) * self.layers
         self.act_bytes_token = h * bpp
         ic = float(hw.interconnect_bw) or 1e30
-        self._ar_s_per_token = (2 * self.layers * 2 * (self.tp - 1) / self.tp * self.act_bytes_token / ic
-                                if self.tp > 1 else 0.0)
+        self._ar_s_per_token = (
+            2 * self.layers * 2 * (self.tp - 1) / self.tp * self.act_bytes_token / ic if self.tp > 1 else 0.0
+        )
         self._ar_lat = 2 * self.layers * 8e-6 if self.tp > 1 else 0.0
         self._pp_s_per_token = self.act_bytes_token / ic if self.pp > 1 else 0.0
         self.f_knee = self.power.mem_knee_frac * self.f_max
-        self._clock_terms: dict = {}           # clock -> step1's terms that depend on it alone
+        self._clock_terms: dict = {}  # clock -> step1's terms that depend on it alone
 
     # -- latency ----------------------------------------------------------------------------------
     def parts(self, n_tokens, f_mhz, ctx_tokens=0.0, attn_pairs=0.0):
@@ -119,8 +123,11 @@ class StageModel:
         n_tile = np.ceil(n / tile) * tile
         flops = 2.0 * self.weight_params_gpu * n_tile + self.attn_flops_pair_gpu * np.asarray(attn_pairs, float)
         t_sm = flops / self.flops_rate * (self.f_max / f)
-        t_mem = ((self.read_bytes_gpu + self.kv_bytes_token_gpu * np.asarray(ctx_tokens, float)) / self.bw
-                 * np.maximum(1.0, self.f_knee / f))
+        t_mem = (
+            (self.read_bytes_gpu + self.kv_bytes_token_gpu * np.asarray(ctx_tokens, float))
+            / self.bw
+            * np.maximum(1.0, self.f_knee / f)
+        )
         t_other = self.t_launch + self._ar_lat + (self._ar_s_per_token + self._pp_s_per_token) * n
         return t_sm, t_mem, t_other
 
@@ -176,10 +183,24 @@ class StageModel:
         bandwidth) so that step1 reads them all from locals."""
         pw = self.power
         pa = pw.act_a_w + pw.act_b_w * (f / self.f_max) ** pw.act_alpha
-        c = (pw.tile_tokens, self.flops_rate, self.f_max / f, max(1.0, self.f_knee / f), self.t_launch + self._ar_lat,
-             self._ar_s_per_token + self._pp_s_per_token, pa - self.idle_w, pw.mem_beta, 1 - pw.mem_beta, pw.limit_w,
-             self.idle1(f), 2.0 * self.weight_params_gpu, self.attn_flops_pair_gpu, self.read_bytes_gpu,
-             self.kv_bytes_token_gpu, self.bw)
+        c = (
+            pw.tile_tokens,
+            self.flops_rate,
+            self.f_max / f,
+            max(1.0, self.f_knee / f),
+            self.t_launch + self._ar_lat,
+            self._ar_s_per_token + self._pp_s_per_token,
+            pa - self.idle_w,
+            pw.mem_beta,
+            1 - pw.mem_beta,
+            pw.limit_w,
+            self.idle1(f),
+            2.0 * self.weight_params_gpu,
+            self.attn_flops_pair_gpu,
+            self.read_bytes_gpu,
+            self.kv_bytes_token_gpu,
+            self.bw,
+        )
         self._clock_terms[f] = c
         return c
 

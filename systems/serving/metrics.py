@@ -6,6 +6,7 @@ TTFT attainment = share of requests with TTFT <= SLO (unfinished requests miss);
 share of requests whose mean TBT (TPOT) <= SLO (requests with one output token meet it);
 ``slo_tbt_token_attainment`` = share of all token gaps <= SLO.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -52,7 +53,7 @@ def prediction_error(req: Columns, dec: Columns, gaps: np.ndarray, gap_times: np
             out["pred_ttft_mape_pct"] = float(100 * np.mean(np.abs(pred[ok] - actual[ok]) / actual[ok]))
     s2 = _given(dec["pred_tbt_s"]) & ~has_ttft & (trigger != "tick")
     if s2.any() and len(gaps):
-        if (gap_times[1:] >= gap_times[:-1]).all():      # the driver emits them in time order
+        if (gap_times[1:] >= gap_times[:-1]).all():  # the driver emits them in time order
             gt, gv = gap_times, gaps
         else:
             order = np.argsort(gap_times, kind="stable")
@@ -68,7 +69,9 @@ def prediction_error(req: Columns, dec: Columns, gaps: np.ndarray, gap_times: np
         ok = n > 0
         if ok.any():
             mean = (cs[hi[ok]] - cs[lo[ok]]) / n[ok]
-            out["pred_tbt_mape_pct"] = float(100 * np.mean(np.abs(dec["pred_tbt_s"][s2].astype(float)[ok] - mean) / mean))
+            out["pred_tbt_mape_pct"] = float(
+                100 * np.mean(np.abs(dec["pred_tbt_s"][s2].astype(float)[ok] - mean) / mean)
+            )
     return out
 
 
@@ -94,13 +97,17 @@ def summarize(res, slo_ttft: float, slo_tbt: float) -> Dict[str, Any]:
     tl = res.timeline
     busy = tl["time_s"] < makespan_s
     s: Dict[str, Any] = {
-        "requests": int(n_req), "completed": int(done.sum()),
-        "makespan_s": float(makespan_s), "output_tokens": out_tok,
+        "requests": int(n_req),
+        "completed": int(done.sum()),
+        "makespan_s": float(makespan_s),
+        "output_tokens": out_tok,
         "throughput_tok_s": out_tok / makespan_s if makespan_s > 0 else None,
         **dict(zip(("ttft_p50_s", "ttft_p90_s", "ttft_p99_s"), _pcts(ttft, (50, 90, 99)))),
         **dict(zip(("tbt_p50_s", "tbt_p90_s", "tbt_p99_s"), _pcts(gaps, (50, 90, 99)))),
         "tpot_p90_s": _pct(tbt_mean, 90),
-        "slo_ttft_s": slo_ttft, "slo_tbt_s": slo_tbt, "slos": f"TTFT {slo_ttft:g} s, TBT {1e3 * slo_tbt:g} ms",
+        "slo_ttft_s": slo_ttft,
+        "slo_tbt_s": slo_tbt,
+        "slos": f"TTFT {slo_ttft:g} s, TBT {1e3 * slo_tbt:g} ms",
         "slo_ttft_attainment": float(np.mean(np.nan_to_num(ttft, nan=np.inf) <= slo_ttft)) if n_req else None,
         "slo_tbt_attainment": float(np.mean(tbt_ok)) if n_req else None,
         "slo_tbt_token_attainment": float(np.mean(gaps <= slo_tbt)) if len(gaps) else None,

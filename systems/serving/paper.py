@@ -6,6 +6,7 @@ report gives :class:`Ours` for every paper number of its figure (None = no resul
 :func:`verdicts` makes one :class:`harness.verdict.Row` each, :func:`write` writes them to the
 sweep's ``verdicts.csv`` and returns the markdown section that ends the report.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -60,8 +61,9 @@ def value(figure: str, metric: str, **conds) -> Optional[float]:
     return None
 
 
-def verdicts(figure: str, df: pd.DataFrame, ours: Callable[[PaperNumber, pd.DataFrame], Optional[Ours]],
-             source_file: str) -> List[Row]:
+def verdicts(
+    figure: str, df: pd.DataFrame, ours: Callable[[PaperNumber, pd.DataFrame], Optional[Ours]], source_file: str
+) -> List[Row]:
     """One Row per paper number of ``figure`` and per source of ours (``df["kind"]``: simulated |
     measured): ``ours(number, that source's rows)``. ``source_file``: our figure or table file,
     relative to the sweep folder."""

@@ -16,6 +16,7 @@
 ``conf/hardware/a100-80gb.yaml`` records under ``power:``, and the scatter, from the data folder's
 ``gpu_power/`` (``python -m workloads.fetch --only gpu_power/`` brings it; ``--data DIR`` reads another).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ from typing import Dict
 import numpy as np
 import pandas as pd
 
-PERSEUS = ("gpt3-175b+a100_sxm_bf16.csv", "bloom+a100_sxm_bf16.csv")      # the artifact's two A100 profiles
+PERSEUS = ("gpt3-175b+a100_sxm_bf16.csv", "bloom+a100_sxm_bf16.csv")  # the artifact's two A100 profiles
 MLENERGY_LLAMA_8B = "mlenergy_leaderboard_v3/meta-llama__Llama-3.1-8B-Instruct__lm-arena-chat.json"
 
 
@@ -39,6 +40,7 @@ def perseus_frame(gpu_power_dir: Path) -> pd.DataFrame:
     paths = [d / n for n in PERSEUS if (d / n).is_file()]
     if not paths:
         from workloads.data import missing_hint
+
         raise FileNotFoundError(f"{d}: none of the Perseus profiles {', '.join(PERSEUS)}; {missing_hint()}")
     return pd.concat([pd.read_csv(p).assign(model=p.name.split("+")[0]) for p in paths], ignore_index=True)
 
@@ -55,7 +57,7 @@ def fit_perseus(gpu_power_dir: Path, f_max: float = 1410.0) -> Dict[str, float]:
     p = (df["energy"] / df["time"]).to_numpy(float)
     best = None
     for alpha in np.arange(1.0, 8.001, 0.05):
-        A = np.stack([np.ones_like(x), x ** alpha], axis=1)
+        A = np.stack([np.ones_like(x), x**alpha], axis=1)
         coef, *_ = np.linalg.lstsq(A, p, rcond=None)
         err = float(np.mean(np.abs(A @ coef - p) / p))
         if best is None or err < best[0]:
@@ -69,9 +71,15 @@ def fit_perseus(gpu_power_dir: Path, f_max: float = 1410.0) -> Dict[str, float]:
         (c, dd), *_ = np.linalg.lstsq(A, t, rcond=None)
         t_err.extend(np.abs(A @ np.array([c, dd]) - t) / t)
         shares.append((c / f.max()) / (c / f.max() + dd))
-    return {"act_a_w": round(a, 2), "act_b_w": round(b, 2), "act_alpha": round(alpha, 2),
-            "power_mape_pct": round(100 * err, 2), "time_mape_pct": round(100 * float(np.mean(t_err)), 2),
-            "clock_scaled_share": round(float(np.median(shares)), 3), "n_rows": int(len(df))}
+    return {
+        "act_a_w": round(a, 2),
+        "act_b_w": round(b, 2),
+        "act_alpha": round(alpha, 2),
+        "power_mape_pct": round(100 * err, 2),
+        "time_mape_pct": round(100 * float(np.mean(t_err)), 2),
+        "clock_scaled_share": round(float(np.median(shares)), 3),
+        "n_rows": int(len(df)),
+    }
 
 
 def profile_scatter(gpu_power_dir: Path) -> Dict[str, float]:
@@ -89,10 +97,13 @@ def profile_scatter(gpu_power_dir: Path) -> Dict[str, float]:
         f, t, e = (g[k].to_numpy(float) for k in ("frequency", "time", "energy"))
         A = np.stack([1.0 / f, np.ones_like(f)], axis=1)
         t_res.extend((A @ np.linalg.lstsq(A, t, rcond=None)[0] - t) / t)
-        B = np.stack([np.ones_like(f), f, f ** 2, f ** 3], axis=1)
+        B = np.stack([np.ones_like(f), f, f**2, f**3], axis=1)
         e_res.extend((B @ np.linalg.lstsq(B, e, rcond=None)[0] - e) / e)
-    return {"time_scatter_pct": round(100 * float(np.std(t_res)), 2),
-            "energy_scatter_pct": round(100 * float(np.std(e_res)), 2), "n_rows": int(len(df))}
+    return {
+        "time_scatter_pct": round(100 * float(np.std(t_res)), 2),
+        "energy_scatter_pct": round(100 * float(np.std(e_res)), 2),
+        "n_rows": int(len(df)),
+    }
 
 
 def fit_mem_beta(gpu_power_dir: Path, model_cfg, h100_cfg, ctx_tokens: float = 512.0) -> Dict[str, float]:
@@ -104,9 +115,11 @@ def fit_mem_beta(gpu_power_dir: Path, model_cfg, h100_cfg, ctx_tokens: float = 5
     the measured median ITL), n_configs.
     """
     from systems.serving.gpu_model import StageModel
+
     path = Path(gpu_power_dir) / MLENERGY_LLAMA_8B
     if not path.is_file():
         from workloads.data import missing_hint
+
         raise FileNotFoundError(f"{path}: no such file; {missing_hint()}")
     df = pd.DataFrame(json.loads(path.read_text())["configurations"])
     df = df[(df.gpu_model == "H100") & (df.num_gpus == 1)].sort_values("avg_batch_size", kind="stable")
@@ -116,11 +129,11 @@ def fit_mem_beta(gpu_power_dir: Path, model_cfg, h100_cfg, ctx_tokens: float = 5
     bs = df["avg_batch_size"].to_numpy(float)
     t_sm, t_mem, t_other = sm.parts(bs, sm.f_max, ctx_tokens=bs * ctx_tokens, attn_pairs=bs * ctx_tokens)
     r = t_sm / np.maximum(t_sm, t_mem)
-    p = df["avg_power_watts"].to_numpy(float)              # one GPU: the total is the GPU's
+    p = df["avg_power_watts"].to_numpy(float)  # one GPU: the total is the GPU's
     idle, limit = float(h100_cfg.idle_w), float(h100_cfg.power["limit_w"])
     betas = np.arange(0.0, 1.0001, 0.005)[:, None]
     best = None
-    for p_max in np.arange(300.0, 1500.0, 2.0):        # busy power of a compute-bound kernel (uncapped)
+    for p_max in np.arange(300.0, 1500.0, 2.0):  # busy power of a compute-bound kernel (uncapped)
         pred = np.minimum(limit, idle + (p_max - idle) * (betas + (1 - betas) * r[None, :]))
         err = np.mean(np.abs(pred - p) / p, axis=1)
         i = int(np.argmin(err))
@@ -128,9 +141,13 @@ def fit_mem_beta(gpu_power_dir: Path, model_cfg, h100_cfg, ctx_tokens: float = 5
             best = (float(err[i]), float(p_max), float(betas[i, 0]))
     err, p_max, beta = best
     itl = (np.maximum(t_sm, t_mem) + t_other) * 1e3
-    return {"mem_beta": round(beta, 3), "p_max_w": round(p_max, 1), "power_mape_pct": round(100 * err, 2),
-            "itl_mape_pct": round(100 * float(np.mean(np.abs(itl - df["median_itl_ms"]) / df["median_itl_ms"])), 2),
-            "n_configs": int(len(df))}
+    return {
+        "mem_beta": round(beta, 3),
+        "p_max_w": round(p_max, 1),
+        "power_mape_pct": round(100 * err, 2),
+        "itl_mape_pct": round(100 * float(np.mean(np.abs(itl - df["median_itl_ms"]) / df["median_itl_ms"])), 2),
+        "n_configs": int(len(df)),
+    }
 
 
 def load_conf(group: str, name: str):
@@ -138,6 +155,7 @@ def load_conf(group: str, name: str):
     from hydra import compose, initialize_config_dir
 
     from harness.config import register_configs, register_resolvers
+
     root = Path(__file__).resolve().parents[2]
     register_resolvers()
     register_configs()
@@ -148,9 +166,14 @@ def load_conf(group: str, name: str):
 
 def main(argv=None) -> int:
     from workloads.data import data_dir
+
     ap = argparse.ArgumentParser(prog="python -m systems.serving.power_fit", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=None,
-                    help=f"the gpu_power folder (default: the data folder's, here {data_dir() / 'gpu_power'})")
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help=f"the gpu_power folder (default: the data folder's, here {data_dir() / 'gpu_power'})",
+    )
     a = ap.parse_args(argv)
     d = a.data if a.data is not None else data_dir() / "gpu_power"
     try:

@@ -17,6 +17,7 @@ seen through a profiling error (:func:`with_error`), latencies measured on vLLM
 Sampling in the small region uses single-token sequences with ``ctx`` tokens of context each
 (decode batches); the large region one prefill chunk of n tokens.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,6 +36,7 @@ class LatencyEnergyTable:
     Shapes: clocks (F,) MHz ascending; L, E (n_max + 1, F) (row 0 unused); idle_w (F,) = P_idle(f)
     per GPU. ``samples``: the (n) values that were measured.
     """
+
     clocks: np.ndarray
     L: np.ndarray
     E: np.ndarray
@@ -57,9 +59,15 @@ def sample_points(tile: int, small_max: int, chunks: Sequence[int], n_max: int) 
     return sorted(p for p in pts if 1 <= p <= n_max)
 
 
-def build_table(measure: Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray]],
-                clocks: np.ndarray, idle_w: np.ndarray, n_max: int, tile: int, small_max: int,
-                chunks: Sequence[int]) -> LatencyEnergyTable:
+def build_table(
+    measure: Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np.ndarray]],
+    clocks: np.ndarray,
+    idle_w: np.ndarray,
+    n_max: int,
+    tile: int,
+    small_max: int,
+    chunks: Sequence[int],
+) -> LatencyEnergyTable:
     """Sample ``measure`` at :func:`sample_points` x ``clocks`` and expand to every n.
 
     Small region: step-wise (the next sampled tile end at or above n); large region: linear
@@ -82,10 +90,10 @@ def build_table(measure: Callable[[np.ndarray, np.ndarray], Tuple[np.ndarray, np
         xs = np.concatenate([[ns[-1]], nl])
         ls = np.vstack([lat[small][-1:], lat[~small]])
         es = np.vstack([en[small][-1:], en[~small]])
-        rest = n_all[ns[-1] + 1:]
+        rest = n_all[ns[-1] + 1 :]
         for i in range(len(clocks)):
-            L[ns[-1] + 1:, i] = np.interp(rest, xs, ls[:, i])
-            E[ns[-1] + 1:, i] = np.interp(rest, xs, es[:, i])
+            L[ns[-1] + 1 :, i] = np.interp(rest, xs, ls[:, i])
+            E[ns[-1] + 1 :, i] = np.interp(rest, xs, es[:, i])
     # latency must not grow with the clock (noise in a measured table): cumulative max from the top
     L = np.maximum.accumulate(L[:, ::-1], axis=1)[:, ::-1]
     return LatencyEnergyTable(np.asarray(clocks, float), L, E, np.asarray(idle_w, float), pts)
@@ -107,6 +115,7 @@ def sim_measure(cost, ctx: float, small_max: int, max_decodes: Optional[int] = N
     :func:`decode_batch_max`: a larger decode batch cannot run), one n-token prefill chunk otherwise.
     ``cost``: an :class:`systems.serving.protocol.IterationCost` (e.g. a StageModel)."""
     dec_max = small_max if max_decodes is None else min(small_max, int(max_decodes))
+
     def measure(n, f):
         n, f = np.asarray(n), np.asarray(f, float)
         shape = np.broadcast_shapes(n.shape, f.shape)
@@ -121,6 +130,7 @@ def sim_measure(cost, ctx: float, small_max: int, max_decodes: Optional[int] = N
                 sh = shapes[k] = iteration_shape(batch)
             lat[idx], en[idx] = cost.step1(sh[0], float(fb[idx]), sh[1], sh[2], sh[3])
         return lat, en
+
     return measure
 
 
@@ -130,12 +140,14 @@ def clock_scaled(latency_now: Callable[[np.ndarray], np.ndarray], stage):
     clock) stands for the latency at f_max and is scaled over the clock menu by the hardware
     profile's latency model ``stage`` (a StageModel), energy from its power model at the same scale.
     The controller then decides what BEAM would request on that GPU; the clocks are recorded only."""
+
     def measure(n, f):
         n = np.asarray(n)
         lat_m, e_m = stage.step(n, f)
         lat_ref, _ = stage.step(n, stage.f_max)
         scale = latency_now(n) / lat_ref
         return lat_m * scale, e_m * scale
+
     return measure
 
 
@@ -145,6 +157,7 @@ class ProfileError:
     power is off by ``bias`` (relative; -0.2 = 20 % low) and each sample scatters with relative
     standard deviation ``noise`` (Gaussian, clipped at 3 sigma). See conf/system/beam.yaml for the
     default and its source."""
+
     bias: float = 0.0
     noise: float = 0.0
 
@@ -156,16 +169,19 @@ class ProfileError:
 
 def with_error(measure, error: ProfileError, rng: np.random.Generator):
     """``measure`` as a profiling pass with ``error`` sees it (latency and energy, independently)."""
+
     def noisy(n, f):
         lat, en = measure(n, f)
         shape = np.broadcast_shapes(np.shape(lat), np.shape(en))
         return (error.apply(np.broadcast_to(lat, shape), rng), error.apply(np.broadcast_to(en, shape), rng))
+
     return noisy
 
 
 class TableCost:
     """An :class:`systems.serving.protocol.IterationCost` read from a controller's table: what the
     controller believes an iteration of n tokens costs at a table clock (context ignored)."""
+
     has_energy = True
     follows_clock = True
 
@@ -186,12 +202,15 @@ def table_error(table: LatencyEnergyTable, measure, n_values: Sequence[int]) -> 
     n = np.asarray(n_values, dtype=np.int64)
     lat, en = measure(n[:, None], table.clocks[None, :])
     L, E = table.rows(n)
-    return {"latency_mape_pct": float(100 * np.mean(np.abs(L - lat) / lat)),
-            "energy_mape_pct": float(100 * np.mean(np.abs(E - en) / en))}
+    return {
+        "latency_mape_pct": float(100 * np.mean(np.abs(L - lat) / lat)),
+        "energy_mape_pct": float(100 * np.mean(np.abs(E - en) / en)),
+    }
 
 
-def device_measure(run_batch: Callable[[int], None], actuator, meter, clocks: Sequence[float], reps: int = 3,
-                   gpus: int = 1):
+def device_measure(
+    run_batch: Callable[[int], None], actuator, meter, clocks: Sequence[float], reps: int = 3, gpus: int = 1
+):
     """A ``measure`` callable that times ``run_batch(n)`` on a real device at each locked clock.
 
     ``actuator``: a :class:`systems.serving.actuator.DvfsActuator` that is actuating (``available``);
@@ -212,7 +231,7 @@ def device_measure(run_batch: Callable[[int], None], actuator, meter, clocks: Se
             actuator.request(float(fj))
             actuator.wait()
             for i, ni in enumerate(n_s):
-                run_batch(int(ni))                       # warm-up at this clock
+                run_batch(int(ni))  # warm-up at this clock
                 meter.begin_window("profile")
                 for _ in range(reps):
                     run_batch(int(ni))
@@ -221,4 +240,5 @@ def device_measure(run_batch: Callable[[int], None], actuator, meter, clocks: Se
                 en[i, j] = (m.energy_j / reps / gpus) if m.energy_j is not None else np.nan
         actuator.restore()
         return lat, en
+
     return measure

@@ -6,6 +6,7 @@ controllers) decides; an :class:`Executor` (the simulator, or vLLM) applies a :c
 runs iterations and reports each one as an :class:`Iteration`. Times are seconds since the start
 of serving, energies joules, clocks MHz, lengths tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import List, Optional, Protocol, Tuple
 class EngineState:
     """What a controller sees. ``waiting``: FCFS prefills not finished, as (waited_s, remaining
     prompt tokens); ``num_decodes``: D requests in decode; current knobs."""
+
     now: float
     waiting: List[Tuple[float, int]]
     num_decodes: int
@@ -27,6 +29,7 @@ class EngineState:
 @dataclass
 class Decision:
     """Knob settings and what the model predicted for them (s, J; None where not predicted)."""
+
     chunk: int
     microbatches: int
     clock_mhz: float
@@ -41,6 +44,7 @@ class Decision:
 class WindowStats:
     """Load seen over the last window: arrivals, their prompt tokens, the time-mean number of
     decodes, and the window's length (s)."""
+
     arrivals: int
     input_tokens: int
     mean_decodes: float
@@ -65,6 +69,7 @@ class Iteration:
     n_decodes: the first n_decodes items of ``scheduled`` are decodes (an executor that lists them
     first says so; the driver then books prefill progress from the rest only).
     """
+
     t_end: float
     latency_s: float
     energy_j: Optional[float]
@@ -103,6 +108,7 @@ class ExecutorTotals:
     ``energy_reason``; energy_bins: joules per 1-s bin (index = second); clock_log: (time s, SM
     clock MHz) when the clock in force changed (recorded-only clocks on a real device without
     actuation); preemptions: requests evicted from the KV cache."""
+
     energy_j: Optional[float]
     energy_reason: str = ""
     energy_bins: dict = field(default_factory=dict)
@@ -115,6 +121,7 @@ class Executor(Protocol):
 
     ``now``: the executor's clock (s since serving started; simulated or wall time).
     """
+
     now: float
 
     def add(self, rid: int, input_len: int, output_len: int, now: float) -> None:
@@ -139,11 +146,13 @@ class IterationCost(Protocol):
     :class:`systems.serving.gpu_model.StageModel` or a measured CPU profile. ``has_energy``: it
     has a power model; ``follows_clock``: the clock changes its latency (False: a device whose
     clock is not set, where clock decisions are recorded only)."""
+
     has_energy: bool
     follows_clock: bool
 
-    def step1(self, n: float, f: float, ctx_tokens: float = 0.0, attn_pairs: float = 0.0,
-              seqs: int = 1) -> Tuple[float, float]:
+    def step1(
+        self, n: float, f: float, ctx_tokens: float = 0.0, attn_pairs: float = 0.0, seqs: int = 1
+    ) -> Tuple[float, float]:
         """(latency s, energy J per GPU) of an iteration of ``n`` new tokens of ``seqs`` sequences
         at clock ``f`` (see :func:`iteration_shape`)."""
 

@@ -23,6 +23,7 @@ Energy: every stage iteration charges g x E(n, f); every gap a stage waits charg
 gap (clock locked, engine idle or in a bubble). Clock changes take effect ``delay_s`` after the
 decision (BEAM: asynchronous NVML call, 7-10 ms).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -44,8 +45,15 @@ class SimExecutor:
         max_num_seqs: cap on running requests. kv_capacity_tokens: KV tokens that fit per stage.
     """
 
-    def __init__(self, cost: IterationCost, p: int, g: int, delay_s: float = 0.0085, max_num_seqs: int = 256,
-                 kv_capacity_tokens: float = math.inf):
+    def __init__(
+        self,
+        cost: IterationCost,
+        p: int,
+        g: int,
+        delay_s: float = 0.0085,
+        max_num_seqs: int = 256,
+        kv_capacity_tokens: float = math.inf,
+    ):
         self.cost, self.p, self.g = cost, int(p), int(g)
         self.has_energy = bool(cost.has_energy)
         self.delay_s, self.max_num_seqs, self.kv_cap = float(delay_s), int(max_num_seqs), kv_capacity_tokens
@@ -53,16 +61,16 @@ class SimExecutor:
         # per request (index = request id)
         self.inp: List[int] = []
         self.out: List[int] = []
-        self.need: List[int] = []        # tokens to prefill: the prompt, or prompt + output after preemption
-        self.sched: List[int] = []       # prefill tokens scheduled
-        self.pref: List[int] = []        # prefill tokens finished
-        self.gen: List[int] = []         # output tokens emitted
-        self.gen_dec: List[int] = []     # gen when its prefill (or recompute) completed; KV held while decoding:
-                                         # need + gen - gen_dec (the tokens of its decodes, none in flight)
-        self.adm: List[int] = []         # admission order (preemption victim = the largest)
-        self.slot: List[int] = []        # its decode slot (-1: not decoding)
+        self.need: List[int] = []  # tokens to prefill: the prompt, or prompt + output after preemption
+        self.sched: List[int] = []  # prefill tokens scheduled
+        self.pref: List[int] = []  # prefill tokens finished
+        self.gen: List[int] = []  # output tokens emitted
+        self.gen_dec: List[int] = []  # gen when its prefill (or recompute) completed; KV held while decoding:
+        # need + gen - gen_dec (the tokens of its decodes, none in flight)
+        self.adm: List[int] = []  # admission order (preemption victim = the largest)
+        self.slot: List[int] = []  # its decode slot (-1: not decoding)
         self.started: List[bool] = []
-        self.waiting: List[int] = []     # FCFS, prefill not finished
+        self.waiting: List[int] = []  # FCFS, prefill not finished
         self.running: set = set()
         self.n_adm = self.kv_used = self.n_preempt = 0
         self._preempted: List[int] = []
@@ -74,24 +82,33 @@ class SimExecutor:
         self.clock_log: List[tuple] = []
         self.slot_ready: List[float] = []
         self.slot_busy: List[bool] = []
-        self.parked = False              # an idle slot found nothing to run and waits for the next event
-        self.slot_dec: List[List[int]] = []      # a slot's decodes: those in flight first, then those since
-        self.slot_flying: List[List[int]] = []   # the decodes of a slot's microbatch in flight ([] when idle)
+        self.parked = False  # an idle slot found nothing to run and waits for the next event
+        self.slot_dec: List[List[int]] = []  # a slot's decodes: those in flight first, then those since
+        self.slot_flying: List[List[int]] = []  # the decodes of a slot's microbatch in flight ([] when idle)
         self.stage_free = [0.0] * self.p
         self.heap: list = []
         self.seq = 0
         self.energy = 0.0
-        self.e_bin = np.zeros(64)                # joules per 1-s bin (index = second): _charge, a buffer
-        self.n_bins = 0                          # grown when full, its first n_bins bins in use
-        self.p_idle: dict = {}                   # clock -> cost.idle1(clock), asked once per clock (_idle_power)
+        self.e_bin = np.zeros(64)  # joules per 1-s bin (index = second): _charge, a buffer
+        self.n_bins = 0  # grown when full, its first n_bins bins in use
+        self.p_idle: dict = {}  # clock -> cost.idle1(clock), asked once per clock (_idle_power)
 
     # -- the executor protocol ----------------------------------------------------------------------
     def add(self, rid: int, input_len: int, output_len: int, now: float) -> None:
         if rid != len(self.inp):
             raise ValueError(f"request ids must arrive in order 0, 1, ...; got {rid} after {len(self.inp) - 1}")
-        for lst, v in ((self.inp, input_len), (self.out, output_len), (self.need, input_len), (self.sched, 0),
-                       (self.pref, 0), (self.gen, 0), (self.gen_dec, 0), (self.adm, 0), (self.slot, -1),
-                       (self.started, False)):
+        for lst, v in (
+            (self.inp, input_len),
+            (self.out, output_len),
+            (self.need, input_len),
+            (self.sched, 0),
+            (self.pref, 0),
+            (self.gen, 0),
+            (self.gen_dec, 0),
+            (self.adm, 0),
+            (self.slot, -1),
+            (self.started, False),
+        ):
             lst.append(v)
         self.waiting.append(rid)
         self._wake(now)
@@ -101,7 +118,7 @@ class SimExecutor:
         if d.microbatches != self.m:
             self._set_m(int(d.microbatches), now)
         f = float(d.clock_mhz)
-        if self.clock is None:                           # the initial clock is in force from the start
+        if self.clock is None:  # the initial clock is in force from the start
             self.clock = self.clock_target = f
             self.clock_log.append((now, f))
         elif f != self.clock_target:
@@ -120,7 +137,7 @@ class SimExecutor:
         heap, ready, stage_free = self.heap, self.slot_ready, self.stage_free
         while True:
             tc = heap[0][0] if heap else math.inf
-            j = 0                                        # the first active slot of the earliest ready time
+            j = 0  # the first active slot of the earliest ready time
             for k in range(1, self.m):
                 if ready[k] < ready[j]:
                     j = k
@@ -148,10 +165,13 @@ class SimExecutor:
                 self._charge(self.stage_free[s], self.g * p_idle * gap)
         self.now = t_end
         has = self.has_energy
-        return ExecutorTotals(self.energy if has else None,
-                              "" if has else "the measured profile has no power model (latency only)",
-                              dict(enumerate(np.asarray(self.e_bin)[: self.n_bins].tolist())) if has else {},
-                              list(self.clock_log), self.n_preempt)
+        return ExecutorTotals(
+            self.energy if has else None,
+            "" if has else "the measured profile has no power model (latency only)",
+            dict(enumerate(np.asarray(self.e_bin)[: self.n_bins].tolist())) if has else {},
+            list(self.clock_log),
+            self.n_preempt,
+        )
 
     # -- engine internals ---------------------------------------------------------------------------
     def _wake(self, now: float) -> None:
@@ -167,7 +187,7 @@ class SimExecutor:
     def _charge(self, t: float, joules: float) -> None:
         """Add ``joules`` to the 1-s energy bin of time ``t`` (s)."""
         k = int(t)
-        if k >= self.n_bins:                             # a new second: the bins up to it start at 0.0
+        if k >= self.n_bins:  # a new second: the bins up to it start at 0.0
             if k >= len(self.e_bin):
                 self.e_bin = grown(self.e_bin, k + 1)
             self.n_bins = k + 1
@@ -207,7 +227,7 @@ class SimExecutor:
             self._assign(r)
 
     def _assign(self, r: int) -> None:
-        dec, j = self.slot_dec, 0                        # the emptiest active slot (the first at a tie)
+        dec, j = self.slot_dec, 0  # the emptiest active slot (the first at a tie)
         for k in range(1, self.m):
             if len(dec[k]) < len(dec[j]):
                 j = k
@@ -235,7 +255,9 @@ class SimExecutor:
         """Preempt (vLLM's FCFS victim: the latest admitted, not in flight) until ``decs`` fit."""
         while decs and self.kv_used + len(decs) > self.kv_cap:
             slot, flying = self.slot, self.slot_flying
-            victim = max((r for r in self.running if slot[r] >= 0 and r not in flying[slot[r]]), key=self.adm.__getitem__)
+            victim = max(
+                (r for r in self.running if slot[r] >= 0 and r not in flying[slot[r]]), key=self.adm.__getitem__
+            )
             self._preempt(victim)
             if victim in decs:
                 decs.remove(victim)
@@ -268,14 +290,14 @@ class SimExecutor:
                 if budget <= 0:
                     break
                 c = sched[r]
-                if c >= need[r]:                             # all chunks in flight
+                if c >= need[r]:  # all chunks in flight
                     continue
                 ntok = min(budget, need[r] - c)
                 if kv_used + ntok > kv_cap:
-                    break                                    # does not fit: the queue waits (FCFS)
+                    break  # does not fit: the queue waits (FCFS)
                 if not started[r]:
                     if len(running) >= self.max_num_seqs:
-                        break                                # FCFS admission
+                        break  # FCFS admission
                     started[r] = True
                     running.add(r)
                     self.n_adm += 1
@@ -298,11 +320,11 @@ class SimExecutor:
         lat, e_gpu = self.cost.step1(n, f, kv_read, attn, seqs)
         g, stage_free = self.g, self.stage_free
         e_it, busy = 0.0, g * e_gpu
-        p_idle = self._idle_power(f)                    # P_idle(f): for the stages that waited
+        p_idle = self._idle_power(f)  # P_idle(f): for the stages that waited
         prev = t
         for s in range(self.p):
             free = stage_free[s]
-            if free < prev:                              # the stage waited: idle energy
+            if free < prev:  # the stage waited: idle energy
                 idle = g * p_idle * (prev - free)
                 self._charge(free, idle)
                 e_it += idle
@@ -315,8 +337,9 @@ class SimExecutor:
         self.slot_flying[j] = decs
         self.slot_ready[j] = prev
         self.seq += 1
-        heapq.heappush(self.heap, (prev, self.seq, j, decs, scheduled, lat, e_it, f, self.chunk + n_dec,
-                                   (n, kv_read, attn, seqs)))
+        heapq.heappush(
+            self.heap, (prev, self.seq, j, decs, scheduled, lat, e_it, f, self.chunk + n_dec, (n, kv_read, attn, seqs))
+        )
 
     def _complete(self, item) -> Iteration:
         """A microbatch left the last stage: its tokens appear."""
@@ -332,19 +355,19 @@ class SimExecutor:
             if g >= out[r]:
                 self._release(r)
                 finished.append(r)
-        if j >= m:                                       # its slot was retired by a smaller m
+        if j >= m:  # its slot was retired by a smaller m
             for r in decs:
                 if self.slot[r] == j:
                     self.slot_dec[j].remove(r)
                     self._assign(r)
         n_dec = len(decs)
-        emitted = decs                                   # the decodes' tokens, then completed prefills'
+        emitted = decs  # the decodes' tokens, then completed prefills'
         if n_dec < len(scheduled):
             pref, need, waiting = self.pref, self.need, self.waiting
             for i in range(n_dec, len(scheduled)):
                 r, ntok, _ = scheduled[i]
                 pref[r] += ntok
-                if pref[r] >= need[r]:                   # prefill (or recompute) done: a token
+                if pref[r] >= need[r]:  # prefill (or recompute) done: a token
                     waiting.remove(r)
                     gen[r] += 1
                     self.gen_dec[r] = gen[r]
@@ -356,5 +379,6 @@ class SimExecutor:
                         self._assign(r)
         pre, self._preempted = self._preempted, []
         self._wake(t)
-        return Iteration(t, lat, e_it if self.has_energy else None, scheduled, emitted,
-                         finished, pre, budget, f, None, shape, n_dec)
+        return Iteration(
+            t, lat, e_it if self.has_energy else None, scheduled, emitted, finished, pre, budget, f, None, shape, n_dec
+        )

@@ -21,6 +21,7 @@ microbatch. Timing: the harness fixes torch's thread count (``backend.threads``)
 the thread count vLLM ran with is recorded (``vllm_torch_threads``), and the engine is warmed up
 before serving (excluded, ``harness.run.WARMUP_KEY``).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,17 +34,19 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import ConfigError, RunOOM
-from harness.model_facts import CAUSAL_LM as ARCH   # architecture class per model type
+from harness.model_facts import CAUSAL_LM as ARCH  # architecture class per model type
 from harness.model_facts import check_cpu_model, check_weights
 from harness.run import WARMUP_KEY, RunResult
 from systems.serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
+
 
 def validate_real(cfg, backend) -> None:
     """Checks for the real vLLM path (before any work)."""
     m = cfg.model
     if m.hf_model_type not in ARCH:
-        raise ConfigError(f"model.hf_model_type={m.hf_model_type!r} is not allowed for backend=vllm: one of "
-                          f"{', '.join(ARCH)}")
+        raise ConfigError(
+            f"model.hf_model_type={m.hf_model_type!r} is not allowed for backend=vllm: one of {', '.join(ARCH)}"
+        )
     check_weights(m)
     if backend.device == "cpu":
         check_cpu_model(m, "vLLM")
@@ -61,6 +64,7 @@ def check_one_device(s) -> None:
     to more (a literal value, not the system's paper default ``${first:${tp},2}``, which the real path
     does not use) is refused; it ran on one device with the config recording tp=2 pp=4 (QA)."""
     from omegaconf import OmegaConf
+
     raw = OmegaConf.to_container(s, resolve=False)
     for k in ("tp", "pp"):
         v = raw.get(k)
@@ -74,6 +78,7 @@ def check_one_device(s) -> None:
 def write_model_dir(model, path: Path) -> Path:
     """A HF config.json for ``model`` (random weights: vLLM ``load_format='dummy'``)."""
     from harness.model_facts import hf_config_dict
+
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(hf_config_dict(model), indent=1))
     return path
@@ -91,19 +96,42 @@ class VllmServer:
     computed before them)], [preempted external ids]).
     """
 
-    def __init__(self, model_dir: Path, dtype: str, max_chunk: int, max_num_seqs: int, kv_cache_bytes: int,
-                 max_model_len: int, seed: int = 0, threads: int = 1, cpu: bool = True):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"     # before importing vllm (in-process worker)
+    def __init__(
+        self,
+        model_dir: Path,
+        dtype: str,
+        max_chunk: int,
+        max_num_seqs: int,
+        kv_cache_bytes: int,
+        max_model_len: int,
+        seed: int = 0,
+        threads: int = 1,
+        cpu: bool = True,
+    ):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before importing vllm (in-process worker)
         import torch
 
         from harness.machine import set_threads
-        set_threads(threads)                                   # vLLM makes later calls no-ops
+
+        set_threads(threads)  # vLLM makes later calls no-ops
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
-        args = EngineArgs(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
-                          max_model_len=max_model_len, enforce_eager=True, kv_cache_memory_bytes=int(kv_cache_bytes),
-                          max_num_batched_tokens=max_chunk, max_num_seqs=max_num_seqs,
-                          enable_chunked_prefill=True, enable_prefix_caching=False, block_size=32, seed=seed)
+
+        args = EngineArgs(
+            model=str(model_dir),
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            kv_cache_memory_bytes=int(kv_cache_bytes),
+            max_num_batched_tokens=max_chunk,
+            max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=True,
+            enable_prefix_caching=False,
+            block_size=32,
+            seed=seed,
+        )
         self.engine = LLMEngine.from_engine_args(args)
         self.max_chunk, self.max_num_seqs = max_chunk, max_num_seqs
         self.probe_clock = time.thread_time if cpu else time.perf_counter
@@ -114,11 +142,14 @@ class VllmServer:
 
         def tapped(*a, **k):
             so = orig(*a, **k)
-            per = [(rid.rsplit("-", 1)[0], n, reqs[rid].num_computed_tokens - n)   # computed: already advanced
-                   for rid, n in so.num_scheduled_tokens.items()]
+            per = [
+                (rid.rsplit("-", 1)[0], n, reqs[rid].num_computed_tokens - n)  # computed: already advanced
+                for rid, n in so.num_scheduled_tokens.items()
+            ]
             pre = [rid.rsplit("-", 1)[0] for rid in (so.preempted_req_ids or ())]
             self.step_log.append((self.sched.max_num_scheduled_tokens, so.total_num_scheduled_tokens, per, pre))
             return so
+
         self.sched.schedule = tapped
 
     def set_budget(self, n: int) -> int:
@@ -131,8 +162,14 @@ class VllmServer:
     def add(self, rid: str, prompt: List[int], max_tokens: int) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
-        sp = SamplingParams(max_tokens=int(max_tokens), temperature=0.0, ignore_eos=True, detokenize=False,
-                            output_kind=RequestOutputKind.DELTA)
+
+        sp = SamplingParams(
+            max_tokens=int(max_tokens),
+            temperature=0.0,
+            ignore_eos=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
         self.engine.add_request(rid, {"prompt_token_ids": prompt}, sp)
 
     def step(self):
@@ -175,15 +212,14 @@ class VllmServer:
         """Times (s) of ``reps`` decode steps of ``n`` sequences reading about ``ctx`` KV tokens each
         (after a warm-up step)."""
         self.set_budget(self.max_chunk)
-        fill = -(-n * ctx // self.max_chunk) + reps + 3          # steps until all are decoding, and reps
+        fill = -(-n * ctx // self.max_chunk) + reps + 3  # steps until all are decoding, and reps
         for i in range(n):
             self.add(f"probe-d{n}-{i}", rng.integers(10, vocab - 1, max(ctx - 1, 1)).tolist(), fill)
         ts = self._timed_steps(lambda per: len(per) == n and all(t == 1 for _, t, _ in per))
         self.step_log.clear()
-        return ts[1:reps + 1]
+        return ts[1 : reps + 1]
 
-    def probe_mixed(self, b: int, ctx: int, n: int, rng: np.random.Generator, vocab: int,
-                    reps: int = 3) -> List[float]:
+    def probe_mixed(self, b: int, ctx: int, n: int, rng: np.random.Generator, vocab: int, reps: int = 3) -> List[float]:
         """Times (s) of ``reps`` steps holding ``b`` decodes (about ``ctx`` KV tokens each) and one
         fresh ``n``-token prefill chunk (after a warm-up)."""
         fill = -(-b * ctx // self.max_chunk) + 2 * (reps + 1) + 3
@@ -191,7 +227,7 @@ class VllmServer:
             self.add(f"probe-m{b}-{i}", rng.integers(10, vocab - 1, max(ctx - 1, 1)).tolist(), fill)
         self.set_budget(self.max_chunk)
         while any(t > 1 for _, t, _ in (self.step_log[-1][2] if self.step_log else [(0, 2, 0)])):
-            self.step()                                          # until only decodes run
+            self.step()  # until only decodes run
         ts = []
         for r in range(reps + 1):
             self.add(f"probe-mp{n}-{r}", rng.integers(10, vocab - 1, n).tolist(), 1)
@@ -209,8 +245,9 @@ class VllmServer:
         return ts
 
 
-def profile_latency(server: VllmServer, points: List[int], vocab: int, ctx: float, max_decodes: int,
-                    reps: int = 3) -> Tuple[dict, List[int]]:
+def profile_latency(
+    server: VllmServer, points: List[int], vocab: int, ctx: float, max_decodes: int, reps: int = 3
+) -> Tuple[dict, List[int]]:
     """Measured iteration latency (s, median of ``reps``) at each token count: a decode batch of n
     sequences with ``ctx`` context each for n <= max_decodes (``profiler.decode_batch_max``), one
     n-token prefill above (profiler.sim_measure's rule). Returns (latency by n, the n <= max_decodes
@@ -284,10 +321,22 @@ class VllmExecutor:
                 finished.append(r)
                 self.decoding.discard(r)
         sched = [(int(k), n, c) for k, n, c in per]
-        decodes = [x for x in sched if x[0] in was_decoding]          # listed first (Iteration.n_decodes)
+        decodes = [x for x in sched if x[0] in was_decoding]  # listed first (Iteration.n_decodes)
         sched = decodes + [x for x in sched if x[0] not in was_decoding]
-        return Iteration(self.now, t1 - t0, None, sched, emitted, finished, preempted, budget, self.clock or 0.0,
-                         cpu if self.cpu else None, iteration_shape(sched), len(decodes))
+        return Iteration(
+            self.now,
+            t1 - t0,
+            None,
+            sched,
+            emitted,
+            finished,
+            preempted,
+            budget,
+            self.clock or 0.0,
+            cpu if self.cpu else None,
+            iteration_shape(sched),
+            len(decodes),
+        )
 
     def close(self, now: float) -> ExecutorTotals:
         m = self.meter.end_window("serve")
@@ -298,15 +347,28 @@ class VllmExecutor:
 def run_real(cfg, ctx) -> RunResult:
     """Serve the workload on vLLM with the configured controller; returns measured metrics."""
     from harness.meters import EnergyMeter
+    from harness.model_facts import kv_bytes_per_token, weight_bytes
     from systems.serving.actuator import DvfsActuator
+    from systems.serving.build import (
+        build_table,
+        clock_note,
+        controller_for,
+        display_rows,
+        kv_budget_bytes,
+        kv_capacity,
+        profile_context,
+        requests_for,
+        serve,
+        slo_check,
+        stop_time,
+        table_grid,
+        window_profile,
+    )
     from systems.serving.driver import Driver
     from systems.serving.gpu_model import StageModel
     from systems.serving.metrics import summarize
     from systems.serving.profiler import clock_scaled, decode_batch_max, sample_points
-    from systems.serving.build import (build_table, clock_note, controller_for, display_rows, kv_budget_bytes,
-                                       kv_capacity, profile_context, requests_for, serve, slo_check, stop_time,
-                                       table_grid, window_profile)
-    from harness.model_facts import kv_bytes_per_token, weight_bytes
+
     s, w, hw, m = cfg.system, cfg.workload, cfg.hardware, cfg.model
     req = requests_for(w)
     n_max, chunks = table_grid(s)
@@ -317,15 +379,28 @@ def run_real(cfg, ctx) -> RunResult:
     t_init = time.perf_counter()
     cpu = ctx.backend.device == "cpu"
     model_len = max(max_len, n_max + 8)
-    short = (f"the profiling pass prefills up to {n_max} tokens (the largest chunk candidate + max_num_seqs) "
-             f"as one sequence, so vLLM's max_model_len is {model_len} tokens")
+    short = (
+        f"the profiling pass prefills up to {n_max} tokens (the largest chunk candidate + max_num_seqs) "
+        f"as one sequence, so vLLM's max_model_len is {model_len} tokens"
+    )
     if kv_cap < model_len:
-        raise RunOOM(f"KV budget {budget / 2**20:.1f} MiB holds {kv_cap:.0f} tokens < {model_len}: {short}; raise "
-                     f"kv_budget or lower system.chunk_candidates/max_num_seqs")
+        raise RunOOM(
+            f"KV budget {budget / 2**20:.1f} MiB holds {kv_cap:.0f} tokens < {model_len}: {short}; raise "
+            f"kv_budget or lower system.chunk_candidates/max_num_seqs"
+        )
     try:
-        server = VllmServer(mdir, m.dtype, n_max, int(s.max_num_seqs), budget, model_len,
-                            int(cfg.seed or 0), int(cfg.backend.get("threads", 1)), cpu)
-    except ValueError as e:          # vLLM's own check of max_model_len against its KV blocks
+        server = VllmServer(
+            mdir,
+            m.dtype,
+            n_max,
+            int(s.max_num_seqs),
+            budget,
+            model_len,
+            int(cfg.seed or 0),
+            int(cfg.backend.get("threads", 1)),
+            cpu,
+        )
+    except ValueError as e:  # vLLM's own check of max_model_len against its KV blocks
         if "max seq len" not in str(e) and "maximum model length" not in str(e):
             raise
         raise RunOOM(f"vLLM: {str(e).splitlines()[0]} ({short}; raise kv_budget)") from None
@@ -341,14 +416,17 @@ def run_real(cfg, ctx) -> RunResult:
         if act.available:
             # the user's GPU: latency and energy measured at every 10th clock (locked through NVML)
             from systems.serving.profiler import device_measure
+
             rng = np.random.default_rng(1)
             clocks = stage.clocks(int(s.freq_step_mhz))[::-1][::10][::-1]
-            measure = device_measure(lambda n: server.probe_prefill(n, rng, m.vocab_size, 1), act, meter, clocks,
-                                     gpus=act.num_gpus)
+            measure = device_measure(
+                lambda n: server.probe_prefill(n, rng, m.vocab_size, 1), act, meter, clocks, gpus=act.num_gpus
+            )
             meas, as_prefill = {}, []
         else:
-            meas, as_prefill = profile_latency(server, pts, m.vocab_size, ctx_tok,
-                                               decode_batch_max(small_max, int(s.max_num_seqs), ctx_tok, kv_cap))
+            meas, as_prefill = profile_latency(
+                server, pts, m.vocab_size, ctx_tok, decode_batch_max(small_max, int(s.max_num_seqs), ctx_tok, kv_cap)
+            )
             n_s, lat_s = np.array(pts), np.array([meas[n] for n in pts])
             measure = clock_scaled(lambda n: np.interp(n, n_s, lat_s), stage)
         table = build_table(measure, stage, s)
@@ -360,7 +438,7 @@ def run_real(cfg, ctx) -> RunResult:
         rng = np.random.default_rng(int(w.seed))
         prompts = [rng.integers(10, m.vocab_size - 1, int(n)).tolist() for n in req.input_len]
         t_warm = time.perf_counter()
-        server.probe_decode(min(4, int(s.max_num_seqs)), 64, rng, m.vocab_size, reps=2)   # warm-up, excluded
+        server.probe_decode(min(4, int(s.max_num_seqs)), 64, rng, m.vocab_size, reps=2)  # warm-up, excluded
         warmup_s = time.perf_counter() - t_warm
         ex = VllmExecutor(server, prompts, act, meter, cpu)
         res = serve(Driver(ctl, req, t_stop=stop_time(req, w)), ex, ctx, f"{s.name} (wall s)")
@@ -370,20 +448,42 @@ def run_real(cfg, ctx) -> RunResult:
             act.close()
     summ = summarize(res, float(w.slo_ttft_s), float(w.slo_tbt_s))
     its = res.iterations
-    summ.update(engine_init_s=init_s, profile_s=profile_s, warmup="one decode probe, excluded",
-                vllm_torch_threads=server.threads, gpus=1, tp=1, pp=1, kv_budget_bytes=budget,
-                vllm_kv_cache_bytes=server.engine.vllm_config.cache_config.kv_cache_memory_bytes,
-                distinct_budgets=len(np.unique(its["budget"])),
-                clocks_actuated=bool(act.actuate and act.available), clock_requests=len(act.log),
-                profile_points=len(pts), profile_latency_s={str(k): v for k, v in meas.items()},
-                profile_decodes_as_prefill=as_prefill,
-                profile_source="device (locked clocks)" if act.available else "measured latency x clock model",
-                slo_infeasible=bool(note), workload_note=req.note, executor="vLLM")
+    summ.update(
+        engine_init_s=init_s,
+        profile_s=profile_s,
+        warmup="one decode probe, excluded",
+        vllm_torch_threads=server.threads,
+        gpus=1,
+        tp=1,
+        pp=1,
+        kv_budget_bytes=budget,
+        vllm_kv_cache_bytes=server.engine.vllm_config.cache_config.kv_cache_memory_bytes,
+        distinct_budgets=len(np.unique(its["budget"])),
+        clocks_actuated=bool(act.actuate and act.available),
+        clock_requests=len(act.log),
+        profile_points=len(pts),
+        profile_latency_s={str(k): v for k, v in meas.items()},
+        profile_decodes_as_prefill=as_prefill,
+        profile_source="device (locked clocks)" if act.available else "measured latency x clock model",
+        slo_infeasible=bool(note),
+        workload_note=req.note,
+        executor="vLLM",
+    )
     summ[WARMUP_KEY] = warmup_s
     applied = bool(act.actuate and act.available)
-    msg = "; ".join(x for x in (note, res.energy_reason if res.energy_j is None else "",
-                                clock_note(applied, summ)) if x)
-    return RunResult(status="ok", message=msg, summary=summ, display=display_rows(applied),
-                     tables={"requests": res.requests, "decisions": res.decisions, "iterations": its,
-                             "timeline": res.timeline,
-                             "clock_requests": pd.DataFrame(act.log, columns=["time_s", "clock_mhz", "applied", "error"])})
+    msg = "; ".join(
+        x for x in (note, res.energy_reason if res.energy_j is None else "", clock_note(applied, summ)) if x
+    )
+    return RunResult(
+        status="ok",
+        message=msg,
+        summary=summ,
+        display=display_rows(applied),
+        tables={
+            "requests": res.requests,
+            "decisions": res.decisions,
+            "iterations": its,
+            "timeline": res.timeline,
+            "clock_requests": pd.DataFrame(act.log, columns=["time_s", "clock_mhz", "applied", "error"]),
+        },
+    )

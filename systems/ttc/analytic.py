@@ -14,6 +14,7 @@ All results in bytes (host->device). Worked example (OPT-6.7B fp16, 64 beams, 7 
 53,012.45 GiB; Eq.5 = 2,010 / 990 / 480 GiB for steps 32 / 64 / 128 with s at the step's start
 (2,070 / 1,050 / 540 GiB with s at the step's end; the paper's Fig.7 prints 2,052 / 1,044 / 540).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,16 +33,16 @@ def layers_in_gpu(s, *, num_layers: int, num_beams: int, kv: int, mem_gpu: int):
     return np.minimum(num_layers, mem_gpu // np.maximum(kv_layer, 1))
 
 
-def dm_layerwise(*, num_layers: int, num_beams: int, kv: int, mem_gpu: int, prompt_len: int,
-                 gen_len: int) -> int:
+def dm_layerwise(*, num_layers: int, num_beams: int, kv: int, mem_gpu: int, prompt_len: int, gen_len: int) -> int:
     """Eq.1-3: host->device bytes of a whole request under layer-wise offloading."""
     s = prompt_len + np.arange(gen_len, dtype=np.int64)
     L = layers_in_gpu(s, num_layers=num_layers, num_beams=num_beams, kv=kv, mem_gpu=mem_gpu)
     return _exact_sum((num_layers - L).astype(object) * num_beams * s.astype(object) * kv)
 
 
-def dm_lbs(*, num_layers: int, num_beams: int, kv: int, prompt_len: int, gen_len: int, step: int,
-           at_step_end: bool = False) -> int:
+def dm_lbs(
+    *, num_layers: int, num_beams: int, kv: int, prompt_len: int, gen_len: int, step: int, at_step_end: bool = False
+) -> int:
     """Eq.4-5: host->device bytes of a whole request under LBS (inter-token locality only).
 
     ``at_step_end`` evaluates KV_beam at the step's end instead of its start (the paper's figure
@@ -59,11 +60,13 @@ def _exact_sum(terms) -> int:
     return int(sum(terms.tolist()))
 
 
-def predict(model_cfg, *, num_beams: int, prompt_len: int, gen_len: int, step: int, mem_gpu: int,
-            dtype_bytes: int) -> dict:
+def predict(
+    model_cfg, *, num_beams: int, prompt_len: int, gen_len: int, step: int, mem_gpu: int, dtype_bytes: int
+) -> dict:
     """Both models for a configuration: ``{'eq3_layerwise_bytes', 'eq5_lbs_bytes'}``."""
     kv = kv_per_token_layer(model_cfg.num_kv_heads, model_cfg.head_dim, dtype_bytes)
-    common = dict(num_layers=model_cfg.num_layers, num_beams=num_beams, kv=kv, prompt_len=prompt_len,
-                  gen_len=gen_len)
-    return {"eq3_layerwise_bytes": dm_layerwise(mem_gpu=mem_gpu, **common),
-            "eq5_lbs_bytes": dm_lbs(step=step, **common)}
+    common = dict(num_layers=model_cfg.num_layers, num_beams=num_beams, kv=kv, prompt_len=prompt_len, gen_len=gen_len)
+    return {
+        "eq3_layerwise_bytes": dm_layerwise(mem_gpu=mem_gpu, **common),
+        "eq5_lbs_bytes": dm_lbs(step=step, **common),
+    }

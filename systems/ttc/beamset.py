@@ -18,6 +18,7 @@
   computes both from the paths, O(N * depth)). A group's load is then ``union_tokens``: its first
   beam's prefix plus what each next beam does not share with the one before it.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,9 @@ def prefetch_count(capacity: int, size: int, next_size: int) -> int:
     return max(0, min(capacity - size, next_size))
 
 
-def greedy_beamset(block_sets: Sequence[FrozenSet[int]], weights: Mapping[int, int],
-                   sizes: Sequence[int]) -> List[List[int]]:
+def greedy_beamset(
+    block_sets: Sequence[FrozenSet[int]], weights: Mapping[int, int], sizes: Sequence[int]
+) -> List[List[int]]:
     """Alg.1 greedy BeamSet (reference). ``block_sets[i]``: block ids of beam i; ``weights``:
     tokens per block; ``sizes``: group sizes in order. Returns beam indices per group."""
     unassigned = list(range(len(block_sets)))
@@ -92,7 +94,7 @@ def consecutive_groups(order: Sequence[int], sizes: Sequence[int]) -> List[List[
     order = np.asarray(order).tolist()
     out, i = [], 0
     for s in sizes:
-        out.append(order[i:i + s])
+        out.append(order[i : i + s])
         i += s
     return out
 
@@ -123,15 +125,15 @@ class PrefixOrder:
 
     def __init__(self):
         self._tree = None
-        self._cls: Dict[int, int] = {}         # leaf of a previous beam -> its prefix class
-        self._cls_shared = np.zeros(1, dtype=np.int64)   # per class: tokens shared with the class before
-        self._start = 0                        # prefix tokens of the previous beams
+        self._cls: Dict[int, int] = {}  # leaf of a previous beam -> its prefix class
+        self._cls_shared = np.zeros(1, dtype=np.int64)  # per class: tokens shared with the class before
+        self._start = 0  # prefix tokens of the previous beams
 
     def update(self, tree, beams: Sequence, start: int) -> Tuple[np.ndarray, np.ndarray]:
         """``(order, shared)`` of this step's ``beams`` (prefixes of ``start`` tokens): ``order``
         [N] indices in DFS order, ``shared`` [N] tokens that ``beams[order[j]]`` shares with
         ``beams[order[j-1]]`` (``shared[0] = 0``). Remembers them for the next step."""
-        if tree is not self._tree:             # a new tree: the prompt (segment 0) is the only "parent"
+        if tree is not self._tree:  # a new tree: the prompt (segment 0) is the only "parent"
             self._tree, self._cls, self._cls_shared = tree, {0: 0}, np.zeros(1, dtype=np.int64)
         parents = [b.path.up.leaf for b in beams]
         cls = list(map(self._cls.get, parents))
@@ -139,9 +141,10 @@ class PrefixOrder:
             order, shared = reference_order(tree, beams)
         else:
             order, shared = self._advance(np.array(cls, dtype=np.int64), np.array(parents, dtype=np.int64), start)
-        new_cls = shared[1:] < start           # a class (distinct prefix) begins where less is shared
-        self._cls = dict(zip([beams[i].path.leaf for i in order.tolist()],
-                             np.concatenate(([0], np.cumsum(new_cls))).tolist()))
+        new_cls = shared[1:] < start  # a class (distinct prefix) begins where less is shared
+        self._cls = dict(
+            zip([beams[i].path.leaf for i in order.tolist()], np.concatenate(([0], np.cumsum(new_cls))).tolist())
+        )
         self._cls_shared = np.concatenate(([0], shared[1:][new_cls]))
         self._start = start
         return order, shared
@@ -153,7 +156,7 @@ class PrefixOrder:
         same_parent, same_cls = p[1:] == p[:-1], c[1:] == c[:-1]
         shared = np.zeros(n, dtype=np.int64)
         shared[1:] = np.where(same_parent, start, self._start)
-        apart = np.flatnonzero(~same_cls)      # adjacent children of parents in different classes
+        apart = np.flatnonzero(~same_cls)  # adjacent children of parents in different classes
         if apart.size:
             bounds = np.empty(2 * apart.size, dtype=np.int64)
             bounds[0::2], bounds[1::2] = c[apart] + 1, c[apart + 1] + 1
@@ -170,8 +173,9 @@ def reference_order(tree, beams: Sequence) -> Tuple[np.ndarray, np.ndarray]:
     shared = np.zeros(len(beams), dtype=np.int64)
     if len(beams) > 1:
         differ = p[1:] != p[:-1]
-        first = differ.argmax(axis=1)               # depth of the first segment the two do not share
-        starts = np.array([tree.segments[int(s)].start for s in p[1:][np.arange(len(first)), first]],
-                          dtype=np.int64).reshape(-1)
+        first = differ.argmax(axis=1)  # depth of the first segment the two do not share
+        starts = np.array(
+            [tree.segments[int(s)].start for s in p[1:][np.arange(len(first)), first]], dtype=np.int64
+        ).reshape(-1)
         shared[1:] = np.where(differ.any(axis=1), starts, tree.prefix_tokens(beams[0]))
     return order, shared

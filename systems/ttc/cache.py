@@ -14,6 +14,7 @@ All sequences of a batch have the same length (true in step-wise beam search: ev
 the same length), so no padding mask is needed: decode (``q_len = 1``) and prefill run with the
 model's causal path. Works with OPT, LLaMA (GQA) and Qwen2 in transformers 5.19.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, Tuple
@@ -61,18 +62,20 @@ class BufferLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states, value_states) -> None:  # buffers come from the provider
         pass
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         buf = self.provider.layer_kv(self.layer_idx)
         n, q = self.length, key_states.shape[-2]
         if n + q > buf.shape[-2]:
-            raise RuntimeError(f"layer {self.layer_idx}: {n + q} tokens exceed the device buffer's "
-                               f"capacity {buf.shape[-2]}")
-        buf[0, :, :, n:n + q].copy_(key_states)
-        buf[1, :, :, n:n + q].copy_(value_states)
+            raise RuntimeError(
+                f"layer {self.layer_idx}: {n + q} tokens exceed the device buffer's capacity {buf.shape[-2]}"
+            )
+        buf[0, :, :, n : n + q].copy_(key_states)
+        buf[1, :, :, n : n + q].copy_(value_states)
         self.length = n + q
         self.provider.layer_done(self.layer_idx, n, q)
-        return buf[0, :, :, :n + q], buf[1, :, :, :n + q]
+        return buf[0, :, :, : n + q], buf[1, :, :, : n + q]
 
     def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
         return self.length + query_length, 0

@@ -1,4 +1,5 @@
 """Config schemas of the TTC family (LBS paper): the ``ttc_beam`` workload and the TTC systems."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ class TTCBeamWorkload:
 
     Lengths in tokens. ``step`` tokens per search step (32/64/128 in the paper).
     """
+
     name: str = "ttc_beam"
     kind: str = "ttc_beam"
     prompt_len: int = 128
@@ -22,7 +24,7 @@ class TTCBeamWorkload:
     beam_width: int = 2
     beams: int = 16
     step: int = 32
-    scorer: str = "logprob"          # logprob (cumulative log-probability) | synthetic
+    scorer: str = "logprob"  # logprob (cumulative log-probability) | synthetic
     temperature: float = 1.0
 
 
@@ -33,16 +35,17 @@ class TTCSystem:
     inter_beam: share prefix KV blocks when loading a group (greedy BeamSet, Alg.1).
     prefetch:   balanced grouping + prefetch of the next group into free slots.
     """
+
     name: str = MISSING
     family: str = "ttc"
-    scheduler: str = MISSING         # in_gpu | layerwise | lbs | hf_offload
+    scheduler: str = MISSING  # in_gpu | layerwise | lbs | hf_offload
     inter_beam: bool = True
     prefetch: bool = True
-    kv_budget: Any = None            # bytes or "7GiB"; None = hardware profile / live free memory
-    record_tree: bool = False        # real engine: save the beam tree (parents kept per step)
-    replay_tree: Any = None          # sim: path of a recorded beam tree to replay
-    warmup: bool = True              # real engine: warm-up run before the measurement (excluded, recorded)
-    deadline: Any = None             # Unix seconds: stop between steps after it (status timeout)
+    kv_budget: Any = None  # bytes or "7GiB"; None = hardware profile / live free memory
+    record_tree: bool = False  # real engine: save the beam tree (parents kept per step)
+    replay_tree: Any = None  # sim: path of a recorded beam tree to replay
+    warmup: bool = True  # real engine: warm-up run before the measurement (excluded, recorded)
+    deadline: Any = None  # Unix seconds: stop between steps after it (status timeout)
 
 
 def register(cs) -> None:

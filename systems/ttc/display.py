@@ -7,6 +7,7 @@ host->device / device->host (the device is a GPU, or on a CPU run a second pool 
 The Eq. row says which of the paper's equations applies to the run's scheduler and whether it is a
 prediction or a bound.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, List, Mapping, Tuple
@@ -15,9 +16,18 @@ from harness.run import WARMUP_KEY
 from harness.units import GiB
 
 Rows = List[Tuple[str, str, Callable[[Any], str]]]
-BYTE_KEYS = ("h2d_bytes", "d2h_bytes", "eq_prediction_bytes", "eq3_layerwise_bytes", "eq5_lbs_bytes",
-             "kv_budget_bytes", "peak_device_kv_bytes", "max_staging_bytes", "peak_device_physical_bytes",
-             "cuda_max_memory_allocated_bytes")
+BYTE_KEYS = (
+    "h2d_bytes",
+    "d2h_bytes",
+    "eq_prediction_bytes",
+    "eq3_layerwise_bytes",
+    "eq5_lbs_bytes",
+    "kv_budget_bytes",
+    "peak_device_kv_bytes",
+    "max_staging_bytes",
+    "peak_device_physical_bytes",
+    "cuda_max_memory_allocated_bytes",
+)
 UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 
@@ -65,7 +75,7 @@ def display_rows(summary: Mapping[str, Any], system) -> Rows:
     s = lambda v: f"{v:,.3f} s"
     return [
         ("end-to-end latency", "e2e_s", s),
-        *([("  seconds measured as", "time_basis", str)] if summary.get("time_basis") else []),   # real runs
+        *([("  seconds measured as", "time_basis", str)] if summary.get("time_basis") else []),  # real runs
         ("compute", "compute_s", s),
         ("I/O stall", "io_stall_s", s),
         ("other (plan, prune + expand)", "other_s", s),
@@ -74,9 +84,14 @@ def display_rows(summary: Mapping[str, Any], system) -> Rows:
         ("device->host", "d2h_bytes", b),
         (eq_label(system), "eq_prediction_bytes", b),
         # the other equation beside the system's own (that one is the row above, not repeated)
-        *[row for row, own in ((("  Eq.1-3 layer-wise (token by token)", "eq3_layerwise_bytes", b), "layerwise"),
-                               (("  Eq.4-5 LBS, inter-token only", "eq5_lbs_bytes", b), "lbs"))
-          if system.get("scheduler") != own],
+        *[
+            row
+            for row, own in (
+                (("  Eq.1-3 layer-wise (token by token)", "eq3_layerwise_bytes", b), "layerwise"),
+                (("  Eq.4-5 LBS, inter-token only", "eq5_lbs_bytes", b), "lbs"),
+            )
+            if system.get("scheduler") != own
+        ],
         ("groups per step (mean)", "groups_per_step", lambda v: f"{v:.2f}"),
         ("KV budget", "kv_budget_bytes", b),
         ("peak device KV (resident within the budget + staging)", "peak_device_kv_bytes", b),
@@ -88,8 +103,11 @@ def display_rows(summary: Mapping[str, Any], system) -> Rows:
         ("  of which waiting on PCIe (I/O stall)", "energy_io_stall_j", lambda v: f"{v:,.0f} J"),
         ("energy per generated token", "energy_per_token_j", lambda v: f"{v:.3g} J"),
         ("average power", "avg_power_w", lambda v: f"{v:,.1f} W"),
-    ] + ([("energy unavailable", "energy_unavailable_reason", lambda v: str(v).removeprefix("energy unavailable: "))]
-         if summary.get("energy_unavailable_reason") else [])
+    ] + (
+        [("energy unavailable", "energy_unavailable_reason", lambda v: str(v).removeprefix("energy unavailable: "))]
+        if summary.get("energy_unavailable_reason")
+        else []
+    )
 
 
 def _staging_label(summary: Mapping[str, Any]) -> str:

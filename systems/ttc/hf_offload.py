@@ -16,6 +16,7 @@ Sampling and selection are the torch executor's (noise keyed by seed, beam uid, 
 search is the same as ``in_gpu``'s. transformers' offloading uses CUDA streams
 (``torch.cuda.default_stream``): it needs a CUDA GPU (``validate_hf_offload``).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,9 +40,11 @@ from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
 def validate_hf_offload(backend) -> None:
     """Raise ConfigError unless the run is on a CUDA device (before any work)."""
     if backend.device != "cuda":
-        raise ConfigError(f"system=hf_offload is not allowed with backend.device={backend.device!r}: "
-                          f"transformers' offloaded DynamicCache uses CUDA streams "
-                          f"(torch.cuda.default_stream) and needs a CUDA GPU; use backend=torch on a GPU")
+        raise ConfigError(
+            f"system=hf_offload is not allowed with backend.device={backend.device!r}: "
+            f"transformers' offloaded DynamicCache uses CUDA streams "
+            f"(torch.cuda.default_stream) and needs a CUDA GPU; use backend=torch on a GPU"
+        )
 
 
 class CountingOffloadedCache(DynamicCache):
@@ -52,7 +55,7 @@ class CountingOffloadedCache(DynamicCache):
     def __init__(self, config, offloading: bool = True):
         super().__init__(config=config, offloading=offloading)
         self.h2d_bytes = self.d2h_bytes = 0
-        self.on_device = 0            # KV bytes currently on the device
+        self.on_device = 0  # KV bytes currently on the device
         self.peak_on_device = 0
         self._events: List[tuple] = []
         for layer in self.layers:
@@ -93,7 +96,7 @@ class CountingOffloadedCache(DynamicCache):
         keys, values = self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
         if self.offloading:
             n = (key_states.numel() + value_states.numel()) * key_states.element_size()
-            self.on_device += n            # the appended token, until offload() moves the layer
+            self.on_device += n  # the appended token, until offload() moves the layer
             self.peak_on_device = max(self.peak_on_device, self.on_device)
             self.offload(layer_idx, self.only_non_sliding)
         elif keys.device.type != "cpu":
@@ -102,8 +105,11 @@ class CountingOffloadedCache(DynamicCache):
 
     def recount(self) -> None:
         """Recompute the KV bytes on the device (after batch repeat / reorder)."""
-        self.on_device = sum(l.keys.numel() * l.keys.element_size() * 2 for l in self.layers
-                             if l.is_initialized and l.keys is not None and l.keys.device.type != "cpu")
+        self.on_device = sum(
+            layer.keys.numel() * layer.keys.element_size() * 2
+            for layer in self.layers
+            if layer.is_initialized and layer.keys is not None and layer.keys.device.type != "cpu"
+        )
         self.peak_on_device = max(self.peak_on_device, self.on_device)
 
     def take_stall_s(self) -> float:
@@ -116,9 +122,20 @@ class CountingOffloadedCache(DynamicCache):
         return s
 
 
-def hf_beam_search(model, *, seed: int, prompt: List[int], beams: int, beam_width: int, gen_len: int,
-                   step: int, temperature: float = 1.0, offloading: bool = True, progress=None,
-                   deadline: float | None = None) -> Dict:
+def hf_beam_search(
+    model,
+    *,
+    seed: int,
+    prompt: List[int],
+    beams: int,
+    beam_width: int,
+    gen_len: int,
+    step: int,
+    temperature: float = 1.0,
+    offloading: bool = True,
+    progress=None,
+    deadline: float | None = None,
+) -> Dict:
     """Step-wise beam search (LBS Sec. 2) on ``model`` through ``CountingOffloadedCache``.
 
     All beams decode token by token in one batch; at each step boundary the top ``beams //
@@ -138,15 +155,20 @@ def hf_beam_search(model, *, seed: int, prompt: List[int], beams: int, beam_widt
     sync()
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([prompt], device=device), past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=torch.tensor([prompt], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1
+        )
         root = log_probs(out.logits[0, -1], temperature, dtype)
-        sync()                       # the offloaded layers' copies back to the host have landed
+        sync()  # the offloaded layers' copies back to the host have landed
         cache.batch_repeat_interleave(beams)
         cache.recount()
     sync()
-    prefill = {"time_s": time.perf_counter() - t0, "io_stall_s": cache.take_stall_s() if cuda else 0.0,
-               "h2d_bytes": cache.h2d_bytes, "d2h_bytes": cache.d2h_bytes}
+    prefill = {
+        "time_s": time.perf_counter() - t0,
+        "io_stall_s": cache.take_stall_s() if cuda else 0.0,
+        "h2d_bytes": cache.h2d_bytes,
+        "d2h_bytes": cache.d2h_bytes,
+    }
     live = initial_beams(tree, beams, seed)
     logp = root.expand(beams, -1)
     rows, kept = [], []
@@ -192,10 +214,22 @@ def hf_beam_search(model, *, seed: int, prompt: List[int], beams: int, beam_widt
             other = time.perf_counter() - t1
             kept.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
             live = new
-        rows.append({"step": i, "start_tokens": start, "tokens": T, "groups": 1, "capacity": beams,
-                     "compute_s": dec_s - stall, "io_stall_s": stall, "other_s": other,
-                     "latency_s": dec_s + other, "h2d_bytes": cache.h2d_bytes - h0,
-                     "d2h_bytes": cache.d2h_bytes - d0, "peak_device_bytes": cache.peak_on_device})
+        rows.append(
+            {
+                "step": i,
+                "start_tokens": start,
+                "tokens": T,
+                "groups": 1,
+                "capacity": beams,
+                "compute_s": dec_s - stall,
+                "io_stall_s": stall,
+                "other_s": other,
+                "latency_s": dec_s + other,
+                "h2d_bytes": cache.h2d_bytes - h0,
+                "d2h_bytes": cache.d2h_bytes - d0,
+                "peak_device_bytes": cache.peak_on_device,
+            }
+        )
         if progress is not None:
             progress.update(1)
     return {"beams": live, "kept": kept, "rows": rows, "prefill": prefill, "timed_out": False}
@@ -210,13 +244,26 @@ def run_hf_offload(cfg, ctx: RunContext) -> RunResult:
     rng = np.random.default_rng(cfg.seed)
     prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
     bar = ctx.progress(math.ceil(w.gen_len / w.step), f"{cfg.system.name} steps")
-    res = hf_beam_search(model, seed=cfg.seed, prompt=prompt, beams=w.beams, beam_width=w.beam_width,
-                         gen_len=w.gen_len, step=w.step, temperature=w.temperature, offloading=True,
-                         progress=bar, deadline=cfg.system.get("deadline"))
+    res = hf_beam_search(
+        model,
+        seed=cfg.seed,
+        prompt=prompt,
+        beams=w.beams,
+        beam_width=w.beam_width,
+        gen_len=w.gen_len,
+        step=w.step,
+        temperature=w.temperature,
+        offloading=True,
+        progress=bar,
+        deadline=cfg.system.get("deadline"),
+    )
     bar.close()
     if not res["rows"]:
-        return RunResult(status="timeout", message="system.deadline passed before the first step",
-                         display=display_rows({}, cfg.system))
+        return RunResult(
+            status="timeout",
+            message="system.deadline passed before the first step",
+            display=display_rows({}, cfg.system),
+        )
     df = pd.DataFrame(res["rows"])
     pre = res["prefill"]
     compute = float(df.compute_s.sum()) + pre["time_s"] - pre["io_stall_s"]
@@ -224,20 +271,45 @@ def run_hf_offload(cfg, ctx: RunContext) -> RunResult:
     other = float(df.other_s.sum())
     e2e = compute + stall + other
     best = max(res["beams"], key=lambda b: (b.cum_logprob, -b.uid))
-    pred = analytic.predict(cfg.model, num_beams=w.beams, prompt_len=w.prompt_len, gen_len=w.gen_len,
-                            step=w.step, mem_gpu=0, dtype_bytes=geom.dtype_bytes)
-    summary = {"kv_budget_bytes": None, "beams": w.beams, "step": w.step, "gen_len": w.gen_len,
-               "prompt_len": w.prompt_len, **pred, "eq_prediction_bytes": None,
-               "e2e_s": e2e, "compute_s": compute, "io_stall_s": stall, "other_s": other,
-               "io_share": stall / e2e if e2e > 0 else 0.0,
-               "h2d_bytes": int(df.h2d_bytes.sum()) + pre["h2d_bytes"],
-               "d2h_bytes": int(df.d2h_bytes.sum()) + pre["d2h_bytes"],
-               "groups_per_step": 1.0, "peak_device_kv_bytes": int(df.peak_device_bytes.max()),
-               "tokens_per_s": w.beams * w.gen_len / e2e if e2e > 0 else None,
-               "best_cum_logprob": best.cum_logprob, "best_uid": str(best.uid), "energy_j": None,
-               "energy_unavailable_reason": "not measured per step for hf_offload (gpu_energy_j: the run "
-                                            "window's NVML energy)"}
+    pred = analytic.predict(
+        cfg.model,
+        num_beams=w.beams,
+        prompt_len=w.prompt_len,
+        gen_len=w.gen_len,
+        step=w.step,
+        mem_gpu=0,
+        dtype_bytes=geom.dtype_bytes,
+    )
+    summary = {
+        "kv_budget_bytes": None,
+        "beams": w.beams,
+        "step": w.step,
+        "gen_len": w.gen_len,
+        "prompt_len": w.prompt_len,
+        **pred,
+        "eq_prediction_bytes": None,
+        "e2e_s": e2e,
+        "compute_s": compute,
+        "io_stall_s": stall,
+        "other_s": other,
+        "io_share": stall / e2e if e2e > 0 else 0.0,
+        "h2d_bytes": int(df.h2d_bytes.sum()) + pre["h2d_bytes"],
+        "d2h_bytes": int(df.d2h_bytes.sum()) + pre["d2h_bytes"],
+        "groups_per_step": 1.0,
+        "peak_device_kv_bytes": int(df.peak_device_bytes.max()),
+        "tokens_per_s": w.beams * w.gen_len / e2e if e2e > 0 else None,
+        "best_cum_logprob": best.cum_logprob,
+        "best_uid": str(best.uid),
+        "energy_j": None,
+        "energy_unavailable_reason": "not measured per step for hf_offload (gpu_energy_j: the run "
+        "window's NVML energy)",
+    }
     summary["steps_done"] = len(df)
-    return RunResult(status="timeout" if res["timed_out"] else "ok", summary=summary, display=display_rows(summary, cfg.system),
-                     tables={"steps": df}, extra={"best_tokens": best.tokens, "hf_offload_kept": res["kept"]},
-                     message="system.deadline passed" if res["timed_out"] else "")
+    return RunResult(
+        status="timeout" if res["timed_out"] else "ok",
+        summary=summary,
+        display=display_rows(summary, cfg.system),
+        tables={"steps": df},
+        extra={"best_tokens": best.tokens, "hf_offload_kept": res["kept"]},
+        message="system.deadline passed" if res["timed_out"] else "",
+    )

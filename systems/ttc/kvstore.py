@@ -30,10 +30,10 @@ streams are the measured **I/O stall** (CUDA events). On CPU the same calls run 
 pools: bytes are exact, copies are synchronous and their time is the I/O stall (times on CPU are
 the engine thread's CPU time: :func:`harness.meters.time_basis`).
 """
+
 from __future__ import annotations
 
 import contextlib
-import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
@@ -69,6 +69,7 @@ def nbytes_of(t: torch.Tensor) -> int:
 @dataclass(eq=False)
 class DeviceBuffer:
     """A device tensor and the bytes charged for it against the pool (see :class:`DevicePool`)."""
+
     tensor: torch.Tensor
     kind: str
     charged: int
@@ -100,7 +101,7 @@ class DevicePool:
         self.budget = budget
         self.staging_budget = staging_budget
         self.used: Dict[str, int] = defaultdict(int)
-        self.peak_total = 0                  # max over time of kv + staging charges
+        self.peak_total = 0  # max over time of kv + staging charges
         self.peak_kv = 0
         self.physical = 0
         self.peak_physical = 0
@@ -112,7 +113,8 @@ class DevicePool:
             raise KVBudgetExceeded(
                 f"device {kind} budget exceeded: {what or 'buffer'} needs {nbytes} B, {self.used[kind]} B "
                 f"already held, {kind} budget {limit} B ({limit / 2**20:.2f} MiB); the scheduler's plan "
-                f"overruns the device KV budget")
+                f"overruns the device KV budget"
+            )
 
     def _account(self) -> None:
         total = self.used["kv"] + self.used["staging"]
@@ -120,8 +122,15 @@ class DevicePool:
         self.peak_kv = max(self.peak_kv, self.used["kv"])
         self.peak_physical = max(self.peak_physical, self.physical)
 
-    def alloc(self, shape: Sequence[int], dtype: torch.dtype, *, kind: str = "kv",
-              charge: Optional[int] = None, what: str = "") -> DeviceBuffer:
+    def alloc(
+        self,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        *,
+        kind: str = "kv",
+        charge: Optional[int] = None,
+        what: str = "",
+    ) -> DeviceBuffer:
         if kind not in ("kv", "staging"):
             raise ValueError(f"kind={kind!r}: kv or staging")
         nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
@@ -177,8 +186,7 @@ class HostPool:
     Each segment is allocated at its exact length, so whole segments (all layers, or one layer) are
     contiguous. Pinned (page-locked) when ``pin`` (CUDA runs), so copies can be asynchronous."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 pin: bool = False):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, pin: bool = False):
         self.shape = (num_layers, 2, num_kv_heads, head_dim)
         self.dtype, self.pin = dtype, pin
         self.segs: Dict[int, torch.Tensor] = {}
@@ -216,17 +224,18 @@ class HostLayers:
     ``[capacity, 2, num_beams, num_kv_heads, head_dim]`` (pinned when ``pin``). ``layer(l)[:s]`` is
     one contiguous range: the first ``s`` tokens of every beam."""
 
-    def __init__(self, capacity: int, num_beams: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, pin: bool = False):
+    def __init__(
+        self, capacity: int, num_beams: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, pin: bool = False
+    ):
         self.shape = (capacity, 2, num_beams, num_kv_heads, head_dim)
         self.dtype, self.pin = dtype, pin
         self.layers: Dict[int, torch.Tensor] = {}
 
-    def layer(self, l: int) -> torch.Tensor:
+    def layer(self, layer: int) -> torch.Tensor:
         """Layer ``l``'s tensor (allocated on first use)."""
-        t = self.layers.get(l)
+        t = self.layers.get(layer)
         if t is None:
-            t = self.layers[l] = torch.empty(self.shape, dtype=self.dtype, pin_memory=self.pin)
+            t = self.layers[layer] = torch.empty(self.shape, dtype=self.dtype, pin_memory=self.pin)
         return t
 
     @property
@@ -242,9 +251,17 @@ class TieredKVStore:
     I/O stall seconds accumulate until :meth:`take_io_stall` (which synchronises the device).
     """
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: Union[str, torch.device], budget: Optional[int], staging_budget: Optional[int] = 0,
-                 streams: Optional[HostStreams] = None):
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: Union[str, torch.device],
+        budget: Optional[int],
+        staging_budget: Optional[int] = 0,
+        streams: Optional[HostStreams] = None,
+    ):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.dtype = dtype
@@ -254,10 +271,10 @@ class TieredKVStore:
         self.d2d_bytes = 0
         self.streams = streams or (CudaStreams(self.device) if self.cuda else HostStreams())
         self.clock = time_basis(self.device)[0]
-        self._io_s = 0.0                                  # CPU: wall seconds of synchronous copies
-        self._stall_events: List[tuple] = []              # CUDA: (start, end) on the compute stream
-        self._written: Dict[Hashable, object] = {}        # host key -> event after its last write-back
-        self._region: Optional[dict] = None               # the open io() region
+        self._io_s = 0.0  # CPU: wall seconds of synchronous copies
+        self._stall_events: List[tuple] = []  # CUDA: (start, end) on the compute stream
+        self._written: Dict[Hashable, object] = {}  # host key -> event after its last write-back
+        self._region: Optional[dict] = None  # the open io() region
 
     # -- streams, ordering and timing --------------------------------------------------------------
     @contextlib.contextmanager
@@ -330,7 +347,7 @@ class TieredKVStore:
     def take_io_stall(self) -> float:
         """Seconds of I/O stall since the last call (synchronises CUDA: call at the end of a step)."""
         self.streams.synchronize()
-        self._written.clear()                # everything issued so far has completed
+        self._written.clear()  # everything issued so far has completed
         if self.cuda:
             s = sum(a.elapsed_time(b) for a, b in self._stall_events) / 1e3
             self._stall_events.clear()
@@ -367,12 +384,15 @@ class TieredKVStore:
     # -- copies (checked, ordered, counted) ----------------------------------------------------------
     def _check_host(self, t: torch.Tensor, what: str) -> None:
         if not t.is_contiguous():
-            raise HostCopyError(f"{what}: the host side (shape {tuple(t.shape)}, stride {t.stride()}) is not "
-                                f"contiguous; PyTorch would gather it through an unpinned temporary. "
-                                f"Copy whole contiguous host ranges")
+            raise HostCopyError(
+                f"{what}: the host side (shape {tuple(t.shape)}, stride {t.stride()}) is not "
+                f"contiguous; PyTorch would gather it through an unpinned temporary. "
+                f"Copy whole contiguous host ranges"
+            )
         if self.cuda and not t.is_pinned():
-            raise HostCopyError(f"{what}: the host side is not pinned (page-locked); the copy would be "
-                                f"staged and block the CPU")
+            raise HostCopyError(
+                f"{what}: the host side is not pinned (page-locked); the copy would be staged and block the CPU"
+            )
 
     def h2d(self, dst: torch.Tensor, src: torch.Tensor, key: Hashable = None) -> None:
         """Load host ``src`` (contiguous; pinned on CUDA) into device ``dst``, inside ``io("h2d")``.
@@ -406,11 +426,15 @@ class TieredKVStore:
         self.d2d_bytes += nbytes_of(src)
 
     # -- group loads (Alg.1 execution: shared prefix blocks once, fanned out on the device) ------
-    def load_paths(self, dst: torch.Tensor, slots: Sequence[int], paths: Sequence[Path],
-                   credits: Optional[Counter] = None,
-                   sources: Optional[Dict[int, Tuple[torch.Tensor, int, int]]] = None,
-                   fan_out: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None
-                   ) -> Dict[int, Tuple[torch.Tensor, int, int]]:
+    def load_paths(
+        self,
+        dst: torch.Tensor,
+        slots: Sequence[int],
+        paths: Sequence[Path],
+        credits: Optional[Counter] = None,
+        sources: Optional[Dict[int, Tuple[torch.Tensor, int, int]]] = None,
+        fan_out: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None,
+    ) -> Dict[int, Tuple[torch.Tensor, int, int]]:
         """Fill each beam's dense device slot with its path's KV (all layers), inside ``io("h2d")``.
 
         dst: ``[num_layers, 2, G, num_kv_heads, capacity, head_dim]``.
@@ -434,7 +458,7 @@ class TieredKVStore:
             for sid, n in path:
                 if n <= 0:
                     continue
-                d = dst[:, :, slot, :, pos:pos + n, :]
+                d = dst[:, :, slot, :, pos : pos + n, :]
                 if credits is None or credits[sid] > 0:
                     self.h2d(d, self.host.get(sid), key=sid)
                     if credits is not None:
@@ -442,14 +466,15 @@ class TieredKVStore:
                     sources.setdefault(sid, (dst, slot, pos))
                 elif sid in sources:
                     t, s_slot, s_pos = sources[sid]
-                    src = t[:, :, s_slot, :, s_pos:s_pos + n, :]
+                    src = t[:, :, s_slot, :, s_pos : s_pos + n, :]
                     if fan_out is None:
                         self.d2d(d, src)
                     else:
                         fan_out.append((d, src))
                 else:
-                    raise PlanMismatch(f"segment {sid} is needed on the device but the plan does not "
-                                       f"load it and no device copy exists")
+                    raise PlanMismatch(
+                        f"segment {sid} is needed on the device but the plan does not load it and no device copy exists"
+                    )
                 pos += n
         return sources
 
@@ -458,9 +483,8 @@ class TieredKVStore:
         for d, src in copies:
             self.d2d(d, src)
 
-    def write_back(self, src: torch.Tensor, slots: Sequence[int], segs: Sequence[int], start: int,
-                   n: int) -> None:
+    def write_back(self, src: torch.Tensor, slots: Sequence[int], segs: Sequence[int], start: int, n: int) -> None:
         """Copy tokens ``[start, start+n)`` of each beam slot of ``src`` (layout as in
         :meth:`load_paths`) to its whole host segment ``segs[i]`` (``n`` tokens), inside ``io("d2h")``."""
         for slot, sid in zip(slots, segs):
-            self.d2h(self.host.get(sid), src[:, :, slot, :, start:start + n, :], key=sid)
+            self.d2h(self.host.get(sid), src[:, :, slot, :, start : start + n, :], key=sid)

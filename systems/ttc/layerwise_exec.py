@@ -9,6 +9,7 @@ each offloaded layer is loaded (its KV from before the step, one copy) into a st
 the previous layer computes; the step's tokens of offloaded layers stay on the device (the *tail*)
 and go to the host in one copy per layer at the step's end. Host keys are ``("layer", l)``.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
@@ -25,9 +26,9 @@ if TYPE_CHECKING:
     from systems.ttc.torch_engine import TorchExecutor
 
 
-def key(l: int) -> Tuple[str, int]:
+def key(layer: int) -> Tuple[str, int]:
     """Host key of an offloaded layer (ordering of its write-backs before its loads)."""
-    return ("layer", l)
+    return ("layer", layer)
 
 
 def token_major(t: torch.Tensor) -> torch.Tensor:
@@ -40,7 +41,7 @@ class LayerwiseExec:
 
     def __init__(self, ex: "TorchExecutor", num_beams: int):
         self.ex, self.N = ex, num_beams
-        self.resident: List[DeviceBuffer] = []         # layer l < L: [2, N, H, cap, D]
+        self.resident: List[DeviceBuffer] = []  # layer l < L: [2, N, H, cap, D]
         self.host = HostLayers(ex.max_len or 0, num_beams, ex.H, ex.D, ex.dtype, pin=ex.cuda)
         self.started = False
 
@@ -59,20 +60,28 @@ class LayerwiseExec:
         else:
             self._evict(L, start)
             self.resident = [ex.ensure_capacity(b, start + T, start, exact=True) for b in self.resident]
-            for b in self.resident:                      # charged as allocated: the whole step
+            for b in self.resident:  # charged as allocated: the whole step
                 b.charge(N * (start + T) * ex.kv_layer_token)
         off = ex.L - L
-        tail = (st.dev.alloc((off, T, 2, N, ex.H, ex.D), ex.dtype, kind="staging",
-                             what=f"step {plan.step} tail of {off} offloaded layers") if off else None)
+        tail = (
+            st.dev.alloc(
+                (off, T, 2, N, ex.H, ex.D),
+                ex.dtype,
+                kind="staging",
+                what=f"step {plan.step} tail of {off} offloaded layers",
+            )
+            if off
+            else None
+        )
         order = ex.slot_order(beams)
-        sb = [beams[i] for i in order]                   # beam at each batch slot
+        sb = [beams[i] for i in order]  # beam at each batch slot
         prov = _LayerwiseKV(self, start, tail)
         toks, lps, last = self._decode(prov, sb, start, T)
         prov.end_token()
-        if tail is not None:                             # the step's tokens of offloaded layers, once
+        if tail is not None:  # the step's tokens of offloaded layers, once
             with st.io("d2h"):
-                for j, l in enumerate(range(L, ex.L)):
-                    st.d2h(self.host.layer(l)[start:start + T], tail.tensor[j], key=key(l))
+                for j, layer in enumerate(range(L, ex.L)):
+                    st.d2h(self.host.layer(layer)[start : start + T], tail.tensor[j], key=key(layer))
                 st.keep_alive(tail.tensor, direction="d2h")
             tail.free()
         inv = torch.as_tensor(np.argsort(order), device=ex.device)
@@ -81,19 +90,18 @@ class LayerwiseExec:
     def _decode(self, prov: "_LayerwiseKV", sb: Sequence[Beam], start: int, T: int):
         ex = self.ex
         cache = GroupCache(prov, ex.L, start)
-        return ex.decode(cache, [b.uid for b in sb], ex.parent_logp(sb), start, T,
-                         on_token=prov.begin_token)
+        return ex.decode(cache, [b.uid for b in sb], ex.parent_logp(sb), start, T, on_token=prov.begin_token)
 
     def _need_host(self, tokens: int) -> None:
         """Grow the host layers' capacity (only when the run did not give ``max_len``)."""
         cap = self.host.shape[0]
         if tokens <= cap:
             return
-        self.ex.store.host_ready(key(l) for l in list(self.host.layers))
+        self.ex.store.host_ready(key(layer) for layer in list(self.host.layers))
         old = self.host
         self.host = HostLayers(tokens, self.N, self.ex.H, self.ex.D, self.ex.dtype, pin=self.ex.cuda)
-        for l, t in old.layers.items():
-            self.host.layer(l)[:cap].copy_(t)
+        for layer, t in old.layers.items():
+            self.host.layer(layer)[:cap].copy_(t)
 
     def _first_step(self, L: int, start: int, T: int, beams: Sequence[Beam]) -> None:
         """Step 0: the prefill's KV (all layers, one beam) fills the resident layers of every beam;
@@ -102,13 +110,13 @@ class LayerwiseExec:
         prompt = ex.take_prompt()
         P = prompt.tensor.shape[-2]
         with st.io("d2h"):
-            for l in range(L, ex.L):
-                src = token_major(prompt.tensor[l]).expand(P, 2, N, ex.H, ex.D)
-                st.d2h(self.host.layer(l)[:P], src, key=key(l))
+            for layer in range(L, ex.L):
+                src = token_major(prompt.tensor[layer]).expand(P, 2, N, ex.H, ex.D)
+                st.d2h(self.host.layer(layer)[:P], src, key=key(layer))
             st.keep_alive(prompt.tensor, direction="d2h")
-        for l in range(L):
-            b = st.dev.alloc((2, N, ex.H, start + T, ex.D), ex.dtype, what=f"layer-wise resident layer {l}")
-            st.d2d(b.tensor[:, :, :, :P], prompt.tensor[l].expand(2, N, ex.H, P, ex.D))
+        for layer in range(L):
+            b = st.dev.alloc((2, N, ex.H, start + T, ex.D), ex.dtype, what=f"layer-wise resident layer {layer}")
+            st.d2d(b.tensor[:, :, :, :P], prompt.tensor[layer].expand(2, N, ex.H, P, ex.D))
             self.resident.append(b)
         prompt.free()
         ex.slot_of = {b.uid: i for i, b in enumerate(beams)}
@@ -116,15 +124,15 @@ class LayerwiseExec:
 
     def _evict(self, L: int, start: int) -> None:
         """Layers ``>= L`` leave residency: their KV (all beams, ``start`` tokens) goes to the host."""
-        ex, st = self.ex, self.ex.store
+        st = self.ex.store
         if L > len(self.resident):
             raise PlanMismatch(f"the plan grows layer residency {len(self.resident)} -> {L}")
         if L == len(self.resident):
             return
         with st.io("d2h"):
-            for l in range(L, len(self.resident)):
-                t = self.resident[l].tensor
-                st.d2h(self.host.layer(l)[:start], token_major(t[:, :, :, :start]), key=key(l))
+            for layer in range(L, len(self.resident)):
+                t = self.resident[layer].tensor
+                st.d2h(self.host.layer(layer)[:start], token_major(t[:, :, :, :start]), key=key(layer))
                 st.keep_alive(t, direction="d2h")
         for b in self.resident[L:]:
             b.free()
@@ -134,15 +142,15 @@ class LayerwiseExec:
     def reorder(self, moves: Sequence[Tuple[int, int]], S: int) -> None:
         """Copy each parent's KV (``S`` tokens) into its new child's slot: resident layers on the
         device, offloaded layers on the host (after their pending write-backs)."""
-        ex, st = self.ex, self.ex.store
+        st = self.ex.store
         for b in self.resident:
             for dst, src in moves:
                 st.d2d(b.tensor[:, dst, :, :S], b.tensor[:, src, :, :S])
-        for l in sorted(self.host.layers):
-            if l < len(self.resident):
+        for layer in sorted(self.host.layers):
+            if layer < len(self.resident):
                 continue
-            with st.cpu_rewrite(key(l)):
-                h = self.host.layer(l)
+            with st.cpu_rewrite(key(layer)):
+                h = self.host.layer(layer)
                 for dst, src in moves:
                     h[:S, :, dst].copy_(h[:S, :, src])
 
@@ -170,31 +178,32 @@ class _LayerwiseKV:
             b.free()
         self.inflight.clear()
 
-    def _load(self, l: int) -> None:
+    def _load(self, layer: int) -> None:
         ex, st, s = self.ex, self.st, self.start
-        buf = st.dev.alloc((s + self.k + 1, 2, self.lw.N, ex.H, ex.D), ex.dtype, kind="staging",
-                           what=f"layer {l} in flight")
+        buf = st.dev.alloc(
+            (s + self.k + 1, 2, self.lw.N, ex.H, ex.D), ex.dtype, kind="staging", what=f"layer {layer} in flight"
+        )
         with st.io("h2d"):
-            st.h2d(buf.tensor[:s], self.lw.host.layer(l)[:s], key=key(l))
-        self.inflight[l] = buf
+            st.h2d(buf.tensor[:s], self.lw.host.layer(layer)[:s], key=key(layer))
+        self.inflight[layer] = buf
 
-    def layer_kv(self, l: int) -> torch.Tensor:
-        if l < self.L:
-            return self.lw.resident[l].tensor
-        for j in [j for j in self.inflight if j < l]:     # the previous offloaded layer is done
+    def layer_kv(self, layer: int) -> torch.Tensor:
+        if layer < self.L:
+            return self.lw.resident[layer].tensor
+        for j in [j for j in self.inflight if j < layer]:  # the previous offloaded layer is done
             self.inflight.pop(j).free()
-        if l not in self.inflight:
-            self._load(l)
-        buf = self.inflight[l].tensor
+        if layer not in self.inflight:
+            self._load(layer)
+        buf = self.inflight[layer].tensor
         self.st.wait_loads(buf)
-        if self.k:                                       # the step's earlier tokens, kept on the device
-            self.st.d2d(buf[self.start:self.start + self.k], self.tail.tensor[l - self.L, :self.k])
-        if l + 1 < self.ex.L:
-            self._load(l + 1)                            # prefetch the next layer
-        return buf.permute(1, 2, 3, 0, 4)                # [2, N, H, s + 1, D] view
+        if self.k:  # the step's earlier tokens, kept on the device
+            self.st.d2d(buf[self.start : self.start + self.k], self.tail.tensor[layer - self.L, : self.k])
+        if layer + 1 < self.ex.L:
+            self._load(layer + 1)  # prefetch the next layer
+        return buf.permute(1, 2, 3, 0, 4)  # [2, N, H, s + 1, D] view
 
-    def layer_done(self, l: int, start: int, q: int) -> None:
-        if l < self.L:
+    def layer_done(self, layer: int, start: int, q: int) -> None:
+        if layer < self.L:
             return
         pos = self.start + self.k
-        self.st.d2d(self.tail.tensor[l - self.L, self.k:self.k + q], self.inflight[l].tensor[pos:pos + q])
+        self.st.d2d(self.tail.tensor[layer - self.L, self.k : self.k + q], self.inflight[layer].tensor[pos : pos + q])

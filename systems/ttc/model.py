@@ -6,6 +6,7 @@ weights from a seeded init (``weights: random``), or a local checkpoint director
 model's KV geometry (layers, KV heads, head dim) is checked against ours so that the bytes the
 analytic model (LBS Eq.1-5) and the plans predict are the bytes the engine moves.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,7 @@ import torch
 
 from systems.ttc.plan import KVGeometry
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-          "float64": torch.float64}
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 SUPPORTED = ("opt", "llama", "qwen2")
 
 
@@ -35,10 +35,12 @@ def hf_config_kwargs(mcfg) -> Dict[str, Any]:
 
     Raises ValueError for a model type we do not map (allowed: opt, llama, qwen2)."""
     from harness.model_facts import hf_config_dict
+
     t = mcfg.hf_model_type
     if t not in SUPPORTED:
-        raise ValueError(f"model.hf_model_type={t!r} is not allowed for the torch engine: one of "
-                         f"{', '.join(SUPPORTED)}")
+        raise ValueError(
+            f"model.hf_model_type={t!r} is not allowed for the torch engine: one of {', '.join(SUPPORTED)}"
+        )
     try:
         d = hf_config_dict(mcfg)
     except ValueError as e:
@@ -60,19 +62,22 @@ def kv_geometry_of(model) -> KVGeometry:
 def check_geometry(model, mcfg, dtype: torch.dtype) -> KVGeometry:
     """Raise ModelGeometryError unless the built model's layers, KV heads and head dim equal ours."""
     g = kv_geometry_of(model)
-    want = KVGeometry(int(mcfg.num_layers), int(mcfg.num_kv_heads), int(mcfg.head_dim),
-                      torch.empty((), dtype=dtype).element_size())
+    want = KVGeometry(
+        int(mcfg.num_layers), int(mcfg.num_kv_heads), int(mcfg.head_dim), torch.empty((), dtype=dtype).element_size()
+    )
     if g != want:
         raise ModelGeometryError(
             f"model {mcfg.name}: built {type(model).__name__} has KV geometry (layers={g.num_layers}, "
             f"kv_heads={g.num_kv_heads}, head_dim={g.head_dim}, bytes/elem={g.dtype_bytes}) but "
             f"conf/model says (layers={want.num_layers}, kv_heads={want.num_kv_heads}, "
-            f"head_dim={want.head_dim}, bytes/elem={want.dtype_bytes})")
+            f"head_dim={want.head_dim}, bytes/elem={want.dtype_bytes})"
+        )
     return g
 
 
-def build_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: str | None = None,
-                attn_implementation: str = "sdpa"):
+def build_model(
+    mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: str | None = None, attn_implementation: str = "sdpa"
+):
     """Build the causal LM of ``mcfg`` in eval mode on ``device``; returns ``(model, KVGeometry)``
     (``systems.ttc.plan.KVGeometry`` read off the built model: ``kv_layer_token`` is LBS's ``KV``).
 
@@ -100,13 +105,18 @@ def build_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: 
             model = AutoModelForCausalLM.from_config(hf_cfg, dtype=dt, attn_implementation=attn_implementation)
     else:
         if not os.path.isdir(weights):
-            raise FileNotFoundError(f"model.weights={weights!r}: not a local checkpoint directory "
-                                    f"(use 'random' or a path; nothing is downloaded)")
-        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dt, local_files_only=True,
-                                                     attn_implementation=attn_implementation)
+            raise FileNotFoundError(
+                f"model.weights={weights!r}: not a local checkpoint directory "
+                f"(use 'random' or a path; nothing is downloaded)"
+            )
+        model = AutoModelForCausalLM.from_pretrained(
+            weights, dtype=dt, local_files_only=True, attn_implementation=attn_implementation
+        )
         if model.config.model_type != mcfg.hf_model_type:
-            raise ModelGeometryError(f"model.weights={weights!r} is a {model.config.model_type!r} checkpoint, "
-                                     f"conf/model says hf_model_type={mcfg.hf_model_type!r}")
+            raise ModelGeometryError(
+                f"model.weights={weights!r} is a {model.config.model_type!r} checkpoint, "
+                f"conf/model says hf_model_type={mcfg.hf_model_type!r}"
+            )
     model = model.to(device).eval()
     model.requires_grad_(False)
     geom = check_geometry(model, mcfg, dt)
@@ -114,7 +124,7 @@ def build_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: 
 
 
 _SHARED: Dict[str, Any] = {}
-BUILDS = {"count": 0}             # models built by shared_model in this process (tests read it)
+BUILDS = {"count": 0}  # models built by shared_model in this process (tests read it)
 
 
 def shared_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype: str | None = None):
@@ -122,10 +132,11 @@ def shared_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype:
     and shared by every run that asks for it (the torch executor, ``hf_offload``, the runs of
     ``scripts/gpu_validate.py``). One model is kept: asking for another replaces it."""
     import json
+
     conf = mcfg if isinstance(mcfg, dict) else _plain(mcfg)
     key = json.dumps([conf, str(torch.device(device)), int(seed), dtype], sort_keys=True, default=str)
     if key not in _SHARED:
-        _SHARED.clear()                   # drop the previous model before building the next
+        _SHARED.clear()  # drop the previous model before building the next
         _SHARED[key] = build_model(mcfg, device, seed, dtype)
         BUILDS["count"] += 1
     return _SHARED[key]
@@ -133,6 +144,7 @@ def shared_model(mcfg, device: str | torch.device = "cpu", seed: int = 0, dtype:
 
 def _plain(mcfg) -> Dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
+
     if isinstance(mcfg, DictConfig):
         return OmegaConf.to_container(mcfg, resolve=True)
     return dict(mcfg)

@@ -26,6 +26,7 @@ Byte accounting (``kv_token`` = KV bytes of one token of one beam over all layer
   tokens, and write the T new tokens back (host copy authoritative). When all beams fit for the
   whole request, LBS keeps everything resident and moves nothing, like in_gpu.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,15 +35,21 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from harness.model_facts import dtype_bytes
-from systems.ttc.beamset import (PrefixOrder, consecutive_groups, group_capacity, group_sizes, prefetch_count,
-                                 union_tokens)
+from systems.ttc.beamset import (
+    PrefixOrder,
+    consecutive_groups,
+    group_capacity,
+    group_sizes,
+    prefetch_count,
+    union_tokens,
+)
 from systems.ttc.tree import Beam, BeamTree
-
 
 
 @dataclass(frozen=True)
 class KVGeometry:
     """KV shape of a model. ``kv_layer_token`` = 2 * n_kv_heads * head_dim * bytes (the paper's KV)."""
+
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -50,8 +57,7 @@ class KVGeometry:
 
     @classmethod
     def from_model(cls, model_cfg) -> "KVGeometry":
-        return cls(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim,
-                   dtype_bytes(model_cfg.dtype))
+        return cls(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim, dtype_bytes(model_cfg.dtype))
 
     @property
     def kv_layer_token(self) -> int:
@@ -65,35 +71,36 @@ class KVGeometry:
 @dataclass
 class GroupPlan:
     """One group of an LBS step. ``beams`` index the step's live beams (rating order)."""
+
     beams: List[int]
     load_blocks: Optional[List[int]]  # segment ids loaded host->device, repeats = per-beam loads;
-                                      # None when the scheduler lists none (list_blocks=False)
-    load_bytes: int                   # host->device bytes, all layers
-    writeback_bytes: int              # device->host bytes (the step's new tokens)
-    prefetch_beams: int = 0           # beams of the next group loaded into free slots meanwhile
-    prefetch_bytes: int = 0           # their share of the next group's load_bytes
-    device_bytes: int = 0             # peak device KV bytes while this group runs
+    # None when the scheduler lists none (list_blocks=False)
+    load_bytes: int  # host->device bytes, all layers
+    writeback_bytes: int  # device->host bytes (the step's new tokens)
+    prefetch_beams: int = 0  # beams of the next group loaded into free slots meanwhile
+    prefetch_bytes: int = 0  # their share of the next group's load_bytes
+    device_bytes: int = 0  # peak device KV bytes while this group runs
 
 
 @dataclass
 class StepPlan:
     step: int
-    start: int                        # s: tokens cached per beam at the step's start
-    tokens: int                       # T: tokens decoded this step
+    start: int  # s: tokens cached per beam at the step's start
+    tokens: int  # T: tokens decoded this step
     scheduler: str
     num_beams: int
-    capacity: int = 0                 # LBS group capacity B (beams)
+    capacity: int = 0  # LBS group capacity B (beams)
     groups: List[GroupPlan] = field(default_factory=list)
-    resident: bool = False            # everything stays on the device (in_gpu, or LBS when it fits)
-    layers_resident: Optional[np.ndarray] = None   # layerwise: L per token t of the step
+    resident: bool = False  # everything stays on the device (in_gpu, or LBS when it fits)
+    layers_resident: Optional[np.ndarray] = None  # layerwise: L per token t of the step
     layer_load_bytes: Optional[np.ndarray] = None  # layerwise: host->device bytes of one offloaded layer, per token
-    evict_bytes: int = 0              # layerwise: device->host bytes of layers leaving residency (step start)
-    writeback_bytes: int = 0          # layerwise: device->host bytes of the step tail (step end)
+    evict_bytes: int = 0  # layerwise: device->host bytes of layers leaving residency (step start)
+    writeback_bytes: int = 0  # layerwise: device->host bytes of the step tail (step end)
     h2d_bytes: int = 0
     d2h_bytes: int = 0
-    device_bytes: int = 0             # peak device bytes charged during the step (KV + staging)
-    staging_bytes: int = 0            # staging allowance beyond the KV budget: layer-wise's layers in
-                                      # flight and step tail; the prefill's copy of the prompt at step 0
+    device_bytes: int = 0  # peak device bytes charged during the step (KV + staging)
+    staging_bytes: int = 0  # staging allowance beyond the KV budget: layer-wise's layers in
+    # flight and step tail; the prefill's copy of the prompt at step 0
 
     @property
     def num_groups(self) -> int:
@@ -114,14 +121,24 @@ class Scheduler:
     executor that copies blocks; the simulator needs only their bytes (False: the plan of a step
     then costs O(beams), not O(blocks)). The bytes are the same either way."""
 
-    def __init__(self, kind: str, geom: KVGeometry, budget: Optional[int], *, inter_beam: bool = True,
-                 prefetch: bool = True, prompt_len: int, gen_len: int, list_blocks: bool = True):
+    def __init__(
+        self,
+        kind: str,
+        geom: KVGeometry,
+        budget: Optional[int],
+        *,
+        inter_beam: bool = True,
+        prefetch: bool = True,
+        prompt_len: int,
+        gen_len: int,
+        list_blocks: bool = True,
+    ):
         self.kind, self.geom, self.budget = kind, geom, budget
         self.inter_beam, self.prefetch = inter_beam, prefetch
         self.prompt_len, self.gen_len = prompt_len, gen_len
         self.list_blocks = list_blocks
         self._prev_L: Optional[int] = None
-        self._order = PrefixOrder()            # LBS inter-beam: DFS order of the beams, step to step
+        self._order = PrefixOrder()  # LBS inter-beam: DFS order of the beams, step to step
 
     # -- whole-request checks ------------------------------------------------------------------
     def full_kv_bytes(self, num_beams: int) -> int:
@@ -147,11 +164,13 @@ class Scheduler:
         O(1) in the number of beams: called before any per-beam state exists."""
         P, G, g = self.prompt_len, self.gen_len, self.geom
         if self.kind == "layerwise":
-            L = min(g.num_layers, self.budget // (num_beams * (P + G) * g.kv_layer_token))   # Eq.1 at P+G-1, in Python ints
+            L = min(
+                g.num_layers, self.budget // (num_beams * (P + G) * g.kv_layer_token)
+            )  # Eq.1 at P+G-1, in Python ints
             return (g.num_layers - L) * num_beams * (P + G) * g.kv_layer_token
         if self.kind != "lbs" or self.fits_whole_request(num_beams):
             return 0
-        k = -(-G // step)                                   # steps
+        k = -(-G // step)  # steps
         last = max((i * beam_size * step + num_beams * min(step, G - i * step) for i in {max(k - 2, 0), k - 1}))
         return (P + last) * g.kv_token
 
@@ -182,8 +201,7 @@ class Scheduler:
         off = g.num_layers - L
         prev = g.num_layers if self._prev_L is None else self._prev_L
         if L > prev:
-            raise ValueError(f"step {p.step}: layer residency grows {prev} -> {L} (it only shrinks as "
-                             f"sequences grow)")
+            raise ValueError(f"step {p.step}: layer residency grows {prev} -> {L} (it only shrinks as sequences grow)")
         self._prev_L = L
         p.layers_resident = np.full(tokens, L, dtype=np.int64)
         p.layer_load_bytes = np.full(tokens, n * start * kvl, dtype=np.int64)
@@ -191,7 +209,7 @@ class Scheduler:
         p.evict_bytes = (prev - L) * n * start * kvl
         p.writeback_bytes = off * n * tokens * kvl
         p.d2h_bytes = p.evict_bytes + p.writeback_bytes
-        resident = L * n * (start + tokens) * kvl          # allocated for the whole step
+        resident = L * n * (start + tokens) * kvl  # allocated for the whole step
         in_flight = min(off, 2) * n * (start + tokens) * kvl  # the layer computing + the next (last token)
         tail = off * n * tokens * kvl
         charged = max(in_flight + tail, self._prompt_transient(p.step))
@@ -206,29 +224,37 @@ class Scheduler:
         prompt's copy (one beam, all layers) is alive while the beams' buffers are filled from it."""
         return self.prompt_len * self.geom.kv_token if step == 0 else 0
 
-    def _plan_lbs(self, p: StepPlan, tree: BeamTree, beams: Sequence[Beam], start: int,
-                  tokens: int) -> StepPlan:
+    def _plan_lbs(self, p: StepPlan, tree: BeamTree, beams: Sequence[Beam], start: int, tokens: int) -> StepPlan:
         n, kv = len(beams), self.geom.kv_token
         per_beam = (start + tokens) * kv
         cap = group_capacity(n, self.budget, per_beam)
         if cap < 1:
             from harness.errors import RunOOM
-            raise RunOOM(f"step {p.step}: one beam's KV ({per_beam} B at {start + tokens} tokens) "
-                         f"exceeds the KV budget ({self.budget} B)")
+
+            raise RunOOM(
+                f"step {p.step}: one beam's KV ({per_beam} B at {start + tokens} tokens) "
+                f"exceeds the KV budget ({self.budget} B)"
+            )
         sizes = group_sizes(n, cap, balanced=self.prefetch)
-        if self.inter_beam:                   # each shared segment once per group
+        if self.inter_beam:  # each shared segment once per group
             order, shared = self._order.update(tree, beams, start)
             tokens_of = union_tokens(start, shared)
-        else:                                 # every beam its whole prefix, in rating order
+        else:  # every beam its whole prefix, in rating order
             order, shared = np.arange(n), np.zeros(n, dtype=np.int64)
-            tokens_of = lambda a, b: (b - a) * start        # noqa: E731
-        bounds = np.cumsum([0] + sizes).tolist()             # group i: DFS positions bounds[i]..bounds[i+1]-1
+            tokens_of = lambda a, b: (b - a) * start  # noqa: E731
+        bounds = np.cumsum([0] + sizes).tolist()  # group i: DFS positions bounds[i]..bounds[i+1]-1
         groups = []
         for a, b, members in zip(bounds, bounds[1:], consecutive_groups(order, sizes)):
             blocks = self._load_blocks(tree, beams, members, shared[a:b]) if self.list_blocks else None
-            groups.append(GroupPlan(beams=members, load_blocks=blocks, load_bytes=tokens_of(a, b) * kv,
-                                    writeback_bytes=len(members) * tokens * kv,
-                                    device_bytes=len(members) * per_beam))
+            groups.append(
+                GroupPlan(
+                    beams=members,
+                    load_blocks=blocks,
+                    load_bytes=tokens_of(a, b) * kv,
+                    writeback_bytes=len(members) * tokens * kv,
+                    device_bytes=len(members) * per_beam,
+                )
+            )
         for i, gp in enumerate(groups):
             if self.prefetch and i + 1 < len(groups):
                 # the next group's first k beams, loaded into this group's free slots meanwhile

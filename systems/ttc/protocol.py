@@ -4,6 +4,7 @@ The runner (``systems.ttc.runner``) builds a :class:`systems.ttc.plan.StepPlan` 
 to an :class:`Executor`: ``sim.SimExecutor`` (simulated) or ``torch_engine.TorchExecutor`` (real).
 Executors carry plans out and report a :class:`StepOutcome`; they decide nothing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,15 +23,16 @@ class StepOutcome:
 
     compute_s + io_stall_s is the step's end-to-end time: on the real engine, the wall time between
     the step's start and its final synchronisation, split by the measured I/O stall."""
-    logprob_delta: np.ndarray                 # [N] sum of log-probs of this step's tokens
+
+    logprob_delta: np.ndarray  # [N] sum of log-probs of this step's tokens
     tokens: Optional[List[List[int]]] = None  # [N][T] sampled tokens (real engine)
     compute_s: float = 0.0
     io_stall_s: float = 0.0
     other_s: float = 0.0
     h2d_bytes: int = 0
     d2h_bytes: int = 0
-    peak_device_bytes: int = 0                # charged (KV + staging), comparable with the plan's
-    peak_physical_bytes: int = 0              # bytes of live device KV tensors (real engine)
+    peak_device_bytes: int = 0  # charged (KV + staging), comparable with the plan's
+    peak_physical_bytes: int = 0  # bytes of live device KV tensors (real engine)
     group_rows: List[dict] = field(default_factory=list)
 
 
@@ -40,6 +42,7 @@ class EnergyWindow:
     expand. ``energy_j`` None = not measured (``reason`` says why; never recorded as 0).
     ``io_stall_j``: the part drawn while waiting on PCIe (simulator only; None on a real GPU, whose
     NVML counter does not split a window)."""
+
     energy_j: Optional[float]
     io_stall_j: Optional[float] = None
     reason: str = ""
@@ -50,8 +53,8 @@ class Executor(Protocol):
     """Carries out the plans of one run (LBS paper Alg.1 execution); see ``torch_engine``'s module doc."""
 
     simulated: bool
-    clock: Callable[[], float]          # the time basis of measured seconds (real executors)
-    energy_source: Optional[str]        # how energy is obtained (simulated model / NVML), None = not at all
+    clock: Callable[[], float]  # the time basis of measured seconds (real executors)
+    energy_source: Optional[str]  # how energy is obtained (simulated model / NVML), None = not at all
 
     def warmup(self, prompt_tokens: Sequence[int], num_beams: int) -> float:
         """Run the model once outside the measurement (lazy initialisation, kernel selection);

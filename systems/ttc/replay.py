@@ -7,6 +7,7 @@ length and temperature decided which beams were kept) and where it ran (backend,
 profile). A replay whose configuration differs in any of those fields is a ConfigError before any
 work, naming each field with its recorded and given value.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,10 +19,16 @@ from harness.errors import ConfigError
 
 FILE = "beam_tree.json"
 # field in beam_tree.json -> (config section, key); the search a replay repeats depends on each
-SEARCH_FIELDS = {"model": ("model", "name"), "seed": (None, "seed"), "beams": ("workload", "beams"),
-                 "beam_width": ("workload", "beam_width"), "step": ("workload", "step"),
-                 "gen_len": ("workload", "gen_len"), "prompt_len": ("workload", "prompt_len"),
-                 "temperature": ("workload", "temperature")}
+SEARCH_FIELDS = {
+    "model": ("model", "name"),
+    "seed": (None, "seed"),
+    "beams": ("workload", "beams"),
+    "beam_width": ("workload", "beam_width"),
+    "step": ("workload", "step"),
+    "gen_len": ("workload", "gen_len"),
+    "prompt_len": ("workload", "prompt_len"),
+    "temperature": ("workload", "temperature"),
+}
 
 
 def _given(cfg, field: str) -> Any:
@@ -31,9 +38,14 @@ def _given(cfg, field: str) -> Any:
 
 def tree_record(cfg, backend, kept_log: List[dict]) -> Dict[str, Any]:
     """The content of ``beam_tree.json`` for a run of ``cfg`` on ``backend`` (harness.backend.Backend)."""
-    return {**{f: _given(cfg, f) for f in SEARCH_FIELDS},
-            "backend": backend.name, "device": backend.device, "simulated": backend.simulated,
-            "hardware_profile": cfg.hardware.name, "steps": kept_log}
+    return {
+        **{f: _given(cfg, f) for f in SEARCH_FIELDS},
+        "backend": backend.name,
+        "device": backend.device,
+        "simulated": backend.simulated,
+        "hardware_profile": cfg.hardware.name,
+        "steps": kept_log,
+    }
 
 
 def load_beam_tree(path, cfg) -> Tuple[List[List[int]], Dict[str, Any]]:
@@ -48,17 +60,26 @@ def load_beam_tree(path, cfg) -> Tuple[List[List[int]], Dict[str, Any]]:
         doc = json.loads(p.read_text())
         steps = [[int(u) for u in s["kept"]] for s in doc["steps"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"system.replay_tree={str(path)!r} is not a readable beam tree ({e}); "
-                          f"record one with system.record_tree=true") from None
-    diff = [f"{f}: recorded {doc[f]!r}, given {_given(cfg, f)!r}"
-            for f in SEARCH_FIELDS if f in doc and doc[f] != _given(cfg, f)]
+        raise ConfigError(
+            f"system.replay_tree={str(path)!r} is not a readable beam tree ({e}); "
+            f"record one with system.record_tree=true"
+        ) from None
+    diff = [
+        f"{f}: recorded {doc[f]!r}, given {_given(cfg, f)!r}"
+        for f in SEARCH_FIELDS
+        if f in doc and doc[f] != _given(cfg, f)
+    ]
     if diff:
-        raise ConfigError(f"system.replay_tree={str(path)!r} was recorded with another search "
-                          f"configuration ({'; '.join(diff)}); replay it with the recorded values")
+        raise ConfigError(
+            f"system.replay_tree={str(path)!r} was recorded with another search "
+            f"configuration ({'; '.join(diff)}); replay it with the recorded values"
+        )
     n_steps = math.ceil(cfg.workload.gen_len / cfg.workload.step)
     if len(steps) != n_steps - 1:
-        raise ConfigError(f"system.replay_tree={str(path)!r} has {len(steps)} step transitions; this "
-                          f"configuration needs {n_steps - 1} (same beams, step and gen_len)")
+        raise ConfigError(
+            f"system.replay_tree={str(path)!r} has {len(steps)} step transitions; this "
+            f"configuration needs {n_steps - 1} (same beams, step and gen_len)"
+        )
     return steps, doc
 
 
@@ -71,8 +92,11 @@ def replay_note(path, doc: Dict[str, Any], cfg, backend) -> str:
         where = f"on the simulated '{doc['hardware_profile']}' profile"
     else:
         where = f"on the real {doc['backend']} engine, {doc['device'].upper()} (measured)"
-    here = (f"this run simulates the '{cfg.hardware.name}' hardware profile" if backend.simulated
-            else f"this run measures the real {backend.name} engine on {backend.device.upper()}")
+    here = (
+        f"this run simulates the '{cfg.hardware.name}' hardware profile"
+        if backend.simulated
+        else f"this run measures the real {backend.name} engine on {backend.device.upper()}"
+    )
     note = f"replayed the beam tree of {path} recorded {where}; {here}"
     if backend.simulated and "backend" in doc:
         if doc["simulated"]:
@@ -82,6 +106,7 @@ def replay_note(path, doc: Dict[str, Any], cfg, backend) -> str:
         else:
             same, match = cfg.hardware.kind == "gpu", "the recorded GPU's profile"
         if not same:
-            note += (f": its times and energy are not comparable with the recorded run's (to compare, "
-                     f"replay with {match})")
+            note += (
+                f": its times and energy are not comparable with the recorded run's (to compare, replay with {match})"
+            )
     return note

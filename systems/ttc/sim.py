@@ -29,6 +29,7 @@ Cost model (per decoder layer, per forward launch; ``b`` beams, ``s`` cached tok
   power (assumption: copy-engine power is not modelled). A profile without a ``power:`` model
   records energy as unavailable with the reason, never 0 (:class:`systems.ttc.protocol.EnergyWindow`).
 """
+
 from __future__ import annotations
 
 import time
@@ -63,8 +64,7 @@ def copies_overlap(hw) -> bool:
     return str(hw.get("kind", "gpu")) != "cpu"
 
 
-def group_time(load_s: float, compute_s: float, prefetch_s: float, writeback_s: float,
-               overlap: bool = True) -> float:
+def group_time(load_s: float, compute_s: float, prefetch_s: float, writeback_s: float, overlap: bool = True) -> float:
     """Seconds of one LBS group (LBS paper Alg.1 with prefetch): its load not prefetched by the group
     before (``load_s``) is waited for, then it computes while the next group's first beams are
     prefetched (``prefetch_s``, one copy engine) and its new tokens are written back (``writeback_s``,
@@ -81,9 +81,10 @@ class ClockPower:
 
     def __init__(self, hw, model):
         from systems.serving.gpu_model import StageModel
+
         self.stage = StageModel(model, hw, 1, 1)
         self.clock_mhz = float(hw.clock_default_mhz or hw.clock_max_mhz)
-        self.idle_w = float(self.stage.idle_power(self.clock_mhz))    # P_idle(f): launch gaps, I/O stalls
+        self.idle_w = float(self.stage.idle_power(self.clock_mhz))  # P_idle(f): launch gaps, I/O stalls
 
     def busy_w(self, compute_frac):
         """P_busy(f, r) of kernels with compute-bound share ``r`` (scalar or array)."""
@@ -93,10 +94,13 @@ class ClockPower:
 def clock_power(hw, model) -> Tuple[Optional[ClockPower], str]:
     """(the profile's power model at its default clock, "") or (None, why energy is unavailable)."""
     from systems.serving.gpu_model import POWER_KEYS
+
     missing = [k for k in POWER_KEYS if k not in (hw.get("power") or {})]
     if missing or not (hw.get("clock_default_mhz") or hw.get("clock_max_mhz")):
-        return None, (f"energy unavailable: hardware={hw.name} has no fitted power model (power: lacks "
-                      f"{missing or 'nothing'}; clock_default_mhz={hw.get('clock_default_mhz')})")
+        return None, (
+            f"energy unavailable: hardware={hw.name} has no fitted power model (power: lacks "
+            f"{missing or 'nothing'}; clock_default_mhz={hw.get('clock_default_mhz')})"
+        )
     return ClockPower(hw, model), ""
 
 
@@ -163,7 +167,7 @@ class SimExecutor:
     """Carries out StepPlans on a simulated GPU (a :class:`systems.ttc.protocol.Executor`)."""
 
     simulated = True
-    clock = staticmethod(time.perf_counter)      # unused: the simulator charges, it does not measure
+    clock = staticmethod(time.perf_counter)  # unused: the simulator charges, it does not measure
 
     def __init__(self, hw, model_cfg, seed: int):
         power, self.energy_reason = clock_power(hw, model_cfg)
@@ -172,9 +176,8 @@ class SimExecutor:
         self.seed = seed
         self.hw = hw
         self.overlap = copies_overlap(hw)
-        self.energy_source = (f"simulated power model at {power.clock_mhz:,.0f} MHz"
-                              if power is not None else None)
-        self._window = [0.0, 0.0]          # joules charged since the last step_energy(): all, I/O stall
+        self.energy_source = f"simulated power model at {power.clock_mhz:,.0f} MHz" if power is not None else None
+        self._window = [0.0, 0.0]  # joules charged since the last step_energy(): all, I/O stall
 
     def warmup(self, prompt_tokens: Sequence[int], num_beams: int) -> float:
         """Nothing to warm up in a cost model."""
@@ -191,8 +194,9 @@ class SimExecutor:
         d2h = n * self.geom.kv_token if offload else 0
         t, e = self.cost.prefill(n)
         self._charge(e)
-        return StepOutcome(np.zeros(0), compute_s=float(t), d2h_bytes=d2h,
-                           io_stall_s=0.0, peak_device_bytes=n * self.geom.kv_token)
+        return StepOutcome(
+            np.zeros(0), compute_s=float(t), d2h_bytes=d2h, io_stall_s=0.0, peak_device_bytes=n * self.geom.kv_token
+        )
 
     def execute_step(self, plan: StepPlan, tree: BeamTree, beams: Sequence[Beam]) -> StepOutcome:
         c, L = self.cost, self.geom.num_layers
@@ -204,27 +208,29 @@ class SimExecutor:
             out.compute_s = float(np.sum(L * comp) + T * head)
             energy = np.sum(L * e_comp) + T * e_head
         elif plan.scheduler == "layerwise":
-            Lr = plan.layers_resident                                 # [T]
+            Lr = plan.layers_resident  # [T]
             off = L - Lr
-            (comp, e_comp), (head, e_head) = c.layer_decode(n, s), c.head(n)      # [T] one layer
-            tail, e_tail = c.d2d(n * np.arange(T) * self.geom.kv_layer_token)    # the step tail
+            (comp, e_comp), (head, e_head) = c.layer_decode(n, s), c.head(n)  # [T] one layer
+            tail, e_tail = c.d2d(n * np.arange(T) * self.geom.kv_layer_token)  # the step tail
             comp_off = comp + tail
-            load = c.h2d(plan.layer_load_bytes)                       # [T] one offloaded layer
+            load = c.h2d(plan.layer_load_bytes)  # [T] one offloaded layer
             t_res = Lr * comp
-            if self.overlap:   # first offloaded layer prefetched during the resident layers, then pipelined
-                t_off = np.where(off > 0, np.maximum(t_res, load) - t_res + (off - 1) * np.maximum(comp_off, load)
-                                 + comp_off, 0.0)
-            else:              # each offloaded layer's load, then its compute
+            if self.overlap:  # first offloaded layer prefetched during the resident layers, then pipelined
+                t_off = np.where(
+                    off > 0, np.maximum(t_res, load) - t_res + (off - 1) * np.maximum(comp_off, load) + comp_off, 0.0
+                )
+            else:  # each offloaded layer's load, then its compute
                 t_off = off * (load + comp_off)
             total = t_res + t_off + head
             out.compute_s = float(np.sum(Lr * comp + off * comp_off) + T * head)
-            out.io_stall_s = (max(0.0, float(np.sum(total)) - out.compute_s)
-                              + c.d2h(plan.evict_bytes) + c.d2h(plan.writeback_bytes))
+            out.io_stall_s = (
+                max(0.0, float(np.sum(total)) - out.compute_s) + c.d2h(plan.evict_bytes) + c.d2h(plan.writeback_bytes)
+            )
             energy = np.sum(Lr * e_comp + off * (e_comp + e_tail)) + T * e_head
         else:  # lbs groups
             t, comp_total, energy = 0.0, 0.0, 0.0
-            carried = 0.0          # bytes of this group already prefetched by the previous one
-            comp_of = {}           # (compute s, J) per group size (balanced groups: two sizes)
+            carried = 0.0  # bytes of this group already prefetched by the previous one
+            comp_of = {}  # (compute s, J) per group size (balanced groups: two sizes)
             for gp in plan.groups:
                 b = len(gp.beams)
                 load_s = c.h2d(gp.load_bytes - carried)
@@ -235,9 +241,16 @@ class SimExecutor:
                 pf_s = c.h2d(gp.prefetch_bytes)
                 wb_s = c.d2h(gp.writeback_bytes)
                 g_time = group_time(load_s, comp, pf_s, wb_s, self.overlap)
-                out.group_rows.append({"step": plan.step, "beams": b, "load_bytes": gp.load_bytes,
-                                       "prefetch_bytes": gp.prefetch_bytes, "compute_s": comp,
-                                       "time_s": g_time})
+                out.group_rows.append(
+                    {
+                        "step": plan.step,
+                        "beams": b,
+                        "load_bytes": gp.load_bytes,
+                        "prefetch_bytes": gp.prefetch_bytes,
+                        "compute_s": comp,
+                        "time_s": g_time,
+                    }
+                )
                 t += g_time
                 comp_total += comp
                 energy += e_comp

@@ -17,6 +17,7 @@ Log entries (tuples): ``("copy", stream, key)``, ``("write", stream, key)``,
 ``("wait_stream", waiter, waited)``; on the CPU itself (stream ``host``): ``("host_wait", "host",
 event_id)``, ``("sync", "host")`` and the CPU's own reads/writes of host ranges.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -82,11 +83,15 @@ class CudaStreams(HostStreams):
 
     def __init__(self, device, record: bool = False):
         import torch
+
         super().__init__(record)
         self._torch = torch
         self.device = device
-        self.streams = {"compute": torch.cuda.current_stream(device),
-                        "h2d": torch.cuda.Stream(device), "d2h": torch.cuda.Stream(device)}
+        self.streams = {
+            "compute": torch.cuda.current_stream(device),
+            "h2d": torch.cuda.Stream(device),
+            "d2h": torch.cuda.Stream(device),
+        }
         self._event_ids: Dict[int, int] = {}
 
     def __getitem__(self, name: str):
@@ -130,7 +135,7 @@ def ordering_violations(log: List[tuple]) -> List[str]:
     Entries on the ``host`` stream are the CPU itself: everything issued after them happens after.
     Returns one line per violation (empty: every read-after-write is ordered)."""
     last_on: Dict[str, int] = {}
-    anc: List[int] = []                 # bitset of the ops each op happens after
+    anc: List[int] = []  # bitset of the ops each op happens after
     event_node: Dict[int, int] = {}
     out, last_write = [], {}
     for i, entry in enumerate(log):
@@ -154,8 +159,7 @@ def ordering_violations(log: List[tuple]) -> List[str]:
             last_write[entry[2]] = i
         elif kind == "copy" and entry[2] in last_write and not (bits >> last_write[entry[2]]) & 1:
             w = last_write[entry[2]]
-            out.append(f"load of {entry[2]!r} on {stream} (op {i}) may overtake its write on "
-                       f"{log[w][1]} (op {w})")
+            out.append(f"load of {entry[2]!r} on {stream} (op {i}) may overtake its write on {log[w][1]} (op {w})")
     return out
 
 

@@ -63,17 +63,17 @@ seeded by ``mix64(seed, beam uid, absolute position)``, never by batch slot, so 
 cannot change the search (tested). The first token of a step is drawn from the parent's last
 next-token distribution (the prompt's for step 0).
 """
+
 from __future__ import annotations
 
-import time
 from collections import Counter
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from systems.ttc.cache import DenseKV, GroupCache
 from harness.meters import time_basis
+from systems.ttc.cache import DenseKV, GroupCache
 from systems.ttc.kvstore import DeviceBuffer, KVBudgetExceeded, PlanMismatch, TieredKVStore
 from systems.ttc.layerwise_exec import LayerwiseExec
 from systems.ttc.model import shared_model
@@ -81,7 +81,7 @@ from systems.ttc.plan import StepPlan
 from systems.ttc.protocol import EnergyWindow, StepOutcome
 from systems.ttc.tree import Beam, BeamTree, mix64
 
-ROOT = -1          # key of the prompt's next-token distribution (parent of step-0 beams)
+ROOT = -1  # key of the prompt's next-token distribution (parent of step-0 beams)
 _MASK63 = (1 << 63) - 1
 
 
@@ -91,8 +91,9 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def gumbel_noise(gen: torch.Generator, seed: int, uids: Sequence[int], pos: int, vocab: int,
-                 dtype: torch.dtype) -> torch.Tensor:
+def gumbel_noise(
+    gen: torch.Generator, seed: int, uids: Sequence[int], pos: int, vocab: int, dtype: torch.dtype
+) -> torch.Tensor:
     """Gumbel(0, 1) noise ``[len(uids), vocab]`` on ``gen``'s device. Row i is drawn from ``gen``
     re-seeded with ``mix64(seed, uids[i], pos)``: it depends on the beam and the absolute position
     of the token being sampled, never on the batch slot (so grouping cannot change the search)."""
@@ -130,9 +131,21 @@ class TorchExecutor:
 
     simulated = False
 
-    def __init__(self, model_cfg, device: str = "cpu", budget_bytes: Optional[int] = None, seed: int = 0,
-                 scheduler: str = "lbs", record_tree: bool = False, *, dtype: Optional[str] = None,
-                 temperature: float = 1.0, max_len: Optional[int] = None, model=None, streams=None):
+    def __init__(
+        self,
+        model_cfg,
+        device: str = "cpu",
+        budget_bytes: Optional[int] = None,
+        seed: int = 0,
+        scheduler: str = "lbs",
+        record_tree: bool = False,
+        *,
+        dtype: Optional[str] = None,
+        temperature: float = 1.0,
+        max_len: Optional[int] = None,
+        model=None,
+        streams=None,
+    ):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature!r} must be > 0")
         self.device = resolve_device(device)
@@ -142,8 +155,9 @@ class TorchExecutor:
         self.dtype = next(self.model.parameters()).dtype
         self.kv_layer_token = g.kv_layer_token
         self.kv_token = g.kv_token
-        self.store = TieredKVStore(self.L, self.H, self.D, self.dtype, self.device, budget_bytes,
-                                   staging_budget=0, streams=streams)
+        self.store = TieredKVStore(
+            self.L, self.H, self.D, self.dtype, self.device, budget_bytes, staging_budget=0, streams=streams
+        )
         self.clock, self.time_basis = time_basis(self.device)
         self.budget = budget_bytes
         self.seed, self.temperature, self.scheduler = seed, float(temperature), scheduler
@@ -151,15 +165,15 @@ class TorchExecutor:
         self.record_tree = record_tree
         self.sample_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self._gen = torch.Generator(device=self.device)
-        self.next_logp: Dict[int, torch.Tensor] = {}      # uid -> [V] log-probs of its next token
-        self.slot_of: Dict[int, int] = {}                   # resident runs: uid -> batch slot
-        self.prompt_kv: Optional[DeviceBuffer] = None       # prefill KV kept for fan-out
-        self.res: Optional[DeviceBuffer] = None             # resident: [L, 2, N, H, cap, D]
+        self.next_logp: Dict[int, torch.Tensor] = {}  # uid -> [V] log-probs of its next token
+        self.slot_of: Dict[int, int] = {}  # resident runs: uid -> batch slot
+        self.prompt_kv: Optional[DeviceBuffer] = None  # prefill KV kept for fan-out
+        self.res: Optional[DeviceBuffer] = None  # resident: [L, 2, N, H, cap, D]
         self.lw: Optional[LayerwiseExec] = None
-        self._energy, self.energy_reason = None, ("energy unavailable: CPU device (NVML meters NVIDIA "
-                                                  "GPUs only)")
+        self._energy, self.energy_reason = None, ("energy unavailable: CPU device (NVML meters NVIDIA GPUs only)")
         if self.device.type == "cuda":
             from harness.meters import EnergyMeter
+
             meter = EnergyMeter([self.device.index or 0])
             self._energy, self.energy_reason = (meter, "") if meter.available else (None, meter.reason)
         self.energy_source = "measured by NVML, one window per step" if self._energy else None
@@ -181,8 +195,9 @@ class TorchExecutor:
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
         return log_probs(logits, self.temperature, self.sample_dtype)
 
-    def decode(self, cache: GroupCache, uids: Sequence[int], logp: torch.Tensor, start: int, T: int,
-               on_token=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def decode(
+        self, cache: GroupCache, uids: Sequence[int], logp: torch.Tensor, start: int, T: int, on_token=None
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decode ``T`` tokens for a group whose KV (``start`` tokens) is in ``cache``.
 
         logp: ``[G, V]`` next-token log-probs of each beam's parent. ``on_token(k)`` runs before
@@ -247,9 +262,15 @@ class TorchExecutor:
             self.prompt_kv = buf
         st.wait_writebacks()
         stall = st.take_io_stall()
-        out = StepOutcome(np.zeros(0), compute_s=self.clock() - t0 - stall, io_stall_s=stall,
-                          h2d_bytes=st.bytes.h2d - h2d0, d2h_bytes=st.bytes.d2h - d2h0,
-                          peak_device_bytes=st.dev.peak_total, peak_physical_bytes=st.dev.peak_physical)
+        out = StepOutcome(
+            np.zeros(0),
+            compute_s=self.clock() - t0 - stall,
+            io_stall_s=stall,
+            h2d_bytes=st.bytes.h2d - h2d0,
+            d2h_bytes=st.bytes.d2h - d2h0,
+            peak_device_bytes=st.dev.peak_total,
+            peak_physical_bytes=st.dev.peak_physical,
+        )
         if offload:
             buf.free()
         return out
@@ -273,20 +294,27 @@ class TorchExecutor:
             res = self._step_lbs(plan, tree, beams, rows)
         else:
             raise PlanMismatch(f"scheduler={plan.scheduler!r}: the torch executor runs in_gpu, layerwise, lbs")
-        toks, lps, last = res                     # per beam (beams order), on device
+        toks, lps, last = res  # per beam (beams order), on device
         st.wait_writebacks()
-        stall = st.take_io_stall()                # synchronises: the step's end
-        for r in rows:                            # copy-engine time of each group's load
+        stall = st.take_io_stall()  # synchronises: the step's end
+        for r in rows:  # copy-engine time of each group's load
             r["load_s"] = st.span_seconds(r.pop("load_span"))
         for b, lp in zip(beams, last):
             self.next_logp[b.uid] = lp
         lps_cpu = lps.double().cpu().numpy()
         tokens = toks.cpu().tolist()
         wall = self.clock() - t0
-        return StepOutcome(lps_cpu.sum(axis=1), tokens=tokens, compute_s=wall - stall, io_stall_s=stall,
-                           h2d_bytes=st.bytes.h2d - h2d0, d2h_bytes=st.bytes.d2h - d2h0,
-                           peak_device_bytes=st.dev.peak_total, peak_physical_bytes=st.dev.peak_physical,
-                           group_rows=rows)
+        return StepOutcome(
+            lps_cpu.sum(axis=1),
+            tokens=tokens,
+            compute_s=wall - stall,
+            io_stall_s=stall,
+            h2d_bytes=st.bytes.h2d - h2d0,
+            d2h_bytes=st.bytes.d2h - d2h0,
+            peak_device_bytes=st.dev.peak_total,
+            peak_physical_bytes=st.dev.peak_physical,
+            group_rows=rows,
+        )
 
     def parent_logp(self, beams: Sequence[Beam]) -> torch.Tensor:
         return torch.stack([self.next_logp[ROOT if b.parent_uid is None else b.parent_uid] for b in beams])
@@ -323,14 +351,17 @@ class TorchExecutor:
     def take_prompt(self) -> DeviceBuffer:
         """The prefill's KV, moved to the staging allowance (the plan counts it as a step-0 transient)."""
         if self.prompt_kv is None:
-            raise PlanMismatch("a step that starts from the prefill's KV on the device, but the prefill "
-                               "wrote it to the host (offload=True)")
+            raise PlanMismatch(
+                "a step that starts from the prefill's KV on the device, but the prefill "
+                "wrote it to the host (offload=True)"
+            )
         buf, self.prompt_kv = self.prompt_kv, None
         self.store.dev.rekind(buf, "staging")
         return buf
 
     def _step_resident(self, plan: StepPlan, beams: Sequence[Beam]):
         from harness.errors import RunOOM
+
         st, N = self.store, len(beams)
         start, T = plan.start, plan.tokens
         need = start + T
@@ -338,10 +369,11 @@ class TorchExecutor:
             if self.res is None:
                 prompt = self.take_prompt()
                 cap = max(need, self.max_len or need)
-                self.res = st.dev.alloc((self.L, 2, N, self.H, cap, self.D), self.dtype, charge=0,
-                                        what="resident KV (all beams)")
+                self.res = st.dev.alloc(
+                    (self.L, 2, N, self.H, cap, self.D), self.dtype, charge=0, what="resident KV (all beams)"
+                )
                 P = prompt.tensor.shape[-2]
-                for i in range(N):      # fan the prompt out to every beam's dense slot
+                for i in range(N):  # fan the prompt out to every beam's dense slot
                     st.d2d(self.res.tensor[:, :, i, :, :P], prompt.tensor[:, :, 0])
                 self.res.charge(N * need * self.kv_token)
                 prompt.free()
@@ -371,29 +403,33 @@ class TorchExecutor:
         covered = sorted(i for gp in plan.groups for i in gp.beams)
         if covered != list(range(N)):
             raise PlanMismatch(f"step {plan.step}: the plan's groups do not cover the {N} live beams once each")
-        pre: Optional[Tuple[DeviceBuffer, Counter, dict]] = None     # prefetched part of this group
+        pre: Optional[Tuple[DeviceBuffer, Counter, dict]] = None  # prefetched part of this group
         for gi, gp in enumerate(plan.groups):
             G = len(gp.beams)
             h0 = st.bytes.h2d
-            buf = st.dev.alloc((self.L, 2, G, self.H, start + T, self.D), self.dtype,
-                               what=f"step {plan.step} group {gi} ({G} beams)")
+            buf = st.dev.alloc(
+                (self.L, 2, G, self.H, start + T, self.D), self.dtype, what=f"step {plan.step} group {gi} ({G} beams)"
+            )
             if pre is not None:
                 sbuf, credits, sources = pre
                 k = sbuf.tensor.shape[2]
-                st.d2d(buf.tensor[:, :, :k, :, :start], sbuf.tensor)   # compute stream, after wait_loads
+                st.d2d(buf.tensor[:, :, :k, :, :start], sbuf.tensor)  # compute stream, after wait_loads
                 sbuf.free()
                 sources = {sid: (buf.tensor, slot, pos) for sid, (_, slot, pos) in sources.items()}
             else:
                 k, credits, sources = 0, Counter(gp.load_blocks), {}
             fan: list = []
             with st.io("h2d"):
-                with st.copy_span("h2d") as span:      # the host->device copies alone (load_s)
-                    st.load_paths(buf.tensor, range(k, G), [paths[i] for i in gp.beams[k:]], credits, sources,
-                                  fan_out=fan)
-                st.fan_out(fan)                         # shared prefixes to the other beams, device-side
+                with st.copy_span("h2d") as span:  # the host->device copies alone (load_s)
+                    st.load_paths(
+                        buf.tensor, range(k, G), [paths[i] for i in gp.beams[k:]], credits, sources, fan_out=fan
+                    )
+                st.fan_out(fan)  # shared prefixes to the other beams, device-side
             if any(v != 0 for v in credits.values()):
-                raise PlanMismatch(f"step {plan.step} group {gi}: the plan loads blocks no beam needs: "
-                                   f"{ {s: c for s, c in credits.items() if c} }")
+                raise PlanMismatch(
+                    f"step {plan.step} group {gi}: the plan loads blocks no beam needs: "
+                    f"{ {s: c for s, c in credits.items() if c} }"
+                )
             st.wait_loads(buf.tensor)
             loaded = st.bytes.h2d - h0
             # prefetch the next group's first beams into the free slots (before this group computes)
@@ -401,8 +437,11 @@ class TorchExecutor:
             if gp.prefetch_beams and gi + 1 < len(plan.groups):
                 nxt = plan.groups[gi + 1]
                 kp = gp.prefetch_beams
-                sbuf = st.dev.alloc((self.L, 2, kp, self.H, start, self.D), self.dtype,
-                                    what=f"step {plan.step} prefetch of group {gi + 1} ({kp} beams)")
+                sbuf = st.dev.alloc(
+                    (self.L, 2, kp, self.H, start, self.D),
+                    self.dtype,
+                    what=f"step {plan.step} prefetch of group {gi + 1} ({kp} beams)",
+                )
                 ncredits, nsources = Counter(nxt.load_blocks), {}
                 h1 = st.bytes.h2d
                 with st.io("h2d"):
@@ -421,12 +460,21 @@ class TorchExecutor:
             toks[idx], lps[idx] = gt, gl
             for j, i in enumerate(gp.beams):
                 last[i] = glast[j]
-            buf.free()                  # no other reference is left: the memory is released here
-            rows.append({"step": plan.step, "group": gi, "beams": G, "load_bytes": loaded,
-                         "plan_load_bytes": gp.load_bytes, "prefetch_bytes": prefetched,
-                         "plan_prefetch_bytes": gp.prefetch_bytes,
-                         "compute_wall_s": comp_wall if not st.cuda else None,
-                         "load_span": span, "load_span_bytes": loaded})
+            buf.free()  # no other reference is left: the memory is released here
+            rows.append(
+                {
+                    "step": plan.step,
+                    "group": gi,
+                    "beams": G,
+                    "load_bytes": loaded,
+                    "plan_load_bytes": gp.load_bytes,
+                    "prefetch_bytes": prefetched,
+                    "plan_prefetch_bytes": gp.prefetch_bytes,
+                    "compute_wall_s": comp_wall if not st.cuda else None,
+                    "load_span": span,
+                    "load_span_bytes": loaded,
+                }
+            )
         if pre is not None:
             raise PlanMismatch(f"step {plan.step}: the last group prefetches beyond the step")
         return toks, lps, torch.stack(last)
@@ -450,7 +498,7 @@ class TorchExecutor:
             S = tree.prefix_tokens(new[0])
             moves, slot_of = self._child_slots(old, new, parents)
             if self.res is not None:
-                for dst, src in moves:          # copy the parent's KV into the child's slot
+                for dst, src in moves:  # copy the parent's KV into the child's slot
                     st.d2d(self.res.tensor[:, :, dst, :, :S], self.res.tensor[:, :, src, :, :S])
             if self.lw is not None:
                 self.lw.reorder(moves, S)
@@ -485,12 +533,13 @@ class TorchExecutor:
     def memory_peaks(self) -> Dict[str, Optional[int]]:
         """Peak device memory of the run: ``peak_device_physical_bytes`` (the store's live KV
         tensors) and, on CUDA, ``cuda_max_memory_allocated_bytes`` (everything torch allocated)."""
-        return {"cuda_max_memory_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device))
-                if self.cuda else None}
+        return {
+            "cuda_max_memory_allocated_bytes": int(torch.cuda.max_memory_allocated(self.device)) if self.cuda else None
+        }
 
     def close(self) -> None:
         if self._energy is not None:
-            self._energy._open.pop("step", None)       # the window after the last step measures nothing
+            self._energy._open.pop("step", None)  # the window after the last step measures nothing
         for b in list(self.store.dev.live):
             b.free()
         self.res, self.lw, self.prompt_kv = None, None, None

@@ -13,6 +13,7 @@ Cost: a step's bookkeeping is O(beams), whatever the tree's depth. A beam holds 
 to its parent's (shared, never copied); ``BeamTree.gc`` counts each segment's children and drops a
 segment when its last child is dropped, so it visits only the segments that die.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -42,14 +43,17 @@ def mix64(*values: int) -> int:
 def mix64_array(*values) -> np.ndarray:
     """``mix64(*values)`` elementwise, vectorised (uint64); each value an int or an array of uint64,
     broadcast together. Equal to the scalar form."""
+
     def fold(h, v):
         h = h ^ v
         h = h + np.uint64(_GOLDEN)
         z = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return z ^ (z >> np.uint64(31))
-    vals = [np.asarray(v, dtype=np.uint64) if isinstance(v, np.ndarray) else np.uint64(int(v) & _MASK64)
-            for v in values]
+
+    vals = [
+        np.asarray(v, dtype=np.uint64) if isinstance(v, np.ndarray) else np.uint64(int(v) & _MASK64) for v in values
+    ]
     with np.errstate(over="ignore"):
         h = np.full(np.broadcast_shapes(*(np.shape(v) for v in vals)), _GOLDEN, dtype=np.uint64)
         for v in vals:
@@ -61,17 +65,19 @@ def mix64_array(*values) -> np.ndarray:
 class Segment:
     """KV block: ``length`` consecutive tokens starting at absolute position ``start``. Its length
     is final before it gets children (they start where it ends)."""
+
     id: int
     parent: Optional[int]
     start: int
     length: int
-    depth: int                       # 0 for the prompt
-    children: int = 0                # child segments in the tree (BeamTree.gc)
+    depth: int  # 0 for the prompt
+    children: int = 0  # child segments in the tree (BeamTree.gc)
 
 
 class Path:
     """A beam's root-to-leaf segment ids as a linked list, leaf first: ``Path(leaf, parent's path)``.
     Children share their parent's path object, so a step never copies paths."""
+
     __slots__ = ("leaf", "up")
 
     def __init__(self, leaf: int, up: Optional["Path"]):
@@ -89,6 +95,7 @@ class Path:
 @dataclass(eq=False, slots=True)
 class Beam:
     """A live path. ``path.leaf`` is the segment written this step; ``path.up`` its prefix."""
+
     uid: int
     path: Path
     cum_logprob: float = 0.0
@@ -200,8 +207,9 @@ def expand(tree: BeamTree, kept: Sequence[Beam], beam_width: int) -> List[Beam]:
     return out
 
 
-def select_and_expand(tree: BeamTree, beams: Sequence[Beam], beam_size: int, beam_width: int,
-                      keep_uids: Optional[Sequence[int]] = None) -> List[Beam]:
+def select_and_expand(
+    tree: BeamTree, beams: Sequence[Beam], beam_size: int, beam_width: int, keep_uids: Optional[Sequence[int]] = None
+) -> List[Beam]:
     """One search transition between steps; returns the next step's live beams and GCs the tree.
 
     ``keep_uids`` replays a recorded tree: keep exactly those beams instead of rating them."""

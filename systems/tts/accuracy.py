@@ -25,6 +25,7 @@ per-step PRM scores of each path):
 - **Pass@N**: the N = ``n`` paths ranked highest by last-step score (all of them when fewer
   completed); correct if any of them is correct.
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,7 +50,7 @@ def extract_answer(text: str) -> Optional[str]:
     if not boxes:
         return None
     i = boxes[-1].end()
-    if text.startswith(" ", i) and not text[i:].lstrip().startswith("{"):      # \boxed 7
+    if text.startswith(" ", i) and not text[i:].lstrip().startswith("{"):  # \boxed 7
         m = re.match(r"\s+([^\s$]+)", text[i:])
         return m.group(1).rstrip(".,;:") or None if m else None
     while i < len(text) and text[i].isspace():
@@ -60,7 +61,7 @@ def extract_answer(text: str) -> Optional[str]:
     while i < len(text):
         c = text[i]
         if c == "\\":
-            i += 2                                                               # escaped brace or command
+            i += 2  # escaped brace or command
             continue
         depth += (c == "{") - (c == "}")
         if depth == 0:
@@ -76,9 +77,24 @@ _WRAPPED = re.compile(r"^\\(?:text|textbf|mbox|textrm|mathrm)\{(.*)\}$")
 def normalize(ans: str) -> str:
     """MATH-style normalisation applied to both sides of a comparison (module docstring)."""
     s = ans.strip()
-    for a, b in (("\\!", ""), ("\\,", ""), ("\\;", ""), ("\\ ", ""), ("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"),
-                 ("\\left", ""), ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\circ", ""), ("°", ""),
-                 ("\\%", ""), ("%", ""), ("\\$", ""), ("$", "")):
+    for a, b in (
+        ("\\!", ""),
+        ("\\,", ""),
+        ("\\;", ""),
+        ("\\ ", ""),
+        ("\\dfrac", "\\frac"),
+        ("\\tfrac", "\\frac"),
+        ("\\left", ""),
+        ("\\right", ""),
+        ("^{\\circ}", ""),
+        ("^\\circ", ""),
+        ("\\circ", ""),
+        ("°", ""),
+        ("\\%", ""),
+        ("%", ""),
+        ("\\$", ""),
+        ("$", ""),
+    ):
         s = s.replace(a, b)
     s = s.strip().rstrip(".").strip()
     m = _UNIT.match(s)
@@ -87,7 +103,7 @@ def normalize(ans: str) -> str:
     m = _WRAPPED.match(s)
     if m:
         s = m.group(1).strip()
-    m = re.match(r"^[A-Za-z]\s*=\s*(.+)$", s)                                    # x = 5 -> 5
+    m = re.match(r"^[A-Za-z]\s*=\s*(.+)$", s)  # x = 5 -> 5
     if m:
         s = m.group(1).strip()
     return re.sub(r"\s+", "", s)
@@ -95,12 +111,14 @@ def normalize(ans: str) -> str:
 
 def _parse(ans: str):
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
     return parse(f"${ans}$", [LatexExtractionConfig(), ExprExtractionConfig()], parsing_timeout=_timeout())
 
 
 def _number(parsed):
     """The parsed answer as a sympy number, or None."""
     import sympy
+
     x = parsed[0] if parsed else None
     return x if isinstance(x, sympy.Basic) and x.is_number else None
 
@@ -121,6 +139,7 @@ def _same(a: "Answer", b: "Answer") -> bool:
             return False
         return abs(x - y) <= REL_TOL * max(abs(x), abs(y))
     from math_verify import verify
+
     t = _timeout()
     return bool(verify(pa, pb, timeout_seconds=t) or verify(pb, pa, timeout_seconds=t))
 
@@ -135,7 +154,7 @@ class Answer:
     def parsed(self) -> list:
         return _parse(self.norm) if self.norm else []
 
-    def __eq__(self, other: "Answer") -> bool:              # equivalence, see the module docstring
+    def __eq__(self, other: "Answer") -> bool:  # equivalence, see the module docstring
         return _same(self, other)
 
     __hash__ = None
@@ -158,13 +177,14 @@ def is_correct(text: str, gold) -> bool:
 @dataclass
 class Graded:
     """One problem's grades. ``top1_answer``: the predicted answer text (None: no path answered)."""
+
     top1_correct: bool
     top1_naive_correct: bool
     pass_at_n: bool
     top1_answer: Optional[str]
-    paths: int                 # completed paths graded
-    answered: int              # paths with a boxed answer
-    correct: int               # paths whose answer is correct
+    paths: int  # completed paths graded
+    answered: int  # paths with a boxed answer
+    correct: int  # paths whose answer is correct
 
 
 def grade_problem(texts: Sequence[str], scores: Sequence[Sequence[float]], gold: str, n: int) -> Graded:
@@ -179,11 +199,11 @@ def grade_problem(texts: Sequence[str], scores: Sequence[Sequence[float]], gold:
         raise ValueError(f"n={n} must be >= 1")
     g = Answer(str(gold))
     last = [float(s[-1]) if len(s) else 0.0 for s in scores]
-    order = sorted(range(len(texts)), key=lambda i: -last[i])          # stable: ties keep path order
+    order = sorted(range(len(texts)), key=lambda i: -last[i])  # stable: ties keep path order
     raw = [extract_answer(t) for t in texts]
-    groups: List[list] = []                                            # [representative, weight, correct]
+    groups: List[list] = []  # [representative, weight, correct]
     group_of, by_norm, correct = {}, {}, {}
-    for i in order:                                                    # best-scored first: it represents
+    for i in order:  # best-scored first: it represents
         if raw[i] is None:
             continue
         a = Answer(raw[i])
@@ -203,9 +223,15 @@ def grade_problem(texts: Sequence[str], scores: Sequence[Sequence[float]], gold:
         top1_answer, top1 = groups[best][0].text, groups[best][2]
     else:
         top1_answer, top1 = None, False
-    return Graded(top1_correct=top1, top1_naive_correct=bool(order) and ok[order[0]],
-                  pass_at_n=any(ok[i] for i in order[:n]), top1_answer=top1_answer, paths=len(texts),
-                  answered=sum(a is not None for a in raw), correct=sum(ok))
+    return Graded(
+        top1_correct=top1,
+        top1_naive_correct=bool(order) and ok[order[0]],
+        pass_at_n=any(ok[i] for i in order[:n]),
+        top1_answer=top1_answer,
+        paths=len(texts),
+        answered=sum(a is not None for a in raw),
+        correct=sum(ok),
+    )
 
 
 def mean_or_none(values: List[bool]) -> Optional[float]:

@@ -4,6 +4,7 @@ Token lists are in the generator's token space. A beam's generated ``tokens`` ho
 only; ``step_ends[k]`` is the exclusive end of step k in ``tokens``; ``spec`` holds speculative
 tokens produced past the last step boundary by speculative beam extension (FastTTS §4.1).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -11,7 +12,6 @@ import math
 import struct
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
-
 
 
 def _encoded(parts) -> bytes:
@@ -40,31 +40,33 @@ def stable_hashes(parts: tuple, lasts: Sequence) -> List[int]:
 def request_seed(seed: int, problem: int, iteration: int, uid: str) -> int:
     """Per-request sampling seed keyed by the beam's identity, never by its batch slot, so that
     sampling does not depend on how beams are ordered or batched (needed for P == baseline)."""
-    return stable_hash("req", seed, problem, iteration, uid) % (2 ** 31 - 1)
+    return stable_hash("req", seed, problem, iteration, uid) % (2**31 - 1)
 
 
 def request_seeds(seed: int, problem: int, iteration: int, uids: Sequence[str]) -> List[int]:
     """:func:`request_seed` of each of ``uids``."""
-    return [h % (2 ** 31 - 1) for h in stable_hashes(("req", seed, problem, iteration), uids)]
+    return [h % (2**31 - 1) for h in stable_hashes(("req", seed, problem, iteration), uids)]
 
 
 @dataclass
 class Beam:
     """One reasoning path. ``uid`` names the path in the search tree ("3.0.2": child 2 of child 0
     of path 3), so it is the same whatever order the scheduler runs beams in."""
+
     uid: str
     tokens: List[int] = field(default_factory=list)
     step_ends: List[int] = field(default_factory=list)
     spec: List[int] = field(default_factory=list)
-    scores: List[float] = field(default_factory=list)   # per-step verifier scores (step k -> scores[k])
+    scores: List[float] = field(default_factory=list)  # per-step verifier scores (step k -> scores[k])
     done: bool = False
-    finish: str = ""                                     # eos | length | max_len | empty | budget
+    finish: str = ""  # eos | length | max_len | empty | budget
     completion_time_s: Optional[float] = None
     completed_iteration: Optional[int] = None
 
     def copy_as(self, uid: str, spec: Optional[List[int]] = None) -> "Beam":
-        return Beam(uid, list(self.tokens), list(self.step_ends), list(self.spec if spec is None else spec),
-                    list(self.scores))
+        return Beam(
+            uid, list(self.tokens), list(self.step_ends), list(self.spec if spec is None else spec), list(self.scores)
+        )
 
     @property
     def num_steps(self) -> int:
@@ -110,11 +112,11 @@ def _read_scores(h, tokens: Sequence[int], at: int, wanted: Sequence[int]) -> di
     """Feed ``h`` (holding tokens[:at]) the 64-bit ids of tokens[at:wanted[-1]], reading the score at
     each end in ``wanted``; returns {end: score}, ``h`` left at the last end."""
     start, got = at, {}
-    data = struct.pack(f"={wanted[-1] - start}q", *tokens[start:wanted[-1]])    # native int64s, as array("q")
+    data = struct.pack(f"={wanted[-1] - start}q", *tokens[start : wanted[-1]])  # native int64s, as array("q")
     for e in wanted:
-        h.update(data[8 * (at - start):8 * (e - start)])
+        h.update(data[8 * (at - start) : 8 * (e - start)])
         at = e
-        got[e] = _score(h)                      # digest() leaves h as it is
+        got[e] = _score(h)  # digest() leaves h as it is
     return got
 
 
@@ -122,8 +124,9 @@ def _score(h) -> float:
     return (int.from_bytes(h.digest(), "little") % (1 << 53)) / float(1 << 53)
 
 
-def synthetic_prm_values(seed: int, problem: int, tokens: Sequence[int], step_ends: Sequence[int],
-                         computed: Sequence[bool]) -> List[Optional[float]]:
+def synthetic_prm_values(
+    seed: int, problem: int, tokens: Sequence[int], step_ends: Sequence[int], computed: Sequence[bool]
+) -> List[Optional[float]]:
     """The verifier's values for one item scored by the synthetic PRM: step k's
     :func:`synthetic_prm_score` where the engine computed its position (``computed[k]``), else None
     (a position served by the prefix cache was scored by an earlier call). One hash runs along the
@@ -146,8 +149,9 @@ def step_probabilities(step_tokens_mean: float, steps_per_answer_mean: float) ->
     return p_boundary - p_end, p_end
 
 
-def step_logit_biases(vocab_size: int, temperature: float, step_tokens_mean: float,
-                      steps_per_answer_mean: float) -> tuple[float, float]:
+def step_logit_biases(
+    vocab_size: int, temperature: float, step_tokens_mean: float, steps_per_answer_mean: float
+) -> tuple[float, float]:
     """Logit biases (delimiter, end token) giving the per-token probabilities of
     :func:`step_probabilities` under flat logits (random weights). vLLM adds the bias before dividing
     by the temperature, so the bias is ``T * ln w`` with ``w`` the wanted weight relative to one

@@ -22,6 +22,7 @@ squared relative error. The profile (a ``hardware`` option, kind cpu) keeps ever
 fit's error, the thread count, the date and the machine's load before and after under
 ``measured.tts``; ``memory.Roofline.of`` reads it for the simulator and for M on a real CPU engine.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,12 +42,41 @@ from systems.tts.sim import prefill_terms, step_terms
 
 ROOT = Path(__file__).resolve().parents[2]
 # (batch, tokens per sequence, cached context before them); decode points decode one token each
-DECODE = [(1, 1, 128), (4, 1, 128), (16, 1, 128), (64, 1, 128), (8, 1, 512), (32, 1, 512), (1, 1, 1024),
-          (4, 1, 1024), (16, 1, 1024), (64, 1, 1024)]
-GEN_PREFILL = [(1, 128, 0), (1, 1024, 0), (4, 512, 0), (16, 128, 0), (8, 512, 0),
-               (16, 8, 384), (16, 32, 384), (4, 64, 1024)]      # a search iteration's first step: cached prefix
-VER_PREFILL = [(1, 128, 0), (1, 1024, 0), (4, 512, 0), (16, 256, 0), (16, 512, 0), (64, 128, 0),
-               (1, 8, 384), (1, 32, 384), (16, 8, 384), (16, 32, 384), (4, 64, 1024)]
+DECODE = [
+    (1, 1, 128),
+    (4, 1, 128),
+    (16, 1, 128),
+    (64, 1, 128),
+    (8, 1, 512),
+    (32, 1, 512),
+    (1, 1, 1024),
+    (4, 1, 1024),
+    (16, 1, 1024),
+    (64, 1, 1024),
+]
+GEN_PREFILL = [
+    (1, 128, 0),
+    (1, 1024, 0),
+    (4, 512, 0),
+    (16, 128, 0),
+    (8, 512, 0),
+    (16, 8, 384),
+    (16, 32, 384),
+    (4, 64, 1024),
+]  # a search iteration's first step: cached prefix
+VER_PREFILL = [
+    (1, 128, 0),
+    (1, 1024, 0),
+    (4, 512, 0),
+    (16, 256, 0),
+    (16, 512, 0),
+    (64, 128, 0),
+    (1, 8, 384),
+    (1, 32, 384),
+    (16, 8, 384),
+    (16, 32, 384),
+    (4, 64, 1024),
+]
 ROUNDS = 3
 
 
@@ -71,9 +101,16 @@ class Probe:
 
     def _add(self, prompt: List[int], max_tokens: int) -> None:
         from vllm import SamplingParams
+
         self.n += 1
-        sp = SamplingParams(max_tokens=max_tokens, temperature=0.8, ignore_eos=True, detokenize=False, seed=self.n,
-                            logit_bias=dict(self.gen.bias) if self.gen.bias else None)
+        sp = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.8,
+            ignore_eos=True,
+            detokenize=False,
+            seed=self.n,
+            logit_bias=dict(self.gen.bias) if self.gen.bias else None,
+        )
         self.gen.eng.add_request(f"cal{self.n}", {"prompt_token_ids": prompt}, sp)
 
     def _drain(self) -> List[Tuple[float, float]]:
@@ -122,17 +159,29 @@ def measure(probe: Probe, rounds: int = ROUNDS) -> Tuple[List[dict], List[dict]]
     A point: kind, batch, new (tokens per sequence), ctx (cached context before them), seconds
     (process CPU time: with one thread, the time on an uncontended core), wall_s (wall time),
     spread (slowest / fastest round, CPU time)."""
-    jobs = ([("decode", *x) for x in DECODE] + [("prefill", *x) for x in GEN_PREFILL]
-            + [("verify", *x) for x in VER_PREFILL])
+    jobs = (
+        [("decode", *x) for x in DECODE]
+        + [("prefill", *x) for x in GEN_PREFILL]
+        + [("verify", *x) for x in VER_PREFILL]
+    )
     fns = {"decode": probe.decode, "prefill": probe.gen_prefill, "verify": probe.verify}
     samples: Dict[tuple, List[float]] = {j: [] for j in jobs}
     for _ in range(rounds):
         for i in probe.rng.permutation(len(jobs)):
             kind, b, n, c = jobs[i]
             samples[jobs[i]].append(fns[kind](b, n, c))
-    pts = [dict(kind=k, batch=b, new=n, ctx=c + 4 if k == "decode" else c,
-                seconds=float(statistics.median(cpu for _, cpu in v)), wall_s=float(statistics.median(w for w, _ in v)),
-                spread=float(max(cpu for _, cpu in v) / min(cpu for _, cpu in v))) for (k, b, n, c), v in samples.items()]
+    pts = [
+        dict(
+            kind=k,
+            batch=b,
+            new=n,
+            ctx=c + 4 if k == "decode" else c,
+            seconds=float(statistics.median(cpu for _, cpu in v)),
+            wall_s=float(statistics.median(w for w, _ in v)),
+            spread=float(max(cpu for _, cpu in v) / min(cpu for _, cpu in v)),
+        )
+        for (k, b, n, c), v in samples.items()
+    ]
     return [p for p in pts if p["kind"] != "verify"], [p for p in pts if p["kind"] == "verify"]
 
 
@@ -168,8 +217,13 @@ def _nonneg_lstsq(A: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _fit_sum(t, F, By, K, S) -> Dict[str, float]:
     """pred = F/P + By/BW + K * step_s + S * seq_s: least squares of the relative error."""
     x = _nonneg_lstsq(np.stack([F / t, By / t, K / t, S / t], axis=1), np.ones(len(t)))
-    return dict(form="sum", flops=float(1 / max(x[0], 1e-30)), bw=float(1 / max(x[1], 1e-30)),
-                step_s=float(x[2]), seq_s=float(x[3]))
+    return dict(
+        form="sum",
+        flops=float(1 / max(x[0], 1e-30)),
+        bw=float(1 / max(x[1], 1e-30)),
+        step_s=float(x[2]),
+        seq_s=float(x[3]),
+    )
 
 
 def _fit_max(t, F, By, K, S) -> Dict[str, float]:
@@ -213,41 +267,75 @@ def calibrate(cfg, threads: int = 1) -> dict:
     """Measure and fit both stages for ``cfg.model`` / ``cfg.verifier`` (random weights).
     Returns the ``measured.tts`` dict of the profile."""
     import torch
+
     from systems.tts.beams import step_logit_biases
     from systems.tts.engines import VllmGenerator, VllmVerifier
     from systems.tts.runner import gen_token_budget, ver_token_budget
+
     torch.set_num_threads(threads)
     w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
     load_before = loadavg()
-    with tempfile.TemporaryDirectory(prefix="tts_calib_") as tmp:     # the engines' config.json, removed after
+    with tempfile.TemporaryDirectory(prefix="tts_calib_") as tmp:  # the engines' config.json, removed after
         work = Path(tmp)
-        bias_d, bias_e = step_logit_biases(m.vocab_size, float(w.temperature), float(w.cpu_step_tokens_mean),
-                                           float(w.steps_per_answer_mean))
-        gen = VllmGenerator(m, work, max_model_len=int(w.max_model_len), kv_bytes=512 << 20, max_num_seqs=256,
-                            block_size=int(s.block_size), seed=0, token_budget=gen_token_budget(cfg),
-                            delimiter_ids=(int(w.step_delimiter_id),), eos_ids=(int(w.eos_token_id),),
-                            logit_bias={int(w.step_delimiter_id): bias_d, int(w.eos_token_id): bias_e},
-                            temperature=float(w.temperature), top_p=float(w.top_p))
-        ver = VllmVerifier(v, work, max_model_len=int(w.max_model_len), kv_bytes=256 << 20, max_num_seqs=256,
-                           block_size=int(s.block_size), seed=0, token_budget=ver_token_budget(cfg))
+        bias_d, bias_e = step_logit_biases(
+            m.vocab_size, float(w.temperature), float(w.cpu_step_tokens_mean), float(w.steps_per_answer_mean)
+        )
+        gen = VllmGenerator(
+            m,
+            work,
+            max_model_len=int(w.max_model_len),
+            kv_bytes=512 << 20,
+            max_num_seqs=256,
+            block_size=int(s.block_size),
+            seed=0,
+            token_budget=gen_token_budget(cfg),
+            delimiter_ids=(int(w.step_delimiter_id),),
+            eos_ids=(int(w.eos_token_id),),
+            logit_bias={int(w.step_delimiter_id): bias_d, int(w.eos_token_id): bias_e},
+            temperature=float(w.temperature),
+            top_p=float(w.top_p),
+        )
+        ver = VllmVerifier(
+            v,
+            work,
+            max_model_len=int(w.max_model_len),
+            kv_bytes=256 << 20,
+            max_num_seqs=256,
+            block_size=int(s.block_size),
+            seed=0,
+            token_budget=ver_token_budget(cfg),
+        )
         probe = Probe(gen, ver, m.vocab_size, v.vocab_size)
         try:
-            for _ in range(3):                                          # warm-up, excluded
+            for _ in range(3):  # warm-up, excluded
                 probe.decode(16, 1, 512)
                 probe.verify(16, 256, 0)
             dec, pre = measure(probe)
         finally:
             gen.shutdown()
             ver.shutdown()
-    return fit_stages(cfg, {"models": {"generator": str(m.name), "verifier": str(v.name)}, "threads": threads,
-                            "loadavg_before": load_before, "loadavg_after": loadavg()}, dec, pre)
+    return fit_stages(
+        cfg,
+        {
+            "models": {"generator": str(m.name), "verifier": str(v.name)},
+            "threads": threads,
+            "loadavg_before": load_before,
+            "loadavg_after": loadavg(),
+        },
+        dec,
+        pre,
+    )
 
 
 def fit_stages(cfg, meta: dict, dec: List[dict], pre: List[dict]) -> dict:
     """The ``measured.tts`` dict: ``meta`` + each stage's fit and points."""
     from systems.tts.runner import gen_token_budget, ver_token_budget
-    return {**meta, "decode": {**fit(dec, ModelShape.of(cfg.model), gen_token_budget(cfg)), "points": dec},
-            "prefill": {**fit(pre, ModelShape.of(cfg.verifier), ver_token_budget(cfg)), "points": pre}}
+
+    return {
+        **meta,
+        "decode": {**fit(dec, ModelShape.of(cfg.model), gen_token_budget(cfg)), "points": dec},
+        "prefill": {**fit(pre, ModelShape.of(cfg.verifier), ver_token_budget(cfg)), "points": pre},
+    }
 
 
 def write_profile(tts: dict, out: Path, name: str) -> Path:
@@ -256,38 +344,58 @@ def write_profile(tts: dict, out: Path, name: str) -> Path:
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     prof = {k: v for k, v in base.items() if k != "defaults"}
     dec = tts["decode"]
-    prof.update(name=name, description=f"this CPU's vLLM costs ({tts['models']['generator']} decode, "
-                f"{tts['models']['verifier']} prefill, {tts['threads']} thread(s)) measured by systems.tts.calibrate "
-                f"on {date}", peak_flops=dec["flops"], mem_bw=dec["bw"], launch_overhead_s=0.0,
-                flops_efficiency=1.0, mem_efficiency=1.0, measured={"date": date, "tts": tts})
-    prof["sources"] = dict(base.get("sources", {}), peak_flops=f"generator decode fit, systems.tts.calibrate {date}",
-                           mem_bw=f"generator decode fit, systems.tts.calibrate {date}",
-                           launch_overhead_s="0: the fits carry a per-step cost (measured.tts.*.step_s) instead")
+    prof.update(
+        name=name,
+        description=f"this CPU's vLLM costs ({tts['models']['generator']} decode, "
+        f"{tts['models']['verifier']} prefill, {tts['threads']} thread(s)) measured by systems.tts.calibrate "
+        f"on {date}",
+        peak_flops=dec["flops"],
+        mem_bw=dec["bw"],
+        launch_overhead_s=0.0,
+        flops_efficiency=1.0,
+        mem_efficiency=1.0,
+        measured={"date": date, "tts": tts},
+    )
+    prof["sources"] = dict(
+        base.get("sources", {}),
+        peak_flops=f"generator decode fit, systems.tts.calibrate {date}",
+        mem_bw=f"generator decode fit, systems.tts.calibrate {date}",
+        launch_overhead_s="0: the fits carry a per-step cost (measured.tts.*.step_s) instead",
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("# Generated by python -m systems.tts.calibrate (measured.tts: every point and each stage's fit)\n"
-                   + yaml.safe_dump({"defaults": ["_hardware_schema", "_self_"], **prof}, sort_keys=False))
+    out.write_text(
+        "# Generated by python -m systems.tts.calibrate (measured.tts: every point and each stage's fit)\n"
+        + yaml.safe_dump({"defaults": ["_hardware_schema", "_self_"], **prof}, sort_keys=False)
+    )
     return out
 
 
 def compose(overrides: List[str]):
-    from hydra import compose as hcompose, initialize_config_dir
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+
     from harness.config import register_configs, register_resolvers
+
     register_resolvers()
     register_configs()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        return hcompose("config", overrides=["system=fasttts", "backend=vllm", "model=tiny-qwen2",
-                                             "verifier=tiny-prm", *overrides])
+        return hcompose(
+            "config", overrides=["system=fasttts", "backend=vllm", "model=tiny-qwen2", "verifier=tiny-prm", *overrides]
+        )
 
 
 def main(argv=None) -> int:
     """``refit=<profile.yaml>``: fit that profile's stored points again (after a change of the cost
     terms) instead of measuring."""
     from harness.cli import tool_args
-    args = tool_args(list(sys.argv[1:] if argv is None else argv), __doc__,
-                     ("model", "verifier", "threads", "name", "out", "refit"))
+
+    args = tool_args(
+        list(sys.argv[1:] if argv is None else argv), __doc__, ("model", "verifier", "threads", "name", "out", "refit")
+    )
     from harness.cli import check_tool_values
     from harness.errors import ConfigError
-    try:                                        # before any measurement (QA: model=nosuch was Hydra's traceback)
+
+    try:  # before any measurement (QA: model=nosuch was Hydra's traceback)
         check_tool_values(args, ints=("threads",), groups=("model", "verifier"), files=("out",))
         if "refit" in args and not Path(args["refit"]).is_file():
             raise ConfigError(f"refit={args['refit']!r} is not allowed: a calibrated profile file (none there)")
@@ -311,9 +419,11 @@ def main(argv=None) -> int:
     write_profile(tts, out, name)
     for stage in ("decode", "prefill"):
         f = tts[stage]
-        print(f"{stage:8s} ({f['form']}) P {f['flops'] / 1e9:8.2f} GFLOP/s  BW {f['bw'] / 1e9:7.2f} GB/s  step "
-              f"{f['step_s'] * 1e3:6.2f} ms  per sequence {f['seq_s'] * 1e3:5.2f} ms  fit error {f['mape']:.1f} % "
-              f"over {len(f['points'])} points")
+        print(
+            f"{stage:8s} ({f['form']}) P {f['flops'] / 1e9:8.2f} GFLOP/s  BW {f['bw'] / 1e9:7.2f} GB/s  step "
+            f"{f['step_s'] * 1e3:6.2f} ms  per sequence {f['seq_s'] * 1e3:5.2f} ms  fit error {f['mape']:.1f} % "
+            f"over {len(f['points'])} points"
+        )
     print(f"load average {tts['loadavg_before']:.2f} before, {tts['loadavg_after']:.2f} after; {threads} thread(s)")
     print(f"wrote {out}")
     return 0

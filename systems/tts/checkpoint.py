@@ -12,6 +12,7 @@ single token its tokenizer encodes "\\n\\n" to (Skywork PRM: the score of a step
 A Math-Shepherd-style verifier (``verifier.prm_kind=lm``, a causal LM) instead reads its own step
 tag (" ки") inserted after every step (:class:`ShepherdText`).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,12 +25,19 @@ from harness.errors import ConfigError
 DELIMITER = "\n\n"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 # config.json key -> model-config field (shape check)
-SHAPE_KEYS = (("model_type", "hf_model_type"), ("num_hidden_layers", "num_layers"), ("hidden_size", "hidden_size"),
-              ("num_attention_heads", "num_heads"), ("num_key_value_heads", "num_kv_heads"),
-              ("head_dim", "head_dim"), ("intermediate_size", "intermediate_size"), ("vocab_size", "vocab_size"))
+SHAPE_KEYS = (
+    ("model_type", "hf_model_type"),
+    ("num_hidden_layers", "num_layers"),
+    ("hidden_size", "hidden_size"),
+    ("num_attention_heads", "num_heads"),
+    ("num_key_value_heads", "num_kv_heads"),
+    ("head_dim", "head_dim"),
+    ("intermediate_size", "intermediate_size"),
+    ("vocab_size", "vocab_size"),
+)
 # what the real vLLM path runs (engines.py)
 GENERATOR_SUFFIX = "ForCausalLM"
-VERIFIER_ARCHITECTURES = ("Qwen2ForProcessRewardModel",)      # verifier.prm_kind=head; lm: *ForCausalLM
+VERIFIER_ARCHITECTURES = ("Qwen2ForProcessRewardModel",)  # verifier.prm_kind=head; lm: *ForCausalLM
 
 
 def is_local(weights) -> bool:
@@ -40,6 +48,7 @@ def is_local(weights) -> bool:
 def load_tokenizer(path: str):
     """The checkpoint's tokenizer (transformers ``AutoTokenizer``, local files only)."""
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
@@ -65,25 +74,33 @@ def inspect(field: str, model_cfg, role: str, real_engine: bool = True) -> dict:
     if not any(path.glob("*.safetensors")):
         raise ConfigError(f"{where} is not allowed: no *.safetensors weights in the directory; allowed: {allowed}")
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise ConfigError(f"{where} is not allowed: the directory has no tokenizer (none of "
-                          f"{', '.join(TOKENIZER_FILES)}); save one next to the weights "
-                          f"(tokenizer.save_pretrained(dir))")
+        raise ConfigError(
+            f"{where} is not allowed: the directory has no tokenizer (none of "
+            f"{', '.join(TOKENIZER_FILES)}); save one next to the weights "
+            f"(tokenizer.save_pretrained(dir))"
+        )
     try:
         tok = load_tokenizer(str(path))
-    except Exception as e:                          # noqa: BLE001 - any loader failure is a config error
+    except Exception as e:  # noqa: BLE001 - any loader failure is a config error
         raise ConfigError(f"{where}: its tokenizer does not load ({type(e).__name__}: {e})") from None
     arch = (hf.get("architectures") or ["?"])[0]
     if role == "generator" and not arch.endswith(GENERATOR_SUFFIX):
-        raise ConfigError(f"{where} is not allowed: architecture {arch} is not a causal LM; the generator "
-                          f"needs a *{GENERATOR_SUFFIX} checkpoint")
+        raise ConfigError(
+            f"{where} is not allowed: architecture {arch} is not a causal LM; the generator "
+            f"needs a *{GENERATOR_SUFFIX} checkpoint"
+        )
     if role == "verifier" and real_engine and model_cfg.prm_kind == "lm" and not arch.endswith(GENERATOR_SUFFIX):
-        raise ConfigError(f"{where} is not allowed: architecture {arch} is not a causal LM; verifier="
-                          f"{model_cfg.name} (prm_kind=lm) reads the logits of good_token_id/bad_token_id at its "
-                          f"step tag, so it needs a *{GENERATOR_SUFFIX} checkpoint (e.g. MistralForCausalLM)")
+        raise ConfigError(
+            f"{where} is not allowed: architecture {arch} is not a causal LM; verifier="
+            f"{model_cfg.name} (prm_kind=lm) reads the logits of good_token_id/bad_token_id at its "
+            f"step tag, so it needs a *{GENERATOR_SUFFIX} checkpoint (e.g. MistralForCausalLM)"
+        )
     if role == "verifier" and real_engine and model_cfg.prm_kind != "lm" and arch not in VERIFIER_ARCHITECTURES:
-        raise ConfigError(f"{where} is not allowed: architecture {arch} is not a PRM the real vLLM path runs; "
-                          f"allowed: {', '.join(VERIFIER_ARCHITECTURES)} (2-label head, scored on vLLM's pooling "
-                          f"path; Skywork's Qwen2ForPrmModel value-head checkpoints need their vLLM plugin)")
+        raise ConfigError(
+            f"{where} is not allowed: architecture {arch} is not a PRM the real vLLM path runs; "
+            f"allowed: {', '.join(VERIFIER_ARCHITECTURES)} (2-label head, scored on vLLM's pooling "
+            f"path; Skywork's Qwen2ForPrmModel value-head checkpoints need their vLLM plugin)"
+        )
     diffs = []
     for key, fld in SHAPE_KEYS:
         want, have = model_cfg[fld], hf.get(key)
@@ -92,13 +109,18 @@ def inspect(field: str, model_cfg, role: str, real_engine: bool = True) -> dict:
         if have != want:
             diffs.append((key, have, fld, want))
     if diffs:
-        listed = "; ".join(f"{k}={h!r} in the checkpoint, {f}={w!r} in {field}={model_cfg.name}" for k, h, f, w in diffs)
+        listed = "; ".join(
+            f"{k}={h!r} in the checkpoint, {f}={w!r} in {field}={model_cfg.name}" for k, h, f, w in diffs
+        )
         fix = " ".join(f"{field}.{f}={h}" for k, h, f, w in diffs)
-        raise ConfigError(f"{where}: the checkpoint's architecture differs from {field}={model_cfg.name}: {listed}. "
-                          f"Pick the {field} config that describes this checkpoint or override the fields ({fix})")
+        raise ConfigError(
+            f"{where}: the checkpoint's architecture differs from {field}={model_cfg.name}: {listed}. "
+            f"Pick the {field} config that describes this checkpoint or override the fields ({fix})"
+        )
     if len(tok) > int(hf["vocab_size"]):
-        raise ConfigError(f"{where}: its tokenizer has {len(tok)} tokens, more than the model's vocab_size "
-                          f"{hf['vocab_size']}")
+        raise ConfigError(
+            f"{where}: its tokenizer has {len(tok)} tokens, more than the model's vocab_size {hf['vocab_size']}"
+        )
     return hf
 
 
@@ -132,19 +154,25 @@ def check_tokenizers(cfg) -> None:
     if is_local(m.weights):
         space = token_space(str(m.weights))
         if not space.delimiters:
-            raise ConfigError(f"model.weights={str(m.weights)!r}: its tokenizer has no token containing \"\\n\\n\", "
-                              f"the step delimiter (search-and-learn stop string); allowed: a tokenizer with one")
+            raise ConfigError(
+                f'model.weights={str(m.weights)!r}: its tokenizer has no token containing "\\n\\n", '
+                f"the step delimiter (search-and-learn stop string); allowed: a tokenizer with one"
+            )
         if not space.ends:
-            raise ConfigError(f"model.weights={str(m.weights)!r}: its tokenizer defines no EOS token, so paths "
-                              f"cannot end; set eos_token in the tokenizer or generation_config.json")
+            raise ConfigError(
+                f"model.weights={str(m.weights)!r}: its tokenizer defines no EOS token, so paths "
+                f"cannot end; set eos_token in the tokenizer or generation_config.json"
+            )
     if is_local(v.weights):
         tok = load_tokenizer(str(Path(str(v.weights)).expanduser()))
         if v.prm_kind == "lm":
             check_lm_tokens(tok, v)
         elif step_tag_id(tok) is None:
-            raise ConfigError(f"verifier.weights={str(v.weights)!r}: its tokenizer encodes \"\\n\\n\" as "
-                              f"{tok.encode(DELIMITER, add_special_tokens=False)}, not one token, so it has no step "
-                              f"tag for the generator's step delimiter; allowed: a PRM whose step tag is \"\\n\\n\"")
+            raise ConfigError(
+                f'verifier.weights={str(v.weights)!r}: its tokenizer encodes "\\n\\n" as '
+                f"{tok.encode(DELIMITER, add_special_tokens=False)}, not one token, so it has no step "
+                f'tag for the generator\'s step delimiter; allowed: a PRM whose step tag is "\\n\\n"'
+            )
 
 
 def verifier_prompt(tok, problem_text: str) -> List[int]:
@@ -179,7 +207,8 @@ class VerifierText:
     without stopping, so its step may hold several pieces: its score is the last one's, as with
     ``agg_strategy=last``). Steps are encoded one by one, so a path's input extends its parent's
     (the verifier's prefix cache hits)."""
-    insert = True          # a tag follows every step (what the simulated verifier charges)
+
+    insert = True  # a tag follows every step (what the simulated verifier charges)
 
     def __init__(self, gen: TokenSpace, verifier_path: str):
         self.gen = gen
@@ -218,14 +247,15 @@ def tagged_ids(tok, text: str, tag_ends: Sequence[int], tag_id: int) -> Tuple[Li
     with a neighbour, or another id); the message lists the tokens found there."""
     enc = tok(text, add_special_tokens=True, return_offsets_mapping=True)
     ids, offs = list(enc["input_ids"]), enc["offset_mapping"]
-    end_at = {e: i for i, (b, e) in enumerate(offs) if e > b}        # last token ending at each offset
+    end_at = {e: i for i, (b, e) in enumerate(offs) if e > b}  # last token ending at each offset
     pos = []
     for end in tag_ends:
         i = end_at.get(end)
         if i is None or ids[i] != tag_id:
             near = [(tok.decode([t]), t) for t, (b, e) in zip(ids, offs) if e > end - 4 and b < end + 2]
-            raise ValueError(f"the step tag ending at character {end} is not the single token {tag_id}; "
-                             f"tokens there: {near}")
+            raise ValueError(
+                f"the step tag ending at character {end} is not the single token {tag_id}; tokens there: {near}"
+            )
         pos.append(i)
     return ids, pos
 
@@ -241,21 +271,30 @@ def check_lm_tokens(tok, v) -> None:
         tagged_ids(tok, text, ends, int(v.step_tag_id))
     except ValueError as e:
         alone = tok.encode(v.step_tag, add_special_tokens=False)
-        allowed = (f"verifier.step_tag_id={alone[0]}" if len(alone) == 1 else
-                   "a tokenizer that encodes the step tag as one token after a step's text")
-        raise ConfigError(f"verifier.step_tag_id={v.step_tag_id} is not allowed with {where}: {e} (verifier.step_tag="
-                          f"{v.step_tag!r} alone encodes to {alone}); allowed: {allowed}") from None
+        allowed = (
+            f"verifier.step_tag_id={alone[0]}"
+            if len(alone) == 1
+            else "a tokenizer that encodes the step tag as one token after a step's text"
+        )
+        raise ConfigError(
+            f"verifier.step_tag_id={v.step_tag_id} is not allowed with {where}: {e} (verifier.step_tag="
+            f"{v.step_tag!r} alone encodes to {alone}); allowed: {allowed}"
+        ) from None
     except NotImplementedError:
-        raise ConfigError(f"{where}: its tokenizer gives no character offsets (a slow tokenizer); allowed: a fast "
-                          f"tokenizer (tokenizer.json)") from None
+        raise ConfigError(
+            f"{where}: its tokenizer gives no character offsets (a slow tokenizer); allowed: a fast "
+            f"tokenizer (tokenizer.json)"
+        ) from None
     texts = tok.batch_decode([[i] for i in range(len(tok))])
     for fld, want in (("good_token_id", "+"), ("bad_token_id", "-")):
         have = v[fld]
         if have is None or not 0 <= int(have) < len(tok) or texts[int(have)].strip().lstrip("▁") != want:
             shown = "no token" if have is None or not 0 <= int(have) < len(tok) else repr(texts[int(have)])
             allowed = [i for i, t in enumerate(texts) if t.strip().lstrip("▁") == want]
-            raise ConfigError(f"verifier.{fld}={have} is not allowed with {where}: it is {shown} in its tokenizer, "
-                              f"not the single token {want!r}; allowed: {allowed}")
+            raise ConfigError(
+                f"verifier.{fld}={have} is not allowed with {where}: it is {shown} in its tokenizer, "
+                f"not the single token {want!r}; allowed: {allowed}"
+            )
 
 
 class ShepherdText(VerifierText):
@@ -274,7 +313,7 @@ class ShepherdText(VerifierText):
         super().__init__(gen, verifier_path)
         self.tag, self.tag_text = int(step_tag_id), step_tag
         self._questions: Dict[Tuple[int, ...], str] = {}
-        self._texts: Dict[Tuple[int, ...], str] = {}          # step tokens -> decoded text
+        self._texts: Dict[Tuple[int, ...], str] = {}  # step tokens -> decoded text
 
     @staticmethod
     def format(question: str, steps: Sequence[str], tag: str) -> Tuple[str, List[int]]:
@@ -282,7 +321,7 @@ class ShepherdText(VerifierText):
         text, ends = question + " ", []
         for step in steps:
             pieces = step.split(DELIMITER)
-            trailing = len(pieces) > 1 and pieces[-1] == ""       # the step's own closing "\n\n"
+            trailing = len(pieces) > 1 and pieces[-1] == ""  # the step's own closing "\n\n"
             if trailing:
                 pieces.pop()
             for k, piece in enumerate(pieces):

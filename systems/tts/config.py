@@ -2,6 +2,7 @@
 
 Reference: ``shared/reference/fasttts.md`` (FastTTS, ASPLOS 26) §1.4 for the hyperparameters.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,9 +13,9 @@ from omegaconf import MISSING
 SEARCHES = ("beam_search", "dvts", "best_of_n", "dynamic_branching", "vg_search")
 AGGREGATIONS = ("last", "min", "prod", "mean")
 SCORE_SOURCES = ("auto", "prm", "synthetic")
-PRM_KINDS = ("head", "lm")               # verifier.prm_kind (harness.config.VerifierConfig)
-ON_TOO_LONG = ("error", "skip")          # workload.on_too_long
-KV_OVERFLOW = ("recompute", "lbs")       # system.kv_overflow
+PRM_KINDS = ("head", "lm")  # verifier.prm_kind (harness.config.VerifierConfig)
+ON_TOO_LONG = ("error", "skip")  # workload.on_too_long
+KV_OVERFLOW = ("recompute", "lbs")  # system.kv_overflow
 
 
 # The FastTTS family's numbers, checked before any work (harness.config.check_numbers):
@@ -30,8 +31,11 @@ MATH_WORKLOAD_NUMBERS = {
 }
 TTS_SYSTEM_NUMBERS = {
     "memory_fraction": ("a share of device memory", "in (0, 1]", ""),
-    "gen_memory_share": ("the generator's share of the KV budget", "in (0, 1)",
-                         "the verifier keeps the rest; both need some"),
+    "gen_memory_share": (
+        "the generator's share of the KV budget",
+        "in (0, 1)",
+        "the verifier keeps the rest; both need some",
+    ),
     "spec_truncation_std": ("a standard deviation", ">= 0", ""),
     "spec_max_beams": ("a sequence count", "> 0", ""),
     "max_num_seqs": ("a sequence count per engine step", "> 0", ""),
@@ -61,10 +65,11 @@ class MathWorkload:
     the stop string, FastTTS §1.1: that step averages ``step_tokens_mean * steps_per_answer_mean``
     tokens before the caps.)
     """
+
     name: str = MISSING
     kind: str = "math"
-    path: str = MISSING                  # JSONL file
-    num_problems: Optional[int] = None   # None = every problem in the file
+    path: str = MISSING  # JSONL file
+    num_problems: Optional[int] = None  # None = every problem in the file
     n: int = 64
     beam_width: int = 4
     num_iterations: int = 10
@@ -72,11 +77,11 @@ class MathWorkload:
     top_p: float = 1.0
     max_step_tokens: int = 2048
     max_model_len: int = 4096
-    on_too_long: str = "error"           # error | skip
+    on_too_long: str = "error"  # error | skip
     agg_strategy: str = "last"
     step_delimiter_id: int = 271
     eos_token_id: int = 151643
-    step_tokens_mean: float = 100.0      # FastTTS Fig. 3-right: about 100 tokens per step
+    step_tokens_mean: float = 100.0  # FastTTS Fig. 3-right: about 100 tokens per step
     steps_per_answer_mean: float = 8.0
     # real vLLM on CPU (random weights, 2 cores): shorter steps so a whole problem set runs in
     # minutes; used instead of step_tokens_mean / max_step_tokens when the engine runs on a CPU
@@ -105,29 +110,30 @@ class TTSSystem:
         (overrides the derived default, ``plan.kv_budget``). cpu_kv_budget: the default on a real
         CPU engine, whose KV is committed up front in host memory shared with other processes.
     """
+
     name: str = MISSING
     family: str = "tts"
     search: str = "beam_search"
     speculative: bool = False
     prefix_aware: bool = False
     memory: bool = False
-    replan: str = "per_run"              # per_run | per_iteration (simulator only)
+    replan: str = "per_run"  # per_run | per_iteration (simulator only)
     offload: bool = False
-    kv_overflow: str = "recompute"       # recompute | lbs (simulated backend only)
+    kv_overflow: str = "recompute"  # recompute | lbs (simulated backend only)
     spec_truncation_ratio: float = 0.85
     spec_truncation_std: float = 0.1
-    spec_max_beams: int = 256            # AE cap on speculative sequences
+    spec_max_beams: int = 256  # AE cap on speculative sequences
     lookahead_verification: bool = True
     memory_fraction: float = 0.9
-    gen_memory_share: float = 0.5        # baseline split of the KV budget (generator share)
-    kv_budget: Any = None                # bytes or "512MiB"; None = derived (plan.kv_budget)
-    cpu_kv_budget: Any = "512MiB"        # the default on a real CPU engine (host memory is shared)
-    max_num_seqs: int = 256              # vLLM default batch cap (baseline)
-    block_size: int = 32                 # KV block (tokens); CPU wants multiples of 32
-    score_source: str = "auto"           # auto (prm with real verifier weights, else synthetic) | prm | synthetic
-    vg_short_iterations: int = 3         # VG-search: iterations 0-2 use short steps
+    gen_memory_share: float = 0.5  # baseline split of the KV budget (generator share)
+    kv_budget: Any = None  # bytes or "512MiB"; None = derived (plan.kv_budget)
+    cpu_kv_budget: Any = "512MiB"  # the default on a real CPU engine (host memory is shared)
+    max_num_seqs: int = 256  # vLLM default batch cap (baseline)
+    block_size: int = 32  # KV block (tokens); CPU wants multiples of 32
+    score_source: str = "auto"  # auto (prm with real verifier weights, else synthetic) | prm | synthetic
+    vg_short_iterations: int = 3  # VG-search: iterations 0-2 use short steps
     vg_short_tokens: int = 64
-    record_tokens: bool = False          # keep every request's tokens (gen_tokens.parquet), for replay
+    record_tokens: bool = False  # keep every request's tokens (gen_tokens.parquet), for replay
     replay_tokens: Optional[str] = None  # simulated backend: a run dir whose recorded tokens it replays
 
 
@@ -139,6 +145,7 @@ def memory_fraction_for(model: str, verifier: str) -> float:
 
 def register(cs) -> None:
     from omegaconf import OmegaConf
+
     if not OmegaConf.has_resolver("tts_memory_fraction"):
         OmegaConf.register_new_resolver("tts_memory_fraction", memory_fraction_for)
     cs.store(group="workload", name="_math_workload_schema", node=MathWorkload)

@@ -15,6 +15,7 @@ speculate stops only at the end token; its step delimiters are detected in the s
 tokens, the policy decides at each step end whether it keeps decoding, and after every engine step
 which speculative requests are aborted.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float3
 @dataclass
 class PrmRows:
     """``rows[i]`` maps absolute position -> P(correct) for item i's positions computed this call."""
+
     rows: List[Dict[int, float]]
     time_s: float
     cached_tokens: int = 0
@@ -53,6 +55,7 @@ class Clock:
 def write_hf_config(model_cfg, path: Path, architecture: str, extra: Optional[dict] = None) -> Path:
     """Write a transformers ``config.json`` with the model's exact shapes (random weights)."""
     from harness.model_facts import hf_config_dict
+
     path.mkdir(parents=True, exist_ok=True)
     cfg = hf_config_dict(model_cfg, extra)
     cfg["architectures"] = [architecture]
@@ -66,17 +69,37 @@ def _model_dir(model_cfg, workdir: Path, architecture: str, extra=None) -> str:
     return str(write_hf_config(model_cfg, workdir / model_cfg.name, architecture, extra))
 
 
-def _engine(model_dir: str, weights_random: bool, dtype: str, max_model_len: int, kv_bytes: int,
-            max_num_seqs: int, block_size: int, seed: int, **kw):
+def _engine(
+    model_dir: str,
+    weights_random: bool,
+    dtype: str,
+    max_model_len: int,
+    kv_bytes: int,
+    max_num_seqs: int,
+    block_size: int,
+    seed: int,
+    **kw,
+):
     # in-process engine core and worker (set here, not at import: importing this module changes nothing)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
-    args = EngineArgs(model=model_dir, load_format="dummy" if weights_random else "auto",
-                      skip_tokenizer_init=weights_random, dtype=TORCH_DTYPES[dtype],
-                      max_model_len=max_model_len, enable_prefix_caching=True, enforce_eager=True,
-                      kv_cache_memory_bytes=int(kv_bytes), max_num_seqs=int(max_num_seqs),
-                      block_size=block_size, seed=seed, disable_log_stats=True, **kw)
+
+    args = EngineArgs(
+        model=model_dir,
+        load_format="dummy" if weights_random else "auto",
+        skip_tokenizer_init=weights_random,
+        dtype=TORCH_DTYPES[dtype],
+        max_model_len=max_model_len,
+        enable_prefix_caching=True,
+        enforce_eager=True,
+        kv_cache_memory_bytes=int(kv_bytes),
+        max_num_seqs=int(max_num_seqs),
+        block_size=block_size,
+        seed=seed,
+        disable_log_stats=True,
+        **kw,
+    )
     return LLMEngine.from_engine_args(args)
 
 
@@ -89,14 +112,41 @@ class VllmGenerator:
     ``delimiter_ids``: every token id that ends a step; ``eos_ids``: every end token.
     ``logit_bias``: token id -> bias (random weights' step-length model); None for real weights."""
 
-    def __init__(self, model_cfg, workdir: Path, *, max_model_len: int, kv_bytes: int, max_num_seqs: int,
-                 block_size: int, seed: int, token_budget: int, delimiter_ids: Sequence[int], eos_ids: Sequence[int],
-                 logit_bias: Optional[Dict[int, float]], temperature: float, top_p: float):
-        self.eng = _engine(_model_dir(model_cfg, workdir, "Qwen2ForCausalLM" if model_cfg.hf_model_type == "qwen2"
-                                      else f"{model_cfg.hf_model_type.capitalize()}ForCausalLM"),
-                           model_cfg.weights == "random", model_cfg.dtype, max_model_len, kv_bytes,
-                           max_num_seqs, block_size, seed, enable_chunked_prefill=False,
-                           max_num_batched_tokens=token_budget)
+    def __init__(
+        self,
+        model_cfg,
+        workdir: Path,
+        *,
+        max_model_len: int,
+        kv_bytes: int,
+        max_num_seqs: int,
+        block_size: int,
+        seed: int,
+        token_budget: int,
+        delimiter_ids: Sequence[int],
+        eos_ids: Sequence[int],
+        logit_bias: Optional[Dict[int, float]],
+        temperature: float,
+        top_p: float,
+    ):
+        self.eng = _engine(
+            _model_dir(
+                model_cfg,
+                workdir,
+                "Qwen2ForCausalLM"
+                if model_cfg.hf_model_type == "qwen2"
+                else f"{model_cfg.hf_model_type.capitalize()}ForCausalLM",
+            ),
+            model_cfg.weights == "random",
+            model_cfg.dtype,
+            max_model_len,
+            kv_bytes,
+            max_num_seqs,
+            block_size,
+            seed,
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=token_budget,
+        )
         self.sched = self.eng.engine_core.engine_core.scheduler
         self.delims, self.eos = frozenset(delimiter_ids), frozenset(eos_ids)
         self.bias = dict(logit_bias) if logit_bias else None
@@ -106,13 +156,21 @@ class VllmGenerator:
     def _params(self, r: GenRequest, policy: SpeculationPolicy):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+
         # the delimiter is a stop token only when the policy would stop every step there anyway
         at_delim = r.stop_at_delimiter and not policy.may_speculate(r)
         stop = sorted(self.eos | self.delims if at_delim else self.eos)
         max_tokens = max(1, min(self.max_model_len - len(r.prompt_ids), policy.max_tokens(r)))
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              seed=r.seed, stop_token_ids=stop, logit_bias=dict(self.bias) if self.bias else None,
-                              detokenize=False, output_kind=RequestOutputKind.DELTA)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=r.seed,
+            stop_token_ids=stop,
+            logit_bias=dict(self.bias) if self.bias else None,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
 
     def _step_end(self, r: GenRequest, t: int, k: int) -> Optional[str]:
         """How token ``t``, the ``k``-th of standard request ``r``, ends its step (None: it does not)."""
@@ -136,8 +194,8 @@ class VllmGenerator:
         by_id = {r.uid: r for r in requests}
         for r in requests:
             self.eng.add_request(r.uid, {"prompt_token_ids": list(r.prompt_ids)}, self._params(r, policy))
-        standard = set(by_id)                   # still producing the step proper
-        spec: Dict[str, int] = {}               # speculating: uid -> potential
+        standard = set(by_id)  # still producing the step proper
+        spec: Dict[str, int] = {}  # speculating: uid -> potential
         steps = 0
         while self.eng.has_unfinished_requests():
             outs = self.eng.step()
@@ -145,7 +203,7 @@ class VllmGenerator:
             to_abort = []
             for o in outs:
                 uid = o.request_id
-                if uid not in standard and uid not in spec:       # not ours, or aborted already
+                if uid not in standard and uid not in spec:  # not ours, or aborted already
                     continue
                 if o.num_cached_tokens is not None and uid not in cached:
                     cached[uid] = o.num_cached_tokens
@@ -153,7 +211,7 @@ class VllmGenerator:
                 for t in o.outputs[0].token_ids:
                     toks[uid].append(t)
                     if uid in spec:
-                        continue                 # speculative tokens: an end token finishes the request
+                        continue  # speculative tokens: an end token finishes the request
                     end = self._step_end(r, t, len(toks[uid]))
                     if end is None:
                         continue
@@ -165,7 +223,7 @@ class VllmGenerator:
                         to_abort.append(uid)
                 if o.finished:
                     spec.pop(uid, None)
-                    if uid in standard:          # ended by max_model_len
+                    if uid in standard:  # ended by max_model_len
                         step_len[uid], finish[uid] = len(toks[uid]), "length"
                         standard.discard(uid)
             for uid in policy.to_abort(len(standard), spec, len(self.sched.waiting), pressure=False):
@@ -202,42 +260,75 @@ class VllmVerifier:
     while rows cover only uncached positions), and in vLLM 0.32 ``returned_token_ids`` index the
     pooled hidden states before the head, not the vocabulary logits."""
 
-    def __init__(self, verifier_cfg, workdir: Path, *, max_model_len: int, kv_bytes: int, max_num_seqs: int,
-                 block_size: int, seed: int, token_budget: int):
+    def __init__(
+        self,
+        verifier_cfg,
+        workdir: Path,
+        *,
+        max_model_len: int,
+        kv_bytes: int,
+        max_num_seqs: int,
+        block_size: int,
+        seed: int,
+        token_budget: int,
+    ):
         from vllm.config import PoolerConfig
+
         kw = {}
         if verifier_cfg.prm_kind == "lm":
             if verifier_cfg.weights == "random":
                 raise ValueError(f"verifier {verifier_cfg.name} (prm_kind=lm) needs verifier.weights=/dir on vLLM")
             from systems.tts.checkpoint import load_tokenizer
+
             mdir = _model_dir(verifier_cfg, workdir, "")
-            good_bad = load_tokenizer(mdir).convert_ids_to_tokens([int(verifier_cfg.good_token_id),
-                                                                   int(verifier_cfg.bad_token_id)])
-            kw = dict(runner="pooling", convert="classify",
-                      hf_overrides={"classifier_from_token": good_bad, "method": "no_post_processing"})
+            good_bad = load_tokenizer(mdir).convert_ids_to_tokens(
+                [int(verifier_cfg.good_token_id), int(verifier_cfg.bad_token_id)]
+            )
+            kw = dict(
+                runner="pooling",
+                convert="classify",
+                hf_overrides={"classifier_from_token": good_bad, "method": "no_post_processing"},
+            )
             self.col = 0
         elif verifier_cfg.hf_model_type == "qwen2":
             mdir = _model_dir(verifier_cfg, workdir, "Qwen2ForProcessRewardModel", {"num_labels": 2})
             self.col = 1
         else:
-            raise ValueError(f"real vLLM verifier supports qwen2 PRMs (Qwen2ForProcessRewardModel) and prm_kind=lm "
-                             f"causal LMs; got {verifier_cfg.hf_model_type!r}: use backend=sim")
-        self.eng = _engine(mdir, verifier_cfg.weights == "random", verifier_cfg.dtype, max_model_len, kv_bytes,
-                           max_num_seqs, block_size, seed, pooler_config=PoolerConfig(tok_pooling_type="ALL"),
-                           enable_chunked_prefill=True, max_num_batched_tokens=token_budget, **kw)
+            raise ValueError(
+                f"real vLLM verifier supports qwen2 PRMs (Qwen2ForProcessRewardModel) and prm_kind=lm "
+                f"causal LMs; got {verifier_cfg.hf_model_type!r}: use backend=sim"
+            )
+        self.eng = _engine(
+            mdir,
+            verifier_cfg.weights == "random",
+            verifier_cfg.dtype,
+            max_model_len,
+            kv_bytes,
+            max_num_seqs,
+            block_size,
+            seed,
+            pooler_config=PoolerConfig(tok_pooling_type="ALL"),
+            enable_chunked_prefill=True,
+            max_num_batched_tokens=token_budget,
+            **kw,
+        )
         self._n = 0
 
     def score(self, items: List[List[int]], positions: List[List[int]]) -> PrmRows:
         """Score ``items`` (verifier token lists). Returns rows for the requested positions."""
         from vllm import PoolingParams
+
         clock = Clock()
         ids = []
         for toks in items:
             rid = f"v{self._n}"
             self._n += 1
             ids.append(rid)
-            self.eng.add_request(rid, {"prompt_token_ids": list(toks)},
-                                 PoolingParams(task="token_classify", skip_reading_prefix_cache=False))
+            self.eng.add_request(
+                rid,
+                {"prompt_token_ids": list(toks)},
+                PoolingParams(task="token_classify", skip_reading_prefix_cache=False),
+            )
         results = {}
         while self.eng.has_unfinished_requests():
             for o in self.eng.step():
@@ -282,6 +373,7 @@ class TokenMap:
         if self.same or not tokens:
             return list(tokens)
         import numpy as np
+
         v = np.asarray(tokens, dtype=np.int64) % self.ver_vocab
         v[v == self.tag] = (self.tag + 1) % self.ver_vocab
         return v.tolist()
@@ -289,17 +381,17 @@ class TokenMap:
     def build(self, prompt: List[int], tokens: List[int], step_ends: List[int]):
         """Returns (verifier ids, position of each step's score)."""
         end = step_ends[-1] if step_ends else 0
-        if not self.insert:                       # same tokens, steps as they are; a step's score at its last token
+        if not self.insert:  # same tokens, steps as they are; a step's score at its last token
             ids = list(prompt)
             ids += tokens if end == len(tokens) else tokens[:end]
             return ids, [len(prompt) + e - 1 for e in step_ends]
         mapped = self._map(tokens[:end])
         ids, pos, start = list(prompt), [], 0
         for end in step_ends:
-            ids.extend(mapped[start:end - 1])
+            ids.extend(mapped[start : end - 1])
             pos.append(len(ids))
             ids.append(self.tag)
-            ids.extend(mapped[max(start, end - 1):end])          # the step's last token (none if empty)
+            ids.extend(mapped[max(start, end - 1) : end])  # the step's last token (none if empty)
             start = end
         return ids, pos
 
@@ -311,16 +403,24 @@ class PrmScorer:
     ``synthetic_seed`` (``score_source=synthetic``: random-weight PRMs give ties) every computed
     value is replaced by the content-keyed ``beams.synthetic_prm_score`` of the path's step."""
 
-    def __init__(self, verifier: VllmVerifier, token_map: TokenMap, prompts: Dict[int, List[int]],
-                 synthetic_seed: Optional[int] = None):
+    def __init__(
+        self,
+        verifier: VllmVerifier,
+        token_map: TokenMap,
+        prompts: Dict[int, List[int]],
+        synthetic_seed: Optional[int] = None,
+    ):
         self.v, self.map, self.prompts, self.synthetic_seed = verifier, token_map, prompts, synthetic_seed
 
     def verify(self, pidx: int, items, paths=None) -> VerifierOutput:
         from systems.tts.beams import synthetic_prm_values
+
         built = [self.map.build(self.prompts[pidx], toks, ends) for toks, ends in items]
         res = self.v.score([b[0] for b in built], [b[1] for b in built])
         vals = [[row.get(p) for p in pos] for (_, pos), row in zip(built, res.rows)]
         if self.synthetic_seed is not None:
-            vals = [synthetic_prm_values(self.synthetic_seed, pidx, toks, ends, [v is not None for v in vs])
-                    for (toks, ends), vs in zip(items, vals)]
+            vals = [
+                synthetic_prm_values(self.synthetic_seed, pidx, toks, ends, [v is not None for v in vs])
+                for (toks, ends), vs in zip(items, vals)
+            ]
         return VerifierOutput(vals, res.time_s, res.cached_tokens, res.prompt_tokens, res.cpu_s)

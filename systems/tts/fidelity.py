@@ -20,6 +20,7 @@
 Every real timing is measured on a shared machine: the load average before and after each run is
 in the table. Goals (issue 11): per-iteration latency MAPE <= 15 %, hit rates within 3 points.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,15 +53,22 @@ def _timing(run_dir: Path, gen: str, ver: str):
     read from iteration columns ``gen`` + ``ver``: the formulas of ``metrics.summarize`` (FastTTS
     AE goodput: a path completes at the cumulative time of its completing iteration)."""
     import pandas as pd
+
     it = pd.read_parquet(run_dir / "iterations.parquet")
     comp = pd.read_parquet(run_dir / "completions.parquet")
     it["t"] = it[gen].fillna(0.0) + it[ver].fillna(0.0)
     it["cum"] = it.groupby("problem")["t"].cumsum()
-    done = comp.merge(it[["problem", "iteration", "cum"]], left_on=["problem", "completed_iteration"],
-                      right_on=["problem", "iteration"])
+    done = comp.merge(
+        it[["problem", "iteration", "cum"]],
+        left_on=["problem", "completed_iteration"],
+        right_on=["problem", "iteration"],
+    )
     per = done.groupby("problem").agg(tokens=("tokens", "mean"), time=("cum", "mean"))
-    return it.set_index(["problem", "iteration"])["t"], float(it.groupby("problem")["t"].sum().mean()), \
-        float(per.tokens.sum() / per.time.sum())
+    return (
+        it.set_index(["problem", "iteration"])["t"],
+        float(it.groupby("problem")["t"].sum().mean()),
+        float(per.tokens.sum() / per.time.sum()),
+    )
 
 
 def compare(real_dir: Path, sim_dir: Path) -> Dict[str, float]:
@@ -72,26 +80,39 @@ def compare(real_dir: Path, sim_dir: Path) -> Dict[str, float]:
 
     import numpy as np
     import pandas as pd
+
     sim_it, sim_lat, sim_gp = _timing(sim_dir, "gen_time_s", "ver_time_s")
     out = {}
     for tag, gen, ver in (("", "gen_cpu_s", "ver_cpu_s"), ("wall_", "gen_time_s", "ver_time_s")):
         real_it, lat, gp = _timing(real_dir, gen, ver)
         both = pd.concat([real_it.rename("real"), sim_it.rename("sim")], axis=1, join="inner")
         both = both[both.real > 0]
-        out.update({f"{tag}iter_mape": float(100 * np.mean(np.abs(both.sim / both.real - 1))),
-                    f"{tag}latency_real": lat, f"{tag}latency_err": 100 * (sim_lat / lat - 1),
-                    f"{tag}goodput_real": gp, f"{tag}goodput_err": 100 * (sim_gp / gp - 1)})
+        out.update(
+            {
+                f"{tag}iter_mape": float(100 * np.mean(np.abs(both.sim / both.real - 1))),
+                f"{tag}latency_real": lat,
+                f"{tag}latency_err": 100 * (sim_lat / lat - 1),
+                f"{tag}goodput_real": gp,
+                f"{tag}goodput_err": 100 * (sim_gp / gp - 1),
+            }
+        )
     ir, is_ = (pd.read_parquet(d / "iterations.parquet") for d in (real_dir, sim_dir))
     m = ir.merge(is_, on=["problem", "iteration"], suffixes=("_real", "_sim"))
     gen = m[m.gen_cpu_s_real > 0]
     ver = m[m.ver_cpu_s_real > 0]
     rs, ss = (json.loads((d / "run.json").read_text())["summary"] for d in (real_dir, sim_dir))
-    out.update(iterations=len(m), latency_sim=sim_lat, goodput_sim=sim_gp,
-               gen_mape=float(100 * np.mean(np.abs(gen.gen_time_s_sim / gen.gen_cpu_s_real - 1))),
-               ver_mape=float(100 * np.mean(np.abs(ver.ver_time_s_sim / ver.ver_cpu_s_real - 1))),
-               gen_hit_real=100 * rs["gen_prefix_hit_rate"], gen_hit_sim=100 * ss["gen_prefix_hit_rate"],
-               ver_hit_real=100 * rs["ver_prefix_hit_rate"], ver_hit_sim=100 * ss["ver_prefix_hit_rate"],
-               same_decisions=float(100 * np.mean(m.selected_keys_real == m.selected_keys_sim)))
+    out.update(
+        iterations=len(m),
+        latency_sim=sim_lat,
+        goodput_sim=sim_gp,
+        gen_mape=float(100 * np.mean(np.abs(gen.gen_time_s_sim / gen.gen_cpu_s_real - 1))),
+        ver_mape=float(100 * np.mean(np.abs(ver.ver_time_s_sim / ver.ver_cpu_s_real - 1))),
+        gen_hit_real=100 * rs["gen_prefix_hit_rate"],
+        gen_hit_sim=100 * ss["gen_prefix_hit_rate"],
+        ver_hit_real=100 * rs["ver_prefix_hit_rate"],
+        ver_hit_sim=100 * ss["ver_prefix_hit_rate"],
+        same_decisions=float(100 * np.mean(m.selected_keys_real == m.selected_keys_sim)),
+    )
     return out
 
 
@@ -100,23 +121,45 @@ def report(rows: List[dict], out: Path, meta: dict) -> Path:
     import pandas as pd
 
     from harness.report import write_markdown
+
     df = pd.DataFrame(rows)
     df["gen_hit_diff"] = df.gen_hit_sim - df.gen_hit_real
     df["ver_hit_diff"] = df.ver_hit_sim - df.ver_hit_real
     summary = []
     for system, g in df.groupby("system", sort=False):
-        summary.append({"system": system, "repeats": len(g),
-                        **{k: mean_ci(g[k]) for k in ("iter_mape", "gen_mape", "ver_mape", "latency_err", "goodput_err",
-                                                       "gen_hit_real", "gen_hit_diff", "ver_hit_real", "ver_hit_diff",
-                                                       "same_decisions", "wall_iter_mape", "load_before")}})
-    notes = (f"Measured on vLLM-CPU ({meta['threads']} thread(s), warm-up run excluded) vs simulated with the profile "
-             f"{meta['profile']} measured on this CPU (process CPU time, like the runs' own); the simulator replays each "
-             f"real run's generated tokens. Real times are the engines' process CPU seconds (one thread: the time on "
-             f"an uncontended core); wall_iter_mape compares the wall-clock times instead, which on this shared "
-             f"machine swing with other users' load (load_before: 1-min load average before each real run). Errors "
-             f"in % (sim / real - 1; MAPE over iterations), hit rates in %, *_diff in points (sim - real). Goals: "
-             f"per-iteration latency MAPE <= 15 %, hit rates within 3 points. Mean ± 95 % interval over "
-             f"{meta['repeats']} repeats (seeds).")
+        summary.append(
+            {
+                "system": system,
+                "repeats": len(g),
+                **{
+                    k: mean_ci(g[k])
+                    for k in (
+                        "iter_mape",
+                        "gen_mape",
+                        "ver_mape",
+                        "latency_err",
+                        "goodput_err",
+                        "gen_hit_real",
+                        "gen_hit_diff",
+                        "ver_hit_real",
+                        "ver_hit_diff",
+                        "same_decisions",
+                        "wall_iter_mape",
+                        "load_before",
+                    )
+                },
+            }
+        )
+    notes = (
+        f"Measured on vLLM-CPU ({meta['threads']} thread(s), warm-up run excluded) vs simulated with the profile "
+        f"{meta['profile']} measured on this CPU (process CPU time, like the runs' own); the simulator replays each "
+        f"real run's generated tokens. Real times are the engines' process CPU seconds (one thread: the time on "
+        f"an uncontended core); wall_iter_mape compares the wall-clock times instead, which on this shared "
+        f"machine swing with other users' load (load_before: 1-min load average before each real run). Errors "
+        f"in % (sim / real - 1; MAPE over iterations), hit rates in %, *_diff in points (sim - real). Goals: "
+        f"per-iteration latency MAPE <= 15 %, hit rates within 3 points. Mean ± 95 % interval over "
+        f"{meta['repeats']} repeats (seeds)."
+    )
     path = write_markdown(pd.DataFrame(summary), out / "fidelity.md", "TTS simulator vs vLLM-CPU (summary)", notes)
     with path.open("a") as f:
         f.write("\n## Per run\n\n" + df.to_markdown(index=False, floatfmt=".3g") + "\n")
@@ -126,11 +169,13 @@ def report(rows: List[dict], out: Path, meta: dict) -> Path:
 
 def _figure(df, out: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
 
     from harness.report import save_figure
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
     lo, hi = float("inf"), 0.0
     for system, g in df.groupby("system", sort=False):
@@ -146,8 +191,13 @@ def _figure(df, out: Path) -> None:
     lim = (0.8 * lo, 1.25 * hi)
     a.plot(lim, lim, "k--", lw=0.8)
     a.set(xlim=lim, ylim=lim)
-    a.set(xscale="log", yscale="log", xlabel="measured (vLLM-CPU, CPU s)", ylabel="simulated s",
-          title="per-iteration latency")
+    a.set(
+        xscale="log",
+        yscale="log",
+        xlabel="measured (vLLM-CPU, CPU s)",
+        ylabel="simulated s",
+        title="per-iteration latency",
+    )
     a.legend(fontsize=8)
     keys = [("gen_hit_real", "gen_hit_sim"), ("ver_hit_real", "ver_hit_sim")]
     labels, real, sim = [], [], []
@@ -168,6 +218,7 @@ def _figure(df, out: Path) -> None:
 
 def _compose(overrides: List[str]):
     from systems.tts.calibrate import compose
+
     return compose(["tracking=none", "progress=false", f"hardware={PROFILE}", *overrides])
 
 
@@ -179,33 +230,55 @@ def out_dir(args: Dict[str, str]) -> Path:
     """Where the study writes without ``out=``: ``<results>/sweeps/tts_fidelity`` (harness.config's
     results rule: ``results_dir=``, else $TTC_RESULTS_DIR, else the repository's results/)."""
     from harness.config import results_dir_of
-    return results_dir_of([f"results_dir={args['results_dir']}"] if args.get("results_dir") else []) \
-        / "sweeps" / "tts_fidelity"
+
+    return (
+        results_dir_of([f"results_dir={args['results_dir']}"] if args.get("results_dir") else [])
+        / "sweeps"
+        / "tts_fidelity"
+    )
 
 
 def main(argv=None) -> int:
     from harness.cli import check_tool_values, tool_args
     from harness.errors import ConfigError
+
     args = tool_args(list(sys.argv[1:] if argv is None else argv), __doc__, KEYS)
-    try:                                           # before minutes of calibration
-        check_tool_values(args, ints=("repeats", "problems", "n", "threads"), flags=("recalibrate",),
-                          groups=("workload",))
+    try:  # before minutes of calibration
+        check_tool_values(
+            args, ints=("repeats", "problems", "n", "threads"), flags=("recalibrate",), groups=("workload",)
+        )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(args["out"]) if args.get("out") else out_dir(args)
     repeats, threads = int(args.get("repeats", 3)), int(args.get("threads", 1))
-    common = [f"workload={args.get('workload', 'aime24')}", f"n={args.get('n', 16)}",
-              f"workload.num_problems={args.get('problems', 4)}"]
+    common = [
+        f"workload={args.get('workload', 'aime24')}",
+        f"n={args.get('n', 16)}",
+        f"workload.num_problems={args.get('problems', 4)}",
+    ]
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     import torch
-    torch.set_num_threads(threads)                 # before any engine: vLLM-CPU makes it a no-op after
+
+    torch.set_num_threads(threads)  # before any engine: vLLM-CPU makes it a no-op after
     from harness.run import run
     from systems.tts import calibrate
+
     if args.get("recalibrate", "true") != "false" or not (ROOT / "conf" / "hardware" / f"{PROFILE}.yaml").exists():
         calibrate.main([f"name={PROFILE}", f"threads={threads}"])
-    run(_compose(["system=fasttts", "backend=vllm", "n=8", "workload.num_problems=1", "workload.num_iterations=2",
-                  "resume=false", f"output_dir={out / 'warmup'}"]))          # warm-up, excluded
+    run(
+        _compose(
+            [
+                "system=fasttts",
+                "backend=vllm",
+                "n=8",
+                "workload.num_problems=1",
+                "workload.num_iterations=2",
+                "resume=false",
+                f"output_dir={out / 'warmup'}",
+            ]
+        )
+    )  # warm-up, excluded
     rows = []
     for seed in range(repeats):
         for system in SYSTEMS:
@@ -216,12 +289,21 @@ def main(argv=None) -> int:
             load_after = calibrate.loadavg()
             sim = run(_compose([*base, "backend=sim", f"system.replay_tokens={real_dir}", f"output_dir={sim_dir}"]))
             if rec["status"] != "ok" or sim["status"] != "ok":
-                print(f"{system} seed {seed}: real {rec['status']}, sim {sim['status']}: {rec.get('message')} "
-                      f"{sim.get('message')}", file=sys.stderr)
+                print(
+                    f"{system} seed {seed}: real {rec['status']}, sim {sim['status']}: {rec.get('message')} "
+                    f"{sim.get('message')}",
+                    file=sys.stderr,
+                )
                 return 1
             row = compare(real_dir, sim_dir)
-            row.update(system=system, seed=seed, load_before=load_before, load_after=load_after,
-                       real_dir=str(real_dir), sim_dir=str(sim_dir))
+            row.update(
+                system=system,
+                seed=seed,
+                load_before=load_before,
+                load_after=load_after,
+                real_dir=str(real_dir),
+                sim_dir=str(sim_dir),
+            )
             rows.append(row)
     path = report(rows, out, {"threads": threads, "profile": PROFILE, "repeats": repeats})
     print(path.read_text().split("\n## Per run")[0])

@@ -29,13 +29,15 @@ KV; transfers at the hardware profile's ``h2d_bw`` / ``d2h_bw`` (one copy engine
 in whole blocks, so a path's last, partial block is recomputed (as vLLM's prefix cache does);
 S's speculation runs inside each group (its decisions see the group's stragglers and queue only).
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Sequence, Tuple
 
-from systems.tts.protocol import GenOutput, GenRequest, GenResult
 from systems.ttc.beamset import consecutive_groups, group_capacity, group_sizes, prefetch_count
 from systems.ttc.sim import group_time
+from systems.tts.protocol import GenOutput, GenRequest, GenResult
+
 
 # ------------------------------------------------------------------------------------- policy
 def prefix_order(hash_lists: Sequence[Sequence[int]]) -> List[int]:
@@ -44,8 +46,13 @@ def prefix_order(hash_lists: Sequence[Sequence[int]]) -> List[int]:
     return sorted(range(len(hash_lists)), key=lambda i: tuple(hash_lists[i]))
 
 
-def plan_groups(hash_lists: Sequence[Sequence[int]], reserve_tokens: Sequence[int], budget_bytes: int,
-                kv_token_bytes: float, block: int) -> Tuple[int, List[List[int]]]:
+def plan_groups(
+    hash_lists: Sequence[Sequence[int]],
+    reserve_tokens: Sequence[int],
+    budget_bytes: int,
+    kv_token_bytes: float,
+    block: int,
+) -> Tuple[int, List[List[int]]]:
     """LBS groups of one generator call (module docstring, steps 1-3).
 
     Args: ``hash_lists[i]`` the full-block hashes of request i's prompt (prompt + path so far);
@@ -59,8 +66,11 @@ def plan_groups(hash_lists: Sequence[Sequence[int]], reserve_tokens: Sequence[in
     cap = group_capacity(n, int(budget_bytes), int(per_beam) + 1)
     if cap < 1:
         from harness.errors import RunOOM
-        raise RunOOM(f"kv_overflow=lbs: one request's share of the step's KV ({per_beam / 2**20:.1f} MiB) exceeds "
-                     f"the generator's KV share ({budget_bytes / 2**20:.1f} MiB)")
+
+        raise RunOOM(
+            f"kv_overflow=lbs: one request's share of the step's KV ({per_beam / 2**20:.1f} MiB) exceeds "
+            f"the generator's KV share ({budget_bytes / 2**20:.1f} MiB)"
+        )
     return cap, consecutive_groups(prefix_order(hash_lists), group_sizes(n, cap, balanced=True))
 
 
@@ -75,17 +85,18 @@ class LbsOverflowGenerator:
         ``step_mean`` expected tokens of a step ended by the delimiter, ``answer_mean`` of a step
         decoded to the end token (the last iteration)."""
 
-    def __init__(self, inner, *, h2d_bw: float, d2h_bw: float, step_mean: float, answer_mean: float,
-                 overlap: bool = True):
+    def __init__(
+        self, inner, *, h2d_bw: float, d2h_bw: float, step_mean: float, answer_mean: float, overlap: bool = True
+    ):
         self.inner, self.h2d_bw, self.d2h_bw = inner, float(h2d_bw), float(d2h_bw)
-        self.overlap = overlap                 # copies beside compute (systems.ttc.sim.copies_overlap)
+        self.overlap = overlap  # copies beside compute (systems.ttc.sim.copies_overlap)
         self.step_mean, self.answer_mean = float(step_mean), float(answer_mean)
         self.block_bytes = inner.block * inner.m.kv_bytes_per_token
-        self.host: set = set()                # block hashes whose KV the host holds (current problem)
+        self.host: set = set()  # block hashes whose KV the host holds (current problem)
         self.problem = None
         self.h2d_bytes = self.d2h_bytes = 0
         self.groups = self.calls = self.grouped_calls = 0
-        self.io_stall_s = 0.0                  # copy time not hidden behind the groups' compute
+        self.io_stall_s = 0.0  # copy time not hidden behind the groups' compute
 
     def configure(self, kv_bytes: int, max_num_seqs: int, offload_bw=None) -> None:
         """Re-size the engine (``system.replan=per_iteration``); see ``sim._Engine.configure``."""
@@ -94,9 +105,13 @@ class LbsOverflowGenerator:
     def stats(self) -> Dict[str, float]:
         """The run's summary fields: bytes host->device and device->host, I/O stall (s), LBS groups per
         generator call, calls that needed more than one group."""
-        return dict(lbs_h2d_bytes=int(self.h2d_bytes), lbs_d2h_bytes=int(self.d2h_bytes),
-                    lbs_io_stall_s=self.io_stall_s,
-                    lbs_groups_per_call=self.groups / max(1, self.calls), lbs_grouped_calls=int(self.grouped_calls))
+        return dict(
+            lbs_h2d_bytes=int(self.h2d_bytes),
+            lbs_d2h_bytes=int(self.d2h_bytes),
+            lbs_io_stall_s=self.io_stall_s,
+            lbs_groups_per_call=self.groups / max(1, self.calls),
+            lbs_grouped_calls=int(self.grouped_calls),
+        )
 
     def _reserve(self, r: GenRequest) -> int:
         """Tokens a request is expected to add (the step model's mean, capped at its max_tokens)."""
@@ -109,12 +124,17 @@ class LbsOverflowGenerator:
         if not requests:
             return self.inner.extend(requests, policy)
         problem = requests[0].path.partition("/")[0]
-        if problem != self.problem:              # a new problem: its paths share nothing with the last one's
+        if problem != self.problem:  # a new problem: its paths share nothing with the last one's
             self.problem, self.host = problem, set()
         eng = self.inner
         hs = [eng.paths.hashes(r.prompt_ids, r.path) for r in requests]
-        cap, groups = plan_groups(hs, [self._reserve(r) for r in requests], eng.cache.capacity * self.block_bytes,
-                                  eng.m.kv_bytes_per_token, eng.block)
+        cap, groups = plan_groups(
+            hs,
+            [self._reserve(r) for r in requests],
+            eng.cache.capacity * self.block_bytes,
+            eng.m.kv_bytes_per_token,
+            eng.block,
+        )
         self.calls += 1
         self.groups += len(groups)
         self.grouped_calls += len(groups) > 1
@@ -128,8 +148,13 @@ class LbsOverflowGenerator:
             if i + 1 < len(groups):
                 k = prefetch_count(cap, len(members), len(groups[i + 1]))
                 prefetch = self._missing([hs[j] for j in groups[i + 1][:k]])
-            g = group_time(max(0, load - carried) / self.h2d_bw, res.time_s, prefetch / self.h2d_bw,
-                           written / self.d2h_bw, self.overlap)
+            g = group_time(
+                max(0, load - carried) / self.h2d_bw,
+                res.time_s,
+                prefetch / self.h2d_bw,
+                written / self.d2h_bw,
+                self.overlap,
+            )
             t += g
             self.io_stall_s += g - res.time_s
             carried = prefetch

@@ -17,6 +17,7 @@ budget, so the exact optimum is min over B_pre of f(B_pre) + min_{b <= D(B_pre)}
 minimum over g, vectorised (no convexity assumed). Ties go to the larger decode batch, then to
 the smaller prefill batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,22 +29,31 @@ import numpy as np
 @dataclass(frozen=True)
 class ModelShape:
     """What the cost model needs of a model (see module docstring for units)."""
-    num_params: float             # parameters multiplied per token (harness.model_facts.forward_params)
+
+    num_params: float  # parameters multiplied per token (harness.model_facts.forward_params)
     num_layers: int
     hidden_size: int
-    kv_bytes_per_token: float     # 2 * L * H_kv * d_head * bytes
-    weight_bytes: float           # every weight (memory held)
+    kv_bytes_per_token: float  # 2 * L * H_kv * d_head * bytes
+    weight_bytes: float  # every weight (memory held)
     vocab_size: int
-    head_params: float = 0.0      # of num_params: the vocabulary projection, applied per sampled position
+    head_params: float = 0.0  # of num_params: the vocabulary projection, applied per sampled position
     dtype_bytes: int = 2
 
     @staticmethod
     def of(m) -> "ModelShape":
         from harness import model_facts as mf
+
         # FLOPs count the matmul weights (embedding lookups are free); memory holds every weight
-        return ModelShape(float(mf.forward_params(m)), int(m.num_layers), int(m.hidden_size), float(mf.kv_bytes_per_token(m)),
-                          float(mf.weight_bytes(m)), int(m.vocab_size), float(mf.lm_head_params(m)),
-                          mf.dtype_bytes(m.dtype))
+        return ModelShape(
+            float(mf.forward_params(m)),
+            int(m.num_layers),
+            int(m.hidden_size),
+            float(mf.kv_bytes_per_token(m)),
+            float(mf.weight_bytes(m)),
+            int(m.vocab_size),
+            float(mf.lm_head_params(m)),
+            mf.dtype_bytes(m.dtype),
+        )
 
     @property
     def body_params(self) -> float:
@@ -64,12 +74,13 @@ class Roofline:
     sequence (s; the sampler), the last two measured on a CPU. ``additive``: compute and memory
     time add up (measured on a CPU, whose single thread does not overlap them) instead of the
     roofline's max (a GPU)."""
+
     flops: float
     bw: float
     launch_per_layer_s: float = 0.0
     step_s: float = 0.0
     additive: bool = False
-    seq_s: float = 0.0            # per sampled sequence per step (host-side sampling, measured on CPU)
+    seq_s: float = 0.0  # per sampled sequence per step (host-side sampling, measured on CPU)
 
     @staticmethod
     def of(hw, stage: str = "decode") -> "Roofline":
@@ -79,10 +90,19 @@ class Roofline:
         as it is; otherwise the datasheet peaks x efficiencies and the per-layer launch cost."""
         fit = ((hw.get("measured") or {}).get("tts") or {}).get(stage)
         if fit:
-            return Roofline(float(fit["flops"]), float(fit["bw"]), 0.0, float(fit["step_s"]), fit["form"] == "sum",
-                            float(fit["seq_s"]))
-        return Roofline(float(hw.peak_flops) * float(hw.flops_efficiency), float(hw.mem_bw) * float(hw.mem_efficiency),
-                        float(hw.launch_overhead_s))
+            return Roofline(
+                float(fit["flops"]),
+                float(fit["bw"]),
+                0.0,
+                float(fit["step_s"]),
+                fit["form"] == "sum",
+                float(fit["seq_s"]),
+            )
+        return Roofline(
+            float(hw.peak_flops) * float(hw.flops_efficiency),
+            float(hw.mem_bw) * float(hw.mem_efficiency),
+            float(hw.launch_overhead_s),
+        )
 
     def busy_s(self, flops, byts):
         """Seconds of compute and memory traffic: max(FLOPs/P, Bytes/BW), or their sum when
@@ -120,6 +140,7 @@ def t_decode(m: ModelShape, hw: Roofline, batch, ctx_len):
 class Allocation:
     """Result of the search: batches, KV bytes per engine, predicted T_tot (s), whether the
     offload extension (§4.3.2) was chosen."""
+
     b_pre: int
     b_dec: int
     gen_kv_bytes: int
@@ -142,14 +163,27 @@ def _f_pre(ver: ModelShape, hw: Roofline, n: int, b_pre: np.ndarray, s: float) -
 def _g_dec(gen: ModelShape, hw: Roofline, n: int, b_dec: np.ndarray, s_dec: float, s_cache: float) -> np.ndarray:
     """ceil(N/B_dec) * S_dec * T_roof^dec(B_dec, S_cache): :func:`t_decode` folded (fast path)."""
     a = 2 * gen.num_params + 4 * gen.num_layers * gen.hidden_size * s_cache
-    t = hw.busy_s(b_dec * a, b_dec * s_cache * gen.kv_bytes_per_token + gen.read_bytes) + hw.fixed_s(gen) \
+    t = (
+        hw.busy_s(b_dec * a, b_dec * s_cache * gen.kv_bytes_per_token + gen.read_bytes)
+        + hw.fixed_s(gen)
         + hw.seq_s * b_dec
+    )
     return np.ceil(n / b_dec) * (s_dec * t)
 
 
-def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_bytes: float, n: int,
-                      s_ver: float, s_ctx: float, s_dec: float, offload: bool = False,
-                      offload_bw: Optional[float] = None, pre_hw: Optional[Roofline] = None) -> Allocation:
+def search_allocation(
+    gen: ModelShape,
+    ver: ModelShape,
+    hw: Roofline,
+    budget_bytes: float,
+    n: int,
+    s_ver: float,
+    s_ctx: float,
+    s_dec: float,
+    offload: bool = False,
+    offload_bw: Optional[float] = None,
+    pre_hw: Optional[Roofline] = None,
+) -> Allocation:
     """Roofline-guided KV allocation (FastTTS §4.3.1; offload §4.3.2).
 
     Args:
@@ -165,8 +199,10 @@ def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_byt
     k_pre = ver.kv_bytes_per_token * s_ver
     k_dec = gen.kv_bytes_per_token * s_ctx
     if k_pre + k_dec > budget_bytes:
-        raise MemoryTooSmall(f"KV budget {budget_bytes / 2**20:.1f} MiB < one verifier sequence "
-                             f"({k_pre / 2**20:.1f} MiB) + one generator sequence ({k_dec / 2**20:.1f} MiB)")
+        raise MemoryTooSmall(
+            f"KV budget {budget_bytes / 2**20:.1f} MiB < one verifier sequence "
+            f"({k_pre / 2**20:.1f} MiB) + one generator sequence ({k_dec / 2**20:.1f} MiB)"
+        )
     s_cache = s_ctx - s_dec / 2.0
     pre_hw = pre_hw or hw
     pre_max = int(min(n, (budget_bytes - k_dec) // k_pre))
@@ -175,13 +211,13 @@ def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_byt
     b_dec = np.arange(1.0, dec_max + 1)
     f = _f_pre(ver, pre_hw, n, b_pre, s_ver)
     g = _g_dec(gen, hw, n, b_dec, s_dec, s_cache)
-    G = np.minimum.accumulate(g)                                   # best g over b <= d
-    Gb = np.maximum.accumulate(np.where(g <= G, b_dec, 0.0))       # largest b attaining it
+    G = np.minimum.accumulate(g)  # best g over b <= d
+    Gb = np.maximum.accumulate(np.where(g <= G, b_dec, 0.0))  # largest b attaining it
     d = np.minimum(dec_max, ((budget_bytes - b_pre * k_pre) // k_dec).astype(np.int64)) - 1
-    tot = f + G[d]                                                 # d >= 0 for every b_pre <= pre_max
+    tot = f + G[d]  # d >= 0 for every b_pre <= pre_max
     bd = Gb[d]
     cand = np.flatnonzero(tot == tot.min())
-    i = int(cand[np.argmax(bd[cand])]) if len(cand) > 1 else int(cand[0])   # larger B_dec, then smaller B_pre
+    i = int(cand[np.argmax(bd[cand])]) if len(cand) > 1 else int(cand[0])  # larger B_dec, then smaller B_pre
     bp, bdd = i + 1, int(bd[i])
     best = Allocation(bp, bdd, int(budget_bytes - bp * k_pre), int(bp * k_pre), float(tot[i]))
     if offload:
@@ -190,15 +226,27 @@ def search_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_byt
         g_all = _g_dec(gen, hw, n, b_all, s_dec, s_cache)
         bd_o = int(b_all[np.lexsort((-b_all, g_all))[0]])
         swap = 2.0 * budget_bytes / (offload_bw or hw.bw)
-        t_off = float(_f_pre(ver, pre_hw, n, np.array([bp_o], float), s_ver)[0]
-                      + _g_dec(gen, hw, n, np.array([bd_o], float), s_dec, s_cache)[0] + swap)
+        t_off = float(
+            _f_pre(ver, pre_hw, n, np.array([bp_o], float), s_ver)[0]
+            + _g_dec(gen, hw, n, np.array([bd_o], float), s_dec, s_cache)[0]
+            + swap
+        )
         if t_off < best.t_tot_s:
             return Allocation(bp_o, bd_o, int(budget_bytes), int(budget_bytes), t_off, True)
     return best
 
 
-def brute_force_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budget_bytes: float, n: int,
-                           s_ver: float, s_ctx: float, s_dec: float, pre_hw: Optional[Roofline] = None) -> Allocation:
+def brute_force_allocation(
+    gen: ModelShape,
+    ver: ModelShape,
+    hw: Roofline,
+    budget_bytes: float,
+    n: int,
+    s_ver: float,
+    s_ctx: float,
+    s_dec: float,
+    pre_hw: Optional[Roofline] = None,
+) -> Allocation:
     """Reference: every feasible (B_pre, B_dec) pair in [1, n]^2; same objective and tie rule.
     O(n^2); for tests."""
     k_pre = ver.kv_bytes_per_token * s_ver
@@ -209,8 +257,10 @@ def brute_force_allocation(gen: ModelShape, ver: ModelShape, hw: Roofline, budge
         for bd in range(1, n + 1):
             if bp * k_pre + bd * k_dec > budget_bytes:
                 continue
-            t = float(_f_pre(ver, pre_hw or hw, n, np.array([bp], float), s_ver)[0]
-                      + _g_dec(gen, hw, n, np.array([bd], float), s_dec, s_cache)[0])
+            t = float(
+                _f_pre(ver, pre_hw or hw, n, np.array([bp], float), s_ver)[0]
+                + _g_dec(gen, hw, n, np.array([bd], float), s_dec, s_cache)[0]
+            )
             key = (t, -bd, bp)
             if best is None or key < best[0]:
                 best = (key, bp, bd)

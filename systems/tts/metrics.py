@@ -12,6 +12,7 @@
   still active in the last iteration, one step decoded to the end token without the stop string
   (FastTTS §1.1; ``last_step_tokens``), which is several steps long.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,7 @@ def _step_lengths(results: List[ProblemResult], last_iteration: int):
     for r in results:
         for b in r.completions:
             ends = list(b.step_ends)
-            steps = [end - start for start, end in zip([0] + ends, ends)]    # np.diff's values, without an array per path
+            steps = [end - start for start, end in zip([0] + ends, ends)]  # np.diff's values, without an array per path
             if b.completed_iteration == last_iteration and b.finish != "budget" and steps:
                 last.append(steps.pop())
             ended.extend(steps)
@@ -75,9 +76,19 @@ def tables(results: List[ProblemResult]) -> Dict[str, List[dict]]:
     """``iterations`` (one row per problem x iteration) and ``completions`` (one row per path), as
     row dicts (``harness.run`` writes them to parquet without importing pandas)."""
     it = [dict(vars(rec)) for r in results for rec in r.iterations]
-    comp = [{"problem": r.problem, "uid": b.uid, "tokens": len(b.tokens), "steps": b.num_steps,
-             "finish": b.finish, "completion_time_s": b.completion_time_s, "completed_iteration": b.completed_iteration,
-             "score_last": b.scores[-1] if b.scores else None,
-             "score_prod": float(math.prod(b.scores)) if b.scores else None}   # np.prod's order: left to right
-            for r in results for b in r.completions]
+    comp = [
+        {
+            "problem": r.problem,
+            "uid": b.uid,
+            "tokens": len(b.tokens),
+            "steps": b.num_steps,
+            "finish": b.finish,
+            "completion_time_s": b.completion_time_s,
+            "completed_iteration": b.completed_iteration,
+            "score_last": b.scores[-1] if b.scores else None,
+            "score_prod": float(math.prod(b.scores)) if b.scores else None,
+        }  # np.prod's order: left to right
+        for r in results
+        for b in r.completions
+    ]
     return {"iterations": it, "completions": comp}

@@ -12,6 +12,7 @@ per run, copies not hidden behind compute), whether M chose the offload extensio
 ``fasttts_offload.png/.pdf``: goodput and completion latency against n. Every row says its source
 (simulated or measured) in the ``values`` column; titles say it too.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,10 +25,14 @@ from systems.tts.report import N_AXIS, _blank_nan, _title, tidy
 SYSTEMS = ["vllm_tts", "vllm_tts_lbs", "fasttts", "fasttts_offload", "fasttts_lbs"]
 BASE = "vllm_tts"
 # summary field -> column (the overflow handling of each run)
-MODE = {"summary.gen_prefix_hit_rate": "generator prefix-cache hit rate (%)",
-        "summary.lbs_groups_per_call": "LBS groups per generator call",
-        "summary.lbs_h2d_bytes": "host->device (GB)", "summary.lbs_d2h_bytes": "device->host (GB)",
-        "summary.lbs_io_stall_s": "I/O stall (s)", "summary.offload": "offload chosen by M"}
+MODE = {
+    "summary.gen_prefix_hit_rate": "generator prefix-cache hit rate (%)",
+    "summary.lbs_groups_per_call": "LBS groups per generator call",
+    "summary.lbs_h2d_bytes": "host->device (GB)",
+    "summary.lbs_d2h_bytes": "device->host (GB)",
+    "summary.lbs_io_stall_s": "I/O stall (s)",
+    "summary.offload": "offload chosen by M",
+}
 
 
 def table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -48,11 +53,29 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
         ref = pd.Series([base[col].get(k) if k in base.index else None for k in key], dtype=float)
         df[f"{col} / {BASE} (x)"] = df[col] / ref
     df["order"] = df["system"].map({s: i for i, s in enumerate(SYSTEMS)}).fillna(len(SYSTEMS))
-    df = df.sort_values(["kv_budget", "n", "order"]).rename(columns={
-        "goodput": "goodput (tok/s)", "latency": "completion latency (s)", "gen_latency": "generator (s)",
-        "ver_latency": "verifier (s)"})
-    cols = ["pair", "dataset", "kv_budget", "n", "system", "values", "goodput (tok/s)", f"goodput / {BASE} (x)",
-            "completion latency (s)", f"latency / {BASE} (x)", "generator (s)", "verifier (s)", *MODE.values()]
+    df = df.sort_values(["kv_budget", "n", "order"]).rename(
+        columns={
+            "goodput": "goodput (tok/s)",
+            "latency": "completion latency (s)",
+            "gen_latency": "generator (s)",
+            "ver_latency": "verifier (s)",
+        }
+    )
+    cols = [
+        "pair",
+        "dataset",
+        "kv_budget",
+        "n",
+        "system",
+        "values",
+        "goodput (tok/s)",
+        f"goodput / {BASE} (x)",
+        "completion latency (s)",
+        f"latency / {BASE} (x)",
+        "generator (s)",
+        "verifier (s)",
+        *MODE.values(),
+    ]
     return df[cols].reset_index(drop=True)
 
 
@@ -60,16 +83,21 @@ def report_offload(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     """Table + figure of the study (module docstring); returns the table."""
     df = tidy(runs)
     t = table(runs)
-    notes = ("A cross-paper study, not a paper figure: no paper numbers, no verdicts. Goodput: precise goodput "
-             "(tok/s); completion latency: search time per problem (s), generator + verifier; ratios to vllm_tts "
-             "at the same n and source (x; latency below 1 = faster). kv_budget: KV bytes of both engines on the "
-             "device. *_lbs: the generator's steps in LBS groups with host-held KV (systems/tts/lbs_overflow.py; "
-             "vllm_tts_lbs searches exactly as vllm_tts); fasttts: vLLM's wait-and-recompute; fasttts_offload: "
-             "the offload extension where M's plan predicts it faster. Bytes and I/O stall: whole run "
-             "(GB = 1e9 bytes); the prefix-cache hit rate counts blocks loaded from the host as hits.")
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fasttts_offload.md",
-                   _title("FastTTS with an overflowing generator KV: goodput and completion latency", df, runs),
-                   notes)
+    notes = (
+        "A cross-paper study, not a paper figure: no paper numbers, no verdicts. Goodput: precise goodput "
+        "(tok/s); completion latency: search time per problem (s), generator + verifier; ratios to vllm_tts "
+        "at the same n and source (x; latency below 1 = faster). kv_budget: KV bytes of both engines on the "
+        "device. *_lbs: the generator's steps in LBS groups with host-held KV (systems/tts/lbs_overflow.py; "
+        "vllm_tts_lbs searches exactly as vllm_tts); fasttts: vLLM's wait-and-recompute; fasttts_offload: "
+        "the offload extension where M's plan predicts it faster. Bytes and I/O stall: whole run "
+        "(GB = 1e9 bytes); the prefix-cache hit rate counts blocks loaded from the host as hits."
+    )
+    write_markdown(
+        _blank_nan(t),
+        Path(sweep_dir) / "fasttts_offload.md",
+        _title("FastTTS with an overflowing generator KV: goodput and completion latency", df, runs),
+        notes,
+    )
     _plot(df, _title("FastTTS, generator KV overflowing", df, runs), sweep_dir)
     return t
 
@@ -79,19 +107,28 @@ def _plot(df: pd.DataFrame, title: str, sweep_dir: Path) -> None:
     if not len(df):
         return
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
+
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
     order = {s: i for i, s in enumerate(SYSTEMS)}
     groups = sorted(df.groupby(["system", "simulated"]), key=lambda kv: order.get(kv[0][0], len(SYSTEMS)))
-    for ax, col, ylabel in zip(axes, ("goodput", "latency"),
-                               ("precise goodput (tok/s)", "completion latency (s per problem)")):
-        for i, ((name, sim), s) in enumerate(groups):      # earlier lines wider: coinciding ones stay visible
+    for ax, col, ylabel in zip(
+        axes, ("goodput", "latency"), ("precise goodput (tok/s)", "completion latency (s per problem)")
+    ):
+        for i, ((name, sim), s) in enumerate(groups):  # earlier lines wider: coinciding ones stay visible
             s = s.sort_values("n")
-            ax.plot(s["n"], s[col], marker="o" if sim else "s", linestyle="--" if name.endswith("_lbs") else "-",
-                    linewidth=1.2 + 0.7 * (len(groups) - 1 - i), markersize=4 + (len(groups) - 1 - i),
-                    label=f"{name}{sim_label(bool(sim))}")
+            ax.plot(
+                s["n"],
+                s[col],
+                marker="o" if sim else "s",
+                linestyle="--" if name.endswith("_lbs") else "-",
+                linewidth=1.2 + 0.7 * (len(groups) - 1 - i),
+                markersize=4 + (len(groups) - 1 - i),
+                label=f"{name}{sim_label(bool(sim))}",
+            )
         xs = sorted(df["n"].unique())
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [f"{x:g}" for x in xs])

@@ -27,6 +27,7 @@ A plan that does not fit the device (weights beyond the memory share, an engine 
 ``max_model_len`` sequence) raises ``RunOOM``: a recorded result (status oom), never bad input; a
 value no configuration could accept (an unparsable or non-positive ``kv_budget``) is a ConfigError.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,13 +39,15 @@ from harness.units import parse_size
 from systems.tts.memory import Allocation, MemoryTooSmall, ModelShape, Roofline, search_allocation
 
 REPLANS = ("per_run", "per_iteration")
-ACTIVATION_RESERVE = 0.05          # share of the engines' memory kept for activations (FastTTS family)
-CPU_PROFILE = "cpu-tts"            # conf/hardware/cpu-tts.yaml: this CPU, measured by systems.tts.calibrate
+ACTIVATION_RESERVE = 0.05  # share of the engines' memory kept for activations (FastTTS family)
+CPU_PROFILE = "cpu-tts"  # conf/hardware/cpu-tts.yaml: this CPU, measured by systems.tts.calibrate
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
 # FastTTS AE fixed gpu_memory_utilization (generator, verifier) per pair for the baseline (§4.4)
-AE_SPLITS = {("qwen2.5-math-1.5b", "skywork-prm-1.5b"): (0.20, 0.20),
-             ("qwen2.5-math-1.5b", "math-shepherd-7b"): (0.19, 0.71),
-             ("qwen2.5-math-7b", "skywork-prm-1.5b"): (0.68, 0.22)}
+AE_SPLITS = {
+    ("qwen2.5-math-1.5b", "skywork-prm-1.5b"): (0.20, 0.20),
+    ("qwen2.5-math-1.5b", "math-shepherd-7b"): (0.19, 0.71),
+    ("qwen2.5-math-7b", "skywork-prm-1.5b"): (0.68, 0.22),
+}
 
 
 def unset(v) -> bool:
@@ -70,8 +73,10 @@ def kv_budget(cfg, on_cpu: bool) -> int:
             share = float(cfg.hardware.memory_bytes) * float(s.memory_fraction)
             m = default_kv_budget(share, gen.weight_bytes + ver.weight_bytes, ACTIVATION_RESERVE * share)
             if m <= 0:
-                raise RunOOM(f"memory_fraction={s.memory_fraction} of {cfg.hardware.name} leaves {m / 2**30:.2f} GiB "
-                             f"for KV after the weights of {cfg.model.name} + {cfg.verifier.name}")
+                raise RunOOM(
+                    f"memory_fraction={s.memory_fraction} of {cfg.hardware.name} leaves {m / 2**30:.2f} GiB "
+                    f"for KV after the weights of {cfg.model.name} + {cfg.verifier.name}"
+                )
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if m <= 0:
@@ -91,13 +96,16 @@ def cost_profile(cfg, real_cpu: bool):
     hw = cfg.hardware
     if real_cpu and hw.kind != "cpu":
         from omegaconf import OmegaConf
+
         path = HARDWARE_DIR / f"{CPU_PROFILE}.yaml"
         hw = OmegaConf.load(path) if path.exists() else OmegaConf.create({"name": CPU_PROFILE})
     if real_cpu and not ((hw.get("measured") or {}).get("tts")):
-        raise ConfigError(f"hardware={hw.name} is not allowed for M (system.memory=true) on a real CPU engine: it "
-                          f"holds no measured generator/verifier costs; allowed: hardware={CPU_PROFILE} (measured, "
-                          f"committed) or a profile measured here by `python -m systems.tts.calibrate` "
-                          f"(hardware=cpu-tts-calibrated), or system.memory=false")
+        raise ConfigError(
+            f"hardware={hw.name} is not allowed for M (system.memory=true) on a real CPU engine: it "
+            f"holds no measured generator/verifier costs; allowed: hardware={CPU_PROFILE} (measured, "
+            f"committed) or a profile measured here by `python -m systems.tts.calibrate` "
+            f"(hardware=cpu-tts-calibrated), or system.memory=false"
+        )
     return hw
 
 
@@ -110,7 +118,9 @@ class MemoryPlan:
     def __init__(self, cfg, on_cpu: bool, real: bool):
         s, w = cfg.system, cfg.workload
         self.cfg, self.on_cpu = cfg, on_cpu
-        self.hw_name = "this CPU" if on_cpu and real else str(cfg.hardware.name)   # a real CPU run's hardware profile is not where it ran
+        self.hw_name = (
+            "this CPU" if on_cpu and real else str(cfg.hardware.name)
+        )  # a real CPU run's hardware profile is not where it ran
         self.gen, self.ver = shapes(cfg)
         self.budget = kv_budget(cfg, on_cpu)
         self.memory, self.offload = bool(s.memory), bool(s.offload) and not real
@@ -129,13 +139,15 @@ class MemoryPlan:
         cfg, s = self.cfg, self.cfg.system
         pair = AE_SPLITS.get((cfg.model.name, cfg.verifier.name))
         if pair and unset(s.kv_budget) and not self.on_cpu:
-            scale = float(s.memory_fraction) / (pair[0] + pair[1])        # 1 at the paper's fractions
+            scale = float(s.memory_fraction) / (pair[0] + pair[1])  # 1 at the paper's fractions
             mem = float(cfg.hardware.memory_bytes)
             gm, vm = pair[0] * scale * mem, pair[1] * scale * mem
             g = default_kv_budget(gm, self.gen.weight_bytes, ACTIVATION_RESERVE * gm)
             v = default_kv_budget(vm, self.ver.weight_bytes, ACTIVATION_RESERVE * vm)
-            self.split = (f"the baseline's fixed split ({pair[0] * scale:.2f} / {pair[1] * scale:.2f} of "
-                          f"{cfg.hardware.name}'s memory, FastTTS AE) minus each model's weights")
+            self.split = (
+                f"the baseline's fixed split ({pair[0] * scale:.2f} / {pair[1] * scale:.2f} of "
+                f"{cfg.hardware.name}'s memory, FastTTS AE) minus each model's weights"
+            )
         else:
             g = int(self.budget * float(s.gen_memory_share))
             v = self.budget - g
@@ -149,8 +161,19 @@ class MemoryPlan:
         if not self.memory:
             return self.fixed
         try:
-            a = search_allocation(self.gen, self.ver, self.dec_hw, self.budget, n, s_ver, s_ctx, s_dec,
-                                  offload=self.offload, offload_bw=self.offload_bw, pre_hw=self.pre_hw)
+            a = search_allocation(
+                self.gen,
+                self.ver,
+                self.dec_hw,
+                self.budget,
+                n,
+                s_ver,
+                s_ctx,
+                s_dec,
+                offload=self.offload,
+                offload_bw=self.offload_bw,
+                pre_hw=self.pre_hw,
+            )
         except MemoryTooSmall as e:
             raise RunOOM(f"KV memory too small for M's plan on {self.hw_name}: {e}") from None
         # the engine short of one max_model_len sequence takes it from the other one's share
@@ -175,7 +198,9 @@ class MemoryPlan:
         """RunOOM (a recorded result) unless each engine holds one ``max_model_len`` sequence."""
         if a.gen_kv_bytes < self.floor_g or a.ver_kv_bytes < self.floor_v:
             how = "M's plan" if self.memory else self.split
-            raise RunOOM(f"KV memory too small on {self.hw_name} ({how}): generator {a.gen_kv_bytes / 2**20:.1f} MiB "
-                              f"(needs >= {self.floor_g / 2**20:.1f} MiB for one {self.max_model_len}-token sequence), "
-                              f"verifier {a.ver_kv_bytes / 2**20:.1f} MiB (needs >= {self.floor_v / 2**20:.1f} MiB); "
-                              f"raise kv_budget or lower workload.max_model_len")
+            raise RunOOM(
+                f"KV memory too small on {self.hw_name} ({how}): generator {a.gen_kv_bytes / 2**20:.1f} MiB "
+                f"(needs >= {self.floor_g / 2**20:.1f} MiB for one {self.max_model_len}-token sequence), "
+                f"verifier {a.ver_kv_bytes / 2**20:.1f} MiB (needs >= {self.floor_v / 2**20:.1f} MiB); "
+                f"raise kv_budget or lower workload.max_model_len"
+            )

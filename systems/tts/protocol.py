@@ -9,12 +9,13 @@ importing it sets no environment variable. Token lists are in the generator's to
 - :class:`Verifier`: ``verify(problem, items) -> VerifierOutput`` scores the steps of each path
   (one prefill pass per path, FastTTS §1.1).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Protocol, Sequence, Tuple
 
-if TYPE_CHECKING:                                  # annotations only: no import at run time
+if TYPE_CHECKING:  # annotations only: no import at run time
     from systems.tts.speculation import SpeculationPolicy
 
 
@@ -27,6 +28,7 @@ class GenRequest:
     tree, problem-qualified (``"3/0.1.2"``; its parent is ``"3/0.1"``), whose prompt extends the
     parent's: the simulator hashes only the blocks past what it hashed for the parent (vLLM hashes
     blocks itself)."""
+
     uid: str
     prompt_ids: List[int]
     max_tokens: int
@@ -42,6 +44,7 @@ class GenOutput:
     the cap) followed by speculative tokens. ``finish``: delimiter | eos | length. Token counts in
     tokens: ``step_len`` of the step proper (``tokens[step_len:]`` are speculative), ``prompt_tokens``
     of the request's prompt, ``cached_tokens`` of them served by the prefix cache."""
+
     tokens: List[int]
     finish: str
     step_len: int
@@ -55,6 +58,7 @@ class GenResult:
     engine steps taken, tokens generated past a step boundary, and on a real engine the process
     CPU seconds of the call (``cpu_s``: with one torch thread, the call's time on an uncontended
     core; on a shared machine it is steadier than the wall time)."""
+
     outputs: Dict[str, GenOutput]
     time_s: float
     engine_steps: int = 0
@@ -68,6 +72,7 @@ class VerifierOutput:
     call did not compute it (a step served by the prefix cache was scored by an earlier call).
     ``time_s`` seconds (``cpu_s``: process CPU seconds on a real engine, as in :class:`GenResult`);
     ``prompt_tokens`` verifier input tokens, ``cached_tokens`` of them served by the prefix cache."""
+
     values: List[List[Optional[float]]]
     time_s: float
     cached_tokens: int = 0
@@ -75,7 +80,7 @@ class VerifierOutput:
     cpu_s: Optional[float] = None
 
 
-VerifyItem = Tuple[List[int], List[int]]          # (path tokens, exclusive end of each step)
+VerifyItem = Tuple[List[int], List[int]]  # (path tokens, exclusive end of each step)
 
 
 class Generator(Protocol):
@@ -84,6 +89,8 @@ class Generator(Protocol):
 
 
 class Verifier(Protocol):
-    def verify(self, problem: int, items: Sequence[VerifyItem], paths: Optional[Sequence[str]] = None) -> VerifierOutput:
+    def verify(
+        self, problem: int, items: Sequence[VerifyItem], paths: Optional[Sequence[str]] = None
+    ) -> VerifierOutput:
         """Score every step of every item of problem ``problem``; ``paths``: each item's path name
         (as ``GenRequest.path``), a hint for reusing the parent's work."""

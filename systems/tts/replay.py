@@ -6,6 +6,7 @@ backend): the simulated generator reads each request's tokens from that table (b
 which names the path in the search tree) before sampling its own, so simulator and engine search
 the same tree with the same step lengths and the simulator's error is its cost model's alone.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +29,7 @@ class TokenRecorder:
         self.rows.extend({"uid": uid, "tokens": list(o.tokens)} for uid, o in res.outputs.items())
         return res
 
-    def __getattr__(self, name):              # configure, shutdown, ...: the wrapped generator's
+    def __getattr__(self, name):  # configure, shutdown, ...: the wrapped generator's
         return getattr(self.gen, name)
 
 
@@ -39,5 +40,6 @@ def table_path(run_dir) -> Path:
 def load(run_dir) -> Dict[str, List[int]]:
     """uid -> tokens recorded by a run (``gen_tokens.parquet`` in ``run_dir``)."""
     import pandas as pd
+
     df = pd.read_parquet(table_path(run_dir))
     return {u: [int(t) for t in ts] for u, ts in zip(df["uid"], df["tokens"])}

@@ -15,6 +15,7 @@ the sweep did not run its point). A paper gain in % (Fig. 16, 18) is judged as t
 ``runs``: one row per job (harness.report.gather_runs): status, system, simulated, summary.*, config.*;
 :func:`tidy` is the one place summary values are read.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,16 +28,31 @@ from harness import verdict as vd
 from harness.report import load_reference, save_figure, sim_label, title_label, write_markdown
 from harness.units import parse_size
 
-PAIRS = {("qwen2.5-math-1.5b", "skywork-prm-1.5b"): "1.5B+1.5B",
-         ("qwen2.5-math-1.5b", "math-shepherd-7b"): "1.5B+7B",
-         ("qwen2.5-math-7b", "skywork-prm-1.5b"): "7B+1.5B"}
-LABELS = (sim_label(True), sim_label(False))          # " (sim)", " (measured)": simulated first
+PAIRS = {
+    ("qwen2.5-math-1.5b", "skywork-prm-1.5b"): "1.5B+1.5B",
+    ("qwen2.5-math-1.5b", "math-shepherd-7b"): "1.5B+7B",
+    ("qwen2.5-math-7b", "skywork-prm-1.5b"): "7B+1.5B",
+}
+LABELS = (sim_label(True), sim_label(False))  # " (sim)", " (measured)": simulated first
 N_AXIS = "n (paths per problem, search budget)"
 GOODPUT_AXIS = "precise goodput (tok/s)"
 
 
-TIDY = ["pair", "dataset", "n", "system", "R", "search", "hardware", "kv_budget", "goodput", "latency",
-        "gen_latency", "ver_latency", "simulated"]
+TIDY = [
+    "pair",
+    "dataset",
+    "n",
+    "system",
+    "R",
+    "search",
+    "hardware",
+    "kv_budget",
+    "goodput",
+    "latency",
+    "gen_latency",
+    "ver_latency",
+    "simulated",
+]
 
 
 def tidy(runs: pd.DataFrame) -> pd.DataFrame:
@@ -45,16 +61,23 @@ def tidy(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=TIDY)
     df = runs[runs["status"] == "ok"].copy()
     g = lambda c, d=None: df[c] if c in df else d
-    out = pd.DataFrame({
-        "pair": [PAIRS.get((m, v), f"{m}+{v}") for m, v in zip(g("config.model.name"), g("config.verifier.name"))],
-        "dataset": g("config.workload.name"), "n": g("config.workload.n").astype(int),
-        "system": df["system"], "R": g("config.system.spec_truncation_ratio"),
-        "search": g("config.system.search"), "hardware": g("config.hardware.name"),
-        "kv_budget": g("config.system.kv_budget", "").astype(str) if "config.system.kv_budget" in df else "",
-        "goodput": g("summary.goodput_tok_s"), "latency": g("summary.latency_s"),
-        "gen_latency": g("summary.gen_latency_s"), "ver_latency": g("summary.ver_latency_s"),
-        "simulated": df["simulated"],
-    })
+    out = pd.DataFrame(
+        {
+            "pair": [PAIRS.get((m, v), f"{m}+{v}") for m, v in zip(g("config.model.name"), g("config.verifier.name"))],
+            "dataset": g("config.workload.name"),
+            "n": g("config.workload.n").astype(int),
+            "system": df["system"],
+            "R": g("config.system.spec_truncation_ratio"),
+            "search": g("config.system.search"),
+            "hardware": g("config.hardware.name"),
+            "kv_budget": g("config.system.kv_budget", "").astype(str) if "config.system.kv_budget" in df else "",
+            "goodput": g("summary.goodput_tok_s"),
+            "latency": g("summary.latency_s"),
+            "gen_latency": g("summary.gen_latency_s"),
+            "ver_latency": g("summary.ver_latency_s"),
+            "simulated": df["simulated"],
+        }
+    )
     return out.reset_index(drop=True)
 
 
@@ -77,8 +100,13 @@ def _problems(runs: pd.DataFrame) -> str:
 def _title(text: str, df: pd.DataFrame, runs: pd.DataFrame) -> str:
     """``text`` with the source of the runs (every record's, failed ones too: an all-OOM sweep's
     title still says simulated) and the problem subset."""
-    every = runs["simulated"] if runs is not None and len(runs) and "simulated" in runs else df["simulated"] \
-        if len(df) else []
+    every = (
+        runs["simulated"]
+        if runs is not None and len(runs) and "simulated" in runs
+        else df["simulated"]
+        if len(df)
+        else []
+    )
     return title_label(text, every) + _problems(runs)
 
 
@@ -88,8 +116,10 @@ def _no_baseline(df: pd.DataFrame, keys: List[str]) -> str:
     base = df[df.system == "vllm_tts"]
     if len(base) and len(df[df.system != "vllm_tts"].merge(base[keys].drop_duplicates(), on=keys)):
         return ""
-    return (f"No gain: no vllm_tts run at the same {', '.join(keys)} as a FastTTS run in this sweep (gains are "
-            f"over vllm_tts; add it to system=). ")
+    return (
+        f"No gain: no vllm_tts run at the same {', '.join(keys)} as a FastTTS run in this sweep (gains are "
+        f"over vllm_tts; add it to system=). "
+    )
 
 
 def _ref(figure: str) -> pd.DataFrame:
@@ -191,8 +221,18 @@ def _sim_flags(t: pd.DataFrame, col: str) -> List[str]:
     return _labels(t, col) or [LABELS[0]]
 
 
-def _point_rows(ref: pd.DataFrame, metric: str, t: pd.DataFrame, keys: List[str], column: Callable,
-                what: Callable, unit: str, source: str, pct: bool = False, note: str = "") -> List[vd.Row]:
+def _point_rows(
+    ref: pd.DataFrame,
+    metric: str,
+    t: pd.DataFrame,
+    keys: List[str],
+    column: Callable,
+    what: Callable,
+    unit: str,
+    source: str,
+    pct: bool = False,
+    note: str = "",
+) -> List[vd.Row]:
     """One verdict row per paper number of ``ref``/``metric`` and label: ours = ``t``'s column
     ``column(ref_row) + label`` in the row with the paper number's ``keys`` (None: no result)."""
     out = []
@@ -202,15 +242,28 @@ def _point_rows(ref: pd.DataFrame, metric: str, t: pd.DataFrame, keys: List[str]
             paper = float(r["value"])
             if pct:
                 ours, paper = (None if ours is None else 1 + ours / 100), 1 + paper / 100
-            missing = "" if ours is not None else \
-                f"ours: no run at {', '.join(f'{k}={r[k]}' for k in keys)} in this sweep; "   # the setting it needs
-            out.append(vd.Row("fasttts", str(r["figure"]), what(r), paper, ours=ours, unit=unit,
-                              simulated=lab == LABELS[0], source=source, note=missing + note))
+            missing = (
+                "" if ours is not None else f"ours: no run at {', '.join(f'{k}={r[k]}' for k in keys)} in this sweep; "
+            )  # the setting it needs
+            out.append(
+                vd.Row(
+                    "fasttts",
+                    str(r["figure"]),
+                    what(r),
+                    paper,
+                    ours=ours,
+                    unit=unit,
+                    simulated=lab == LABELS[0],
+                    source=source,
+                    note=missing + note,
+                )
+            )
     return out
 
 
-def _extreme_rows(ref: pd.DataFrame, stats: Dict[str, str], t: pd.DataFrame, col: str, what: str, unit: str,
-                  source: str) -> List[vd.Row]:
+def _extreme_rows(
+    ref: pd.DataFrame, stats: Dict[str, str], t: pd.DataFrame, col: str, what: str, unit: str, source: str
+) -> List[vd.Row]:
     """Verdict rows for paper numbers that summarise a whole figure (``stats``: metric -> min | max |
     mean): the same statistic over ``t``'s column ``col{label}``."""
     out = []
@@ -221,9 +274,19 @@ def _extreme_rows(ref: pd.DataFrame, stats: Dict[str, str], t: pd.DataFrame, col
         for lab in _sim_flags(t, col):
             vals = t[f"{col}{lab}"].dropna() if f"{col}{lab}" in t else pd.Series(dtype=float)
             ours = float(getattr(vals, stat)()) if len(vals) else None
-            out.append(vd.Row("fasttts", str(r["figure"].iloc[0]), f"{stat} {what} over the sweep", float(r["value"].iloc[0]),
-                              ours=ours, unit=unit, simulated=lab == LABELS[0], source=source,
-                              note=str(r["note"].iloc[0])))
+            out.append(
+                vd.Row(
+                    "fasttts",
+                    str(r["figure"].iloc[0]),
+                    f"{stat} {what} over the sweep",
+                    float(r["value"].iloc[0]),
+                    ours=ours,
+                    unit=unit,
+                    simulated=lab == LABELS[0],
+                    source=source,
+                    note=str(r["note"].iloc[0]),
+                )
+            )
     return out
 
 
@@ -231,8 +294,11 @@ def _write_verdicts(sweep_dir: Path, rows: List[vd.Row]) -> str:
     """Write ``verdicts.csv``; returns a note counting the verdicts, for the table."""
     vd.write(sweep_dir, rows)
     counts = pd.Series([r.verdict for r in rows]).value_counts()
-    return ("Verdicts (harness.verdict: within 15 % of a paper point; written to verdicts.csv): "
-            + ", ".join(f"{counts.get(k, 0)} {k}" for k in vd.VERDICTS) + f" of {len(rows)} paper numbers.")
+    return (
+        "Verdicts (harness.verdict: within 15 % of a paper point; written to verdicts.csv): "
+        + ", ".join(f"{counts.get(k, 0)} {k}" for k in vd.VERDICTS)
+        + f" of {len(rows)} paper numbers."
+    )
 
 
 def _keys_text(r, keys: List[str]) -> str:
@@ -244,8 +310,10 @@ def _grid_plot(df, keys, xcol, ycol, ref_fn, title, ylabel, sweep_dir, name, log
     """One panel per ``keys`` group: ``ycol`` against ``xcol`` per system and label, the paper's
     numbers (``ref_fn(keys, system, x)``) as crosses in the system's colour."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     groups = list(df.groupby(keys, dropna=False))
     if not groups:
         return
@@ -273,7 +341,7 @@ def _grid_plot(df, keys, xcol, ycol, ref_fn, title, ylabel, sweep_dir, name, log
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=6)
-    for ax in axes.flat[len(groups):]:
+    for ax in axes.flat[len(groups) :]:
         ax.set_visible(False)
     fig.suptitle(title + ("; x = paper" if any_paper else ""), fontsize=10)
     save_figure(fig, sweep_dir, name)
@@ -286,25 +354,57 @@ def report_goodput(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     ref, head = _ref("fig12"), _ref("headline")
     keys = ["pair", "dataset", "n"]
     t = _gains(df, keys, ["fasttts"])
-    notes = _no_baseline(df, keys) + "; ".join(x for x in (_gain_notes(t, "fasttts"), "paper: 2.2x (1.2-5.4x).")
-                                               if x) if len(t) else "no successful runs."
+    notes = (
+        _no_baseline(df, keys) + "; ".join(x for x in (_gain_notes(t, "fasttts"), "paper: 2.2x (1.2-5.4x).") if x)
+        if len(t)
+        else "no successful runs."
+    )
     if len(t):
         for s in ("vllm_tts", "fasttts"):
-            t[f"paper {s}"] = [_paper(ref, "goodput_tok_s", pair=r.pair, dataset=r.dataset, n=r.n, system=s)
-                               for r in t.itertuples()]
+            t[f"paper {s}"] = [
+                _paper(ref, "goodput_tok_s", pair=r.pair, dataset=r.dataset, n=r.n, system=s) for r in t.itertuples()
+            ]
             _verdict_cols(t, s, f"paper {s}", s)
         t["paper fasttts/base"] = t["paper fasttts"] / t["paper vllm_tts"]
     src = "fig12_goodput.png"
-    rows = _point_rows(ref, "goodput_tok_s", t, keys, lambda r: r["system"],
-                       lambda r: f"goodput {r['system']} {_keys_text(r, keys)}", "tok/s", src, note=ref["note"].iloc[0])
-    rows += _extreme_rows(head, {"goodput_gain_mean": "mean", "goodput_gain_min": "min", "goodput_gain_max": "max"},
-                          t, "fasttts/base", "goodput gain of fasttts over vllm_tts", "x", src)
+    rows = _point_rows(
+        ref,
+        "goodput_tok_s",
+        t,
+        keys,
+        lambda r: r["system"],
+        lambda r: f"goodput {r['system']} {_keys_text(r, keys)}",
+        "tok/s",
+        src,
+        note=ref["note"].iloc[0],
+    )
+    rows += _extreme_rows(
+        head,
+        {"goodput_gain_mean": "mean", "goodput_gain_min": "min", "goodput_gain_max": "max"},
+        t,
+        "fasttts/base",
+        "goodput gain of fasttts over vllm_tts",
+        "x",
+        src,
+    )
     notes += "\n\n" + _write_verdicts(sweep_dir, rows)
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig12_goodput.md",
-                   _title("FastTTS Fig. 12: precise goodput (tok/s; fasttts/base in x)", df, runs), notes)
-    _grid_plot(df, ["pair", "dataset"], "n", "goodput",
-               lambda k, s, n: _paper(ref, "goodput_tok_s", pair=k["pair"], dataset=k["dataset"], n=n, system=s),
-               _title("Precise goodput", df, runs), GOODPUT_AXIS, sweep_dir, "fig12_goodput")
+    write_markdown(
+        _blank_nan(t),
+        Path(sweep_dir) / "fig12_goodput.md",
+        _title("FastTTS Fig. 12: precise goodput (tok/s; fasttts/base in x)", df, runs),
+        notes,
+    )
+    _grid_plot(
+        df,
+        ["pair", "dataset"],
+        "n",
+        "goodput",
+        lambda k, s, n: _paper(ref, "goodput_tok_s", pair=k["pair"], dataset=k["dataset"], n=n, system=s),
+        _title("Precise goodput", df, runs),
+        GOODPUT_AXIS,
+        sweep_dir,
+        "fig12_goodput",
+    )
     return t
 
 
@@ -314,7 +414,7 @@ def report_latency(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     ref, head = _ref("fig13"), _ref("headline")
     keys = ["pair", "dataset", "n"]
     t = _gains(df, keys, ["fasttts"], col="latency")
-    t = t.drop(columns=[c for c in t if "/base" in c])         # the reductions below say it in %
+    t = t.drop(columns=[c for c in t if "/base" in c])  # the reductions below say it in %
     for col, what in (("latency", "completion"), ("gen_latency", "generator"), ("ver_latency", "verifier")):
         g = _gains(df, keys, ["fasttts"], col=col)
         for lab in _labels(g, "fasttts/base"):
@@ -323,33 +423,68 @@ def report_latency(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
         t = t.merge(red, on=keys, how="left") if len(t) else t
     if len(t):
         for s in ("vllm_tts", "fasttts"):
-            t[f"paper {s}"] = [_paper(ref, "latency_s", pair=r.pair, dataset=r.dataset, n=r.n, system=s)
-                               for r in t.itertuples()]
+            t[f"paper {s}"] = [
+                _paper(ref, "latency_s", pair=r.pair, dataset=r.dataset, n=r.n, system=s) for r in t.itertuples()
+            ]
             _verdict_cols(t, s, f"paper {s}", s)
-        notes = "; ".join(f"Ours{lab}: completion-latency reduction {t[c].min():.0f}..{t[c].max():.0f} % "
-                          f"(mean {t[c].mean():.0f} %)" for lab in LABELS
-                          if (c := f"completion latency reduction %{lab}") in t)
-        notes = _no_baseline(df, keys) + "; ".join(x for x in (notes, "paper: 38..68 %; verifier 75..85 %, "
-                                                                      "generator 36..66 %.") if x)
+        notes = "; ".join(
+            f"Ours{lab}: completion-latency reduction {t[c].min():.0f}..{t[c].max():.0f} % (mean {t[c].mean():.0f} %)"
+            for lab in LABELS
+            if (c := f"completion latency reduction %{lab}") in t
+        )
+        notes = _no_baseline(df, keys) + "; ".join(
+            x for x in (notes, "paper: 38..68 %; verifier 75..85 %, generator 36..66 %.") if x
+        )
     else:
         notes = "no successful runs."
-    notes += (" Completion latency = a problem's generator + verifier time until its search ends (s per problem; "
-              "not the mean path completion time of the goodput).")
+    notes += (
+        " Completion latency = a problem's generator + verifier time until its search ends (s per problem; "
+        "not the mean path completion time of the goodput)."
+    )
     src = "fig13_latency.png"
-    rows = _point_rows(ref, "latency_s", t, keys, lambda r: r["system"],
-                       lambda r: f"completion latency {r['system']} {_keys_text(r, keys)}", "s", src,
-                       note=ref["note"].iloc[0])
-    for what, metrics, frame in (("completion", ("latency_reduction_min", "latency_reduction_max"), head),
-                                 ("verifier", ("ver_latency_reduction_min", "ver_latency_reduction_max"), ref),
-                                 ("generator", ("gen_latency_reduction_min", "gen_latency_reduction_max"), ref)):
-        rows += _extreme_rows(frame, dict(zip(metrics, ("min", "max"))), t, f"{what} latency reduction %",
-                              f"{what}-latency reduction of fasttts", "%", src)
+    rows = _point_rows(
+        ref,
+        "latency_s",
+        t,
+        keys,
+        lambda r: r["system"],
+        lambda r: f"completion latency {r['system']} {_keys_text(r, keys)}",
+        "s",
+        src,
+        note=ref["note"].iloc[0],
+    )
+    for what, metrics, frame in (
+        ("completion", ("latency_reduction_min", "latency_reduction_max"), head),
+        ("verifier", ("ver_latency_reduction_min", "ver_latency_reduction_max"), ref),
+        ("generator", ("gen_latency_reduction_min", "gen_latency_reduction_max"), ref),
+    ):
+        rows += _extreme_rows(
+            frame,
+            dict(zip(metrics, ("min", "max"))),
+            t,
+            f"{what} latency reduction %",
+            f"{what}-latency reduction of fasttts",
+            "%",
+            src,
+        )
     notes += "\n\n" + _write_verdicts(sweep_dir, rows)
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig13_latency.md",
-                   _title("FastTTS Fig. 13: completion latency (s per problem; reductions in %)", df, runs), notes)
-    _grid_plot(df, ["pair", "dataset"], "n", "latency",
-               lambda k, s, n: _paper(ref, "latency_s", pair=k["pair"], dataset=k["dataset"], n=n, system=s),
-               _title("Completion latency", df, runs), "completion latency (s per problem)", sweep_dir, "fig13_latency")
+    write_markdown(
+        _blank_nan(t),
+        Path(sweep_dir) / "fig13_latency.md",
+        _title("FastTTS Fig. 13: completion latency (s per problem; reductions in %)", df, runs),
+        notes,
+    )
+    _grid_plot(
+        df,
+        ["pair", "dataset"],
+        "n",
+        "latency",
+        lambda k, s, n: _paper(ref, "latency_s", pair=k["pair"], dataset=k["dataset"], n=n, system=s),
+        _title("Completion latency", df, runs),
+        "completion latency (s per problem)",
+        sweep_dir,
+        "fig13_latency",
+    )
     return t
 
 
@@ -366,12 +501,22 @@ def _gain_table(df: pd.DataFrame, keys: List[str], variants: List[str], paper: C
 GAIN_NOTE = "goodput in tok/s, gains in % over vllm_tts; a gain's verdict compares the goodput ratios 1 + gain/100."
 
 
-def _gain_rows(ref: pd.DataFrame, t: pd.DataFrame, keys: List[str], where: Callable, source: str,
-               note: str = "") -> List[vd.Row]:
+def _gain_rows(
+    ref: pd.DataFrame, t: pd.DataFrame, keys: List[str], where: Callable, source: str, note: str = ""
+) -> List[vd.Row]:
     """Verdict rows of the paper's gains in % (Fig. 16, 18), each judged as the ratio 1 + gain/100."""
-    return _point_rows(ref, "goodput_gain_pct", t, keys, lambda r: f"{r['system']} gain %",
-                       lambda r: f"goodput ratio {r['system']}/vllm_tts {where(r)} (paper: gain %)", "x", source,
-                       pct=True, note=f"paper's gain g % judged as the ratio 1 + g/100; {note}{ref['note'].iloc[0]}")
+    return _point_rows(
+        ref,
+        "goodput_gain_pct",
+        t,
+        keys,
+        lambda r: f"{r['system']} gain %",
+        lambda r: f"goodput ratio {r['system']}/vllm_tts {where(r)} (paper: gain %)",
+        "x",
+        source,
+        pct=True,
+        note=f"paper's gain g % judged as the ratio 1 + g/100; {note}{ref['note'].iloc[0]}",
+    )
 
 
 def report_ablation(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
@@ -382,17 +527,33 @@ def report_ablation(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFra
     paper = lambda r, v: _paper(ref, "goodput_gain_pct", pair=r.pair, n=r.n, system=v)
     t = _gain_table(df, ["pair", "n"], variants, paper)
     rows = _gain_rows(ref, t, ["pair", "n"], lambda r: f"{r['pair']} n={r['n']}", "fig16_ablation.png")
-    notes = (_no_baseline(df, ["pair", "n"]) + "P = prefix-aware scheduling, M = memory allocation, S = speculative "
-             f"beam extension (cumulative); {GAIN_NOTE}\n\n{_write_verdicts(sweep_dir, rows)}")
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig16_ablation.md",
-                   _title("FastTTS Fig. 16: cumulative goodput gain over the baseline (%)", df, runs), notes)
-    df2 = df.merge(df[df.system == "vllm_tts"][["pair", "n", "simulated", "goodput"]].rename(columns={"goodput": "base"}),
-                   on=["pair", "n", "simulated"])
+    notes = (
+        _no_baseline(df, ["pair", "n"]) + "P = prefix-aware scheduling, M = memory allocation, S = speculative "
+        f"beam extension (cumulative); {GAIN_NOTE}\n\n{_write_verdicts(sweep_dir, rows)}"
+    )
+    write_markdown(
+        _blank_nan(t),
+        Path(sweep_dir) / "fig16_ablation.md",
+        _title("FastTTS Fig. 16: cumulative goodput gain over the baseline (%)", df, runs),
+        notes,
+    )
+    df2 = df.merge(
+        df[df.system == "vllm_tts"][["pair", "n", "simulated", "goodput"]].rename(columns={"goodput": "base"}),
+        on=["pair", "n", "simulated"],
+    )
     df2["gain_pct"] = 100 * (df2["goodput"] / df2["base"] - 1)
-    _grid_plot(df2[df2.system != "vllm_tts"], ["pair"], "n", "gain_pct",
-               lambda k, s, n: _paper(ref, "goodput_gain_pct", pair=k["pair"], n=n, system=s),
-               _title("Cumulative goodput gain over vllm_tts", df, runs), "goodput gain over vllm_tts (%)",
-               sweep_dir, "fig16_ablation", logy=False)
+    _grid_plot(
+        df2[df2.system != "vllm_tts"],
+        ["pair"],
+        "n",
+        "gain_pct",
+        lambda k, s, n: _paper(ref, "goodput_gain_pct", pair=k["pair"], n=n, system=s),
+        _title("Cumulative goodput gain over vllm_tts", df, runs),
+        "goodput gain over vllm_tts (%)",
+        sweep_dir,
+        "fig16_ablation",
+        logy=False,
+    )
     return t
 
 
@@ -429,30 +590,55 @@ def report_r_sweep(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     base = base.drop_duplicates(keys + ["system", "simulated"]).drop(columns="_r")
     df = pd.concat([df[df.system == "fasttts"], base]).sort_index()
     df["system"] = [_r_system(s, r) for s, r in zip(df.system, df.R)]
-    series = ["vllm_tts", "fasttts;R=0.0", "fasttts;R=0.85"]                  # the paper's
-    extra = sorted(set(df.system) - set(series))              # other R values run: shown, without a paper number
+    series = ["vllm_tts", "fasttts;R=0.0", "fasttts;R=0.85"]  # the paper's
+    extra = sorted(set(df.system) - set(series))  # other R values run: shown, without a paper number
     t = _gains(df, keys, series[1:] + extra)
-    for s in (series if len(t) else []):
+    for s in series if len(t) else []:
         t[f"paper {s}"] = [_paper17(ref, r.pair, r.dataset, r.n, s) for r in t.itertuples()]
         _verdict_cols(t, s, f"paper {s}", s)
     ref["series"] = [s if pd.isna(r) else f"{s};R={r}" for s, r in zip(ref["system"], ref["R"])]
-    rows = _point_rows(ref, "goodput_tok_s", t, keys, lambda r: r["series"],
-                       lambda r: f"goodput {r['series']} {_keys_text(r, keys)}", "tok/s", "fig17_r_sweep.png",
-                       note=ref["note"].iloc[0])
-    notes = ((_no_baseline(df.assign(system=df.system.astype(str).str.split(";").str[0]), keys) if len(df) else "")
-             + (f"Also run, without a paper number (the paper's Fig. 17 is at R = 0.0 and 0.85): "
-                f"{', '.join(extra)}. " if extra else "")
-             + "R = the share of speculative tokens a duplicate keeps (mean of N(R, 0.1)); goodput in tok/s, ratios "
-             "over vllm_tts in x.\n\n" + _write_verdicts(sweep_dir, rows))
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig17_r_sweep.md",
-                   _title("FastTTS Fig. 17-right: goodput vs truncation ratio R (tok/s)", df, runs), notes)
-    _grid_plot(df, ["pair", "dataset"], "n", "goodput",
-               lambda k, s, n: _paper17(ref, k["pair"], k["dataset"], n, s),
-               _title("Goodput vs truncation ratio R", df, runs), GOODPUT_AXIS, sweep_dir, "fig17_r_sweep")
+    rows = _point_rows(
+        ref,
+        "goodput_tok_s",
+        t,
+        keys,
+        lambda r: r["series"],
+        lambda r: f"goodput {r['series']} {_keys_text(r, keys)}",
+        "tok/s",
+        "fig17_r_sweep.png",
+        note=ref["note"].iloc[0],
+    )
+    notes = (
+        (_no_baseline(df.assign(system=df.system.astype(str).str.split(";").str[0]), keys) if len(df) else "")
+        + (
+            f"Also run, without a paper number (the paper's Fig. 17 is at R = 0.0 and 0.85): {', '.join(extra)}. "
+            if extra
+            else ""
+        )
+        + "R = the share of speculative tokens a duplicate keeps (mean of N(R, 0.1)); goodput in tok/s, ratios "
+        "over vllm_tts in x.\n\n" + _write_verdicts(sweep_dir, rows)
+    )
+    write_markdown(
+        _blank_nan(t),
+        Path(sweep_dir) / "fig17_r_sweep.md",
+        _title("FastTTS Fig. 17-right: goodput vs truncation ratio R (tok/s)", df, runs),
+        notes,
+    )
+    _grid_plot(
+        df,
+        ["pair", "dataset"],
+        "n",
+        "goodput",
+        lambda k, s, n: _paper17(ref, k["pair"], k["dataset"], n, s),
+        _title("Goodput vs truncation ratio R", df, runs),
+        GOODPUT_AXIS,
+        sweep_dir,
+        "fig17_r_sweep",
+    )
     return t
 
 
-MEMORY_N = 128        # the beam count of the paper's Fig. 18-right (conf/experiment/fasttts_memory.yaml)
+MEMORY_N = 128  # the beam count of the paper's Fig. 18-right (conf/experiment/fasttts_memory.yaml)
 
 
 def report_memory(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
@@ -460,20 +646,33 @@ def report_memory(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame
     df = tidy(runs)
     ref = _ref("fig18")
     variants = ["fasttts_p", "fasttts_pm"]
-    paper = lambda r, v: _paper(ref, "goodput_gain_pct", pair=r.pair, kv_budget=r.kv_budget, system=v) \
-        if int(r.n) == MEMORY_N else None
+    paper = lambda r, v: (
+        _paper(ref, "goodput_gain_pct", pair=r.pair, kv_budget=r.kv_budget, system=v) if int(r.n) == MEMORY_N else None
+    )
     t = _gain_table(df, ["pair", "kv_budget", "n"], variants, paper)
     if len(t):
         t = t.sort_values(["pair", "kv_budget", "n"], key=lambda c: c.map(_bytes) if c.name == "kv_budget" else c)
         t = t.reset_index(drop=True)
     # the paper's Fig. 18 is at n=128 for its pair: only our row at that setting is judged
-    rows = _gain_rows(ref.assign(n=MEMORY_N), t, ["pair", "kv_budget", "n"], lambda r: f"kv_budget={r['kv_budget']}",
-                      "fig18_memory.png", f"ours at n={MEMORY_N}; ")
-    notes = (_no_baseline(df, ["pair", "kv_budget", "n"])
-             + "kv_budget: KV cache bytes on the device, shared by generator and verifier (GB = 1e9 bytes); "
-             f"{GAIN_NOTE}\n\n{_write_verdicts(sweep_dir, rows)}")
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig18_memory.md",
-                   _title("FastTTS Fig. 18-right: goodput gain over the baseline vs KV budget (%)", df, runs), notes)
+    rows = _gain_rows(
+        ref.assign(n=MEMORY_N),
+        t,
+        ["pair", "kv_budget", "n"],
+        lambda r: f"kv_budget={r['kv_budget']}",
+        "fig18_memory.png",
+        f"ours at n={MEMORY_N}; ",
+    )
+    notes = (
+        _no_baseline(df, ["pair", "kv_budget", "n"])
+        + "kv_budget: KV cache bytes on the device, shared by generator and verifier (GB = 1e9 bytes); "
+        f"{GAIN_NOTE}\n\n{_write_verdicts(sweep_dir, rows)}"
+    )
+    write_markdown(
+        _blank_nan(t),
+        Path(sweep_dir) / "fig18_memory.md",
+        _title("FastTTS Fig. 18-right: goodput gain over the baseline vs KV budget (%)", df, runs),
+        notes,
+    )
     _memory_plot(t, ref, _title("Goodput gain vs KV budget", df, runs), sweep_dir)
     return t
 
@@ -489,8 +688,10 @@ def _bytes(size) -> float:
 def _memory_plot(t: pd.DataFrame, ref: pd.DataFrame, title: str, sweep_dir: Path) -> None:
     """Fig. 18-right: gain (%) of P and M+P against the KV budget (GB), the paper's as crosses."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     t = t[t["kv_budget"].map(_bytes).notna()] if len(t) else t
     if not any(f"{v} gain %{lab}" in t for v in ("fasttts_p", "fasttts_pm") for lab in LABELS):
         return
@@ -517,18 +718,43 @@ def report_methods(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFram
     t = _gains(df, ["search", "n"], ["fasttts"])
     lo, hi = _paper(ref, "goodput_gain_min"), _paper(ref, "goodput_gain_max")
     for lab in _labels(t, "fasttts/base"):
-        t[f"verdict vs paper {lo:g}-{hi:g}x{lab}"] = [_judge(x, lo, kind="range", paper_hi=hi) for x in t[f"fasttts/base{lab}"]]
-    rows = _extreme_rows(ref, {"goodput_gain_min": "min", "goodput_gain_max": "max"}, t, "fasttts/base",
-                         "goodput gain of fasttts over vllm_tts across search methods", "x", "fig11_methods.png")
-    notes = _no_baseline(df, ["search", "n"]) + ((_gain_notes(t, "fasttts") + "; ") if _gain_notes(t, "fasttts")
-                                                 else "") + f"paper {lo:g}-{hi:g}x; goodput in tok/s, " \
-        f"fasttts/base in x. Two different questions: a row's verdict asks whether its gain lies inside the paper's " \
-        f"range; verdicts.csv asks whether our smallest and largest gain over the sweep are the paper's ends, which " \
+        t[f"verdict vs paper {lo:g}-{hi:g}x{lab}"] = [
+            _judge(x, lo, kind="range", paper_hi=hi) for x in t[f"fasttts/base{lab}"]
+        ]
+    rows = _extreme_rows(
+        ref,
+        {"goodput_gain_min": "min", "goodput_gain_max": "max"},
+        t,
+        "fasttts/base",
+        "goodput gain of fasttts over vllm_tts across search methods",
+        "x",
+        "fig11_methods.png",
+    )
+    notes = (
+        _no_baseline(df, ["search", "n"])
+        + ((_gain_notes(t, "fasttts") + "; ") if _gain_notes(t, "fasttts") else "")
+        + f"paper {lo:g}-{hi:g}x; goodput in tok/s, "
+        f"fasttts/base in x. Two different questions: a row's verdict asks whether its gain lies inside the paper's "
+        f"range; verdicts.csv asks whether our smallest and largest gain over the sweep are the paper's ends, which "
         f"only the full sweep (every method and n) can answer.\n\n{_write_verdicts(sweep_dir, rows)}"
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig11_methods.md",
-                   _title("FastTTS Fig. 11: goodput per search method (tok/s; fasttts/base in x)", df, runs), notes)
-    _grid_plot(df, ["search"], "n", "goodput", lambda k, s, n: None, _title("Goodput per search algorithm", df, runs),
-               GOODPUT_AXIS, sweep_dir, "fig11_methods")
+    )
+    write_markdown(
+        _blank_nan(t),
+        Path(sweep_dir) / "fig11_methods.md",
+        _title("FastTTS Fig. 11: goodput per search method (tok/s; fasttts/base in x)", df, runs),
+        notes,
+    )
+    _grid_plot(
+        df,
+        ["search"],
+        "n",
+        "goodput",
+        lambda k, s, n: None,
+        _title("Goodput per search algorithm", df, runs),
+        GOODPUT_AXIS,
+        sweep_dir,
+        "fig11_methods",
+    )
     return t
 
 
@@ -542,16 +768,47 @@ def report_gpus(sweep_dir: Path, runs: pd.DataFrame, cfg=None) -> pd.DataFrame:
         t[f"paper {s}"] = [_paper(ref, "goodput_tok_s", hardware=r.hardware, n=r.n, system=s) for r in t.itertuples()]
         _verdict_cols(t, s, f"paper {s}", s)
     src = "fig15_gpus.png"
-    rows = _point_rows(ref, "goodput_tok_s", t, keys, lambda r: r["system"],
-                       lambda r: f"goodput {r['system']} {_keys_text(r, keys)}", "tok/s", src, note=ref["note"].iloc[0])
-    rows += _extreme_rows(ref, {"goodput_gain_min": "min", "goodput_gain_max": "max"}, t, "fasttts/base",
-                          "goodput gain of fasttts over vllm_tts on the two GPUs", "x", src)
-    notes = _no_baseline(df, keys) + ((_gain_notes(t, "fasttts") + "; ") if _gain_notes(t, "fasttts") else "") \
-        + "paper 1.4-1.6x; goodput in tok/s, " \
+    rows = _point_rows(
+        ref,
+        "goodput_tok_s",
+        t,
+        keys,
+        lambda r: r["system"],
+        lambda r: f"goodput {r['system']} {_keys_text(r, keys)}",
+        "tok/s",
+        src,
+        note=ref["note"].iloc[0],
+    )
+    rows += _extreme_rows(
+        ref,
+        {"goodput_gain_min": "min", "goodput_gain_max": "max"},
+        t,
+        "fasttts/base",
+        "goodput gain of fasttts over vllm_tts on the two GPUs",
+        "x",
+        src,
+    )
+    notes = (
+        _no_baseline(df, keys)
+        + ((_gain_notes(t, "fasttts") + "; ") if _gain_notes(t, "fasttts") else "")
+        + "paper 1.4-1.6x; goodput in tok/s, "
         f"fasttts/base in x.\n\n{_write_verdicts(sweep_dir, rows)}"
-    write_markdown(_blank_nan(t), Path(sweep_dir) / "fig15_gpus.md",
-                   _title("FastTTS Fig. 15: goodput on other GPUs (tok/s; fasttts/base in x)", df, runs), notes)
-    _grid_plot(df, ["hardware"], "n", "goodput",
-               lambda k, s, n: _paper(ref, "goodput_tok_s", hardware=k["hardware"], n=n, system=s),
-               _title("Goodput on other GPUs", df, runs), GOODPUT_AXIS, sweep_dir, "fig15_gpus")
+    )
+    write_markdown(
+        _blank_nan(t),
+        Path(sweep_dir) / "fig15_gpus.md",
+        _title("FastTTS Fig. 15: goodput on other GPUs (tok/s; fasttts/base in x)", df, runs),
+        notes,
+    )
+    _grid_plot(
+        df,
+        ["hardware"],
+        "n",
+        "goodput",
+        lambda k, s, n: _paper(ref, "goodput_tok_s", hardware=k["hardware"], n=n, system=s),
+        _title("Goodput on other GPUs", df, runs),
+        GOODPUT_AXIS,
+        sweep_dir,
+        "fig15_gpus",
+    )
     return t

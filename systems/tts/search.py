@@ -11,6 +11,7 @@ in the same request); (3) paths ending (end token, step cap, max_model_len, last
 collected; (4) the policy selects survivors among the rest by aggregated score and (5) duplicates
 them back to ``n`` paths. The last iteration decodes without the step delimiter.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import AbstractSet, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from systems.tts.beams import Beam, aggregate, request_seeds, stable_hash, stable_hashes
-from systems.tts.protocol import GenRequest, Generator, Verifier, VerifierOutput
+from systems.tts.protocol import Generator, GenRequest, Verifier, VerifierOutput
 from systems.tts.speculation import SpeculationPolicy, copy_keeps, speculative_potential
 
 
@@ -28,6 +29,7 @@ class SearchSettings:
     """Search knobs (FastTTS §1.4). Token counts in tokens. ``delimiter_ids`` / ``eos_ids``: every
     token id ending a step / a path (a real tokenizer has several "\n\n" tokens); empty = the single
     ``delimiter_id`` / ``eos_id``."""
+
     search: str = "beam_search"
     n: int = 64
     beam_width: int = 4
@@ -44,7 +46,7 @@ class SearchSettings:
     lookahead: bool = True
     vg_short_iterations: int = 3
     vg_short_tokens: int = 64
-    score_source: str = "synthetic"      # what the verifier's values are (recorded): prm | synthetic
+    score_source: str = "synthetic"  # what the verifier's values are (recorded): prm | synthetic
     delimiter_id: int = 271
     eos_id: int = 151643
     delimiter_ids: Tuple[int, ...] = ()
@@ -61,7 +63,7 @@ class IterationRecord:
     iteration: int
     active: int
     gen_requests: int
-    gen_skipped: int          # paths whose step came from speculation (no generator call)
+    gen_skipped: int  # paths whose step came from speculation (no generator call)
     ver_requests: int
     gen_time_s: float
     ver_time_s: float
@@ -69,13 +71,13 @@ class IterationRecord:
     gen_cached_tokens: int
     ver_prompt_tokens: int
     ver_cached_tokens: int
-    new_tokens: int           # step tokens committed this iteration (all paths)
+    new_tokens: int  # step tokens committed this iteration (all paths)
     spec_generated: int
     spec_kept: int
     completed: int
-    selected: str             # survivors' uids in selection order, ";"-joined
-    selected_keys: str        # their content hashes (committed tokens), ";"-joined
-    gen_cpu_s: Optional[float] = None   # real engines: process CPU seconds (protocol.GenResult.cpu_s)
+    selected: str  # survivors' uids in selection order, ";"-joined
+    selected_keys: str  # their content hashes (committed tokens), ";"-joined
+    gen_cpu_s: Optional[float] = None  # real engines: process CPU seconds (protocol.GenResult.cpu_s)
     ver_cpu_s: Optional[float] = None
 
 
@@ -130,8 +132,16 @@ def select_survivors(policy: str, cands: Sequence[Beam], n: int, beam_width: int
     return list(zip(top, reps))
 
 
-def duplicate(selected: List[Tuple[Beam, int]], prefix_aware: bool, speculative: bool, r_mean: float,
-              r_std: float, seed: int, problem: int, iteration: int) -> List[Beam]:
+def duplicate(
+    selected: List[Tuple[Beam, int]],
+    prefix_aware: bool,
+    speculative: bool,
+    r_mean: float,
+    r_std: float,
+    seed: int,
+    problem: int,
+    iteration: int,
+) -> List[Beam]:
     """Children of the survivors, in scheduling order.
 
     Without P (the vLLM baseline, AE): survivors first, then their copies round by round
@@ -145,14 +155,23 @@ def duplicate(selected: List[Tuple[Beam, int]], prefix_aware: bool, speculative:
         order = [(p, c) for c in range(max((cnt for _, cnt in selected), default=0)) for p, cnt in selected if c < cnt]
     uids = [f"{p.uid}.{c}" for p, c in order]
     cut = [i for i, (p, c) in enumerate(order) if speculative and c > 0 and p.spec]
-    keeps = dict(zip(cut, copy_keeps([len(order[i][0].spec) for i in cut], r_mean, r_std,
-                                     stable_hashes(("trunc", seed, problem, iteration), [uids[i] for i in cut]))))
+    keeps = dict(
+        zip(
+            cut,
+            copy_keeps(
+                [len(order[i][0].spec) for i in cut],
+                r_mean,
+                r_std,
+                stable_hashes(("trunc", seed, problem, iteration), [uids[i] for i in cut]),
+            ),
+        )
+    )
     out: List[Beam] = []
     for i, ((p, c), uid) in enumerate(zip(order, uids)):
         if c == 0 or not p.spec:
             out.append(p.copy_as(uid))
         else:
-            out.append(p.copy_as(uid, spec=p.spec[:keeps[i]] if speculative else []))
+            out.append(p.copy_as(uid, spec=p.spec[: keeps[i]] if speculative else []))
     return out
 
 
@@ -182,11 +201,16 @@ class Search:
     verifier (look-ahead verification).
     """
 
-    def __init__(self, st: SearchSettings, generator: Generator, verifier: Verifier,
-                 on_iteration: Optional[Callable] = None,
-                 before_iteration: Optional[Callable] = None):
+    def __init__(
+        self,
+        st: SearchSettings,
+        generator: Generator,
+        verifier: Verifier,
+        on_iteration: Optional[Callable] = None,
+        before_iteration: Optional[Callable] = None,
+    ):
         self.st, self.gen, self.ver, self.on_iteration = st, generator, verifier, on_iteration
-        self.before_iteration = before_iteration      # (iteration, active paths, prompt length) -> None
+        self.before_iteration = before_iteration  # (iteration, active paths, prompt length) -> None
 
     def _cap(self, it: int) -> int:
         st = self.st
@@ -208,14 +232,14 @@ class Search:
         # content keys: per committed step, a chain of Python hashes (the score cache's keys; a step
         # costs a tuple hash); the recorded key (stable across processes) only for the survivors
         keys: Dict[str, List[int]] = {b.uid: [root] for b in beams}
-        recorded: Dict[str, int] = {b.uid: root for b in beams}       # uid -> stable key before its last step
-        cache: Dict[int, float] = {}                                   # step key -> selection score
+        recorded: Dict[str, int] = {b.uid: root for b in beams}  # uid -> stable key before its last step
+        cache: Dict[int, float] = {}  # step key -> selection score
         completions: List[Beam] = []
         records: List[IterationRecord] = []
         gen_t = ver_t = 0.0
         iters = 1 if st.search == "best_of_n" else st.num_iterations
         prev_potential: Dict[str, int] = {}
-        path_prefix = f"{pidx}/"                                       # + uid: the path's name (GenRequest.path)
+        path_prefix = f"{pidx}/"  # + uid: the path's name (GenRequest.path)
         for it in range(iters):
             active = [b for b in beams if not b.done]
             if not active:
@@ -227,7 +251,7 @@ class Search:
             requested, skipped, new_tokens = [], 0, 0
             for b in active:
                 cut = None if last else _first_boundary(b.spec, bounds)
-                if cut is not None:                     # a whole step was produced speculatively
+                if cut is not None:  # a whole step was produced speculatively
                     step, b.spec = b.spec[:cut], b.spec[cut:]
                     self._commit(b, step, keys)
                     new_tokens += len(step)
@@ -236,20 +260,27 @@ class Search:
                     continue
                 requested.append(b)
             seeds = request_seeds(st.seed, pidx, it, [b.uid for b in requested])
-            room = st.max_model_len - len(prompt)                  # path tokens the model length leaves
-            req_prefix = f"p{pidx}.i{it}."                         # + uid: the request's uid
-            reqs = [GenRequest(uid=req_prefix + b.uid, prompt_ids=[*prompt, *b.tokens, *b.spec],
-                               max_tokens=max(1, min(cap, room - len(b.tokens)) - len(b.spec)),
-                               seed=seed, stop_at_delimiter=not last,
-                               potential=prev_potential.get(b.uid, 1), path=path_prefix + b.uid)
-                    for b, seed in zip(requested, seeds)]
+            room = st.max_model_len - len(prompt)  # path tokens the model length leaves
+            req_prefix = f"p{pidx}.i{it}."  # + uid: the request's uid
+            reqs = [
+                GenRequest(
+                    uid=req_prefix + b.uid,
+                    prompt_ids=[*prompt, *b.tokens, *b.spec],
+                    max_tokens=max(1, min(cap, room - len(b.tokens)) - len(b.spec)),
+                    seed=seed,
+                    stop_at_delimiter=not last,
+                    potential=prev_potential.get(b.uid, 1),
+                    path=path_prefix + b.uid,
+                )
+                for b, seed in zip(requested, seeds)
+            ]
             res = self.gen.extend(reqs, SpeculationPolicy(st.speculative and not last, st.spec_max_beams))
             gen_t += res.time_s
             spec_generated = res.spec_tokens
             for r, b in zip(reqs, requested):
                 o = res.outputs[r.uid]
-                step = b.spec + o.tokens[:o.step_len]
-                b.spec = list(o.tokens[o.step_len:])
+                step = b.spec + o.tokens[: o.step_len]
+                b.spec = list(o.tokens[o.step_len :])
                 self._commit(b, step, keys)
                 new_tokens += o.step_len
                 b.finish = o.finish
@@ -263,20 +294,23 @@ class Search:
                         toks = [*b.tokens, *b.spec[:cut]]
                         ends.append(len(toks))
                         ks.append(_step_key(ks[-1], b.spec[:cut]))
-                if not all(map(cache.__contains__, ks)):       # map: no Python frame per key
+                if not all(map(cache.__contains__, ks)):  # map: no Python frame per key
                     items.append((toks, ends))
                     owners.append(ks)
                     paths.append(path_prefix + b.uid)
             # no verifier call: 0 CPU s on a real engine, not measured (None) on the simulator (it said 0.0; QA)
-            vo = self.ver.verify(pidx, items, paths) if items else VerifierOutput(
-                [], 0.0, cpu_s=None if res.cpu_s is None else 0.0)
+            vo = (
+                self.ver.verify(pidx, items, paths)
+                if items
+                else VerifierOutput([], 0.0, cpu_s=None if res.cpu_s is None else 0.0)
+            )
             ver_t += vo.time_s
             for ks, vs in zip(owners, vo.values):
                 for k, v in zip(ks, vs):
                     if v is not None and k not in cache:
                         cache[k] = v
             for b in active:
-                b.scores = list(map(cache.get, keys[b.uid][1:]))     # a score is a float, never None
+                b.scores = list(map(cache.get, keys[b.uid][1:]))  # a score is a float, never None
                 if None in b.scores:
                     raise RuntimeError(f"verifier returned no score for {b.scores.count(None)} step(s) of path {b.uid}")
             # ------------------------------------------------ completion
@@ -284,8 +318,12 @@ class Search:
             n_done = 0
             for b in active:
                 total = len(prompt) + len(b.tokens)
-                ended = (b.finish == "eos" or (b.finish == "length" and cap == st.max_step_tokens)
-                         or total >= st.max_model_len or last)
+                ended = (
+                    b.finish == "eos"
+                    or (b.finish == "length" and cap == st.max_step_tokens)
+                    or total >= st.max_model_len
+                    or last
+                )
                 if st.search == "vg_search" and b.finish == "length" and cap < st.max_step_tokens:
                     ended = total >= st.max_model_len
                 if ended:
@@ -298,16 +336,34 @@ class Search:
                     n_done += 1
             alive = [b for b in active if not b.done]
             selected = select_survivors(st.search, alive, st.n, st.beam_width, st.agg) if not last else []
-            for p, _ in selected:                     # every path committed one step this iteration
-                last_step = p.tokens[p.step_ends[-2] if len(p.step_ends) > 1 else 0:]
+            for p, _ in selected:  # every path committed one step this iteration
+                last_step = p.tokens[p.step_ends[-2] if len(p.step_ends) > 1 else 0 :]
                 recorded[p.uid] = stable_hash(recorded[p.uid], tuple(last_step))
             spec_kept = sum(len(p.spec) for p, _ in selected) if st.speculative else 0
-            records.append(IterationRecord(
-                pidx, it, len(active), len(reqs), skipped, len(items), res.time_s, vo.time_s,
-                sum(o.prompt_tokens for o in res.outputs.values()), sum(o.cached_tokens for o in res.outputs.values()),
-                vo.prompt_tokens, vo.cached_tokens, new_tokens, spec_generated, spec_kept, n_done,
-                ";".join(p.uid for p, _ in selected), ";".join(str(recorded[p.uid]) for p, _ in selected),
-                res.cpu_s, vo.cpu_s))
+            records.append(
+                IterationRecord(
+                    pidx,
+                    it,
+                    len(active),
+                    len(reqs),
+                    skipped,
+                    len(items),
+                    res.time_s,
+                    vo.time_s,
+                    sum(o.prompt_tokens for o in res.outputs.values()),
+                    sum(o.cached_tokens for o in res.outputs.values()),
+                    vo.prompt_tokens,
+                    vo.cached_tokens,
+                    new_tokens,
+                    spec_generated,
+                    spec_kept,
+                    n_done,
+                    ";".join(p.uid for p, _ in selected),
+                    ";".join(str(recorded[p.uid]) for p, _ in selected),
+                    res.cpu_s,
+                    vo.cpu_s,
+                )
+            )
             if self.on_iteration:
                 self.on_iteration(records[-1])
             if not selected:
@@ -317,12 +373,12 @@ class Search:
             beams = duplicate(selected, st.prefix_aware, st.speculative, st.r_mean, st.r_std, st.seed, pidx, it)
             prev_potential = {}
             for (p, cnt), m in zip(selected, pot):
-                for c in range(cnt):                  # child c of p, as duplicate names it
+                for c in range(cnt):  # child c of p, as duplicate names it
                     uid = f"{p.uid}.{c}"
                     prev_potential[uid] = m
                     keys[uid] = list(keys[p.uid])
                     recorded[uid] = recorded[p.uid]
-        for b in beams:                               # iteration budget exhausted (not reached with last)
+        for b in beams:  # iteration budget exhausted (not reached with last)
             if not b.done:
                 b.done, b.finish = True, "budget"
                 b.completion_time_s, b.completed_iteration = gen_t + ver_t, len(records) - 1

@@ -17,6 +17,7 @@ whole step at admission (no preemption or recompute; speculative tokens beyond f
 as memory pressure), the decode steps between two events are charged at their mid-point context,
 and the verifier is charged per batch as ceil(tokens / token budget) prefill passes.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -45,15 +46,15 @@ class Lineage:
     parent's (block hashes, the synthetic PRM's hash): callers check the entry still applies."""
 
     def __init__(self):
-        self.problem, self.seen = None, {}            # problem: the current problem's prefix ("3/")
+        self.problem, self.seen = None, {}  # problem: the current problem's prefix ("3/")
 
     def get(self, path: str):
         if self.problem is None or not path.startswith(self.problem):
             self.problem, self.seen = path.partition("/")[0] + "/", {}
         seen = self.seen
         while path not in seen:
-            path = path.rpartition(".")[0]            # the parent's name ("3/0.1" -> "3/0")
-            if "/" not in path:                       # past the root path ("3/0" -> ""): no ancestor has one
+            path = path.rpartition(".")[0]  # the parent's name ("3/0.1" -> "3/0")
+            if "/" not in path:  # past the root path ("3/0" -> ""): no ancestor has one
                 return None
         return seen[path]
 
@@ -71,8 +72,9 @@ class SyntheticPrm:
     def __init__(self, seed: int):
         self.seed, self.memo = seed, Lineage()
 
-    def values(self, problem: int, tokens: Sequence[int], step_ends: Sequence[int], computed: Sequence[bool],
-               path: str = "") -> List[Optional[float]]:
+    def values(
+        self, problem: int, tokens: Sequence[int], step_ends: Sequence[int], computed: Sequence[bool], path: str = ""
+    ) -> List[Optional[float]]:
         wanted = [e for e, c in zip(step_ends, computed) if c]
         if not wanted:
             return [None] * len(step_ends)
@@ -94,12 +96,13 @@ def starts_with(tokens: Sequence[int], n: int, base: Sequence[int], tail: Sequen
     p = len(base)
     if n <= p:
         return (tokens if len(tokens) == n else tokens[:n]) == (base if n == p else base[:n])
-    return tokens[:p] == base and tokens[p:n] == tail[:n - p]
+    return tokens[:p] == base and tokens[p:n] == tail[: n - p]
 
 
 # ------------------------------------------------------------------------------- prefix cache
-def block_hashes(tokens: List[int], block: int, base: List[int] = (), base_hashes: Sequence[int] = (),
-                 base_tail: List[int] = ()) -> List[int]:
+def block_hashes(
+    tokens: List[int], block: int, base: List[int] = (), base_hashes: Sequence[int] = (), base_tail: List[int] = ()
+) -> List[int]:
     """Chained hashes of the full ``block``-token blocks of ``tokens`` (block j's covers blocks 0..j,
     as vLLM's prefix-cache keys). ``base`` (followed by ``base_tail``) / ``base_hashes``: a token
     list hashed before and its hashes; the leading blocks ``tokens`` shares with it (compared, not
@@ -107,8 +110,8 @@ def block_hashes(tokens: List[int], block: int, base: List[int] = (), base_hashe
     parent's."""
     B = block
     k = min(len(tokens) // B, len(base_hashes))
-    if k and not starts_with(tokens, k * B, base, base_tail):   # not a plain extension: the shared blocks
-        lo, hi = 0, k - 1                                        # their count lies in [lo, hi]
+    if k and not starts_with(tokens, k * B, base, base_tail):  # not a plain extension: the shared blocks
+        lo, hi = 0, k - 1  # their count lies in [lo, hi]
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if starts_with(tokens, mid * B, base, base_tail):
@@ -129,7 +132,7 @@ def chain_hashes(h: int, tokens: Sequence[int], start: int, block: int) -> List[
     """Hashes of the full ``block``-token blocks of ``tokens[start:]``, chained from ``h`` (the hash of
     the blocks before ``start``; 0 at the root)."""
     out = []
-    for blk in zip(*[iter(tokens[start:] if start else tokens)] * block):     # the full blocks, as tuples
+    for blk in zip(*[iter(tokens[start:] if start else tokens)] * block):  # the full blocks, as tuples
         h = hash((h, blk))
         out.append(h)
     return out
@@ -168,9 +171,9 @@ class BlockCache:
 
     def __init__(self, capacity_blocks: int, block: int):
         self.capacity, self.block = int(capacity_blocks), int(block)
-        self.ref: Dict[int, int] = {}                        # pinned hash -> chains ending there + pinned children
+        self.ref: Dict[int, int] = {}  # pinned hash -> chains ending there + pinned children
         self.free: "OrderedDict[int, None]" = OrderedDict()  # cached, unpinned, LRU first
-        self.reserved = 0                                    # blocks reserved for tokens not yet hashed
+        self.reserved = 0  # blocks reserved for tokens not yet hashed
 
     def hit_tokens(self, hs: List[int], length: int) -> int:
         """Tokens of a ``length``-token prompt with block hashes ``hs`` served from the cache: the
@@ -208,7 +211,7 @@ class BlockCache:
         blocks as needed. False (nothing changed) when pinned blocks leave no room."""
         ref, free = self.ref, self.free
         k = self.pinned_prefix(hs)
-        new = hs[k:]                                  # to pin: free cached ones or missing
+        new = hs[k:]  # to pin: free cached ones or missing
         if len(ref) + len(new) + self.reserved + extra_blocks > self.capacity:
             return False
         if free:
@@ -217,8 +220,8 @@ class BlockCache:
             over = len(ref) + len(free) + self.reserved + len(new) + extra_blocks - self.capacity
             if over > 0:
                 self._evict(over)
-        ref.update(dict.fromkeys(new, 1))             # each: one pinned child, or (the last) the chain's end
-        if k:                                         # the deepest pinned block: a new child, or the end again
+        ref.update(dict.fromkeys(new, 1))  # each: one pinned child, or (the last) the chain's end
+        if k:  # the deepest pinned block: a new child, or the end again
             ref[hs[k - 1]] += 1
         self.reserved += extra_blocks
         return True
@@ -236,7 +239,7 @@ class BlockCache:
                 break
             del ref[pinned[j]]
             j -= 1
-        for h in pinned[j + 1:]:
+        for h in pinned[j + 1 :]:
             free[h] = None
         room = self.capacity - len(ref) - len(free) - self.reserved
         for h in produced:
@@ -247,7 +250,7 @@ class BlockCache:
                 continue
             if room > 0:
                 room -= 1
-            elif free:                                # full: the LRU free block makes room
+            elif free:  # full: the LRU free block makes room
                 free.popitem(last=False)
             else:
                 break
@@ -259,6 +262,7 @@ class BlockCache:
 class StepModel:
     """Geometric step lengths of the random-weight runs: per token P(delimiter) = p_delim,
     P(end token) = p_eos; body tokens uniform over the vocabulary away from the special ids."""
+
     p_delim: float
     p_eos: float
     delimiter_id: int
@@ -268,7 +272,7 @@ class StepModel:
     def __post_init__(self):
         self.p_boundary = self.p_delim + self.p_eos
         self.eos_share = self.p_eos / self.p_boundary
-        self.lo = min(1000, self.vocab_size // 4)         # avoid low ids and the special tokens at the top
+        self.lo = min(1000, self.vocab_size // 4)  # avoid low ids and the special tokens at the top
         self.small = self.vocab_size - 2 * self.lo < 2000  # small vocabularies: keep boundaries out of the body
 
     def chunk(self, rng: np.random.Generator) -> Tuple[int, bool]:
@@ -292,17 +296,22 @@ class TokenStream:
     ``ends[i]`` / ``is_eos[i]``: the exclusive end of boundary i and whether it is the end token;
     the first ``materialised`` of them are in ``tokens``, the rest drawn ahead."""
 
-    def __init__(self, model: StepModel, rng_len: np.random.Generator, rng_body: np.random.Generator,
-                 recorded: Sequence[int] = ()):
+    def __init__(
+        self,
+        model: StepModel,
+        rng_len: np.random.Generator,
+        rng_body: np.random.Generator,
+        recorded: Sequence[int] = (),
+    ):
         self.m, self.rng_len, self.rng_body = model, rng_len, rng_body
-        self.tokens: List[int] = list(recorded)           # materialised tokens
-        self.ends: List[int] = []                         # exclusive end of every boundary token
+        self.tokens: List[int] = list(recorded)  # materialised tokens
+        self.ends: List[int] = []  # exclusive end of every boundary token
         self.is_eos: List[bool] = []
         for i, t in enumerate(self.tokens):
             if t in (model.delimiter_id, model.eos_id):
                 self.ends.append(i + 1)
                 self.is_eos.append(t == model.eos_id)
-        self.length = len(self.tokens)                    # positions decided (materialised or drawn)
+        self.length = len(self.tokens)  # positions decided (materialised or drawn)
         self.materialised = len(self.ends)
 
     def _draw(self) -> None:
@@ -348,12 +357,12 @@ class TokenStream:
                 self._draw()
             ends, is_eos, m = self.ends, self.is_eos, self.m
             first = self.materialised
-            last = bisect.bisect_left(ends, n, first)      # the chunk holding position n - 1
+            last = bisect.bisect_left(ends, n, first)  # the chunk holding position n - 1
             body = m.body(self.rng_body, ends[last] - len(toks) - (last + 1 - first))
             at = 0
             for i in range(first, last + 1):
                 k = ends[i] - len(toks) - 1
-                toks.extend(body[at:at + k])
+                toks.extend(body[at : at + k])
                 toks.append(m.eos_id if is_eos[i] else m.delimiter_id)
                 at += k
             self.materialised = last + 1
@@ -372,13 +381,18 @@ class TokenSource:
 
     def prepare(self, requests: Sequence[GenRequest]) -> None:
         gens = generators([e for r in requests for e in ([r.seed, 0], [r.seed, 1])])
-        self.ready = {r.uid: TokenStream(self.model, gens[2 * i], gens[2 * i + 1], self.recorded.get(r.uid, ()))
-                      for i, r in enumerate(requests)}
+        self.ready = {
+            r.uid: TokenStream(self.model, gens[2 * i], gens[2 * i + 1], self.recorded.get(r.uid, ()))
+            for i, r in enumerate(requests)
+        }
 
     def stream(self, r: GenRequest) -> TokenStream:
         s = self.ready.pop(r.uid, None)
-        return s if s is not None else TokenStream(self.model, *generators([[r.seed, 0], [r.seed, 1]]),
-                                                   self.recorded.get(r.uid, ()))
+        return (
+            s
+            if s is not None
+            else TokenStream(self.model, *generators([[r.seed, 0], [r.seed, 1]]), self.recorded.get(r.uid, ()))
+        )
 
 
 # ------------------------------------------------------------------------------------- costs
@@ -390,9 +404,12 @@ def step_terms(m: ModelShape, prefill: List[Tuple[int, int]], decodes: int, ctx:
     (``ModelShape.read_bytes``)."""
     new = sum(a for a, _ in prefill) if prefill else 0
     sampled = decodes + len(prefill)
-    flops = 2 * m.body_params * (new + decodes) + 2 * m.head_params * sampled \
-        + 4 * m.num_layers * m.hidden_size * decodes * ctx \
+    flops = (
+        2 * m.body_params * (new + decodes)
+        + 2 * m.head_params * sampled
+        + 4 * m.num_layers * m.hidden_size * decodes * ctx
         + (sum(2 * m.num_layers * m.hidden_size * a * (2 * c + a) for a, c in prefill) if prefill else 0)
+    )
     return flops, m.read_bytes + (decodes * ctx + new) * m.kv_bytes_per_token, sampled
 
 
@@ -405,13 +422,19 @@ def _t_step(m: ModelShape, hw: Roofline, prefill: List[Tuple[int, int]], decodes
 
 def prefill_terms(m: ModelShape, new_tokens: int, attn_flops: float, budget: int) -> Tuple[float, float, int]:
     """(FLOPs, bytes, passes) of a verifier batch prefilling ``new_tokens`` uncached tokens (plus
-    ``attn_flops`` of attention) in passes of at most ``budget`` tokens, weights read once per pass. A PRM scores every position: no vocabulary projection, its head is in the body."""
+    ``attn_flops`` of attention) in passes of at most ``budget`` tokens, weights read once per pass. A
+    PRM scores every position: no vocabulary projection, its head is in the body."""
     passes = math.ceil(new_tokens / budget)
-    return 2 * m.body_params * new_tokens + attn_flops, passes * m.read_bytes + new_tokens * m.kv_bytes_per_token, passes
+    return (
+        2 * m.body_params * new_tokens + attn_flops,
+        passes * m.read_bytes + new_tokens * m.kv_bytes_per_token,
+        passes,
+    )
 
 
 class _Engine:
     """KV size and batch cap of a simulated engine, set (and re-set) by the memory plan."""
+
     m: ModelShape
     block: int
 
@@ -437,8 +460,23 @@ class _Seq:
     and the engine step at which its step or speculation ends (``end``). A speculation's end is
     found lazily (``speculating``: it decodes past its step): while ``tentative``, ``end`` is a lower
     bound, the end of boundary ``scan - 1``, which did not end it; :meth:`resolve` looks further."""
-    __slots__ = ("r", "stream", "step_len", "finish", "hs", "extra", "cached", "admitted", "order", "end",
-                 "speculating", "cap", "scan", "tentative")
+
+    __slots__ = (
+        "r",
+        "stream",
+        "step_len",
+        "finish",
+        "hs",
+        "extra",
+        "cached",
+        "admitted",
+        "order",
+        "end",
+        "speculating",
+        "cap",
+        "scan",
+        "tentative",
+    )
 
     def __init__(self, r, stream, step_len, finish, hs, extra, cached, admitted):
         self.r, self.stream, self.step_len, self.finish = r, stream, step_len, finish
@@ -490,25 +528,39 @@ class SimGenerator(_Engine):
     sequences and their context are kept as totals and a heap of end steps, so an event costs the
     sequences it ends, not all that run."""
 
-    def __init__(self, model: ModelShape, hw: Roofline, tokens: TokenSource, *, kv_bytes: int, max_num_seqs: int,
-                 block: int, token_budget: int, max_model_len: int):
+    def __init__(
+        self,
+        model: ModelShape,
+        hw: Roofline,
+        tokens: TokenSource,
+        *,
+        kv_bytes: int,
+        max_num_seqs: int,
+        block: int,
+        token_budget: int,
+        max_model_len: int,
+    ):
         self.m, self.hw, self.tokens = model, hw, tokens
         self.block, self.token_budget, self.max_model_len = int(block), int(token_budget), int(max_model_len)
         self.paths = PathHashes(self.block)
-        self._head = None                          # (queue head, its block hashes, stream, step end, finish)
+        self._head = None  # (queue head, its block hashes, stream, step end, finish)
         self.configure(kv_bytes, max_num_seqs)
 
     def _admit(self, queue: deque, run: Dict[str, _Seq], now: int) -> Tuple[List[Tuple[int, int]], List[_Seq], bool]:
         """Admit queued requests at engine step ``now``. Returns (prefill chunks, the sequences admitted,
         whether admission stopped at the token budget, so the next step admits again)."""
         B, prefill, new_seqs = self.block, [], []
-        budget = self.token_budget - len(run)              # running sequences decode one token each
+        budget = self.token_budget - len(run)  # running sequences decode one token each
         while queue and len(run) < self.max_num_seqs:
             r = queue[0]
-            if self._head is None or self._head[0] is not r:     # a request that waits keeps its hashes and stream
+            if self._head is None or self._head[0] is not r:  # a request that waits keeps its hashes and stream
                 stream = self.tokens.stream(r)
-                self._head = (r, self.paths.hashes(r.prompt_ids, r.path), stream,
-                              *stream.boundary(0, r.max_tokens, eos_only=not r.stop_at_delimiter))
+                self._head = (
+                    r,
+                    self.paths.hashes(r.prompt_ids, r.path),
+                    stream,
+                    *stream.boundary(0, r.max_tokens, eos_only=not r.stop_at_delimiter),
+                )
             _, hs, stream, step_len, finish = self._head
             hit = self.cache.hit_tokens(hs, len(r.prompt_ids))
             new = len(r.prompt_ids) - hit
@@ -517,8 +569,10 @@ class SimGenerator(_Engine):
             extra = math.ceil((len(r.prompt_ids) + step_len) / B) - len(hs)
             if not self.cache.try_admit(hs, extra):
                 if not run:
-                    raise RunOOM(f"simulated generator KV ({self.cache.capacity} blocks of {B}) cannot hold one "
-                                 f"sequence of {len(r.prompt_ids) + step_len} tokens")
+                    raise RunOOM(
+                        f"simulated generator KV ({self.cache.capacity} blocks of {B}) cannot hold one "
+                        f"sequence of {len(r.prompt_ids) + step_len} tokens"
+                    )
                 return prefill, new_seqs, False
             queue.popleft()
             budget -= new
@@ -533,27 +587,29 @@ class SimGenerator(_Engine):
         B = self.block
         self.tokens.prepare(requests)
         queue = deque(requests)
-        run: Dict[str, _Seq] = {}                 # admission order
-        spec: Dict[str, _Seq] = {}                # the running sequences that speculate
-        potential: Dict[str, int] = {}            # their potentials (the policy's input)
-        ends: List[Tuple[int, int, str]] = []     # heap of (end step, admission number, uid)
+        run: Dict[str, _Seq] = {}  # admission order
+        spec: Dict[str, _Seq] = {}  # the running sequences that speculate
+        potential: Dict[str, int] = {}  # their potentials (the policy's input)
+        ends: List[Tuple[int, int, str]] = []  # heap of (end step, admission number, uid)
         admitted = 0
         outputs: Dict[str, GenOutput] = {}
-        t, steps, ctx = 0.0, 0, 0                 # ctx: the running sequences' context tokens, summed
+        t, steps, ctx = 0.0, 0, 0  # ctx: the running sequences' context tokens, summed
         while queue or run:
             decodes = len(run)
             dec_ctx = ctx / decodes if decodes else 0.0
             prefill, new_seqs, more = self._admit(queue, run, steps)
             if not run:
-                raise RuntimeError(f"simulated generator: request {queue[0].uid} ({len(queue[0].prompt_ids)} prompt "
-                                   f"tokens) exceeds the step's token budget ({self.token_budget})")
+                raise RuntimeError(
+                    f"simulated generator: request {queue[0].uid} ({len(queue[0].prompt_ids)} prompt "
+                    f"tokens) exceeds the step's token budget ({self.token_budget})"
+                )
             for s in new_seqs:
                 s.order = admitted
                 admitted += 1
                 ctx += len(s.r.prompt_ids)
                 heapq.heappush(ends, (s.end, s.order, s.r.uid))
             k = 1 if more else _first_end(ends, run, math.inf).end - steps
-            t += _t_step(self.m, self.hw, prefill, decodes, dec_ctx)      # first step (with prefill)
+            t += _t_step(self.m, self.hw, prefill, decodes, dec_ctx)  # first step (with prefill)
             if k > 1:
                 t += (k - 1) * _t_step(self.m, self.hw, [], len(run), ctx / len(run) + k / 2.0)
             steps += k
@@ -562,9 +618,9 @@ class SimGenerator(_Engine):
             while (s := _first_end(ends, run, steps)) is not None:
                 heapq.heappop(ends)
                 due.append(s)
-            for s in sorted(due, key=attrgetter("order")):                 # in admission order
+            for s in sorted(due, key=attrgetter("order")):  # in admission order
                 uid = s.r.uid
-                if s.speculating:                                          # end token or cap: finished
+                if s.speculating:  # end token or cap: finished
                     ctx -= self._end(uid, steps, run, spec, potential, outputs)
                 elif policy.at_step_end(s.r, s.finish, len(queue)) == SPECULATE:
                     s.speculate(min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids)))
@@ -576,16 +632,27 @@ class SimGenerator(_Engine):
                 else:
                     ctx -= self._end(uid, steps, run, spec, potential, outputs)
             if spec:
-                need = sum([-((s.admitted - len(s.r.prompt_ids) - steps) // B) - len(s.hs) - s.extra   # ceil(tokens / B)
-                            for s in spec.values()])
+                need = sum(
+                    [
+                        -((s.admitted - len(s.r.prompt_ids) - steps) // B) - len(s.hs) - s.extra  # ceil(tokens / B)
+                        for s in spec.values()
+                    ]
+                )
                 pressure = need > self.cache.capacity - self.cache.used()
                 for uid in policy.to_abort(len(run) - len(spec), potential, len(queue), pressure):
                     ctx -= self._end(uid, steps, run, spec, potential, outputs)
         spec_total = sum([len(o.tokens) - o.step_len for o in outputs.values()])
         return GenResult(outputs, t + self.swap_time(), steps, spec_total)
 
-    def _end(self, uid: str, steps: int, run: Dict[str, _Seq], spec: Dict[str, _Seq], potential: Dict[str, int],
-             outputs: Dict[str, GenOutput]) -> int:
+    def _end(
+        self,
+        uid: str,
+        steps: int,
+        run: Dict[str, _Seq],
+        spec: Dict[str, _Seq],
+        potential: Dict[str, int],
+        outputs: Dict[str, GenOutput],
+    ) -> int:
         """End the running sequence ``uid`` at engine step ``steps`` (:meth:`_finish`); returns the context
         tokens it held."""
         s = run.pop(uid)
@@ -599,8 +666,8 @@ class SimGenerator(_Engine):
         speculated; cache the blocks it filled."""
         r, hs, prompt = s.r, s.hs, s.r.prompt_ids
         toks = s.stream.read(done if s.speculating else s.step_len)
-        filled = chain_hashes(hs[-1] if hs else 0, prompt[len(hs) * self.block:] + toks, 0, self.block)
-        self.paths.remember(r.path, prompt, hs + filled, toks)        # hs: the prompt's full blocks
+        filled = chain_hashes(hs[-1] if hs else 0, prompt[len(hs) * self.block :] + toks, 0, self.block)
+        self.paths.remember(r.path, prompt, hs + filled, toks)  # hs: the prompt's full blocks
         self.cache.release(hs, s.extra, filled)
         outputs[r.uid] = GenOutput(toks, s.finish, s.step_len, s.cached, len(prompt))
 
@@ -612,21 +679,39 @@ class SimVerifier(_Engine):
     its values are the synthetic content-keyed PRM's (``beams.synthetic_prm_values``, ``seed``),
     None where the position was served by the prefix cache (as vLLM's pooling rows)."""
 
-    def __init__(self, model: ModelShape, hw: Roofline, *, kv_bytes: int, max_num_seqs: int, block: int,
-                 token_budget: int, token_map, prompts: Dict[int, List[int]], seed: int):
+    def __init__(
+        self,
+        model: ModelShape,
+        hw: Roofline,
+        *,
+        kv_bytes: int,
+        max_num_seqs: int,
+        block: int,
+        token_budget: int,
+        token_map,
+        prompts: Dict[int, List[int]],
+        seed: int,
+    ):
         self.m, self.hw, self.block, self.budget = model, hw, int(block), int(token_budget)
         self.map, self.prompts, self.prm = token_map, prompts, SyntheticPrm(seed)
         self.paths = PathHashes(self.block)
         self.configure(kv_bytes, max_num_seqs)
 
-    def verify(self, pidx: int, items: Sequence[Tuple[List[int], List[int]]],
-               paths: Optional[Sequence[str]] = None) -> VerifierOutput:
+    def verify(
+        self, pidx: int, items: Sequence[Tuple[List[int], List[int]]], paths: Optional[Sequence[str]] = None
+    ) -> VerifierOutput:
         prompt = self.prompts.get(pidx, [])
         t, cached, total, vals = 0.0, 0, 0, []
-        B, cache, build, hashes, remember = self.block, self.cache, self.map.build, self.paths.hashes, self.paths.remember
-        attn_per = 2 * self.m.num_layers * self.m.hidden_size        # attention FLOPs per new token x context
+        B, cache, build, hashes, remember = (
+            self.block,
+            self.cache,
+            self.map.build,
+            self.paths.hashes,
+            self.paths.remember,
+        )
+        attn_per = 2 * self.m.num_layers * self.m.hidden_size  # attention FLOPs per new token x context
         for i in range(0, len(items), self.max_num_seqs):
-            batch = items[i:i + self.max_num_seqs]
+            batch = items[i : i + self.max_num_seqs]
             new_tokens, pinned, attn = 0, [], 0.0
             for j, (toks, ends) in enumerate(batch):
                 path = paths[i + j] if paths else ""
@@ -643,8 +728,9 @@ class SimVerifier(_Engine):
                     t += self._charge(new_tokens, attn)
                     new_tokens, attn = 0, 0.0
                     if not cache.try_admit(hs, extra):
-                        raise RunOOM(f"simulated verifier KV ({cache.capacity} blocks) cannot hold one "
-                                     f"sequence of {n} tokens")
+                        raise RunOOM(
+                            f"simulated verifier KV ({cache.capacity} blocks) cannot hold one sequence of {n} tokens"
+                        )
                 pinned.append((hs, extra))
                 new = n - hit
                 new_tokens += new

@@ -18,6 +18,7 @@ Per request of one ``extend`` call (one iteration's generator stage):
   memory pressure (preemption kills speculation, §4.1.2); beyond ``max_beams`` speculative requests
   (the AE's cap of 256), those of lowest potential M_i are aborted first.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class SpeculationPolicy:
 
     ``enabled``: S is on for this call (off in the last iteration, where steps decode to the end
     token). ``max_beams``: at most this many speculative requests at once."""
+
     enabled: bool = False
     max_beams: int = 256
 
@@ -100,5 +102,6 @@ def copy_keeps(lengths: Sequence[int], r_mean: float, r_std: float, keys: Sequen
     speculative tokens, ``keys[i]``): a fraction r ~ N(r_mean, r_std) clipped to [0, 1] (FastTTS §1.4:
     R = 0.85, sigma = 0.1), drawn from a generator seeded with the key (the copy's identity;
     ``seeding.generators``, built together), then :func:`truncate_keep`."""
-    return [truncate_keep(n, min(1.0, max(0.0, float(g.normal(r_mean, r_std)))))
-            for n, g in zip(lengths, generators(keys))]
+    return [
+        truncate_keep(n, min(1.0, max(0.0, float(g.normal(r_mean, r_std))))) for n, g in zip(lengths, generators(keys))
+    ]

@@ -6,6 +6,7 @@ NVML's order against PCI bus order, and the state outlives a process killed by a
 GPU's locked clocks do. With this folder first on PYTHONPATH a child process imports it as
 ``pynvml``; in-process tests load a private copy (conftest's ``fake_nvml``) and pass it as ``nvml=``.
 """
+
 import json
 import os
 import threading
@@ -34,8 +35,15 @@ class Handle:
 
 def gpu(uuid, bus, name="NVIDIA H100 80GB HBM3", energy_step_mj=1000):
     """One GPU's state: ``energy_step_mj`` is added to its counter at every read."""
-    return {"uuid": uuid, "pci_bus_id": bus, "name": name, "locked": None, "energy_mj": 0,
-            "energy_step_mj": energy_step_mj, "default_clock_mhz": 1980}
+    return {
+        "uuid": uuid,
+        "pci_bus_id": bus,
+        "name": name,
+        "locked": None,
+        "energy_mj": 0,
+        "energy_step_mj": energy_step_mj,
+        "default_clock_mhz": 1980,
+    }
 
 
 def configure(path, gpus=None, deny=False, fail_after=None, fail_reset=False):
@@ -45,8 +53,9 @@ def configure(path, gpus=None, deny=False, fail_after=None, fail_reset=False):
     global _PATH
     _PATH = str(path)
     if gpus is not None:
-        _write({"gpus": gpus, "deny": deny, "fail_after": fail_after, "fail_reset": fail_reset,
-                "lock_calls": 0, "log": []})
+        _write(
+            {"gpus": gpus, "deny": deny, "fail_after": fail_after, "fail_reset": fail_reset, "lock_calls": 0, "log": []}
+        )
 
 
 def state():
@@ -74,21 +83,24 @@ def locked():
 
 def set_locked(index, mhz):
     """Lock a GPU's clocks behind the harness's back (another user's run)."""
+
     def f(st):
         st["gpus"][index]["locked"] = [int(mhz), int(mhz)]
+
     _update(f)
 
 
 def add_energy(index, mj):
     def f(st):
         st["gpus"][index]["energy_mj"] += int(mj)
+
     _update(f)
 
 
 # -- the pynvml API subset ---------------------------------------------------------------------
 def nvmlInit():
     if _PATH is None:
-        raise NVMLError(1)                       # NVML_ERROR_UNINITIALIZED: no state configured
+        raise NVMLError(1)  # NVML_ERROR_UNINITIALIZED: no state configured
 
 
 def nvmlShutdown():
@@ -101,7 +113,7 @@ def nvmlDeviceGetCount():
 
 def nvmlDeviceGetHandleByIndex(i):
     if not 0 <= i < nvmlDeviceGetCount():
-        raise NVMLError(2)                       # NVML_ERROR_INVALID_ARGUMENT
+        raise NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT
     return Handle(i)
 
 
@@ -110,7 +122,7 @@ def nvmlDeviceGetHandleByUUID(uuid):
     for i, g in enumerate(state()["gpus"]):
         if g["uuid"] == uuid:
             return Handle(i)
-    raise NVMLError(6)                           # NVML_ERROR_NOT_FOUND
+    raise NVMLError(6)  # NVML_ERROR_NOT_FOUND
 
 
 def _gpu(h):
@@ -126,7 +138,7 @@ def nvmlDeviceGetName(h):
 
 
 def nvmlDeviceGetPciInfo(h):
-    return SimpleNamespace(busId=_gpu(h)["pci_bus_id"].encode())     # bytes, as older pynvml
+    return SimpleNamespace(busId=_gpu(h)["pci_bus_id"].encode())  # bytes, as older pynvml
 
 
 def nvmlDeviceGetMemoryInfo(h):
@@ -142,6 +154,7 @@ def nvmlDeviceGetTotalEnergyConsumption(h):
         g = st["gpus"][h.index]
         g["energy_mj"] += g["energy_step_mj"]
         return g["energy_mj"]
+
     return _update(f)
 
 
@@ -163,6 +176,7 @@ def nvmlDeviceSetGpuLockedClocks(h, lo, hi):
             raise NVMLError(999)
         st["gpus"][h.index]["locked"] = [int(lo), int(hi)]
         st["log"].append(["lock", st["gpus"][h.index]["uuid"], int(lo)])
+
     _update(f)
 
 
@@ -172,4 +186,5 @@ def nvmlDeviceResetGpuLockedClocks(h):
             raise NVMLError(999)
         st["gpus"][h.index]["locked"] = None
         st["log"].append(["reset", st["gpus"][h.index]["uuid"]])
+
     _update(f)

@@ -8,6 +8,7 @@ Beside each summary, a digest of every table the job wrote (per column, the valu
 or their text), so a changed row shows even where the summary's means hide it. Decision times
 (``decision_us*``) are wall-clock measurements of this machine, not results: they are left out of
 the stored summaries, digests and the comparison."""
+
 from __future__ import annotations
 
 import hashlib
@@ -25,9 +26,14 @@ STORED = Path(__file__).resolve().parent / "data" / "summaries.json"
 MAIN = ["system=beam", "model=llama-3.3-70b", "hardware=a100-80gb", "tp=2", "pp=4", "workload=servegen"]
 EXPERIMENTS = ("beam_fig10", "beam_fig8")
 # the jobs that read a public trace (stored from the full data; skipped where it is absent)
-FULL_DATA = {"main": "traces/servegen/", "kv preemption": "traces/servegen/", "azure_code": "traces/azure_llm_2023/",
-             "azure_conv": "traces/azure_llm_2023/", "mooncake": "traces/mooncake/"}
-EXTRA = {   # what the main command and the experiments do not reach
+FULL_DATA = {
+    "main": "traces/servegen/",
+    "kv preemption": "traces/servegen/",
+    "azure_code": "traces/azure_llm_2023/",
+    "azure_conv": "traces/azure_llm_2023/",
+    "mooncake": "traces/mooncake/",
+}
+EXTRA = {  # what the main command and the experiments do not reach
     "kv preemption": ["system=beam", "workload=servegen", "workload.duration_s=600", "kv_budget=600MiB"],
     "azure_code": ["system=vanilla", "workload=azure_code", "workload.duration_s=300"],
     "azure_conv": ["system=beam", "workload=azure_conv", "workload.duration_s=120"],
@@ -53,6 +59,7 @@ def jobs() -> Dict[str, List[str]]:
 def digest(table) -> Dict[str, str]:
     """Column -> sha1 of its values (float64 bytes, NaN for missing; text for other columns)."""
     import numpy as np
+
     out = {}
     for col in table.columns:
         if col in TIMINGS:
@@ -73,12 +80,22 @@ def summary(overrides: List[str]) -> dict:
 
     from harness.config import register_configs, register_resolvers
     from harness.run import run
+
     register_resolvers()
     register_configs()
     with tempfile.TemporaryDirectory(prefix="serving_summary_") as tmp:
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            cfg = compose("config", overrides=[f"output_dir={tmp}/run", f"results_dir={tmp}", "tracking=none",
-                                               "progress=false", "backend=sim", *overrides])
+            cfg = compose(
+                "config",
+                overrides=[
+                    f"output_dir={tmp}/run",
+                    f"results_dir={tmp}",
+                    "tracking=none",
+                    "progress=false",
+                    "backend=sim",
+                    *overrides,
+                ],
+            )
         rec = run(cfg)
         tables = {t: digest(pd.read_parquet(Path(tmp) / "run" / f"{t}.parquet")) for t in rec.get("tables", [])}
     out = json.loads(json.dumps({**{k: rec.get(k) for k in ("status", "message", "summary")}, "tables": tables}))

@@ -1,13 +1,13 @@
 """DVFS actuator against a fake NVML (tests/nvml_fake/pynvml.py): clocks restored on every exit path
 -- an exception, each catchable terminating signal in a child process -- and, after ``kill -9``, a
 lock record that the next run warns about and ``--restore`` uses to reset exactly those GPUs."""
+
 import json
 import os
 import resource
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -55,20 +55,20 @@ def test_permission_error_is_recorded_and_disables_actuation(fake_nvml):
     assert not a.available and "no permission" in a.reason
     assert a.log[0][2] is False and "999" not in a.log[0][3] and a.log[1][2] is False
     assert all(v is None for v in nv.locked().values())
-    assert not list(clock_locks.lock_dir().glob("*.json"))       # reset GPUs leave no record
+    assert not list(clock_locks.lock_dir().glob("*.json"))  # reset GPUs leave no record
 
 
 def test_failure_mid_run_keeps_logging_and_restore_all_resets(fake_nvml):
-    nv = fake_nvml(TWO, fail_after=2)                 # the second request's first GPU call fails
+    nv = fake_nvml(TWO, fail_after=2)  # the second request's first GPU call fails
     a = DvfsActuator(actuate=True, nvml=nv)
     a.request(700, 0.0)
     a.wait()
     a.request(1200, 1.0)
     a.wait()
     assert a.log[0][2] is True and a.log[1][2] is False and "999" in a.log[1][3]
-    restore_all()                                     # what atexit / signals / the Hydra callback call
+    restore_all()  # what atexit / signals / the Hydra callback call
     assert all(v is None for v in nv.locked().values())
-    a.request(800, 2.0)                               # after an exit path: logged, never applied
+    a.request(800, 2.0)  # after an exit path: logged, never applied
     a.wait()
     assert a.log[2] == [2.0, 800.0, False, None] and a.reason == "clocks restored at exit"
     assert all(v is None for v in nv.locked().values())
@@ -82,9 +82,10 @@ def test_lock_record_written_before_the_first_lock_and_removed_after_reset(fake_
     seen = []
     real_lock = nv.nvmlDeviceSetGpuLockedClocks
 
-    def lock_and_look(h, lo, hi):                     # the record must exist when NVML is called
+    def lock_and_look(h, lo, hi):  # the record must exist when NVML is called
         seen.append(sorted(p.stem for p in clock_locks.lock_dir().glob("*.json")))
         real_lock(h, lo, hi)
+
     nv.nvmlDeviceSetGpuLockedClocks = lock_and_look
     with DvfsActuator(actuate=True, gpu_indices=[1], nvml=nv) as a:
         a.request(1005, 0.0)
@@ -136,12 +137,23 @@ def start_child(tmp, gpus=TWO):
     """A process that imports the fake NVML as ``pynvml``, locks cuda:0 at 1005 MHz and sleeps."""
     tmp.mkdir(parents=True, exist_ok=True)
     state = tmp / "nvml-state.json"
-    env = dict(os.environ, PYTHONPATH=f"{FAKE_NVML_DIR}{os.pathsep}{ROOT}", FAKE_NVML_STATE=str(state),
-               TTC_CLOCK_LOCK_DIR=str(tmp / "locks"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{FAKE_NVML_DIR}{os.pathsep}{ROOT}",
+        FAKE_NVML_STATE=str(state),
+        TTC_CLOCK_LOCK_DIR=str(tmp / "locks"),
+    )
     env.pop("CUDA_VISIBLE_DEVICES", None)
     _write_state(state, gpus)
-    p = subprocess.Popen([sys.executable, "-c", CHILD], cwd=tmp, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, preexec_fn=_child_setup)
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        cwd=tmp,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_child_setup,
+    )
     return p, state, env
 
 
@@ -156,8 +168,18 @@ def _child_setup():
 
 def _write_state(path, gpus):
     gpu = {"locked": None, "energy_mj": 0, "energy_step_mj": 1000, "default_clock_mhz": 1980, "name": "H100"}
-    path.write_text(json.dumps({"gpus": [dict(gpu, uuid=u, pci_bus_id=b) for u, b in gpus], "deny": False,
-                                "fail_after": None, "fail_reset": False, "lock_calls": 0, "log": []}))
+    path.write_text(
+        json.dumps(
+            {
+                "gpus": [dict(gpu, uuid=u, pci_bus_id=b) for u, b in gpus],
+                "deny": False,
+                "fail_after": None,
+                "fail_reset": False,
+                "lock_calls": 0,
+                "log": [],
+            }
+        )
+    )
 
 
 def locked(state):
@@ -198,10 +220,11 @@ def test_every_catchable_terminating_signal_restores_clocks(tmp_path):
 
 
 def test_kill_9_leaves_a_record_the_next_run_warns_about_and_restore_resets_exactly_that_gpu(
-        tmp_path, compose_cfg, monkeypatch, capsys):
+    tmp_path, compose_cfg, monkeypatch, capsys
+):
     p, state, env = start_child(tmp_path / "child")
     wait_locked(p)
-    _lock_by_someone_else(state, U1)                   # another user's lock, no record of ours
+    _lock_by_someone_else(state, U1)  # another user's lock, no record of ours
     p.kill()
     assert p.wait(timeout=30) == -signal.SIGKILL
     assert locked(state) == {U0: [1005, 1005], U1: [600, 600]}
@@ -209,7 +232,8 @@ def test_kill_9_leaves_a_record_the_next_run_warns_about_and_restore_resets_exac
     (rec,) = clock_locks.read_all()
     assert rec["uuid"] == U0 and rec["pid"] == p.pid and clock_locks.owner_state(rec) == "stale"
 
-    from harness.run import run                        # the next run (simulated) warns and records it
+    from harness.run import run  # the next run (simulated) warns and records it
+
     out = run(compose_cfg("system=lbs", "beams=4"))
     assert "was left with locked SM clocks by pid" in capsys.readouterr().err
     assert out["warnings"] == clock_locks.stale_warnings() and U0 in out["warnings"][0]
@@ -218,7 +242,7 @@ def test_kill_9_leaves_a_record_the_next_run_warns_about_and_restore_resets_exac
     r = subprocess.run(restore, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert f"GPU {U0} (H100, PCI 00000000:1A:00.0): locked clocks reset (left by pid {p.pid})" in r.stdout
-    assert locked(state) == {U0: None, U1: [600, 600]}            # exactly that GPU
+    assert locked(state) == {U0: None, U1: [600, 600]}  # exactly that GPU
     assert clock_locks.read_all() == []
     again = subprocess.run(restore, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "nothing to restore" in again.stdout
@@ -229,12 +253,14 @@ def test_restore_leaves_gpus_of_live_runs_alone(tmp_path, monkeypatch):
     every recorded GPU."""
     from harness.gpus import JobGpu
     from systems.serving.actuator import restore_from_records
+
     monkeypatch.setenv("TTC_CLOCK_LOCK_DIR", str(tmp_path / "locks"))
     clock_locks.write(JobGpu(0, 0, U1, "00000000:3B:00.0", "H100", None), {"sm_clock_mhz": 1980})
 
     class NoNVML:
         def __getattr__(self, name):
             raise AssertionError(f"NVML called: {name}")
+
     lines = []
     assert restore_from_records(nvml=NoNVML(), out=type("W", (), {"write": lambda s, x: lines.append(x)})()) == 0
     assert any(f"GPU {U1}: clocks held by running pid {os.getpid()}: left alone" in x for x in lines)
@@ -253,18 +279,18 @@ def test_device_profiler_measures_at_each_locked_clock(fake_nvml):
     from harness.meters import EnergyMeter
     from systems.serving.profiler import device_measure
 
-    nv = fake_nvml([(U0, "00000000:1A:00.0", "H100", 0)])       # energy only from the fake "GPU" below
+    nv = fake_nvml([(U0, "00000000:1A:00.0", "H100", 0)])  # energy only from the fake "GPU" below
     seen = []
 
-    def run_batch(n):                           # a fake "GPU": work n tokens, energy grows with clock
+    def run_batch(n):  # a fake "GPU": work n tokens, energy grows with clock
         f = nv.locked()[U0][0]
         seen.append((n, f))
-        nv.add_energy(0, n * f)                 # mJ
+        nv.add_energy(0, n * f)  # mJ
 
     with DvfsActuator(actuate=True, nvml=nv) as act:
         meas = device_measure(run_batch, act, EnergyMeter(nvml=nv), clocks=[600, 1200], reps=2)
         lat, en = meas([[16], [64]], [[600, 1200]])
-        assert nv.locked()[U0] is None              # restored after profiling
+        assert nv.locked()[U0] is None  # restored after profiling
     assert {f for _, f in seen} == {600, 1200}
     assert en.shape == (2, 2)
     assert en[0, 0] == pytest.approx(16 * 600 / 1e3) and en[1, 1] == pytest.approx(64 * 1200 / 1e3)

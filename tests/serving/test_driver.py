@@ -1,5 +1,6 @@
 """The serving driver on scripted iterations from a fake executor: controller hooks, the states
 they see, the decision log, and the TTFT/TBT/SLO accounting -- computed by hand."""
+
 import math
 from dataclasses import dataclass, field
 from typing import List
@@ -44,6 +45,7 @@ class FakeExecutor:
 @dataclass
 class Recorder:
     """A controller that records every hook call and the state it saw."""
+
     period_s: float = 0.5
     calls: list = field(default_factory=list)
 
@@ -51,12 +53,21 @@ class Recorder:
         return Decision(128, 1, 1410.0, "init")
 
     def _rec(self, name, st, win=None):
-        self.calls.append((name, round(st.now, 9), [(round(w, 9), t) for w, t in st.waiting], st.num_decodes,
-                           st.chunk, st.clock_mhz, win))
+        self.calls.append(
+            (
+                name,
+                round(st.now, 9),
+                [(round(w, 9), t) for w, t in st.waiting],
+                st.num_decodes,
+                st.chunk,
+                st.clock_mhz,
+                win,
+            )
+        )
 
     def on_arrival(self, st):
         self._rec("arrival", st)
-        if not self.calls[:-1]:                       # the first arrival: a decision with a TTFT prediction
+        if not self.calls[:-1]:  # the first arrival: a decision with a TTFT prediction
             return Decision(64, 1, 900.0, "s1", True, 0.45, 0.1, 5.0)
         return None
 
@@ -77,9 +88,9 @@ def it(t, scheduled, emitted=(), finished=(), preempted=()):
 
 REQ = Requests(np.array([0.0, 0.2, 0.3]), np.array([100, 60, 40]), np.array([3, 2, 2]))
 SCRIPT = [
-    it(0.25, [(0, 64, 0)]),                                           # r0's first chunk
-    it(0.5, [(0, 36, 64), (1, 28, 0)], emitted=[0]),                  # r0 prefilled: first token at 0.5
-    it(0.7, [(0, 1, 100), (1, 32, 28), (2, 40, 0)], emitted=[0, 1, 2]),   # r0 decodes; r1, r2 first tokens
+    it(0.25, [(0, 64, 0)]),  # r0's first chunk
+    it(0.5, [(0, 36, 64), (1, 28, 0)], emitted=[0]),  # r0 prefilled: first token at 0.5
+    it(0.7, [(0, 1, 100), (1, 32, 28), (2, 40, 0)], emitted=[0, 1, 2]),  # r0 decodes; r1, r2 first tokens
     it(0.9, [(0, 1, 101), (1, 1, 60), (2, 1, 40)], emitted=[0, 1, 2], finished=[0, 1, 2]),
 ]
 
@@ -94,14 +105,14 @@ def test_hooks_states_and_decisions_follow_the_events():
     assert [c[0] for c in ctl.calls] == ["arrival", "arrival", "arrival", "tick", "decode_only", "finish"]
     a0, a1, a2, tick, dec_only, fin = ctl.calls
     assert a0[1:5] == (0.0, [(0.0, 100)], 0, 128)
-    assert a1[1:5] == (0.2, [(0.2, 100), (0.0, 60)], 0, 64)          # the first arrival's decision is in force
+    assert a1[1:5] == (0.2, [(0.2, 100), (0.0, 60)], 0, 64)  # the first arrival's decision is in force
     # r0 has 36 tokens left after its first chunk; r1 and r2 are folded into one entry (view of 2):
     # the newest's wait (0 s) and their tokens (60 + 40)
     assert a2[1:4] == (0.3, [(0.3, 36), (0.0, 100)], 0)
     # tick at 0.5 comes before the iteration finishing at 0.5: r0 still waits; window [0, 0.5)
     assert tick[1:4] == (0.5, [(0.5, 36), (0.2, 100)], 0)
     assert tick[6] == (3, 200, 0.0, 0.5)
-    assert dec_only[1:4] == (0.7, [], 3)                              # r1 and r2 entered decode, none waits
+    assert dec_only[1:4] == (0.7, [], 3)  # r1 and r2 entered decode, none waits
     assert fin[1:4] == (0.9, [], 0)
     assert ex.added == [(0, 100, 3, 0.0), (1, 60, 2, 0.2), (2, 40, 2, 0.3)]
     assert ex.applied == [(0.0, 128, 1, 1410.0), (0.0, 64, 1, 900.0), (0.5, 32, 1, 1005.0)]
@@ -129,7 +140,7 @@ def test_ttft_tbt_and_slo_accounting_by_hand():
     assert s["completed"] == 3 and s["slo_ttft_attainment"] == pytest.approx(1 / 3)
     assert s["slo_tbt_attainment"] == 1.0 and s["output_tokens"] == 7
     assert s["throughput_tok_s"] == pytest.approx(7 / 0.9)
-    assert s["pred_ttft_mape_pct"] == pytest.approx(10.0)           # predicted 0.45 s, r0 took 0.5 s
+    assert s["pred_ttft_mape_pct"] == pytest.approx(10.0)  # predicted 0.45 s, r0 took 0.5 s
     its = res.iterations
     assert its["prefill_tokens"].tolist() == [64, 64, 72, 0] and its["decodes"].tolist() == [0, 0, 1, 3]
     assert res.timeline["tokens"].sum() == 7
@@ -140,12 +151,16 @@ def test_a_preempted_request_recomputes_and_its_next_token_is_a_gap():
     token after the recompute is a TBT gap, not a second first token. Mutations caught: recompute
     target without the output tokens, the preempted request left in the decode count."""
     req = Requests(np.array([0.0]), np.array([10]), np.array([3]))
-    script = [it(1.0, [(0, 10, 0)], emitted=[0]), it(2.0, [(0, 1, 10)], emitted=[0]),
-              it(3.0, [(0, 6, 0)], preempted=[0]), it(4.0, [(0, 6, 6)], emitted=[0], finished=[0])]
+    script = [
+        it(1.0, [(0, 10, 0)], emitted=[0]),
+        it(2.0, [(0, 1, 10)], emitted=[0]),
+        it(3.0, [(0, 6, 0)], preempted=[0]),
+        it(4.0, [(0, 6, 6)], emitted=[0], finished=[0]),
+    ]
     ctl = Recorder(period_s=3.5)
     res = Driver(ctl, req).run(FakeExecutor(script))
     tick = [c for c in ctl.calls if c[0] == "tick"][0]
-    assert tick[1:4] == (3.5, [(3.5, 6)], 0)                          # waiting again, 12 - 6 tokens left
+    assert tick[1:4] == (3.5, [(3.5, 6)], 0)  # waiting again, 12 - 6 tokens left
     r = {c: v[0] for c, v in res.requests.items()}
     assert r["ttft_s"] == 1.0 and r["generated"] == 3 and r["finish_s"] == 4.0
     assert sorted(res.gaps.tolist()) == [1.0, 2.0]
@@ -186,16 +201,32 @@ def test_progress_bar_advances_once_per_serving_second():
     bar = Bar()
     ctx = SimpleNamespace(show_progress=True, progress=lambda total, desc: bar)
     req = Requests(np.array([0.0]), np.array([10]), np.array([5]))
-    script = [it(0.4, [(0, 10, 0)], emitted=[0]), it(1.2, [(0, 1, 10)], emitted=[0]),
-              it(1.7, [(0, 1, 11)], emitted=[0]), it(3.4, [(0, 1, 12)], emitted=[0]),
-              it(3.9, [(0, 1, 13)], emitted=[0], finished=[0])]
+    script = [
+        it(0.4, [(0, 10, 0)], emitted=[0]),
+        it(1.2, [(0, 1, 10)], emitted=[0]),
+        it(1.7, [(0, 1, 11)], emitted=[0]),
+        it(3.4, [(0, 1, 12)], emitted=[0]),
+        it(3.9, [(0, 1, 13)], emitted=[0], finished=[0]),
+    ]
     res = serve(Driver(Recorder(period_s=None), req, t_stop=10.0), FakeExecutor(script), ctx, "serving")
-    assert bar.updates == [1, 2]                  # 1.2 s: second 1 reached; 3.4 s: seconds 2 and 3
+    assert bar.updates == [1, 2]  # 1.2 s: second 1 reached; 3.4 s: seconds 2 and 3
     assert res.requests["generated"].tolist() == [5]
 
 
-@pytest.mark.parametrize("values", [[1, None, 3], [1.5, None], [True, None], [None, None], [1, 2], [0.5, 2.0],
-                                    [True, False], ["tick", "arrival"], [np.int64(4), None]])
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1, None, 3],
+        [1.5, None],
+        [True, None],
+        [None, None],
+        [1, 2],
+        [0.5, 2.0],
+        [True, False],
+        ["tick", "arrival"],
+        [np.int64(4), None],
+    ],
+)
 def test_decision_columns_are_typed_as_pandas_types_rows(values):
     """The decision log's columns (dicts of numpy arrays, written without pandas) keep the types the
     old DataFrame of rows had, so the parquet files read back the same. Mutations caught: numbers
@@ -203,6 +234,7 @@ def test_decision_columns_are_typed_as_pandas_types_rows(values):
     import pandas as pd
 
     from systems.serving.driver import column
+
     want = pd.DataFrame([(v,) for v in values])[0]
     got = column(values)
     assert (got.dtype.kind in "OUT") == (want.dtype.kind in "OUT" or str(want.dtype) == "str")
@@ -228,8 +260,12 @@ def test_timeline_knobs_are_the_last_set_in_each_second_and_carried_on():
     before. Mutations caught: the first setting of a bin instead of the last, bins without a
     setting left empty (NaN)."""
     req = Requests(np.array([0.0]), np.array([10]), np.array([4]))
-    script = [it(0.5, [(0, 10, 0)], emitted=[0]), it(1.6, [(0, 1, 10)], emitted=[0]),
-              it(3.1, [(0, 1, 11)], emitted=[0]), it(5.2, [(0, 1, 12)], emitted=[0], finished=[0])]
+    script = [
+        it(0.5, [(0, 10, 0)], emitted=[0]),
+        it(1.6, [(0, 1, 10)], emitted=[0]),
+        it(3.1, [(0, 1, 11)], emitted=[0]),
+        it(5.2, [(0, 1, 12)], emitted=[0], finished=[0]),
+    ]
     res = Driver(Stepper(period_s=1.3), req, t_stop=5.5).run(FakeExecutor(script))
     tl = res.timeline
     # knobs: 0 s 128/1 (initial), 0 s 64/1 (arrival), 1.3 s 10/2, 2.6 s 20/3, 3.9 s 30/4, 5.2 s 40/5;
@@ -246,13 +282,15 @@ def test_tbt_attainment_is_per_request_by_mean_tbt_and_says_so():
     printed label states the mean-TBT definition. Mutations caught: the label back to
     "SLO attainment TBT (per request)"; the per-request test made per token (max or P90 gap)."""
     from systems.serving.build import display_rows
+
     gaps = [0.1] * 8 + [0.5] * 2
     t, script = 1.0, [it(1.0, [(0, 10, 0)], emitted=[0])]
     for k, g in enumerate(gaps):
         t += g
         script.append(it(t, [(0, 1, 10 + k)], emitted=[0], finished=[0] if k == len(gaps) - 1 else []))
     res = Driver(Recorder(period_s=None), Requests(np.array([0.0]), np.array([10]), np.array([11]))).run(
-        FakeExecutor(script))
+        FakeExecutor(script)
+    )
     s = summarize(res, 5.0, 0.2)
     assert res.requests["tbt_mean_s"][0] == pytest.approx(0.18)
     assert s["tbt_p90_s"] == pytest.approx(0.5) and s["slo_tbt_attainment"] == 1.0
@@ -280,8 +318,14 @@ def test_token_log_gives_each_requests_gaps_in_order_and_sums_them_one_by_one():
         elif k == 21:
             script.append(it(t, [(0, 1, 10 + k), (1, 29, 0)], emitted=[0, 1]))
         else:
-            script.append(it(t, [(0, 1, 10 + k)] + ([(1, 1, 10 + k)] if k % 3 else []),
-                             emitted=[0, 1] if k % 3 else [0], finished=[0, 1] if k == 39 else []))
+            script.append(
+                it(
+                    t,
+                    [(0, 1, 10 + k)] + ([(1, 1, 10 + k)] if k % 3 else []),
+                    emitted=[0, 1] if k % 3 else [0],
+                    finished=[0, 1] if k == 39 else [],
+                )
+            )
         for r in script[-1].emitted:
             tokens[r].append(t)
     req = Requests(np.array([0.0, 0.0]), np.array([10, 10]), np.array([100, 100]))
@@ -289,7 +333,7 @@ def test_token_log_gives_each_requests_gaps_in_order_and_sums_them_one_by_one():
     want_gaps, want_times = [], []
     for k, t in enumerate(times):
         for r in script[k].emitted:
-            seen = tokens[r][:tokens[r].index(t)]
+            seen = tokens[r][: tokens[r].index(t)]
             if seen:
                 want_gaps.append(t - seen[-1])
                 want_times.append(t)

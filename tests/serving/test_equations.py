@@ -1,21 +1,21 @@
 """BEAM Eq.1 / Eq.2 on hand-computed cases; S1 / S2 equal a brute-force scan of small tables."""
+
 import itertools
 import math
 
 import numpy as np
 import pytest
 
-from systems.serving.controllers import (Beam, EngineState, TableSearch, eq1_prefill, eq2_decode,
-                                         s1_search, s2_search)
+from systems.serving.controllers import Beam, EngineState, TableSearch, eq1_prefill, eq2_decode, s1_search, s2_search
 from systems.serving.profiler import LatencyEnergyTable
 
 
 def test_eq1_hand_computed():
     # p=4 stages of g=2 GPUs, m=4; chunk iteration l=0.05 s, e=20 J per GPU; P_idle=80 W; X=1000, c=256
-    k = math.ceil(1000 / 256)                                   # 4 chunks
+    k = math.ceil(1000 / 256)  # 4 chunks
     ttft, tbt, energy = eq1_prefill(0.05, 20.0, 80.0, k, p=4, g=2, m=4, t_queue=0.1)
-    assert ttft == pytest.approx(0.1 + (4 + 4 - 1) * 0.05)      # 0.45 s
-    assert tbt == pytest.approx(4 * 0.05)                       # 0.2 s
+    assert ttft == pytest.approx(0.1 + (4 + 4 - 1) * 0.05)  # 0.45 s
+    assert tbt == pytest.approx(4 * 0.05)  # 0.2 s
     # g * (k p e + P_idle p (p-1) l) = 2 * (4*4*20 + 80*4*3*0.05) = 2 * (320 + 48) = 736 J
     assert energy == pytest.approx(736.0)
 
@@ -23,12 +23,12 @@ def test_eq1_hand_computed():
 def test_eq2_hand_computed():
     # D=10 decodes, m=2 microbatches (b=5), p=4, g=2, l=0.012 s, e=3 J, P_idle=70 W
     tbt, e_round, e_tok = eq2_decode(0.012, 3.0, 70.0, 10, 2, p=4, g=2)
-    assert tbt == pytest.approx(4 * 0.012)                      # max(m, p) l: m < p waits in bubbles
+    assert tbt == pytest.approx(4 * 0.012)  # max(m, p) l: m < p waits in bubbles
     # g (p m e + P_idle p (max(m,p) - m) l) = 2 (4*2*3 + 70*4*2*0.012) = 2 (24 + 6.72) = 61.44 J
     assert e_round == pytest.approx(61.44)
     assert e_tok == pytest.approx(6.144)
     tbt6, e6, _ = eq2_decode(0.012, 3.0, 70.0, 10, 6, p=4, g=2)
-    assert tbt6 == pytest.approx(6 * 0.012) and e6 == pytest.approx(2 * 4 * 6 * 3.0)   # no bubbles
+    assert tbt6 == pytest.approx(6 * 0.012) and e6 == pytest.approx(2 * 4 * 6 * 3.0)  # no bubbles
 
 
 def random_table(rng, n_max=64, F=9):
@@ -48,16 +48,16 @@ def brute_s1(T, waiting, D, m, p, g, chunks, slo_ttft, slo_tbt):
     tot = sum(t for _, t in waiting)
     best = None
     for c, j in itertools.product(chunks, range(len(T.clocks))):
-        l, e = T.L[c + d, j], T.E[c + d, j]
+        lat, e = T.L[c + d, j], T.E[c + d, j]
         cum, ok = 0, True
         for w, t in waiting:
             cum += t
-            if w < slo_ttft and w + (math.ceil(cum / c) + p - 1) * l > slo_ttft + 1e-12:
+            if w < slo_ttft and w + (math.ceil(cum / c) + p - 1) * lat > slo_ttft + 1e-12:
                 ok = False
-        if D > 0 and max(m, p) * l > slo_tbt + 1e-12:
+        if D > 0 and max(m, p) * lat > slo_tbt + 1e-12:
             ok = False
         if ok:
-            _, _, en = eq1_prefill(l, e, T.idle_w[j], math.ceil(tot / c), p, g, m)
+            _, _, en = eq1_prefill(lat, e, T.idle_w[j], math.ceil(tot / c), p, g, m)
             if best is None or en < best[0] - 1e-12:
                 best = (en, c, T.clocks[j])
     return best
@@ -80,7 +80,7 @@ def test_s1_equals_brute_force(seed):
     S = TableSearch(T)
     p, g = int(rng.integers(1, 5)), 2
     waiting = [(float(rng.uniform(0, 0.5)), int(rng.integers(1, 60))) for _ in range(int(rng.integers(1, 5)))]
-    waiting.sort(key=lambda x: -x[0])                          # FCFS: oldest (longest wait) first
+    waiting.sort(key=lambda x: -x[0])  # FCFS: oldest (longest wait) first
     D, chunks = int(rng.integers(0, 12)), [4, 8, 16, 32]
     slo_ttft, slo_tbt = float(rng.uniform(0.2, 1.5)), float(rng.uniform(0.02, 0.3))
     dec = s1_search(S, waiting, D, p, p, g, chunks, slo_ttft, slo_tbt)
@@ -121,8 +121,17 @@ def test_infeasible_slo_falls_back_to_max_clock():
 def test_ablation_flags_restrict_the_search():
     T = random_table(np.random.default_rng(1))
     st = EngineState(0.0, [(0.0, 40)], 6, 32, 2, 1400.0)
-    only = Beam(table=T, p=2, g=2, slo_ttft=2.0, slo_tbt=0.5, default_chunk=32, chunks=(4, 8, 16, 32),
-                search_chunk=False, search_microbatch=False)
+    only = Beam(
+        table=T,
+        p=2,
+        g=2,
+        slo_ttft=2.0,
+        slo_tbt=0.5,
+        default_chunk=32,
+        chunks=(4, 8, 16, 32),
+        search_chunk=False,
+        search_microbatch=False,
+    )
     assert only.on_arrival(st).chunk == 32
     assert only.on_decode_only(EngineState(0.0, [], 6, 32, 2, 1400.0)).microbatches == 2
 

@@ -1,4 +1,5 @@
 """Serving summaries computed in fewer passes give the values of the plain computation."""
+
 import numpy as np
 
 from systems.serving.metrics import _pcts, prediction_error
@@ -21,9 +22,13 @@ def test_predicted_tbt_error_does_not_depend_on_the_order_gaps_arrive_in():
     rng = np.random.default_rng(5)
     n_dec, n_gaps = 40, 3000
     t = np.sort(rng.uniform(0, 100, n_dec))
-    dec = {"time_s": t, "trigger": np.array(["arrival", "finish", "decode"])[rng.integers(0, 3, n_dec)],
-           "request": rng.integers(0, 10, n_dec), "pred_ttft_s": np.where(rng.uniform(size=n_dec) < 0.5, 0.3, np.nan),
-           "pred_tbt_s": rng.uniform(0.02, 0.1, n_dec)}
+    dec = {
+        "time_s": t,
+        "trigger": np.array(["arrival", "finish", "decode"])[rng.integers(0, 3, n_dec)],
+        "request": rng.integers(0, 10, n_dec),
+        "pred_ttft_s": np.where(rng.uniform(size=n_dec) < 0.5, 0.3, np.nan),
+        "pred_tbt_s": rng.uniform(0.02, 0.1, n_dec),
+    }
     req = {"ttft_s": rng.uniform(0.1, 1.0, 10)}
     gap_times = np.sort(rng.uniform(0, 100, n_gaps))
     gaps = rng.exponential(0.05, n_gaps)
@@ -42,9 +47,11 @@ def test_decisions_count_only_hooks_that_decided(compose_cfg, tmp_path):
 
     from harness.run import run
     from systems.serving.metrics import _pct
+
     for system in ("vanilla", "window_dvfs"):
-        rec = run(compose_cfg(f"system={system}", "workload=poisson", "workload.duration_s=20",
-                              output_dir=tmp_path / system))
+        rec = run(
+            compose_cfg(f"system={system}", "workload=poisson", "workload.duration_s=20", output_dir=tmp_path / system)
+        )
         dec = pd.read_parquet(tmp_path / system / "decisions.parquet")
         decided = dec[dec.chunk.notna()]
         s = rec["summary"]
@@ -60,5 +67,6 @@ def test_measured_rows_of_a_simulated_run_say_measured():
     """The run table's value column says '(simulated)' for a simulated run; the decision times in it
     are wall-clock on this machine, so their rows say so (QA). Mutation caught: the label back."""
     from systems.serving.build import display_rows
+
     labels = [label for label, key, _ in display_rows() if key.startswith("decision_us")]
     assert len(labels) == 2 and all("(measured, wall-clock here)" in x for x in labels)

@@ -1,4 +1,5 @@
 """GPU latency/power model (fit, energy valley), profiler table, and trace loaders on real files."""
+
 import numpy as np
 import pytest
 
@@ -33,6 +34,7 @@ def test_power_fit_on_one_profile_and_mem_beta_on_the_h100_configurations(compos
     ``mem_beta`` comes out as the a100-80gb profile records it. Mutations caught: the per-GPU power
     taken from another column (energy per token), the configurations not restricted to one GPU."""
     from tests.conftest import FIXTURE_DATA
+
     pw = compose_cfg("system=beam").hardware.power
     fit = fit_perseus(FIXTURE_DATA / "gpu_power")
     assert fit["n_rows"] == 608
@@ -50,8 +52,8 @@ def test_energy_valley_exists_and_moves_with_batch(a100_70b):
     _, st = a100_70b
     cl = st.clocks(15)
     v16, v512 = st.energy_valley(16, cl), st.energy_valley(512, cl)
-    assert cl[0] < v16 < cl[-1] and cl[0] < v512 < cl[-1]        # U-shaped: interior minimum
-    assert v16 < v512 - 100                                        # memory-bound valley sits lower
+    assert cl[0] < v16 < cl[-1] and cl[0] < v512 < cl[-1]  # U-shaped: interior minimum
+    assert v16 < v512 - 100  # memory-bound valley sits lower
     _, e = st.step(512, cl)
     assert e[0] > e.min() * 1.2 and e[-1] > e.min() * 1.2
 
@@ -79,7 +81,7 @@ def test_profiler_is_sparse_tile_quantised_and_accurate(a100_70b):
     measure = sim_measure(st, ctx=512.0, small_max=512)
     T = build_table(measure, cl, st.idle_power(cl), 2304, 64, 512, [128, 256, 512, 1024, 2048])
     assert T.L.shape == (2305, 81)
-    assert np.all(np.diff(T.L[1:], axis=1) <= 1e-15)              # non-increasing in the clock
+    assert np.all(np.diff(T.L[1:], axis=1) <= 1e-15)  # non-increasing in the clock
     # exact on tile ends, small error elsewhere
     L, _ = T.rows(np.array([256]))
     lat, _ = measure(np.array([[256]]), cl[None, :])
@@ -97,8 +99,9 @@ def test_azure_trace_as_its_readme_states(full_data, name, rows, span, rate):
     assert r.mean_rate == pytest.approx(rate, abs=0.01)
 
 
-@pytest.mark.parametrize("name,rows,span,rate,inp", [("conversation", 12031, 3537.0, 3.40, 12035),
-                                                     ("synthetic", 3993, 1022.0, 3.91, 15325)])
+@pytest.mark.parametrize(
+    "name,rows,span,rate,inp", [("conversation", 12031, 3537.0, 3.40, 12035), ("synthetic", 3993, 1022.0, 3.91, 15325)]
+)
 @pytest.mark.full_data("traces/mooncake/")
 def test_mooncake_trace_as_its_readme_states(full_data, name, rows, span, rate, inp):
     r = load_mooncake(full_data / "traces/mooncake" / f"{name}_trace.jsonl")
@@ -108,10 +111,11 @@ def test_mooncake_trace_as_its_readme_states(full_data, name, rows, span, rate, 
 
 
 def test_servegen_segment_scaled_to_target_tokens(each_trace_data):
-    r = load_servegen(each_trace_data / "traces/servegen/language/m-large", 68400, 3600, 1800.0,
-                      np.random.default_rng(0))
+    r = load_servegen(
+        each_trace_data / "traces/servegen/language/m-large", 68400, 3600, 1800.0, np.random.default_rng(0)
+    )
     tok_rate = (r.input_len.sum() + r.output_len.sum()) / 3600
-    assert 1800 * 0.7 < tok_rate < 1800 * 1.3                     # bursty: realised rate is near target
+    assert 1800 * 0.7 < tok_rate < 1800 * 1.3  # bursty: realised rate is near target
     assert r.arrival_s.min() >= 0 and r.arrival_s.max() < 3600
     assert np.all(np.diff(r.arrival_s) >= 0)
 
@@ -130,49 +134,125 @@ MOON_HEAD = '{"timestamp": 0, "input_length": 5, "output_length": 1}\n'
 SG_OK_ROW = "0,0.5,1.0,Gamma,0.8,2.0\n"
 SG_DATASET = '{\n  "0": {\n    "input_tokens": "{5: 0.5, 9: 0.5}",\n    "output_tokens": "%s"\n  }\n}\n'
 
-BAD_TRACES = [   # (loader, file name, content, message: file:line: field ...)
-    ("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:17:04.0000000,10,-3\n",
-     r"t\.csv:3: GeneratedTokens='-3' is out of range: a token count >= 1"),
-    ("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:17:04.0000000,0,5\n",
-     r"t\.csv:3: ContextTokens='0' is out of range: a token count >= 1"),
-    ("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:17:04.0000000,ten,2\n",
-     r"t\.csv:3: ContextTokens='ten' is not a whole number of tokens"),
-    ("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:17:04.0000000,12.5,2\n",
-     r"t\.csv:3: ContextTokens='12\.5' is not a whole number of tokens"),
+BAD_TRACES = [  # (loader, file name, content, message: file:line: field ...)
+    (
+        "azure",
+        "t.csv",
+        AZURE_HEAD + "2023-11-16 18:17:04.0000000,10,-3\n",
+        r"t\.csv:3: GeneratedTokens='-3' is out of range: a token count >= 1",
+    ),
+    (
+        "azure",
+        "t.csv",
+        AZURE_HEAD + "2023-11-16 18:17:04.0000000,0,5\n",
+        r"t\.csv:3: ContextTokens='0' is out of range: a token count >= 1",
+    ),
+    (
+        "azure",
+        "t.csv",
+        AZURE_HEAD + "2023-11-16 18:17:04.0000000,ten,2\n",
+        r"t\.csv:3: ContextTokens='ten' is not a whole number of tokens",
+    ),
+    (
+        "azure",
+        "t.csv",
+        AZURE_HEAD + "2023-11-16 18:17:04.0000000,12.5,2\n",
+        r"t\.csv:3: ContextTokens='12\.5' is not a whole number of tokens",
+    ),
     ("azure", "t.csv", AZURE_HEAD + "16/11/2023 18:17,10,2\n", r"t\.csv:3: TIMESTAMP='16/11/2023 18:17' is not"),
     ("azure", "t.csv", AZURE_HEAD + "2023-11-16 18:17:03.0000000,10,2\n", r"t\.csv:3: TIMESTAMP earlier than"),
-    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": 5, "input_length": 0, "output_length": 3}\n',
-     r"m\.jsonl:2: input_length=0 is out of range: a token count >= 1"),
-    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": 5, "input_length": 7, "output_length": -1}\n',
-     r"m\.jsonl:2: output_length=-1 is out of range"),
-    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": 5, "input_length": 7.5, "output_length": 3}\n',
-     r"m\.jsonl:2: input_length=7\.5 is not a whole number of tokens"),
-    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": 5, "input_length": true, "output_length": 3}\n',
-     r"m\.jsonl:2: input_length=True is not a whole number of tokens"),
-    ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": NaN, "input_length": 7, "output_length": 3}\n',
-     r"m\.jsonl:2: timestamp=nan is out of range: milliseconds >= 0"),
-    ("mooncake", "m.jsonl", '{"timestamp": -5, "input_length": 7, "output_length": 3}\n',
-     r"m\.jsonl:1: timestamp=-5 is out of range"),
+    (
+        "mooncake",
+        "m.jsonl",
+        MOON_HEAD + '{"timestamp": 5, "input_length": 0, "output_length": 3}\n',
+        r"m\.jsonl:2: input_length=0 is out of range: a token count >= 1",
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        MOON_HEAD + '{"timestamp": 5, "input_length": 7, "output_length": -1}\n',
+        r"m\.jsonl:2: output_length=-1 is out of range",
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        MOON_HEAD + '{"timestamp": 5, "input_length": 7.5, "output_length": 3}\n',
+        r"m\.jsonl:2: input_length=7\.5 is not a whole number of tokens",
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        MOON_HEAD + '{"timestamp": 5, "input_length": true, "output_length": 3}\n',
+        r"m\.jsonl:2: input_length=True is not a whole number of tokens",
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        MOON_HEAD + '{"timestamp": NaN, "input_length": 7, "output_length": 3}\n',
+        r"m\.jsonl:2: timestamp=nan is out of range: milliseconds >= 0",
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        '{"timestamp": -5, "input_length": 7, "output_length": 3}\n',
+        r"m\.jsonl:1: timestamp=-5 is out of range",
+    ),
     ("mooncake", "m.jsonl", MOON_HEAD + '{"timestamp": 5}\n', r"m\.jsonl:2: not a request object"),
-    ("servegen", "chunk-7-trace.csv", SG_OK_ROW + "600,-0.2,1.0,Gamma,0.8,2.0\n",
-     r"chunk-7-trace\.csv:2: rate='-0\.2' is out of range: a finite number >= 0"),
-    ("servegen", "chunk-7-trace.csv", SG_OK_ROW + "600,0.2,nan,Gamma,0.8,2.0\n",
-     r"chunk-7-trace\.csv:2: cv='nan' is out of range"),
-    ("servegen", "chunk-7-trace.csv", SG_OK_ROW + "600,0.2,1.0,Poisson,0.8,2.0\n",
-     r"chunk-7-trace\.csv:2: pattern='Poisson' is not allowed: Gamma, Weibull or empty"),
-    ("servegen", "chunk-7-trace.csv", SG_OK_ROW + "600,0.2,1.0,Weibull,0,2.0\n",
-     r"chunk-7-trace\.csv:2: shape='0' is out of range: > 0 in an active Weibull window"),
+    (
+        "servegen",
+        "chunk-7-trace.csv",
+        SG_OK_ROW + "600,-0.2,1.0,Gamma,0.8,2.0\n",
+        r"chunk-7-trace\.csv:2: rate='-0\.2' is out of range: a finite number >= 0",
+    ),
+    (
+        "servegen",
+        "chunk-7-trace.csv",
+        SG_OK_ROW + "600,0.2,nan,Gamma,0.8,2.0\n",
+        r"chunk-7-trace\.csv:2: cv='nan' is out of range",
+    ),
+    (
+        "servegen",
+        "chunk-7-trace.csv",
+        SG_OK_ROW + "600,0.2,1.0,Poisson,0.8,2.0\n",
+        r"chunk-7-trace\.csv:2: pattern='Poisson' is not allowed: Gamma, Weibull or empty",
+    ),
+    (
+        "servegen",
+        "chunk-7-trace.csv",
+        SG_OK_ROW + "600,0.2,1.0,Weibull,0,2.0\n",
+        r"chunk-7-trace\.csv:2: shape='0' is out of range: > 0 in an active Weibull window",
+    ),
     ("servegen", "chunk-7-trace.csv", "0,abc,1.0,Gamma,0.8,2.0\n", r"chunk-7-trace\.csv:1: rate='abc' is not a number"),
-    ("servegen", "chunk-7-dataset.json", SG_DATASET.replace('{5: 0.5', '{0: 0.5') % "{3: 1.0}",
-     r"chunk-7-dataset\.json:3: window 0 input_tokens: token count 0 is out of range: >= 1"),
-    ("servegen", "chunk-7-dataset.json", SG_DATASET % "{-2: 0.5, 3: 0.5}",
-     r"chunk-7-dataset\.json:4: window 0 output_tokens: token count -2 is out of range: >= 0"),
-    ("servegen", "chunk-7-dataset.json", SG_DATASET % "{2: -0.5, 3: 1.5}",
-     r"chunk-7-dataset\.json:4: window 0 output_tokens: probability -0\.5 of 2 tokens is out of range"),
-    ("servegen", "chunk-7-dataset.json", SG_DATASET % "{2: 0.0, 3: 0.0}",
-     r"chunk-7-dataset\.json:4: window 0 output_tokens: probability 0\.0 of 2 tokens is out of range"),
-    ("servegen", "chunk-7-dataset.json", SG_DATASET % "{2: 0.5, 3: oops}",
-     r"chunk-7-dataset\.json:4: window 0 output_tokens: not a dict-literal PDF"),
+    (
+        "servegen",
+        "chunk-7-dataset.json",
+        SG_DATASET.replace("{5: 0.5", "{0: 0.5") % "{3: 1.0}",
+        r"chunk-7-dataset\.json:3: window 0 input_tokens: token count 0 is out of range: >= 1",
+    ),
+    (
+        "servegen",
+        "chunk-7-dataset.json",
+        SG_DATASET % "{-2: 0.5, 3: 0.5}",
+        r"chunk-7-dataset\.json:4: window 0 output_tokens: token count -2 is out of range: >= 0",
+    ),
+    (
+        "servegen",
+        "chunk-7-dataset.json",
+        SG_DATASET % "{2: -0.5, 3: 1.5}",
+        r"chunk-7-dataset\.json:4: window 0 output_tokens: probability -0\.5 of 2 tokens is out of range",
+    ),
+    (
+        "servegen",
+        "chunk-7-dataset.json",
+        SG_DATASET % "{2: 0.0, 3: 0.0}",
+        r"chunk-7-dataset\.json:4: window 0 output_tokens: probability 0\.0 of 2 tokens is out of range",
+    ),
+    (
+        "servegen",
+        "chunk-7-dataset.json",
+        SG_DATASET % "{2: 0.5, 3: oops}",
+        r"chunk-7-dataset\.json:4: window 0 output_tokens: not a dict-literal PDF",
+    ),
     ("servegen", "chunk-7-dataset.json", '["not", "a", "dataset"]', r"chunk-7-dataset\.json: not a ServeGen dataset"),
 ]
 
@@ -183,7 +263,8 @@ def write_bad_trace(tmp_path, loader, name, content):
     if loader == "servegen":
         (tmp_path / "chunk-7-trace.csv").exists() or (tmp_path / "chunk-7-trace.csv").write_text(SG_OK_ROW)
         (tmp_path / "chunk-7-dataset.json").exists() or (tmp_path / "chunk-7-dataset.json").write_text(
-            SG_DATASET % "{3: 1.0}")
+            SG_DATASET % "{3: 1.0}"
+        )
     return tmp_path / name if loader != "servegen" else tmp_path
 
 
@@ -216,18 +297,27 @@ def test_valid_small_traces_load(tmp_path):
     assert f"{int((r.output_len == 1).sum())} requests drawn with 0 output tokens served as 1" in r.note
 
 
-@pytest.mark.parametrize("workload,name,content", [
-    ("azure_code", "t.csv", BAD_TRACES[0][2]),
-    ("mooncake", "m.jsonl", BAD_TRACES[6][2]),
-    ("servegen", "chunk-7-trace.csv", BAD_TRACES[13][2]),
-])
+@pytest.mark.parametrize(
+    "workload,name,content",
+    [
+        ("azure_code", "t.csv", BAD_TRACES[0][2]),
+        ("mooncake", "m.jsonl", BAD_TRACES[6][2]),
+        ("servegen", "chunk-7-trace.csv", BAD_TRACES[13][2]),
+    ],
+)
 def test_bad_trace_value_stops_the_run_before_work(compose_cfg, tmp_path, workload, name, content):
     """The TraceError reaches the user as ConfigError (exit 2 in run.py) before any record is written."""
     from harness.errors import ConfigError
     from harness.run import run
+
     path = write_bad_trace(tmp_path, workload.split("_")[0], name, content)
-    cfg = compose_cfg("system=beam", f"workload={workload}", f"workload.path={path}", "workload.start_s=0",
-                      output_dir=tmp_path / "out")
+    cfg = compose_cfg(
+        "system=beam",
+        f"workload={workload}",
+        f"workload.path={path}",
+        "workload.start_s=0",
+        output_dir=tmp_path / "out",
+    )
     with pytest.raises(ConfigError, match=f"workload '{workload}': .*{name}:\\d+: "):
         run(cfg)
     assert not (tmp_path / "out").exists()
@@ -265,13 +355,20 @@ def test_azure_arrivals_do_not_depend_on_the_host_time_zone(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
+
     path = tmp_path / "dst.csv"
     path.write_text(DST_TRACE)
     root = Path(__file__).resolve().parents[2]
     got = {}
     for tz in ("UTC", "America/Chicago", "Australia/Sydney"):
-        out = subprocess.run([sys.executable, "-c", REPLAY, str(path)], cwd=root, capture_output=True, text=True,
-                             timeout=60, env=dict(os.environ, TZ=tz, PYTHONPATH=str(root)))
+        out = subprocess.run(
+            [sys.executable, "-c", REPLAY, str(path)],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, TZ=tz, PYTHONPATH=str(root)),
+        )
         assert out.returncode == 0, out.stderr
         got[tz] = json.loads(out.stdout)
     for tz, arrivals in got.items():
@@ -281,14 +378,18 @@ def test_azure_arrivals_do_not_depend_on_the_host_time_zone(tmp_path):
 def _readers(data):
     """(vectorised reader, line reader, file) for every trace file in the data folder ``data``."""
     from workloads import serving as ws
+
     tr = data / "traces"
     out = [(ws._azure_fast, ws._azure_by_line, p) for p in sorted((tr / "azure_llm_2023").glob("*.csv"))]
     out += [(ws._mooncake_fast, ws._mooncake_by_line, p) for p in sorted((tr / "mooncake").glob("*.jsonl"))]
     for root in sorted((tr / "servegen").glob("*/*")):
-        out += [(ws._servegen_trace_fast, ws._servegen_trace_by_line, p)
-                for p in sorted(root.glob("chunk-*-trace.csv"))]
-        out += [(ws._servegen_dataset_fast, ws._servegen_dataset_by_line, p)
-                for p in sorted(root.glob("chunk-*-dataset.json"))]
+        out += [
+            (ws._servegen_trace_fast, ws._servegen_trace_by_line, p) for p in sorted(root.glob("chunk-*-trace.csv"))
+        ]
+        out += [
+            (ws._servegen_dataset_fast, ws._servegen_dataset_by_line, p)
+            for p in sorted(root.glob("chunk-*-dataset.json"))
+        ]
     return out
 
 
@@ -308,7 +409,7 @@ def test_vectorised_readers_read_every_trace_as_the_line_readers_do(each_trace_d
     truncates); the PDF probabilities read off by one (keys and values swapped); Mooncake
     timestamps left in ms."""
     readers = _readers(each_trace_data)
-    assert len(readers) >= 18             # the fixture slices; the full folder has over 300
+    assert len(readers) >= 18  # the fixture slices; the full folder has over 300
     for fast, by_line, path in readers:
         a, b = _flat(fast(path)), _flat(by_line(path))
         assert [p for p, _ in a] == [p for p, _ in b], path
@@ -321,6 +422,7 @@ def test_azure_seventh_digit_truncated_as_datetime_does(tmp_path):
     vectorised reader. Mutation caught: rounding to the microsecond (the shared files' 7th digit is
     always 0, so only this file shows it)."""
     from workloads import serving as ws
+
     p = tmp_path / "t.csv"
     p.write_text(AZURE_HEAD + "2023-11-16 18:17:04.9999995,10,2\n")
     fast, by_line = ws._azure_fast(p), ws._azure_by_line(p)
@@ -333,6 +435,7 @@ def test_servegen_trace_files_read_in_one_parse_as_file_by_file(each_trace_data,
     split points shifted by one file (``np.cumsum(rows)[1:]``); a file's last line dropped from its
     row count."""
     from workloads import serving as ws
+
     for root in sorted((each_trace_data / "traces" / "servegen").glob("*/*")):
         paths = sorted(root.glob("chunk-*-trace.csv"))
         want = [ws._read(ws._servegen_trace_fast, ws._servegen_trace_by_line, p) for p in paths]
@@ -350,9 +453,13 @@ def test_servegen_trace_files_whose_lines_and_rows_differ_are_read_one_by_one(tm
     files are read one by one.
     Mutation caught: the lone-\\r check dropped (the second file gets the first one's last window)."""
     from workloads import serving as ws
+
     rows = ["0,0.5,1.0,Gamma,0.8,2.0", "600,0.25,1.0,Weibull,0.5,1.0", "1200,0,0,,0,0", "1800,0.1,2.0,Gamma,1.5,3.0"]
-    files = {"chunk-1-trace.csv": f"{rows[0]}\n\n{rows[1]}\n", "chunk-2-trace.csv": f"{rows[2]}\r{rows[3]}\n",
-             "chunk-3-trace.csv": f"{rows[1]}\r\n{rows[0]}"}
+    files = {
+        "chunk-1-trace.csv": f"{rows[0]}\n\n{rows[1]}\n",
+        "chunk-2-trace.csv": f"{rows[2]}\r{rows[3]}\n",
+        "chunk-3-trace.csv": f"{rows[1]}\r\n{rows[0]}",
+    }
     for name, text in files.items():
         (tmp_path / name).write_text(text, newline="")
     paths = sorted(tmp_path.glob("*.csv"))
@@ -370,10 +477,12 @@ def test_servegen_pdfs_are_read_per_window_when_a_run_reads_them(tmp_path):
     Mutations caught: no fall-back per window (the trailing comma fails); every window parsed up
     front (the first segment fails)."""
     from workloads import serving as ws
+
     (tmp_path / "chunk-7-trace.csv").write_text("0,0.5,1.0,Gamma,0.8,2.0\n21600,0.5,1.0,Gamma,0.8,2.0\n")
     (tmp_path / "chunk-7-dataset.json").write_text(
         '{\n  "0": {\n    "input_tokens": "{5: 0.5, 9: 0.5,}",\n    "output_tokens": "{3: 1.0}"\n  },\n'
-        '  "21600": {\n    "input_tokens": "{5: 0.5}",\n    "output_tokens": "{3: -1.0}"\n  }\n}\n')
+        '  "21600": {\n    "input_tokens": "{5: 0.5}",\n    "output_tokens": "{3: -1.0}"\n  }\n}\n'
+    )
     r = load_servegen(tmp_path, 0, 600, 0.0, np.random.default_rng(0))
     assert len(r) > 100 and set(r.input_len) == {5, 9}
     ds = ws._Dataset(tmp_path / "chunk-7-dataset.json")
@@ -388,6 +497,7 @@ def test_power_fit_cli_reads_the_data_folder_and_says_when_it_is_empty(tmp_path,
     without the files: exit 2 naming the folder and the fetch command. Mutation caught: the default
     folder back to a path of its own."""
     from systems.serving import power_fit
+
     with pytest.raises(SystemExit) as e:
         power_fit.main(["--help"])
     assert e.value.code == 0 and "--data" in capsys.readouterr().out
@@ -396,6 +506,7 @@ def test_power_fit_cli_reads_the_data_folder_and_says_when_it_is_empty(tmp_path,
     err = capsys.readouterr().err
     assert f"{tmp_path}/gpu_power/perseus_a100_sxm: none of the Perseus profiles" in err and "workloads.fetch" in err
     from tests.conftest import FIXTURE_DATA
+
     monkeypatch.setenv("TTC_DATA_DIR", str(FIXTURE_DATA))
     assert power_fit.main([]) == 0
     assert "'n_rows': 608" in capsys.readouterr().out

@@ -1,5 +1,4 @@
 """BEAM report functions on real (short, simulated) records: ours computed from runs, paper beside."""
-import os
 
 import pytest
 
@@ -16,7 +15,7 @@ def test_fig10_report_from_records(compose_cfg, tmp_path):
     tab = report.fig10(sweep, runs, None).set_index("system")
     e = runs.set_index("system")["summary.energy_j"]
     assert tab.loc["beam (sim)", "energy / vanilla"] == pytest.approx(e["beam"] / e["vanilla"], abs=1e-3)
-    assert tab.loc["beam_dvfs_only (sim)", "paper / vanilla"] == 0.73      # drawn beside, from beam.csv
+    assert tab.loc["beam_dvfs_only (sim)", "paper / vanilla"] == 0.73  # drawn beside, from beam.csv
     assert tab.loc["beam (sim)", "energy / vanilla"] < 1.0
     assert (sweep / "beam_fig10.md").exists() and (sweep / "beam_fig10.png").exists()
     assert "(sim)" in (sweep / "beam_fig10.md").read_text()
@@ -36,6 +35,7 @@ def test_labels_come_from_each_record_and_slos_are_stated(compose_cfg, tmp_path)
     caught: the label taken from the first row for all."""
     import json
     import shutil
+
     sweep = tmp_path / "sweep"
     run(compose_cfg("system=beam", "workload=ablation", "workload.duration_s=5", output_dir=sweep / "sim"))
     shutil.copytree(sweep / "sim", sweep / "real")
@@ -55,11 +55,19 @@ def test_labels_come_from_each_record_and_slos_are_stated(compose_cfg, tmp_path)
 def test_sensitivity_report_against_vanilla(compose_cfg, tmp_path):
     """Energy of each profile error against vanilla's; vanilla must not depend on the table."""
     import json
+
     sweep = tmp_path / "sens"
     for s in ("vanilla", "beam"):
         for b in (-0.2, 0.0):
-            run(compose_cfg(f"system={s}", "workload=ablation", "workload.duration_s=8",
-                            f"system.profile_error.bias={b}", output_dir=sweep / f"{s}{b}"))
+            run(
+                compose_cfg(
+                    f"system={s}",
+                    "workload=ablation",
+                    "workload.duration_s=8",
+                    f"system.profile_error.bias={b}",
+                    output_dir=sweep / f"{s}{b}",
+                )
+            )
     runs = gather_runs(sweep)
     tab = report.sensitivity(sweep, runs, None).set_index("bias")
     e = runs.set_index(["system", "config.system.profile_error.bias"])["summary.energy_j"]
@@ -88,11 +96,21 @@ def test_fig8_and_fig10_refuse_a_seed_sweep_by_name():
     import pytest
 
     from systems.serving import report
-    runs = pd.DataFrame({"system": ["vanilla", "vanilla", "beam", "beam"], "status": ["ok"] * 4,
-                         "simulated": [True] * 4, "config.seed": [0, 1, 0, 1]})
+
+    runs = pd.DataFrame(
+        {
+            "system": ["vanilla", "vanilla", "beam", "beam"],
+            "status": ["ok"] * 4,
+            "simulated": [True] * 4,
+            "config.seed": [0, 1, 0, 1],
+        }
+    )
     for fig in (report.fig8, report.fig10):
-        with pytest.raises(ValueError, match=r"takes one record per system; this sweep has 4 records sharing them "
-                                             r"\(seeds \[0, 1\]\): sweep one seed and use repeats=N"):
+        with pytest.raises(
+            ValueError,
+            match=r"takes one record per system; this sweep has 4 records sharing them "
+            r"\(seeds \[0, 1\]\): sweep one seed and use repeats=N",
+        ):
             fig("/nonexistent", runs, None)
 
 
@@ -102,10 +120,15 @@ def test_fig7_title_names_the_segment_the_runs_replayed():
     import pandas as pd
 
     from systems.serving import report
-    runs = pd.DataFrame({"config.workload.kind": ["servegen", "servegen", "burst"],
-                         "config.workload.name": ["servegen", "servegen", "burst"],
-                         "config.workload.start_s": [68400.0, 68400.0, None],
-                         "config.workload.duration_s": [60.0, 60.0, 300.0]})
+
+    runs = pd.DataFrame(
+        {
+            "config.workload.kind": ["servegen", "servegen", "burst"],
+            "config.workload.name": ["servegen", "servegen", "burst"],
+            "config.workload.start_s": [68400.0, 68400.0, None],
+            "config.workload.duration_s": [60.0, 60.0, 300.0],
+        }
+    )
     assert report._trace_window(runs) == "ServeGen 19:00-19:01 segment (60 s) / workload burst"
     hour = runs.iloc[:2].assign(**{"config.workload.duration_s": 3600.0})
     assert report._trace_window(hour) == "ServeGen 19:00-20:00 segment"
@@ -115,6 +138,7 @@ def test_tab2_with_systems_that_make_no_decision(compose_cfg, tmp_path):
     """Tab. 2 on a sweep of vanilla only (no decision: its times are None) writes the table and 'no
     result', not TypeError in round (QA). Mutation caught: the to_numeric dropped."""
     import pandas as pd
+
     run(compose_cfg("system=vanilla", "workload=ablation", "workload.duration_s=8", output_dir=tmp_path / "v"))
     tab = report.tab2(tmp_path, gather_runs(tmp_path), None)
     assert tab["decision_us_p99 (measured)"].isna().all()

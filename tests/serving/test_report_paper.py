@@ -3,6 +3,7 @@ verdicts.csv and shown at the end of each table), and figures / tables whose lab
 be misread. One small simulated sweep (10 jobs: the burst workload at TTFT 2 s for vanilla,
 Window-DVFS and BEAM at TP2/PP4, the last two also at TP4/PP2; the ablation's five systems on 20 s)
 feeds every report."""
+
 import re
 
 import numpy as np
@@ -18,8 +19,12 @@ from systems.serving.paper import numbers
 BURST = ["workload=burst", "workload.slo_ttft_s=2.0"]
 JOBS = {f"{s}-2x4": [f"system={s}", *BURST] for s in ("vanilla", "window_dvfs", "beam")}
 JOBS.update({f"{s}-4x2": [f"system={s}", *BURST, "system.parallel=4x2"] for s in ("window_dvfs", "beam")})
-JOBS.update({f"abl-{s}": [f"system={s}", "workload=ablation", "workload.duration_s=20"]
-             for s in ("vanilla", "beam_dvfs_only", "beam_s1", "beam", "beam_s2")})
+JOBS.update(
+    {
+        f"abl-{s}": [f"system={s}", "workload=ablation", "workload.duration_s=20"]
+        for s in ("vanilla", "beam_dvfs_only", "beam_s1", "beam", "beam_s2")
+    }
+)
 # report -> the jobs it is given (by job folder name)
 REPORTS = {
     "fig1": lambda j: j == "abl-vanilla",
@@ -43,11 +48,14 @@ def sweep(tmp_path_factory):
     from hydra import compose, initialize_config_dir
 
     from tests.conftest import ROOT
+
     d = tmp_path_factory.mktemp("beam_paper")
     for name, over in JOBS.items():
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            cfg = compose("config", overrides=[*over, "backend=sim", "tracking=none", "progress=false",
-                                               f"output_dir={d / 'jobs' / name}"])
+            cfg = compose(
+                "config",
+                overrides=[*over, "backend=sim", "tracking=none", "progress=false", f"output_dir={d / 'jobs' / name}"],
+            )
         assert run(cfg, multirun=True)["status"] == "ok", name
     runs = gather_runs(d / "jobs")
     runs["job"] = runs.run_dir.map(lambda p: p.rsplit("/", 1)[-1])
@@ -62,6 +70,7 @@ def _report(name, folder, runs, keep):
         keep[fname] = fig
         fig.canvas.draw()
         real_save(fig, sweep_dir, fname)
+
     report.save_figure = save
     try:
         return getattr(report, name)(folder, runs, None)
@@ -78,8 +87,9 @@ def reports(sweep):
     for name, pick in REPORTS.items():
         figs = {}
         folder = d / "results" / "sweeps" / f"beam_{name}"
-        tab = _report(name, folder, runs[runs.job.map(pick)].reset_index(drop=True).assign(**RELABEL.get(name, {})),
-                      figs)
+        tab = _report(
+            name, folder, runs[runs.job.map(pick)].reset_index(drop=True).assign(**RELABEL.get(name, {})), figs
+        )
         out[name] = (folder, tab, figs)
     return out
 
@@ -120,20 +130,24 @@ def test_verdicts_follow_the_rule_on_our_numbers(sweep, reports):
     e = runs.set_index("job")["summary.energy_j"]
     v7 = pd.read_csv(reports["fig7"][0] / "verdicts.csv").set_index("quantity")
     llama = "(model=llama-3.3-70b, parallel=2x4, system=beam)"
-    assert v7.loc[f"energy / vanilla's {llama}", "ours"] == pytest.approx(100 * e["beam-2x4"] / e["vanilla-2x4"], abs=0.1)
+    assert v7.loc[f"energy / vanilla's {llama}", "ours"] == pytest.approx(
+        100 * e["beam-2x4"] / e["vanilla-2x4"], abs=0.1
+    )
     w = v7.loc[f"energy / Window-DVFS's {llama}"]
     assert (w.ours, w.paper_value) == (pytest.approx(100 * e["beam-2x4"] / e["window_dvfs-2x4"], abs=0.1), 70.0)
     assert v7.loc["energy / vanilla's (model=qwen2.5-32b, parallel=2x2, system=beam)", "verdict"] == "no result"
     v10 = pd.read_csv(reports["fig10"][0] / "verdicts.csv").set_index("quantity")
-    step = v10.loc["energy change of this step (points of vanilla's energy) "
-                   "(model=llama-3.3-70b, parallel=2x4, workload=ablation, system=beam_s1)"]
+    step = v10.loc[
+        "energy change of this step (points of vanilla's energy) "
+        "(model=llama-3.3-70b, parallel=2x4, workload=ablation, system=beam_s1)"
+    ]
     assert step.ours == pytest.approx(100 * (e["abl-beam_s1"] - e["abl-beam_dvfs_only"]) / e["abl-vanilla"], abs=0.1)
     v1 = pd.read_csv(reports["tab1"][0] / "verdicts.csv").set_index("quantity").loc["predictor MAPE, TTFT"]
     mape = runs[runs.job.str.startswith("beam-")]["summary.pred_ttft_mape_pct"]
     assert (v1.ours, v1.ours_hi, v1.kind) == (pytest.approx(mape.min()), pytest.approx(mape.max()), "range")
     act = pd.read_csv(reports["tab2"][0] / "verdicts.csv").set_index("quantity").loc["DVFS actuation delay"]
     assert act.verdict == "no result" and "not measured" in act.note
-    for name in ("fig2", "fig8", "fig11"):              # qualitative claims: 1 or 0, with the tests behind them
+    for name in ("fig2", "fig8", "fig11"):  # qualitative claims: 1 or 0, with the tests behind them
         v = pd.read_csv(reports[name][0] / "verdicts.csv")
         assert v.ours.isin([0.0, 1.0]).all() and v.note.str.startswith("ours: ").all(), name
 
@@ -224,11 +238,13 @@ def test_ours_only_at_the_papers_setup_and_steps_only_from_the_run_before(sweep,
 
     abl = pick("fig10")
     v = _verdicts_of("fig10", abl[abl.system != "beam_s1"], tmp_path / "f10").set_index("quantity")
-    s2 = v.loc["energy change of this step (points of vanilla's energy) "
-               "(model=llama-3.3-70b, parallel=2x4, workload=ablation, system=beam)"]
+    s2 = v.loc[
+        "energy change of this step (points of vanilla's energy) "
+        "(model=llama-3.3-70b, parallel=2x4, workload=ablation, system=beam)"
+    ]
     assert s2.verdict == "no result" and "no beam_s1 run" in s2.note
     assert "+ S2 = BEAM needs beam_s1" in (tmp_path / "f10" / "beam_fig10.md").read_text()
-    v = _verdicts_of("fig10", abl.assign(**{"summary.tp": 4, "summary.pp": 2}), tmp_path / "f10-4x2")   # paper: TP2/PP4
+    v = _verdicts_of("fig10", abl.assign(**{"summary.tp": 4, "summary.pp": 2}), tmp_path / "f10-4x2")  # paper: TP2/PP4
     assert (v.verdict == "no result").all() and v.note.str.contains("parallel=2x4", regex=False).all()
 
     v = _verdicts_of("tab2", runs[runs.job.isin(["abl-beam_dvfs_only", "window_dvfs-2x4"])], tmp_path / "t2")
@@ -236,7 +252,7 @@ def test_ours_only_at_the_papers_setup_and_steps_only_from_the_run_before(sweep,
     assert dec.verdict == "no result" and "makes S1/S2 decisions" in dec.note
 
     short = pick("fig8").copy()
-    short["config.workload.burst_end_s"] = short["summary.makespan_s"].astype(float)     # nothing after it
+    short["config.workload.burst_end_s"] = short["summary.makespan_s"].astype(float)  # nothing after it
     v = _verdicts_of("fig8", short, tmp_path / "f8")
     assert list(v.verdict) == ["no result"] and "not tested" in v.note.iloc[0]
     assert "Window-DVFS's power after it above BEAM's" in v.note.iloc[0]

@@ -11,6 +11,7 @@ only its predictor and table errors moved (TBT MAPE 8.30 -> 6.18 %), every serve
 Every summary was retaken once more for a second correctness change: ``decisions`` counts the
 controller calls that returned a decision, not every call (vanilla 4303 -> 0, Window-DVFS 2174 -> 31
 in ``beam_fig8``); no other value of any summary or table changed (compared key by key)."""
+
 import json
 import os
 

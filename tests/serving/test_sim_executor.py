@@ -1,5 +1,6 @@
 """The simulated executor on hand-computed schedules: energy (busy + idle gaps), the KV capacity
 (queueing and vLLM-style preemption), and both backends running through the one driver."""
+
 import ast
 from pathlib import Path
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class LinearCost:
     """An iteration of n tokens takes 0.01 n s and 2 n J per GPU; a waiting GPU draws 10 W."""
+
     has_energy = True
     follows_clock = False
 
@@ -66,7 +68,7 @@ def test_kv_capacity_queues_then_preempts_the_latest_admitted():
     assert res.preemptions == 1
     r = res.requests
     assert r["generated"].tolist() == [4, 4] and np.isfinite(r["finish_s"]).all()
-    assert r["finish_s"][0] < r["finish_s"][1]                      # r0 kept running
+    assert r["finish_s"][0] < r["finish_s"][1]  # r0 kept running
     its = res.iterations
     # r0 alone decodes after the preemption (1 token per iteration) until it finishes; then r1's recompute
     assert its["tokens"].tolist()[:5] == [8, 2, 1, 1, 6]
@@ -77,8 +79,9 @@ def test_kv_capacity_queues_then_preempts_the_latest_admitted():
 
 def _names(path):
     tree = ast.parse((ROOT / path).read_text())
-    return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | \
-        {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+    }
 
 
 @pytest.mark.parametrize("path", ["systems/serving/simulator.py", "systems/serving/vllm_engine.py"])
@@ -86,8 +89,19 @@ def test_backends_hold_no_controller_calls_or_request_accounting(path):
     """The executors never call a controller hook, build what a controller sees, or account TTFT/TBT:
     the driver is the only place (its own file has them)."""
     names = _names(path)
-    forbidden = {"on_arrival", "on_finish", "on_decode_only", "on_tick", "initial", "EngineState", "WindowStats",
-                 "ttft_s", "gaps", "gap_sum", "first_token_s"}
+    forbidden = {
+        "on_arrival",
+        "on_finish",
+        "on_decode_only",
+        "on_tick",
+        "initial",
+        "EngineState",
+        "WindowStats",
+        "ttft_s",
+        "gaps",
+        "gap_sum",
+        "first_token_s",
+    }
     assert not names & forbidden, f"{path} uses {sorted(names & forbidden)}"
     assert {"on_arrival", "on_tick", "EngineState", "gap_sum"} <= _names("systems/serving/driver.py")
 
@@ -95,12 +109,14 @@ def test_backends_hold_no_controller_calls_or_request_accounting(path):
 def test_the_simulated_backend_runs_through_the_driver(compose_cfg, tmp_path, monkeypatch):
     """The runner serves through Driver.run with a SimExecutor (the vLLM path: test_vllm_real)."""
     from harness.run import run
+
     seen = []
     orig = Driver.run
 
     def spy(self, ex, progress=None):
         seen.append(type(ex).__name__)
         return orig(self, ex, progress)
+
     monkeypatch.setattr(Driver, "run", spy)
     rec = run(compose_cfg("system=beam", "workload=ablation", "workload.duration_s=5", output_dir=tmp_path / "b"))
     assert rec["status"] == "ok" and seen == ["SimExecutor"]
@@ -116,11 +132,26 @@ def test_a_simulated_serving_run_loads_no_heavy_module(tmp_path):
     import subprocess
     import sys
 
-    from tests.test_tracking import HEAVY, _RUN_AND_LIST
+    from tests.test_tracking import _RUN_AND_LIST, HEAVY
+
     modules = tmp_path / "modules.json"
-    out = subprocess.run([sys.executable, "-c", _RUN_AND_LIST, str(modules), "system=beam", "workload=ablation",
-                          "workload.duration_s=5", "tracking=none", f"results_dir={tmp_path}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _RUN_AND_LIST,
+            str(modules),
+            "system=beam",
+            "workload=ablation",
+            "workload.duration_s=5",
+            "tracking=none",
+            f"results_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / "run.json").read_text())["status"] == "ok"

@@ -1,4 +1,5 @@
 """Simulator timelines: Window-DVFS lags a step burst by one window, BEAM reacts at the burst."""
+
 import json
 
 import pandas as pd
@@ -15,9 +16,17 @@ def _run(compose_cfg, tmp_path, name, *ov):
     return rec, tabs
 
 
-BURST = ("workload=burst", "workload.rate=1.0", "workload.rate_high=20.0", "workload.burst_start_s=22.5",
-         "workload.burst_end_s=40", "workload.duration_s=40", "workload.input_len=512",
-         "workload.output_len=32", "workload.len_jitter=0")
+BURST = (
+    "workload=burst",
+    "workload.rate=1.0",
+    "workload.rate_high=20.0",
+    "workload.burst_start_s=22.5",
+    "workload.burst_end_s=40",
+    "workload.duration_s=40",
+    "workload.input_len=512",
+    "workload.output_len=32",
+    "workload.len_jitter=0",
+)
 
 
 def test_window_dvfs_lags_a_step_burst_by_one_window(compose_cfg, tmp_path):
@@ -25,7 +34,7 @@ def test_window_dvfs_lags_a_step_burst_by_one_window(compose_cfg, tmp_path):
     assert rec["backend"]["simulated"] and rec["status"] == "ok"
     ticks = t["decisions"][t["decisions"].trigger == "tick"].set_index("time_s")["clock_mhz"]
     f_max = 1410.0
-    assert ticks.loc[20.0] < 0.8 * f_max            # the window before the burst saw 1 req/s: low clock
+    assert ticks.loc[20.0] < 0.8 * f_max  # the window before the burst saw 1 req/s: low clock
     assert ticks.loc[25.0] >= ticks.loc[20.0] + 200  # the first tick after the burst onset raises it
     tl = t["timeline"].set_index("time_s")["clock_mhz"]
     # between the onset (22.5 s) and the tick (25 s) nothing changed: the lag is one window
@@ -40,7 +49,7 @@ def test_beam_raises_the_clock_within_the_burst(compose_cfg, tmp_path):
     before = d[(d.time_s > 15) & (d.time_s < 22.4)].clock_mhz.dropna()
     during = d[(d.time_s >= 22.5) & (d.time_s < 24.0) & (d.trigger == "arrival")].clock_mhz.dropna()
     assert len(before) and len(during)
-    assert during.max() > before.median() + 200       # reacts before Window-DVFS's next tick (25 s)
+    assert during.max() > before.median() + 200  # reacts before Window-DVFS's next tick (25 s)
 
 
 def test_vanilla_is_max_clock_default_chunk_and_pp_microbatches(compose_cfg, tmp_path):

@@ -1,4 +1,5 @@
 """LBS paper Eq.1-5 against the paper's worked numbers (reference/lbs.md, Fig.7)."""
+
 import pytest
 
 from systems.ttc.analytic import dm_layerwise, dm_lbs, kv_per_token_layer, layers_in_gpu

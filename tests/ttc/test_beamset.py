@@ -1,11 +1,18 @@
 """Greedy BeamSet (Alg.1) and balanced grouping on hand-built and random trees."""
+
 import random
 
-import numpy as np
 import pytest
 
-from systems.ttc.beamset import (PrefixOrder, consecutive_groups, dfs_order, greedy_beamset, group_capacity,
-                                 group_sizes, reference_order)
+from systems.ttc.beamset import (
+    PrefixOrder,
+    consecutive_groups,
+    dfs_order,
+    greedy_beamset,
+    group_capacity,
+    group_sizes,
+    reference_order,
+)
 from systems.ttc.tree import BeamTree, initial_beams, path_matrix, select_and_expand
 
 
@@ -64,7 +71,7 @@ def test_fast_beamset_equals_greedy_reference(seed, n, cap):
     tree, beams = _random_tree(n, 2, 4, seed)
     paths = path_matrix(tree, beams)
     order = dfs_order(paths)
-    beams = [beams[i] for i in order]            # index beams in DFS order (Alg.1: "any" start beam)
+    beams = [beams[i] for i in order]  # index beams in DFS order (Alg.1: "any" start beam)
     paths = path_matrix(tree, beams)
     sizes = group_sizes(n, cap)
     blocks = [frozenset(int(x) for x in row) for row in paths]
@@ -94,7 +101,7 @@ def _live_steps(n, width, steps, seed):
             return
         length = rnd.randint(1, 8)
         for b in beams:
-            b.cum_logprob += round(rnd.gauss(0, 1))            # ties: selection falls back to uids
+            b.cum_logprob += round(rnd.gauss(0, 1))  # ties: selection falls back to uids
             tree.segments[b.leaf].length = length
         beams = select_and_expand(tree, beams, n // width, width)
 
@@ -115,7 +122,7 @@ def test_prefix_order_kept_step_to_step_equals_the_reference(seed, n, width):
             order, shared = po.update(tree, beams, start)
             assert order.tolist() == ref[0].tolist() and shared.tolist() == ref[1].tolist(), step
     for tree, beams in _live_steps(n, width, 13, seed + 100):
-        pass        # another search; its step 12's parents have the ids of the first one's last leaves
+        pass  # another search; its step 12's parents have the ids of the first one's last leaves
     ref = reference_order(tree, beams)
     order, shared = po.update(tree, beams, tree.prefix_tokens(beams[0]))
     assert order.tolist() == ref[0].tolist() and shared.tolist() == ref[1].tolist()
@@ -133,12 +140,17 @@ def test_lbs_group_loads_are_the_union_of_their_beams_blocks(seed, inter_beam, n
     from collections import Counter
 
     from systems.ttc.plan import KVGeometry, Scheduler
+
     geom = KVGeometry(num_layers=2, num_kv_heads=1, head_dim=4, dtype_bytes=2)
     for step, (tree, beams) in enumerate(_live_steps(n, width, 8, seed)):
         start = tree.prefix_tokens(beams[0])
         budget = cap * (start + 4) * geom.kv_token + 7
-        plans = [Scheduler("lbs", geom, budget, inter_beam=inter_beam, prompt_len=16, gen_len=10**4,
-                           list_blocks=lb).plan(step, tree, beams, 4) for lb in (True, False)]
+        plans = [
+            Scheduler("lbs", geom, budget, inter_beam=inter_beam, prompt_len=16, gen_len=10**4, list_blocks=lb).plan(
+                step, tree, beams, 4
+            )
+            for lb in (True, False)
+        ]
         listed, bare = plans
         assert [g.beams for g in listed.groups] == [g.beams for g in bare.groups]
         for i, (g, h) in enumerate(zip(listed.groups, bare.groups)):
@@ -148,7 +160,7 @@ def test_lbs_group_loads_are_the_union_of_their_beams_blocks(seed, inter_beam, n
             weight = sum(tree.segments[s].length for s in want.elements()) * geom.kv_token
             assert g.load_bytes == h.load_bytes == weight
             if g.prefetch_beams:
-                first = [s for k in listed.groups[i + 1].beams[:g.prefetch_beams] for s in beams[k].prefix]
+                first = [s for k in listed.groups[i + 1].beams[: g.prefetch_beams] for s in beams[k].prefix]
                 tokens = sum(tree.segments[s].length for s in (set(first) if inter_beam else first))
                 assert g.prefetch_bytes == h.prefetch_bytes == tokens * geom.kv_token
         assert [g.prefetch_beams for g in listed.groups] == prefetch

@@ -4,6 +4,7 @@ to everything resident, every LBS-family system on both backends. The same confi
 accepted (same status, same message), and accepted ones give identical searches: on the real
 engine the same kept beams and tokens as an unbudgeted in_gpu run; on the simulator the same kept
 beams for every system and budget; and the simulator replaying a real run moves the same bytes."""
+
 import copy
 import json
 
@@ -19,16 +20,24 @@ KiB = 1024
 # 4 layers x 4 KV heads x head_dim 16, float64: 1 KiB per layer-token, 4 KiB per token.
 # 8 beams, prompt 8, 8 generated in steps of 4: one beam's full KV = 16 x 4 KiB = 64 KiB, all beams
 # 512 KiB. Layer-wise residency L = floor(budget / (8 beams x s_end x 1 KiB)) at s_end = 12, 16.
-MODEL = ["model.num_layers=4", "model.hidden_size=64", "model.num_heads=4", "model.num_kv_heads=4",
-         "model.head_dim=16", "model.intermediate_size=128", "model.vocab_size=500", "model.dtype=float64",
-         "model.hf_config.word_embed_proj_dim=64"]
+MODEL = [
+    "model.num_layers=4",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=4",
+    "model.head_dim=16",
+    "model.intermediate_size=128",
+    "model.vocab_size=500",
+    "model.dtype=float64",
+    "model.hf_config.word_embed_proj_dim=64",
+]
 WORK = ["beams=8", "prompt_len=8", "gen_len=8", "step=4", "seed=3", "system.record_tree=true"]
-BUDGETS = {                       # KiB: what layer-wise keeps resident at steps 0, 1
-    63: None,                     # below one beam's full KV: refused before work
-    64: (0, 0),                   # one beam's full KV: every layer streamed
+BUDGETS = {  # KiB: what layer-wise keeps resident at steps 0, 1
+    63: None,  # below one beam's full KV: refused before work
+    64: (0, 0),  # one beam's full KV: every layer streamed
     96: (1, 0),
-    128: (1, 1),                  # exactly one resident layer
-    512: (4, 4),                  # everything resident (in_gpu fits)
+    128: (1, 1),  # exactly one resident layer
+    512: (4, 4),  # everything resident (in_gpu fits)
 }
 SYSTEMS = ["in_gpu", "layerwise", "lbs", "lbs_intertoken", "lbs_interbeam", "lbs_prefetch"]
 _BASE = {}
@@ -37,11 +46,13 @@ _BASE = {}
 def _cfg(system, backend, *values):
     """Hydra's composition once per (system, backend); plain values merged onto a copy."""
     from hydra import compose, initialize_config_dir
+
     key = (system, backend)
     if key not in _BASE:
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            _BASE[key] = compose("config", overrides=[f"system={system}", f"backend={backend}", "model=tiny-opt",
-                                                      "tracking=none"])
+            _BASE[key] = compose(
+                "config", overrides=[f"system={system}", f"backend={backend}", "model=tiny-opt", "tracking=none"]
+            )
     cfg = copy.deepcopy(_BASE[key])
     cfg.merge_with_dotlist(["progress=false", *MODEL, *WORK, *values])
     return cfg
@@ -71,8 +82,10 @@ def grid(tmp_path_factory):
             sim = _attempt(_cfg(system, "sim", budget, f"output_dir={d}-sim"))
             replay = None
             if real["status"] == "ok":
-                replay = run(_cfg(system, "sim", budget, f"system.replay_tree={d}-torch",
-                                  f"output_dir={d}-replay"), multirun=True)
+                replay = run(
+                    _cfg(system, "sim", budget, f"system.replay_tree={d}-torch", f"output_dir={d}-replay"),
+                    multirun=True,
+                )
             out[system, kib] = (real, sim, replay)
     return out
 

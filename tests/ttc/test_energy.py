@@ -1,5 +1,6 @@
 """Energy of LBS-family runs (issue 16.1): the simulator's charges from the serving family's power
 model, computed by hand; the run's energy fields; energy unavailable = None with the reason."""
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,11 +20,32 @@ from systems.ttc.sim import SimExecutor
 #   P_act  = 100 + 200 (1000/2000)^2           = 150 W
 #   P_idle = 20 + (40 - 20) * 1000/2000        = 30 W      (launch gaps, waiting on PCIe)
 #   P_busy(r) = 20 + (150 - 20) (0.5 + 0.5 r)  = 85 .. 150 W
-HAND_HW = AttrDict(name="hand", kind="gpu", peak_flops=1e12, flops_efficiency=1.0, mem_bw=1e11, mem_efficiency=1.0,
-                   h2d_bw=1e9, d2h_bw=1e9, launch_overhead_s=1e-5, interconnect_bw=0.0, idle_w=20.0,
-                   clock_min_mhz=500, clock_max_mhz=2000, clock_default_mhz=1000,
-                   power=AttrDict(act_a_w=100.0, act_b_w=200.0, act_alpha=2.0, mem_beta=0.5, blocking_w=40.0,
-                                  mem_knee_frac=0.5, limit_w=1000.0, tile_tokens=64))
+HAND_HW = AttrDict(
+    name="hand",
+    kind="gpu",
+    peak_flops=1e12,
+    flops_efficiency=1.0,
+    mem_bw=1e11,
+    mem_efficiency=1.0,
+    h2d_bw=1e9,
+    d2h_bw=1e9,
+    launch_overhead_s=1e-5,
+    interconnect_bw=0.0,
+    idle_w=20.0,
+    clock_min_mhz=500,
+    clock_max_mhz=2000,
+    clock_default_mhz=1000,
+    power=AttrDict(
+        act_a_w=100.0,
+        act_b_w=200.0,
+        act_alpha=2.0,
+        mem_beta=0.5,
+        blocking_w=40.0,
+        mem_knee_frac=0.5,
+        limit_w=1000.0,
+        tile_tokens=64,
+    ),
+)
 P_IDLE = 30.0
 
 
@@ -55,14 +77,20 @@ def test_lbs_group_energy_by_hand(compose_cfg):
     expect_compute = L * layer + head
 
     ex = SimExecutor(HAND_HW, m, seed=0)
-    plan = StepPlan(step=0, start=s, tokens=1, scheduler="lbs", num_beams=b,
-                    groups=[GroupPlan(beams=list(range(b)), load_blocks=None, load_bytes=load, writeback_bytes=0)])
+    plan = StepPlan(
+        step=0,
+        start=s,
+        tokens=1,
+        scheduler="lbs",
+        num_beams=b,
+        groups=[GroupPlan(beams=list(range(b)), load_blocks=None, load_bytes=load, writeback_bytes=0)],
+    )
     out = ex.execute_step(plan, None, [SimpleNamespace(uid=i) for i in range(b)])
     w = ex.step_energy()
     assert out.io_stall_s == pytest.approx(stall_s, rel=1e-12)
-    assert w.io_stall_j == pytest.approx(P_IDLE * stall_s, rel=1e-12)            # 0.6 J
+    assert w.io_stall_j == pytest.approx(P_IDLE * stall_s, rel=1e-12)  # 0.6 J
     assert w.energy_j == pytest.approx(expect_compute + P_IDLE * stall_s, rel=1e-12)
-    assert ex.step_energy().energy_j == 0.0                                     # the window was closed
+    assert ex.step_energy().energy_j == 0.0  # the window was closed
 
 
 def test_run_energy_fields_follow_the_windows(compose_cfg, tmp_path):
@@ -71,14 +99,17 @@ def test_run_energy_fields_follow_the_windows(compose_cfg, tmp_path):
     J per token = energy / (beams x gen_len); average power = energy / end-to-end time; labelled
     simulated in the printed table. Mutations caught: per-token energy divided by the end-to-end time;
     average power divided by the tokens; the prefill window dropped from the sum."""
-    rec = run(compose_cfg("backend=sim", "system=layerwise", "model=opt-6.7b", "beams=16", "gen_len=256",
-                          output_dir=tmp_path / "lw"))
+    rec = run(
+        compose_cfg(
+            "backend=sim", "system=layerwise", "model=opt-6.7b", "beams=16", "gen_len=256", output_dir=tmp_path / "lw"
+        )
+    )
     s = rec["summary"]
     steps = pd.read_parquet(Path(rec["config"]["output_dir"]) / "steps.parquet")
     hw = compose_cfg("hardware=rtx4090").hardware
     p_idle = hw.idle_w + (hw.power.blocking_w - hw.idle_w) * hw.clock_default_mhz / hw.clock_max_mhz
     assert s["energy_io_stall_j"] == pytest.approx(p_idle * s["io_stall_s"], rel=1e-9)
-    assert s["energy_j"] > steps.energy_j.sum() > 0                              # + the prefill's window
+    assert s["energy_j"] > steps.energy_j.sum() > 0  # + the prefill's window
     assert s["energy_per_token_j"] == pytest.approx(s["energy_j"] / (16 * 256), rel=1e-12)
     assert s["avg_power_w"] == pytest.approx(s["energy_j"] / s["e2e_s"], rel=1e-12)
     assert p_idle < s["avg_power_w"] < hw.power.limit_w
@@ -90,9 +121,17 @@ def test_run_energy_fields_follow_the_windows(compose_cfg, tmp_path):
 def test_no_power_model_is_unavailable_not_zero(compose_cfg, tmp_path):
     """A profile without ``power:`` (rtx3080ti) records energy None with the reason, in the summary
     and in every step row. Mutation caught: the executor returning 0 J without a power model."""
-    rec = run(compose_cfg("backend=sim", "hardware=rtx3080ti", "model=opt-2.7b", "system=lbs", "beams=8",
-                          "gen_len=64",
-                          output_dir=tmp_path / "r"))
+    rec = run(
+        compose_cfg(
+            "backend=sim",
+            "hardware=rtx3080ti",
+            "model=opt-2.7b",
+            "system=lbs",
+            "beams=8",
+            "gen_len=64",
+            output_dir=tmp_path / "r",
+        )
+    )
     s = rec["summary"]
     assert rec["status"] == "ok"
     assert s["energy_j"] is None and s["energy_per_token_j"] is None and s["avg_power_w"] is None
@@ -107,8 +146,14 @@ def test_one_unmeasured_window_makes_the_run_unmeasured():
     got = energy_summary([EnergyWindow(5.0, 1.0), EnergyWindow(None, None, "NVML lost")], 2.0, 10, "x")
     assert got["energy_j"] is None and got["energy_unavailable_reason"] == "NVML lost"
     ok = energy_summary([EnergyWindow(5.0, 1.0), EnergyWindow(3.0, 0.5)], 2.0, 10, "x")
-    assert ok == {"energy_j": 8.0, "energy_io_stall_j": 1.5, "energy_per_token_j": 0.8, "avg_power_w": 4.0,
-                  "energy_source": "x", "energy_unavailable_reason": None}
+    assert ok == {
+        "energy_j": 8.0,
+        "energy_io_stall_j": 1.5,
+        "energy_per_token_j": 0.8,
+        "avg_power_w": 4.0,
+        "energy_source": "x",
+        "energy_unavailable_reason": None,
+    }
 
 
 def test_lbs_energy_experiment_draws_figure_table_and_sources(tmp_path):
@@ -122,34 +167,57 @@ def test_lbs_energy_experiment_draws_figure_table_and_sources(tmp_path):
     import json
     import subprocess
     import sys
+
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "run.py", "-m", "experiment=lbs_energy", "hydra.sweeper.params.beams=16",
-                          "hydra.sweeper.params.step=128", "gen_len=256", "kv_budget=1GiB", "tracking=none",
-                          f"results_dir={tmp_path}"],
-                         cwd=root, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "experiment=lbs_energy",
+            "hydra.sweeper.params.beams=16",
+            "hydra.sweeper.params.step=128",
+            "gen_len=256",
+            "kv_budget=1GiB",
+            "tracking=none",
+            f"results_dir={tmp_path}",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     from harness.reproduce import paper_experiments
-    assert "lbs_energy" not in paper_experiments()     # a cross-paper study: no paper numbers, no verdicts
+
+    assert "lbs_energy" not in paper_experiments()  # a cross-paper study: no paper numbers, no verdicts
     sweep = tmp_path / "sweeps" / "lbs_energy"
     for f in ("lbs_energy.png", "lbs_energy.pdf", "lbs_energy.md"):
         assert (sweep / f).exists(), f
     recs = [json.loads(p.read_text()) for p in sweep.glob("*/run.json")]
     assert len(recs) == 6
-    per_token = {(r["config"]["hardware"]["name"], r["config"]["system"]["name"], r["config"]["workload"]["beams"]):
-                 r["summary"].get("energy_per_token_j") for r in recs}
+    per_token = {
+        (r["config"]["hardware"]["name"], r["config"]["system"]["name"], r["config"]["workload"]["beams"]): r[
+            "summary"
+        ].get("energy_per_token_j")
+        for r in recs
+    }
     text = (sweep / "lbs_energy.md").read_text()
     assert text.startswith("# Energy of KV offloading (lbs_energy) (simulated)")
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
     head, body = rows[0], rows[1:]
     col = {h: i for i, h in enumerate(head)}
     for hw in ("rtx4090", "a100-80gb"):
-        r = next(b for b in body
-                 if b[col["hardware"]] == hw and b[col["beams"]] == "16" and b[col["system"]] == "LBS (full)")
+        r = next(
+            b for b in body if b[col["hardware"]] == hw and b[col["beams"]] == "16" and b[col["system"]] == "LBS (full)"
+        )
         ratio = per_token[(hw, "lbs", 16)] / per_token[(hw, "layerwise", 16)]
         assert abs(ratio - 1) > 0.1 and float(r[col["LBS / layer-wise J per token"]]) == pytest.approx(ratio, rel=5e-3)
         assert float(r[col["J / token"]]) == pytest.approx(per_token[(hw, "lbs", 16)], rel=5e-3)
-    assert ("Energy charged by rtx4090: simulated power model at 2,520 MHz; a100-80gb: simulated power "
-            "model at 1,410 MHz (systems/ttc/sim.py)") in text        # each profile's clock named with it
+    assert (
+        "Energy charged by rtx4090: simulated power model at 2,520 MHz; a100-80gb: simulated power "
+        "model at 1,410 MHz (systems/ttc/sim.py)"
+    ) in text  # each profile's clock named with it
     note = text.split("Where the power parameters come from:", 1)[1]
     a100, rtx = (next(line for line in note.splitlines() if f"**{hw}**" in line) for hw in ("a100-80gb", "rtx4090"))
     assert "perseus_a100_sxm" in a100 and "least-squares fit" in a100
@@ -164,17 +232,30 @@ def test_real_engine_reads_one_nvml_window_per_step(compose_cfg, fake_nvml, monk
     end finds no window)."""
     from harness.meters import EnergyMeter
     from systems.ttc import runner
+
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = fake_nvml([("GPU-a", "00000000:1A:00.0", "NVIDIA GeForce RTX 4090", 1000)])
     make = runner._executor
 
-    def with_meter(cfg, ctx, budget):          # what the engine does on a CUDA device, with the fake
+    def with_meter(cfg, ctx, budget):  # what the engine does on a CUDA device, with the fake
         ex = make(cfg, ctx, budget)
         ex._energy, ex.energy_source = EnergyMeter(nvml=nvml), "measured by NVML, one window per step"
         return ex
+
     monkeypatch.setattr(runner, "_executor", with_meter)
-    rec = run(compose_cfg("backend=torch", "system=lbs", "model=tiny-opt", "beams=4", "gen_len=8", "step=4",
-                          "prompt_len=16", "kv_budget=256KiB", "system.warmup=false"))
+    rec = run(
+        compose_cfg(
+            "backend=torch",
+            "system=lbs",
+            "model=tiny-opt",
+            "beams=4",
+            "gen_len=8",
+            "step=4",
+            "prompt_len=16",
+            "kv_budget=256KiB",
+            "system.warmup=false",
+        )
+    )
     s = rec["summary"]
     steps = pd.read_parquet(Path(rec["config"]["output_dir"]) / "steps.parquet")
     assert rec["status"] == "ok" and steps.energy_j.tolist() == [1.0, 1.0]

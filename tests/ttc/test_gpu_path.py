@@ -2,6 +2,7 @@
 GPU window): host copies contiguous, write-backs ordered before the loads that read them, caches
 and group buffers released at once, physical device memory within budget + declared staging at
 OPT-6.7B's layer and beam counts, one model build per process, and the executor protocol."""
+
 import gc
 import weakref
 
@@ -23,9 +24,21 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # OPT-6.7B's 32 layers and 64 beams (beam size 32 x width 2) with tiny widths: 2 heads x head_dim 4,
 # float32 -> KV = 2*2*4*4 = 64 B per layer-token, 2 KiB per token over all layers.
-OPT_SHAPE = dict(name="opt-6.7b-shape", hf_model_type="opt", num_layers=32, hidden_size=8, num_heads=2,
-                 num_kv_heads=2, head_dim=4, intermediate_size=16, vocab_size=64, max_position=64,
-                 dtype="float32", weights="random", hf_config={"word_embed_proj_dim": 8})
+OPT_SHAPE = dict(
+    name="opt-6.7b-shape",
+    hf_model_type="opt",
+    num_layers=32,
+    hidden_size=8,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=4,
+    intermediate_size=16,
+    vocab_size=64,
+    max_position=64,
+    dtype="float32",
+    weights="random",
+    hf_config={"word_embed_proj_dim": 8},
+)
 
 
 def _search(ex, kind, budget, beams, prompt, gen, step, width=2, geom=None):
@@ -53,11 +66,13 @@ def _search(ex, kind, budget, beams, prompt, gen, step, width=2, geom=None):
 @pytest.fixture(scope="module")
 def opt_shape():
     from systems.ttc.model import build_model
+
     cfg = OmegaConf.create(OPT_SHAPE)
     return cfg, build_model(cfg, seed=0)
 
 
 # -- host copies -----------------------------------------------------------------------------------
+
 
 def test_a_strided_host_copy_fails():
     """Every host<->device copy goes through the store's check. (Mutation caught: dropping the
@@ -67,7 +82,7 @@ def test_a_strided_host_copy_fails():
     dev = torch.zeros(2, 2, 2, 3, 4)
     with st.io("h2d"):
         with pytest.raises(HostCopyError, match="not contiguous"):
-            st.h2d(dev, host[..., :3, :])                 # a token slice of a segment: strided
+            st.h2d(dev, host[..., :3, :])  # a token slice of a segment: strided
         st.h2d(dev[..., :3, :].clone(), host[..., :3, :].contiguous())
     with st.io("d2h"):
         with pytest.raises(HostCopyError, match="not contiguous"):
@@ -78,6 +93,7 @@ def test_a_strided_host_copy_fails():
 
 
 # -- ordering --------------------------------------------------------------------------------------
+
 
 def test_ordering_checker_on_hand_made_logs():
     """The happens-before check itself: a load on the copy stream that does not wait on the event
@@ -101,19 +117,20 @@ def test_writebacks_are_ordered_before_the_loads_that_read_them(opt_shape, kind)
     caught: removing the ``wait_event`` in ``TieredKVStore.h2d``.)"""
     cfg, built = opt_shape
     streams = HostStreams(record=True)
-    budget = 1 << 20            # 1 MiB: layer-wise keeps 21, 16, 12, 10 layers; LBS 2-4 groups
+    budget = 1 << 20  # 1 MiB: layer-wise keeps 21, 16, 12, 10 layers; LBS 2-4 groups
     ex = TorchExecutor(cfg, "cpu", budget, seed=0, scheduler=kind, model=built, streams=streams, max_len=24)
     outs, plans = _search(ex, kind, budget, beams=64, prompt=8, gen=16, step=4)
     writes, loads = writes_and_reads(streams.log)
     assert writes > 0 and loads > 0
     assert ordering_violations(streams.log) == []
     if kind == "layerwise":
-        assert all(p.evict_bytes > 0 for p in plans)                  # evictions in every step
+        assert all(p.evict_bytes > 0 for p in plans)  # evictions in every step
         waits = [e for e in streams.log if e[0] == "wait_event" and e[1] == "h2d"]
-        assert waits                                                   # loads waited on evictions
+        assert waits  # loads waited on evictions
 
 
 # -- memory ----------------------------------------------------------------------------------------
+
 
 def test_group_cache_is_freed_by_reference_counting():
     """No reference cycle: a GroupCache dies the moment it is dropped, with the GC off. (Mutation
@@ -137,7 +154,7 @@ def test_physical_device_memory_stays_within_budget_plus_staging(opt_shape, kind
     references dead with the GC off). (Mutations caught: resident layer-wise buffers allocated at
     full length; a group's cache kept alive after its group.)"""
     cfg, built = opt_shape
-    budget = 1 << 20                     # full KV: 64 beams x 24 tokens x 2 KiB = 3 MiB
+    budget = 1 << 20  # full KV: 64 beams x 24 tokens x 2 KiB = 3 MiB
     ex = TorchExecutor(cfg, "cpu", budget, seed=0, scheduler=kind, model=built, max_len=24)
     tensors = []
     alloc = ex.store.dev.alloc
@@ -146,6 +163,7 @@ def test_physical_device_memory_stays_within_budget_plus_staging(opt_shape, kind
         buf = alloc(*a, **k)
         tensors.append(weakref.ref(buf.tensor))
         return buf
+
     monkeypatch.setattr(ex.store.dev, "alloc", tracking_alloc)
     gc.disable()
     try:
@@ -167,13 +185,24 @@ def test_physical_device_memory_stays_within_budget_plus_staging(opt_shape, kind
 
 # -- one build per process; the protocol -----------------------------------------------------------
 
+
 def test_one_model_build_per_process_shared_by_runs(compose_cfg, tmp_path):
     """Two real runs of the same model in one process build it once (systems.ttc.model.shared_model)."""
     from systems.ttc import model as model_mod
+
     model_mod._SHARED.clear()
     before = model_mod.BUILDS["count"]
-    common = ["backend=torch", "backend.device=cpu", "model=tiny-opt", "model.num_layers=2", "beams=4",
-              "prompt_len=8", "gen_len=8", "step=4", "kv_budget=256KiB"]
+    common = [
+        "backend=torch",
+        "backend.device=cpu",
+        "model=tiny-opt",
+        "model.num_layers=2",
+        "beams=4",
+        "prompt_len=8",
+        "gen_len=8",
+        "step=4",
+        "kv_budget=256KiB",
+    ]
     for s in ("lbs", "layerwise"):
         rec = run(compose_cfg(*common, f"system={s}", output_dir=tmp_path / s))
         assert rec["status"] == "ok", rec["message"]
@@ -182,9 +211,12 @@ def test_one_model_build_per_process_shared_by_runs(compose_cfg, tmp_path):
 
 def test_both_executors_satisfy_the_protocol(opt_shape):
     from harness.config import HardwareConfig
+
     cfg, built = opt_shape
-    hw = OmegaConf.merge(OmegaConf.structured(HardwareConfig), {"name": "x", "peak_flops": 1e12, "mem_bw": 1e11,
-                                                               "h2d_bw": 1e10, "d2h_bw": 1e10})
+    hw = OmegaConf.merge(
+        OmegaConf.structured(HardwareConfig),
+        {"name": "x", "peak_flops": 1e12, "mem_bw": 1e11, "h2d_bw": 1e10, "d2h_bw": 1e10},
+    )
     assert isinstance(TorchExecutor(cfg, "cpu", None, model=built), Executor)
     assert isinstance(SimExecutor(hw, cfg, 0), Executor)
 
@@ -218,11 +250,12 @@ def test_a_group_load_is_timed_over_its_host_to_device_copies_not_the_device_fan
             span_open[0] = True
             yield out
             span_open[0] = False
+
     monkeypatch.setattr(st, "h2d", rec_h2d)
     monkeypatch.setattr(st, "d2d", rec_d2d)
     monkeypatch.setattr(st, "copy_span", rec_span)
     _search(ex, "lbs", budget, beams=64, prompt=8, gen=16, step=4)
     group_loads = [inside for kind, inside in events if kind == "h2d"]
     fan_outs = [inside for kind, inside in events if kind == "d2d"]
-    assert fan_outs and any(group_loads)                 # shared prefixes were fanned out
-    assert not any(fan_outs)                             # ... never inside a load's timed span
+    assert fan_outs and any(group_loads)  # shared prefixes were fanned out
+    assert not any(fan_outs)  # ... never inside a load's timed span

@@ -10,6 +10,7 @@ layer-wise host KV at the first token's residency instead of the last's (134 bea
 built before the check (10^8 beams: MemoryError under an 8 GB address-space limit); Eq.3/Eq.5
 summed in int64; a real run checked against the profile instead of the machine's memory.
 """
+
 import pytest
 
 from harness.run import run
@@ -17,7 +18,7 @@ from systems.ttc import runner
 from systems.ttc.analytic import dm_layerwise, dm_lbs
 
 GiB = 2**30
-KV_TOKEN = 32 * 16384              # OPT-6.7B fp16: bytes of one token of one beam, all layers
+KV_TOKEN = 32 * 16384  # OPT-6.7B fp16: bytes of one token of one beam, all layers
 
 
 def _run(compose_cfg, tmp_path, name, *overrides):
@@ -30,9 +31,11 @@ def test_lbs_over_the_host_memory_is_a_predicted_oom_naming_both_sizes_and_the_f
     32 new ones: (128 + 135*1888 + 270*32) x 512 KiB = 128.73 GiB > the 128 GiB host."""
     rec = _run(compose_cfg, tmp_path, "lbs270", "system=lbs", "beams=270")
     assert rec["status"] == "oom"
-    assert rec["message"] == ("lbs: the KV offloaded to the host, 128.73 GiB at its peak (270 beams at up to "
-                              "2048 tokens), exceeds the host memory (128.00 GiB, hardware.host_memory_bytes "
-                              "of rtx4090): predicted from the host memory, not run")
+    assert rec["message"] == (
+        "lbs: the KV offloaded to the host, 128.73 GiB at its peak (270 beams at up to "
+        "2048 tokens), exceeds the host memory (128.00 GiB, hardware.host_memory_bytes "
+        "of rtx4090): predicted from the host memory, not run"
+    )
     s = rec["summary"]
     assert s["host_kv_bytes"] == (128 + 135 * 1888 + 270 * 32) * KV_TOKEN
     assert s["host_memory_bytes"] == 128 * GiB
@@ -50,7 +53,7 @@ def test_just_under_the_host_memory_still_runs(compose_cfg, tmp_path, system, fi
     ok = _run(compose_cfg, tmp_path, f"{system}{fits}", f"system={system}", f"beams={fits}")
     assert ok["status"] == "ok", ok["message"]
     assert "host_kv_bytes" not in ok["summary"] and "oom" not in ok["summary"]
-    assert ok["summary"]["h2d_bytes"] > 0                    # it did offload
+    assert ok["summary"]["h2d_bytes"] > 0  # it did offload
     no = _run(compose_cfg, tmp_path, f"{system}{over}", f"system={system}", f"beams={over}")
     assert no["status"] == "oom" and "exceeds the host memory" in no["message"]
     if system == "layerwise":
@@ -65,18 +68,23 @@ def test_a_hundred_million_beams_are_recorded_as_oom_not_killed(compose_cfg, tmp
     rec = _run(compose_cfg, tmp_path, system, f"system={system}", "beams=100000000")
     assert rec["status"] == "oom" and "exceeds the host memory" in rec["message"]
     s = rec["summary"]
-    assert s["eq3_layerwise_bytes"] == dm_layerwise(num_layers=32, num_beams=10**8, kv=16384, mem_gpu=7 * GiB,
-                                                    prompt_len=128, gen_len=1920) > 2**63
+    assert (
+        s["eq3_layerwise_bytes"]
+        == dm_layerwise(num_layers=32, num_beams=10**8, kv=16384, mem_gpu=7 * GiB, prompt_len=128, gen_len=1920)
+        > 2**63
+    )
     assert s["eq5_lbs_bytes"] == 10**8 * 32 * 16384 * sum(128 + 32 * i for i in range(60))
 
 
 def test_eq3_and_eq5_are_exact_past_int64():
     n = 10**8
-    assert dm_lbs(num_layers=32, num_beams=n, kv=16384, prompt_len=128, gen_len=1920, step=32) == \
-        sum(n * 32 * (128 + 32 * i) * 16384 for i in range(60))
+    assert dm_lbs(num_layers=32, num_beams=n, kv=16384, prompt_len=128, gen_len=1920, step=32) == sum(
+        n * 32 * (128 + 32 * i) * 16384 for i in range(60)
+    )
     # 10^8 beams: no layer fits a 7 GiB budget, every token loads all 32 layers
-    assert dm_layerwise(num_layers=32, num_beams=n, kv=16384, mem_gpu=7 * GiB, prompt_len=128, gen_len=1920) == \
-        sum(32 * n * s * 16384 for s in range(128, 2048))
+    assert dm_layerwise(num_layers=32, num_beams=n, kv=16384, mem_gpu=7 * GiB, prompt_len=128, gen_len=1920) == sum(
+        32 * n * s * 16384 for s in range(128, 2048)
+    )
 
 
 def test_a_profile_without_host_memory_is_not_checked(compose_cfg, tmp_path):
@@ -89,17 +97,27 @@ def test_in_gpu_holds_nothing_on_the_host(compose_cfg, tmp_path):
     """in_gpu keeps its own oom (the KV budget); a request LBS keeps resident offloads nothing."""
     rec = _run(compose_cfg, tmp_path, "ing", "system=in_gpu", "beams=100000000")
     assert rec["status"] == "oom" and "exceeds the KV budget" in rec["message"]
-    fits = _run(compose_cfg, tmp_path, "res", "system=lbs", "beams=4", "kv_budget=16GiB",
-                "hardware.host_memory_bytes=1")
+    fits = _run(
+        compose_cfg, tmp_path, "res", "system=lbs", "beams=4", "kv_budget=16GiB", "hardware.host_memory_bytes=1"
+    )
     assert fits["status"] == "ok" and fits["summary"]["h2d_bytes"] == 0
 
 
 # -- the real engine (torch, CPU): the prediction against what its host pools hold -----------------
-KV = 1024       # tiny OPT below, float64: 2 * 4 heads * 16 * 8 B per layer-token; 4 layers
-MODEL = ["model=tiny-opt", "model.num_layers=4", "model.hidden_size=64", "model.num_heads=4",
-         "model.num_kv_heads=4", "model.head_dim=16", "model.intermediate_size=128",
-         "model.vocab_size=1000", "model.dtype=float64", "model.hf_config.word_embed_proj_dim=64"]
-WORK = ["beams=8", "prompt_len=16", "gen_len=32", "step=8", "seed=7", "kv_budget=491520"]   # 480 KiB
+KV = 1024  # tiny OPT below, float64: 2 * 4 heads * 16 * 8 B per layer-token; 4 layers
+MODEL = [
+    "model=tiny-opt",
+    "model.num_layers=4",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=4",
+    "model.head_dim=16",
+    "model.intermediate_size=128",
+    "model.vocab_size=1000",
+    "model.dtype=float64",
+    "model.hf_config.word_embed_proj_dim=64",
+]
+WORK = ["beams=8", "prompt_len=16", "gen_len=32", "step=8", "seed=7", "kv_budget=491520"]  # 480 KiB
 # LBS: 4 steps of 8 tokens, 4 kept parents: peak (16 + 4*24 + 8*8) x 4 KiB = 704 KiB (full KV: 1536 KiB).
 # Layer-wise: L = floor(480 / (8 * 48)) = 1 resident layer at the last token; 3 x 8 x 48 x 1 KiB = 1152 KiB.
 PREDICTED = {"lbs": (16 + 4 * 24 + 8 * 8) * 4 * KV, "layerwise": 3 * 8 * 48 * KV}
@@ -108,12 +126,14 @@ PREDICTED = {"lbs": (16 + 4 * 24 + 8 * 8) * 4 * KV, "layerwise": 3 * 8 * 48 * KV
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("system", ["lbs", "layerwise"])
 def test_real_engine_host_peak_within_the_prediction_and_checked_against_available_memory(
-        compose_cfg, tmp_path, monkeypatch, system):
+    compose_cfg, tmp_path, monkeypatch, system
+):
     """On torch the check uses the machine's available memory (/proc/meminfo MemAvailable; faked
     here): one byte under the prediction is a predicted oom; exactly the prediction runs, and the
     host pools' measured peak is within it (layer-wise: equal, its host layers are sized once;
     LBS: at least the prompt, the last step's parents and new tokens)."""
     from systems.ttc import kvstore
+
     peak = [0]
 
     def tracking(cls, name):
@@ -123,7 +143,9 @@ def test_real_engine_host_peak_within_the_prediction_and_checked_against_availab
             out = orig(self, *a, **kw)
             peak[0] = max(peak[0], self.nbytes)
             return out
+
         monkeypatch.setattr(cls, name, wrapped)
+
     tracking(kvstore.HostPool, "ensure")
     tracking(kvstore.HostLayers, "layer")
     over = ["backend=torch", "backend.device=cpu", f"system={system}", *MODEL, *WORK]
@@ -132,7 +154,7 @@ def test_real_engine_host_peak_within_the_prediction_and_checked_against_availab
     monkeypatch.setattr(runner, "available_host_memory", lambda: want - 1)
     rec = run(compose_cfg(*over, output_dir=tmp_path / "under"))
     assert rec["status"] == "oom" and rec["summary"]["host_kv_bytes"] == want
-    assert "MemAvailable of this machine" in rec["message"] and peak[0] == 0   # nothing was allocated
+    assert "MemAvailable of this machine" in rec["message"] and peak[0] == 0  # nothing was allocated
 
     monkeypatch.setattr(runner, "available_host_memory", lambda: want)
     rec = run(compose_cfg(*over, output_dir=tmp_path / "exact"))

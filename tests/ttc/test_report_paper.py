@@ -2,6 +2,7 @@
 to verdicts.csv and shown in each table), and figures / tables whose labels and units cannot be
 misread. One small simulated sweep (OPT-6.7B on the RTX 4090 profile, 7 GiB KV, 17 jobs; ~8 s
 with the reports at load 5) feeds every report."""
+
 import re
 
 import pandas as pd
@@ -14,10 +15,21 @@ from systems.ttc import report
 from systems.ttc.display import byte_unit, display_rows
 from systems.ttc.paper import paper_numbers
 
-JOBS = [("layerwise", b, 32) for b in (4, 8, 16, 64)] + [("layerwise", 64, 128)] \
-    + [("lbs", b, 32) for b in (4, 8, 16, 64)] + [("lbs", 64, 128)] \
-    + [("lbs_intertoken", 4, 32), ("lbs_intertoken", 64, 32), ("lbs_intertoken", 64, 128),
-       ("lbs_interbeam", 64, 32), ("lbs_interbeam", 64, 128), ("in_gpu", 4, 32), ("in_gpu", 64, 32)]
+JOBS = (
+    [("layerwise", b, 32) for b in (4, 8, 16, 64)]
+    + [("layerwise", 64, 128)]
+    + [("lbs", b, 32) for b in (4, 8, 16, 64)]
+    + [("lbs", 64, 128)]
+    + [
+        ("lbs_intertoken", 4, 32),
+        ("lbs_intertoken", 64, 32),
+        ("lbs_intertoken", 64, 128),
+        ("lbs_interbeam", 64, 32),
+        ("lbs_interbeam", 64, 128),
+        ("in_gpu", 4, 32),
+        ("in_gpu", 64, 32),
+    ]
+)
 # report -> (figure, the jobs it is given)
 REPORTS = {
     "fig4": ("fig4", lambda r: (r.system == "layerwise") & (r.step == 32)),
@@ -35,12 +47,23 @@ def sweep(tmp_path_factory):
     from hydra import compose, initialize_config_dir
 
     from tests.conftest import ROOT
+
     d = tmp_path_factory.mktemp("lbs_paper")
     for system, beams, step in JOBS:
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            cfg = compose("config", overrides=[f"system={system}", f"beams={beams}", f"step={step}", "backend=sim",
-                                               "kv_budget=7GiB", "tracking=none", "progress=false",
-                                               f"output_dir={d / 'jobs' / f'{system}-{beams}-{step}'}"])
+            cfg = compose(
+                "config",
+                overrides=[
+                    f"system={system}",
+                    f"beams={beams}",
+                    f"step={step}",
+                    "backend=sim",
+                    "kv_budget=7GiB",
+                    "tracking=none",
+                    "progress=false",
+                    f"output_dir={d / 'jobs' / f'{system}-{beams}-{step}'}",
+                ],
+            )
         run(cfg, multirun=True)
     runs = gather_runs(d / "jobs")
     runs["beams"], runs["step"] = runs["config.workload.beams"].astype(int), runs["config.workload.step"].astype(int)
@@ -59,8 +82,9 @@ def reports(sweep, tmp_path_factory):
 
         def keep(fig, sweep_dir, fname, figs=figs):
             figs[fname] = fig
-            fig.canvas.draw()                     # tick labels are set at draw time
+            fig.canvas.draw()  # tick labels are set at draw time
             real_save(fig, sweep_dir, fname)
+
         report.save_figure = keep
         try:
             folder = d / "results" / "sweeps" / f"lbs_{name}"
@@ -122,7 +146,7 @@ def test_fig9_about_equal_note_follows_the_data(reports):
     eight = v.loc["speedup over layer-wise (beams=8, hardware=rtx4090)"].note
     assert "at 4 beams layer-wise offloads in 0 of 1 model x step configurations, in-GPU is OOM in 0 of 1" in four
     assert "at 8 beams layer-wise offloads in 1 of 1 model x step configurations" in eight
-    assert "in-GPU" not in eight                                          # no in-GPU job at 8 beams here
+    assert "in-GPU" not in eight  # no in-GPU job at 8 beams here
     assert eight.endswith("; paper: at 4-8 beams all methods are about equal (no offload)")
 
 
@@ -151,7 +175,7 @@ def test_speedup_figure_ticks_oom_and_paper_band(reports):
     assert not any("OOM" in ln.get_label() for a in fig.axes for ln in a.lines)
     assert any(t.get_text() == "in-GPU (sim): OOM at 64 beams" for t in ax.texts)
     v = pd.read_csv(reports["fig9"][0] / "verdicts.csv")
-    assert v.quantity.str.contains("beams=8").sum() == 1     # 'about 1x at 8 beams': every system that fits
+    assert v.quantity.str.contains("beams=8").sum() == 1  # 'about 1x at 8 beams': every system that fits
     band = next(c for c in ax.collections if c.get_label().startswith("paper: LBS range"))
     xs = band.get_paths()[0].vertices[:, 0]
     assert xs.min() == 16 and xs.max() == 64
@@ -175,8 +199,9 @@ def test_run_table_one_byte_unit_host_device_and_the_eq_bound(compose_cfg):
     in MiB), host->device not host->GPU, the Eq. row naming the bound that applies to the system, and
     the staging that lets the peak exceed the budget. (Mutations caught: per-value units (size_text);
     the unit of the largest value only (budget 0.0156 GiB); the LBS Eq. row without 'upper bound'.)"""
-    rec = run(compose_cfg("system=layerwise", "model=tiny-opt", "backend=sim", "beams=16", "gen_len=256",
-                          "kv_budget=16MiB"))
+    rec = run(
+        compose_cfg("system=layerwise", "model=tiny-opt", "backend=sim", "beams=16", "gen_len=256", "kv_budget=16MiB")
+    )
     rows = display_rows(rec["summary"], rec["config"]["system"])
     text = {label: fmt(rec["summary"][key]) for label, key, fmt in rows if rec["summary"].get(key) is not None}
     sizes = [t for t in text.values() if t.endswith("iB")]
@@ -195,8 +220,12 @@ def test_run_table_one_byte_unit_host_device_and_the_eq_bound(compose_cfg):
     assert sum("Eq.4-5" in label for label in lbs) == 1 and sum("Eq.1-3" in label for label in lbs) == 1
     lw = [label for label, _, _ in display_rows({}, {"scheduler": "layerwise"})]
     assert sum("Eq.1-3" in label for label in lw) == 1 and sum("Eq.4-5" in label for label in lw) == 1
-    under = {label for label, _, _ in display_rows({"peak_device_kv_bytes": 1 << 20, "kv_budget_bytes": 8 << 20},
-                                                   {"scheduler": "lbs"})}
+    under = {
+        label
+        for label, _, _ in display_rows(
+            {"peak_device_kv_bytes": 1 << 20, "kv_budget_bytes": 8 << 20}, {"scheduler": "lbs"}
+        )
+    }
     assert "  of which staging, within the budget (largest step)" in under
     # a real run's seconds say their basis (a newcomer read the CPU-time latency as wall time); a
     # simulated run has no such row (mutation caught: the row never shown)
@@ -213,15 +242,16 @@ def test_reports_without_the_layerwise_baseline(sweep, tmp_path, name):
     missing and how to add it (QA). (Mutations caught: fig12's pivot without dropna=False: KeyError
     'lbs_intertoken' after every job had run; the note dropped from a report; 'nanx' speedups.)"""
     from systems.ttc import energy_report
+
     d, runs, cfg = sweep
     pick = REPORTS.get(name, (None, lambda r: r.step == 32))[1]
-    if name in ("fig4", "fig5", "lbs_energy"):        # layer-wise only (fig4, fig5): LBS runs in its place
+    if name in ("fig4", "fig5", "lbs_energy"):  # layer-wise only (fig4, fig5): LBS runs in its place
         pick = lambda r: (r.step == 32) & (r.beams > 4)
     sub = runs[pick(runs) & (runs.system != "layerwise")].reset_index(drop=True)
     assert len(sub)
     getattr(energy_report if name == "lbs_energy" else report, name)(tmp_path, sub, cfg)
     text = (tmp_path / f"{name}.md").read_text()
-    assert "No layer-wise run in this sweep" in text and "add `layerwise` to `system=`" in text   # why, every report
+    assert "No layer-wise run in this sweep" in text and "add `layerwise` to `system=`" in text  # why, every report
     assert "nanx" not in text
     if name == "fig12":
         assert re.search(r"\|\s+nan\s+\|", text)
@@ -232,6 +262,7 @@ def test_lbs_fidelity_report_on_simulated_runs_only_says_why(sweep, tmp_path, ca
     and a warning) instead of KeyError 'system' in the empty replay (QA). Mutation caught: the
     early return dropped."""
     from systems.ttc.fidelity import report_repeats
+
     d, runs, cfg = sweep
     assert report_repeats(tmp_path, [runs]).empty
     assert "no ok real-engine runs in the sweep" in (tmp_path / "fidelity.md").read_text()
@@ -274,7 +305,7 @@ def test_ours_is_taken_at_the_papers_setting_only(sweep, tmp_path):
     assert (v.verdict == "no result").all() and v.note.str.contains("hardware=rtx4090").all()
     title = figs["fig9"]._suptitle.get_text()
     assert "a100-80gb" in title and "4090" not in title
-    for name in ("fig10", "fig11", "fig12"):    # the paper ran these on its RTX 4090 too (lbs.csv, QA)
+    for name in ("fig10", "fig11", "fig12"):  # the paper ran these on its RTX 4090 too (lbs.csv, QA)
         sub = a100[REPORTS[name][1](a100)].reset_index(drop=True)
         getattr(report, name)(tmp_path / f"a100-{name}", sub, cfg)
         v = pd.read_csv(tmp_path / f"a100-{name}" / "verdicts.csv")
@@ -294,6 +325,7 @@ def test_fig4_kv_share_uses_each_runs_own_model(sweep, tmp_path):
     from omegaconf import OmegaConf
 
     from harness.model_facts import weight_bytes
+
     d, runs, cfg = sweep
     other = OmegaConf.merge(cfg, {"model": {"num_layers": 2}})
     lw = runs[REPORTS["fig4"][1](runs)].reset_index(drop=True)

@@ -1,4 +1,5 @@
 """The TTC runner on the simulated backend: records, plans vs Eq.1-5, bad input, resume."""
+
 import json
 import os
 from pathlib import Path
@@ -25,7 +26,7 @@ def test_paper_scale_lbs_intertoken_moves_exactly_eq5(compose_cfg):
     assert s["groups_per_step"] > 1
     eq5 = dm_lbs(num_layers=32, num_beams=64, kv=16384, prompt_len=128, gen_len=1920, step=32)
     assert s["h2d_bytes"] == eq5 == s["plan_h2d_bytes"]
-    assert s["d2h_bytes"] == (128 + 64 * 1920) * 32 * 16384      # prompt + every new token, all layers
+    assert s["d2h_bytes"] == (128 + 64 * 1920) * 32 * 16384  # prompt + every new token, all layers
     assert s["peak_device_kv_bytes"] <= 7 * GiB
 
 
@@ -45,8 +46,17 @@ def test_layerwise_bytes_equal_eq1_3_at_step_1(compose_cfg, tmp_path):
     eq3 = dm_layerwise(num_layers=4, num_beams=8, kv=2048, mem_gpu=2**20, prompt_len=48, gen_len=16)
     assert eq3 == 3 * 8 * 2048 * sum(range(48, 64))
     for step, expect in ((1, eq3), (16, eq3 - 3 * 8 * 2048 * sum(range(16)))):
-        rec = _run(compose_cfg, "system=layerwise", "model=tiny-opt", "beams=8", f"step={step}", "gen_len=16",
-                   "prompt_len=48", "kv_budget=1MiB", output_dir=tmp_path / str(step))
+        rec = _run(
+            compose_cfg,
+            "system=layerwise",
+            "model=tiny-opt",
+            "beams=8",
+            f"step={step}",
+            "gen_len=16",
+            "prompt_len=48",
+            "kv_budget=1MiB",
+            output_dir=tmp_path / str(step),
+        )
         assert rec["summary"]["h2d_bytes"] == expect and rec["summary"]["eq_prediction_bytes"] == eq3
 
 
@@ -61,8 +71,9 @@ def test_lbs_faster_than_layerwise_and_in_gpu_oom_at_64_beams(compose_cfg, tmp_p
 
 
 def test_four_beams_fit_everywhere_and_agree(compose_cfg, tmp_path):
-    recs = {s: _run(compose_cfg, f"system={s}", "beams=4", output_dir=tmp_path / s)["summary"]
-            for s in ("in_gpu", "lbs")}
+    recs = {
+        s: _run(compose_cfg, f"system={s}", "beams=4", output_dir=tmp_path / s)["summary"] for s in ("in_gpu", "lbs")
+    }
     assert recs["lbs"]["h2d_bytes"] == 0 == recs["in_gpu"]["h2d_bytes"]
     assert recs["lbs"]["e2e_s"] == pytest.approx(recs["in_gpu"]["e2e_s"], rel=0.01)
 
@@ -86,21 +97,32 @@ def test_same_seed_same_result_and_resume_skips(compose_cfg, capsys):
     assert a["started_at"] == b["started_at"]
 
 
-@pytest.mark.parametrize("overrides,match", [
-    (["beams=15"], "beams=15 is not allowed: a positive multiple of beam_width=2"),
-    (["step=0"], "step=0 is not allowed"),
-    (["step=4000"], "step=4000 is not allowed: an integer in 1..gen_len=1920"),
-    (["kv_budget=1MiB"], r"kv_budget='1MiB' is not allowed: at least one beam's KV at full length: 1073741824 B \(1024.00 MiB\) for opt-6.7b at 2048 tokens; got 1048576 B"),
-    (["kv_budget=7 parsecs"], "kv_budget='7 parsecs' is not a size"),
-    (["backend=torch", "backend.device=cuda"], "backend.device='cuda' is not allowed here: no CUDA GPU"),
-    (["backend=vllm"], "backend='vllm' is not allowed for system='lbs'"),
-    # QA: temperature=0 was a ValueError mid-run on torch; prompt_len=100000 blamed gen_len
-    (["workload.temperature=0"], r"workload.temperature=0.0 is not allowed: a sampling temperature > 0"),
-    (["prompt_len=2048"], r"prompt_len=2048 is not allowed: an integer below the model's max_position \(2048\)"),
-    (["backend=torch", "model=tiny-opt", "model.weights=/nonexistent"],      # QA: an error record after ~10 s
-     r"model.weights='/nonexistent' is not allowed: random or an existing local checkpoint directory"),
-    (["prompt_len=100", "gen_len=1949"], r"gen_len=1949 is not allowed: prompt_len \+ gen_len <= the model's max_position"),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["beams=15"], "beams=15 is not allowed: a positive multiple of beam_width=2"),
+        (["step=0"], "step=0 is not allowed"),
+        (["step=4000"], "step=4000 is not allowed: an integer in 1..gen_len=1920"),
+        (
+            ["kv_budget=1MiB"],
+            r"kv_budget='1MiB' is not allowed: at least one beam's KV at full length: 1073741824 B \(1024.00 MiB\) for opt-6.7b at 2048 tokens; got 1048576 B",
+        ),
+        (["kv_budget=7 parsecs"], "kv_budget='7 parsecs' is not a size"),
+        (["backend=torch", "backend.device=cuda"], "backend.device='cuda' is not allowed here: no CUDA GPU"),
+        (["backend=vllm"], "backend='vllm' is not allowed for system='lbs'"),
+        # QA: temperature=0 was a ValueError mid-run on torch; prompt_len=100000 blamed gen_len
+        (["workload.temperature=0"], r"workload.temperature=0.0 is not allowed: a sampling temperature > 0"),
+        (["prompt_len=2048"], r"prompt_len=2048 is not allowed: an integer below the model's max_position \(2048\)"),
+        (
+            ["backend=torch", "model=tiny-opt", "model.weights=/nonexistent"],  # QA: an error record after ~10 s
+            r"model.weights='/nonexistent' is not allowed: random or an existing local checkpoint directory",
+        ),
+        (
+            ["prompt_len=100", "gen_len=1949"],
+            r"gen_len=1949 is not allowed: prompt_len \+ gen_len <= the model's max_position",
+        ),
+    ],
+)
 def test_bad_input_fails_before_work(compose_cfg, tmp_path, overrides, match):
     cfg = compose_cfg(*overrides, output_dir=tmp_path / "bad")
     with pytest.raises(ConfigError, match=match):
@@ -112,7 +134,7 @@ def test_unwritable_results_dir(compose_cfg, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     os.chmod(ro, 0o500)
-    if os.access(ro, os.W_OK):           # root ignores permissions: use a path under a file
+    if os.access(ro, os.W_OK):  # root ignores permissions: use a path under a file
         ro = tmp_path / "file"
         ro.write_text("")
     with pytest.raises(ConfigError, match="is not writable"):
@@ -126,13 +148,14 @@ def test_failure_mid_run_is_recorded_without_partial_files(compose_cfg, monkeypa
         if plan.step == 2:
             raise RuntimeError("injected failure at step 2")
         return orig(self, plan, tree, beams)
+
     orig = sim.SimExecutor.execute_step
     monkeypatch.setattr(sim.SimExecutor, "execute_step", boom)
     rec = _run(compose_cfg, "system=lbs", "beams=16")
     assert rec["status"] == "error" and "injected failure at step 2" in rec["message"]
     out = Path(rec["config"]["output_dir"])
-    assert sorted(p.name for p in out.iterdir()) == ["run.json", "run.log"]     # no partial tables
-    assert "injected failure at step 2" in (out / "run.log").read_text()       # with its traceback
+    assert sorted(p.name for p in out.iterdir()) == ["run.json", "run.log"]  # no partial tables
+    assert "injected failure at step 2" in (out / "run.log").read_text()  # with its traceback
 
 
 def test_benchmark_paper_scale_sim_run(benchmark, compose_cfg, tmp_path):
@@ -140,6 +163,7 @@ def test_benchmark_paper_scale_sim_run(benchmark, compose_cfg, tmp_path):
     from harness.run import RunContext
     from harness.tracking import NullTracker
     from systems.ttc.runner import run as ttc_run
+
     cfg = compose_cfg("backend=sim", "system=lbs", "model=opt-6.7b", "beams=64")
     ctx = RunContext(cfg, Backend("sim", "sim", True, ""), tmp_path, NullTracker(), show_progress=False)
     res = benchmark(ttc_run, cfg, ctx)
@@ -153,8 +177,17 @@ def test_on_a_cpu_profile_every_copy_adds_to_the_step_time(compose_cfg, tmp_path
     against 1.73 s measured; QA). On a ``kind: cpu`` profile the stall is now every step's bytes over the
     profile's bandwidths; the same profile as a GPU hides part of them. Mutations caught: copies_overlap
     always true; the layer-wise branch ignoring it; group_time's serial sum dropping the write-back."""
-    over = (f"system={system}", "hardware=cpu", "model=tiny-opt", "backend=sim", "beams=8", "prompt_len=32",
-            "gen_len=64", "step=16", "kv_budget=2MiB")
+    over = (
+        f"system={system}",
+        "hardware=cpu",
+        "model=tiny-opt",
+        "backend=sim",
+        "beams=8",
+        "prompt_len=32",
+        "gen_len=64",
+        "step=16",
+        "kv_budget=2MiB",
+    )
     cpu = run(compose_cfg(*over, output_dir=tmp_path / "cpu"))["summary"]
     gpu = run(compose_cfg(*over, "hardware.kind=gpu", output_dir=tmp_path / "gpu"))["summary"]
     hw = compose_cfg(*over).hardware

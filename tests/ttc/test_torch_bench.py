@@ -4,6 +4,7 @@ same batch (16 beams) and context (512 cached tokens). Goal: ours <= 1.2x Dynami
 
 Run with ``pytest tests/ttc/test_torch_bench.py --benchmark-enable``; without it each runs once and
 the outputs are still checked against each other."""
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -50,7 +51,7 @@ def test_decode_step(benchmark, setup, which):
     model, g, past, ids = setup
     make = _ours if which == "groupcache" else _dynamic
 
-    def fresh():                       # a cache holding CONTEXT tokens, not timed
+    def fresh():  # a cache holding CONTEXT tokens, not timed
         return (make(model, g, past, ids)[0],), {}
 
     with torch.no_grad():

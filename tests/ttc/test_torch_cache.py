@@ -1,5 +1,6 @@
 """GroupCache (our cache over dense per-beam device buffers) vs transformers' DynamicCache, and the
 model builder's geometry check."""
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -8,20 +9,28 @@ from transformers import DynamicCache
 from systems.ttc.cache import DenseKV, GroupCache
 from systems.ttc.model import ModelGeometryError, build_model
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Small shapes of each supported architecture (float64, vocab 500) so the comparison is exact.
 SHAPES = {
     "opt": dict(num_heads=4, num_kv_heads=4, head_dim=16, hf_config={"word_embed_proj_dim": 64}),
-    "llama": dict(num_heads=4, num_kv_heads=2, head_dim=16, hf_config={"rms_norm_eps": 1e-5}),   # GQA
+    "llama": dict(num_heads=4, num_kv_heads=2, head_dim=16, hf_config={"rms_norm_eps": 1e-5}),  # GQA
     "qwen2": dict(num_heads=4, num_kv_heads=2, head_dim=32, hf_config={"tie_word_embeddings": True}),
 }
 
 
 def small_cfg(kind: str, **over):
-    base = dict(name=f"test-{kind}", hf_model_type=kind, num_layers=3, hidden_size=64,
-                intermediate_size=128, vocab_size=500, max_position=512, dtype="float64", weights="random")
+    base = dict(
+        name=f"test-{kind}",
+        hf_model_type=kind,
+        num_layers=3,
+        hidden_size=64,
+        intermediate_size=128,
+        vocab_size=500,
+        max_position=512,
+        dtype="float64",
+        weights="random",
+    )
     base.update(SHAPES[kind])
     base.update(over)
     return OmegaConf.create(base)
@@ -36,15 +45,15 @@ def test_group_cache_gives_dynamic_cache_logits(kind):
     with torch.no_grad():
         dc = DynamicCache(config=model.config)
         ref = [model(input_ids=ids[:, :P], past_key_values=dc).logits[:, -1]]
-        ref += [model(input_ids=ids[:, P + t:P + t + 1], past_key_values=dc).logits[:, -1] for t in range(T)]
+        ref += [model(input_ids=ids[:, P + t : P + t + 1], past_key_values=dc).logits[:, -1] for t in range(T)]
         kv = torch.full((g.num_layers, 2, B, g.num_kv_heads, P + T, g.head_dim), float("nan"), dtype=torch.float64)
         gc = GroupCache(DenseKV(kv), g.num_layers, 0)
         out = [model(input_ids=ids[:, :P], past_key_values=gc).logits[:, -1]]
-        out += [model(input_ids=ids[:, P + t:P + t + 1], past_key_values=gc).logits[:, -1] for t in range(T)]
+        out += [model(input_ids=ids[:, P + t : P + t + 1], past_key_values=gc).logits[:, -1] for t in range(T)]
     for a, b in zip(ref, out):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-12)
     assert gc.get_seq_length() == P + T
-    for layer in range(g.num_layers):                      # the buffers hold exactly DynamicCache's K/V
+    for layer in range(g.num_layers):  # the buffers hold exactly DynamicCache's K/V
         assert torch.equal(kv[layer, 0], dc.layers[layer].keys)
         assert torch.equal(kv[layer, 1], dc.layers[layer].values)
 

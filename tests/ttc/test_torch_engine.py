@@ -1,6 +1,5 @@
 """The real TTC engine (backend=torch, CPU, float64): bytes moved vs the plans and Eq.1-5, identical
 search results under every scheduler, enforced KV budget, sampling noise keyed by beam and position."""
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -15,15 +14,23 @@ from systems.ttc.plan import KVGeometry, Scheduler
 from systems.ttc.torch_engine import TorchExecutor
 from systems.ttc.tree import BeamTree, initial_beams
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # OPT architecture, 4 layers, 4 KV heads x head_dim 16, float64:
 # KV (one layer, one beam, one token) = 2 * 4 * 16 * 8 B = 1 KiB; all layers 4 KiB.
 KV = 1024
-MODEL = ["model=tiny-opt", "model.num_layers=4", "model.hidden_size=64", "model.num_heads=4",
-         "model.num_kv_heads=4", "model.head_dim=16", "model.intermediate_size=128",
-         "model.vocab_size=1000", "model.dtype=float64", "model.hf_config.word_embed_proj_dim=64"]
+MODEL = [
+    "model=tiny-opt",
+    "model.num_layers=4",
+    "model.hidden_size=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=4",
+    "model.head_dim=16",
+    "model.intermediate_size=128",
+    "model.vocab_size=1000",
+    "model.dtype=float64",
+    "model.hf_config.word_embed_proj_dim=64",
+]
 # 8 beams (beam size 4 x width 2), prompt 16, 32 generated tokens in steps of 8.
 # Budget 480 KiB: LBS capacity 5/3/3/2 beams at steps 0-3 (balanced [4,4] with one beam prefetched,
 # then [3,3,2], [3,3,2], [2,2,2,2]); layer-wise keeps L = floor(60 / s_end) = 2, 1, 1, 1 layers at
@@ -48,19 +55,24 @@ def _run(compose_cfg, tmp_path, system, *extra, budget=BUDGET):
 def records(tmp_path_factory, one_thread):
     """One real run per system (in_gpu with no budget; everything else with 480 KiB)."""
     from hydra import compose, initialize_config_dir
+
     from tests.conftest import ROOT
+
     base = tmp_path_factory.mktemp("torch_runs")
     out = {}
 
     def compose_cfg(*overrides, output_dir):
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            return compose("config", overrides=[f"output_dir={output_dir}", "tracking=none",
-                                                 "progress=false", *overrides])
+            return compose(
+                "config", overrides=[f"output_dir={output_dir}", "tracking=none", "progress=false", *overrides]
+            )
+
     for s in SYSTEMS:
         out[s] = _run(compose_cfg, base, s, budget=None if s == "in_gpu" else BUDGET)
     import json
 
     import pandas as pd
+
     for s in SYSTEMS:
         out[s]["steps_df"] = pd.read_parquet(base / s / "steps.parquet")
         out[s]["kept"] = json.loads((base / s / "beam_tree.json").read_text())["steps"]
@@ -76,7 +88,7 @@ def test_offloading_runs_move_exactly_the_planned_bytes(records):
         assert df.peak_device_bytes.tolist() == df.plan_device_bytes.tolist(), s
         assert df.h2d_bytes.sum() > 0
         sm = records[s]["summary"]
-        prompt_wb = 0 if s == "layerwise" else 16 * 4 * KV     # LBS writes the prompt to the host
+        prompt_wb = 0 if s == "layerwise" else 16 * 4 * KV  # LBS writes the prompt to the host
         assert sm["d2h_bytes"] == sm["plan_d2h_bytes"] + prompt_wb
         # physical device memory: within the budget + the staging the plan declares (layer-wise:
         # layers in flight and the step tail), per step and over the run
@@ -112,8 +124,16 @@ def test_layerwise_bytes_equal_eq1_3_at_step_1_and_less_the_step_tail_otherwise(
     eq3 = dm_layerwise(num_layers=4, num_beams=4, kv=KV, mem_gpu=400 * KV, prompt_len=64, gen_len=16)
     assert eq3 == 3 * 4 * KV * sum(range(64, 80))
     for step, expect in ((1, eq3), (8, eq3 - 2 * 3 * 4 * KV * sum(range(8)))):
-        rec = _run(compose_cfg, tmp_path / str(step), "layerwise", "beams=4", "prompt_len=64", "gen_len=16",
-                   f"step={step}", budget=400 * KV)
+        rec = _run(
+            compose_cfg,
+            tmp_path / str(step),
+            "layerwise",
+            "beams=4",
+            "prompt_len=64",
+            "gen_len=16",
+            f"step={step}",
+            budget=400 * KV,
+        )
         sm = rec["summary"]
         assert sm["h2d_bytes"] == expect and sm["eq3_layerwise_bytes"] == eq3, step
 
@@ -124,8 +144,8 @@ def test_same_seed_same_search_under_every_scheduler(records):
     assert all(len(k["kept"]) == 4 for k in ref["kept"])
     for s in SYSTEMS[1:]:
         r = records[s]
-        assert r["kept"] == ref["kept"], s                      # the same beams survive every step
-        assert r["best_tokens"] == ref["best_tokens"], s         # the same tokens
+        assert r["kept"] == ref["kept"], s  # the same beams survive every step
+        assert r["best_tokens"] == ref["best_tokens"], s  # the same tokens
         assert r["summary"]["best_uid"] == ref["summary"]["best_uid"], s
         assert r["summary"]["best_cum_logprob"] == pytest.approx(ref["summary"]["best_cum_logprob"], abs=1e-9)
 
@@ -134,9 +154,9 @@ def test_timings_threads_and_warmup_are_recorded(records):
     for s in SYSTEMS:
         sm = records[s]["summary"]
         assert sm["compute_s"] > 0 and sm["e2e_s"] >= sm["compute_s"]
-        assert records[s]["threads"]["torch_threads"] == 1 and sm["warmup_s"] > 0   # excluded, recorded
-        assert "thread_time" in sm["time_basis"]                          # CPU: the engine thread's CPU time
-        assert sm["cuda_max_memory_allocated_bytes"] is None              # CPU run
+        assert records[s]["threads"]["torch_threads"] == 1 and sm["warmup_s"] > 0  # excluded, recorded
+        assert "thread_time" in sm["time_basis"]  # CPU: the engine thread's CPU time
+        assert sm["cuda_max_memory_allocated_bytes"] is None  # CPU run
         # end to end = the prefill + every step's wall time (compute + I/O stall) + planning/expansion
         assert sm["e2e_s"] > records[s]["steps_df"].latency_s.sum() > 0
     assert records["layerwise"]["summary"]["io_stall_s"] > 0
@@ -145,18 +165,19 @@ def test_timings_threads_and_warmup_are_recorded(records):
 
 # -- unit level ------------------------------------------------------------------------------------
 
+
 def test_device_pool_enforces_budget():
     pool = DevicePool(torch.device("cpu"), budget=1000, staging_budget=200)
-    a = pool.alloc((100,), torch.float64)                     # 800 B
+    a = pool.alloc((100,), torch.float64)  # 800 B
     with pytest.raises(KVBudgetExceeded, match="needs 800 B, 800 B already held, kv budget 1000 B"):
         pool.alloc((100,), torch.float64, what="second group")
-    s = pool.alloc((25,), torch.float64, kind="staging")      # separate allowance
+    s = pool.alloc((25,), torch.float64, kind="staging")  # separate allowance
     with pytest.raises(KVBudgetExceeded, match="staging"):
         pool.alloc((1,), torch.float64, kind="staging")
     with pytest.raises(KVBudgetExceeded):
         a.charge(1001)
     a.charge(500)
-    pool.alloc((60,), torch.float64)                          # 480 B now fits
+    pool.alloc((60,), torch.float64)  # 480 B now fits
     assert pool.peak_total == 800 + 200 + 480 - 300 + 0 or pool.peak_total == 1180
     a.free()
     s.free()
@@ -166,10 +187,24 @@ def test_device_pool_enforces_budget():
 @pytest.fixture(scope="module")
 def small_model():
     from systems.ttc.model import build_model
-    cfg = OmegaConf.create(dict(name="t", hf_model_type="opt", num_layers=2, hidden_size=32, num_heads=2,
-                                num_kv_heads=2, head_dim=16, intermediate_size=64, vocab_size=300,
-                                max_position=256, dtype="float64", weights="random",
-                                hf_config={"word_embed_proj_dim": 32}))
+
+    cfg = OmegaConf.create(
+        dict(
+            name="t",
+            hf_model_type="opt",
+            num_layers=2,
+            hidden_size=32,
+            num_heads=2,
+            num_kv_heads=2,
+            head_dim=16,
+            intermediate_size=64,
+            vocab_size=300,
+            max_position=256,
+            dtype="float64",
+            weights="random",
+            hf_config={"word_embed_proj_dim": 32},
+        )
+    )
     return cfg, build_model(cfg, seed=0)
 
 
@@ -177,9 +212,24 @@ def small_model():
 def gqa_model():
     """LLaMA with grouped-query attention (4 heads, 2 KV heads); same KV bytes per token as small_model."""
     from systems.ttc.model import build_model
-    cfg = OmegaConf.create(dict(name="t-gqa", hf_model_type="llama", num_layers=2, hidden_size=64, num_heads=4,
-                                num_kv_heads=2, head_dim=16, intermediate_size=64, vocab_size=300,
-                                max_position=256, dtype="float64", weights="random", hf_config={}))
+
+    cfg = OmegaConf.create(
+        dict(
+            name="t-gqa",
+            hf_model_type="llama",
+            num_layers=2,
+            hidden_size=64,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            intermediate_size=64,
+            vocab_size=300,
+            max_position=256,
+            dtype="float64",
+            weights="random",
+            hf_config={},
+        )
+    )
     return cfg, build_model(cfg, seed=0)
 
 
@@ -209,13 +259,13 @@ def test_engine_overrunning_budget_fails_loudly(small_model):
 def test_engine_follows_load_blocks_literally(small_model):
     ex, sched, tree, beams = _setup(small_model, "lbs", 30_000, 30_000, inter_beam=True, prefetch=False)
     plan = sched.plan(0, tree, beams, 4)
-    assert len(plan.groups) == 2 and plan.groups[0].load_blocks == [0]    # prompt loaded once per group
-    plan.groups[0].load_blocks = []                                       # a plan that forgets a block
+    assert len(plan.groups) == 2 and plan.groups[0].load_blocks == [0]  # prompt loaded once per group
+    plan.groups[0].load_blocks = []  # a plan that forgets a block
     with pytest.raises(PlanMismatch, match="segment 0 is needed"):
         ex.execute_step(plan, tree, beams)
     ex, sched, tree, beams = _setup(small_model, "lbs", 30_000, 30_000, inter_beam=True, prefetch=False)
     plan = sched.plan(0, tree, beams, 4)
-    plan.groups[0].load_blocks = [0, 0, 0]                                # loads more than needed
+    plan.groups[0].load_blocks = [0, 0, 0]  # loads more than needed
     with pytest.raises(PlanMismatch, match="loads blocks no beam needs"):
         ex.execute_step(plan, tree, beams)
 
@@ -223,13 +273,13 @@ def test_engine_follows_load_blocks_literally(small_model):
 def test_interbeam_loads_shared_segment_once_and_fans_out(small_model):
     cfg, _ = small_model
     kv_token = KVGeometry.from_model(cfg).kv_token
-    for inter_beam, loads in ((True, 2), (False, 4)):                    # 2 groups of 2 beams
+    for inter_beam, loads in ((True, 2), (False, 4)):  # 2 groups of 2 beams
         ex, sched, tree, beams = _setup(small_model, "lbs", 30_000, 30_000, inter_beam=inter_beam, prefetch=False)
         plan = sched.plan(0, tree, beams, 4)
         h0, d0 = ex.store.bytes.h2d, ex.store.d2d_bytes
         ex.execute_step(plan, tree, beams)
         assert ex.store.bytes.h2d - h0 == loads * 8 * kv_token
-        assert ex.store.d2d_bytes - d0 == (4 - loads) * 8 * kv_token      # fanned out on the device
+        assert ex.store.d2d_bytes - d0 == (4 - loads) * 8 * kv_token  # fanned out on the device
 
 
 def test_sampling_noise_is_keyed_by_uid_and_position_not_slot(small_model):
@@ -244,25 +294,33 @@ def test_sampling_noise_is_keyed_by_uid_and_position_not_slot(small_model):
     assert abs(ex.noise(list(range(50)), 0, 300).mean().item() - 0.5772) < 0.05
 
 
-@pytest.mark.parametrize("arch,kind,kw", [("small_model", "lbs", dict(inter_beam=True, prefetch=True)),
-                                          ("small_model", "lbs", dict(inter_beam=False, prefetch=True)),
-                                          ("small_model", "layerwise", dict(prefetch=True)),
-                                          ("gqa_model", "lbs", dict(inter_beam=True, prefetch=True)),
-                                          ("gqa_model", "layerwise", dict(prefetch=True))])
+@pytest.mark.parametrize(
+    "arch,kind,kw",
+    [
+        ("small_model", "lbs", dict(inter_beam=True, prefetch=True)),
+        ("small_model", "lbs", dict(inter_beam=False, prefetch=True)),
+        ("small_model", "layerwise", dict(prefetch=True)),
+        ("gqa_model", "lbs", dict(inter_beam=True, prefetch=True)),
+        ("gqa_model", "layerwise", dict(prefetch=True)),
+    ],
+)
 def test_each_step_moves_and_holds_what_its_plan_says(request, arch, kind, kw):
     """Step by step (8 beams, prompt 8, 3 steps of 4; KV 1 KiB per token): h2d, d2h and peak device
     bytes = the plan's, for OPT and for LLaMA with GQA."""
     model = request.getfixturevalue(arch)
     assert KVGeometry.from_model(model[0]).kv_token == 1024
-    budget = 7 * 12 * 1024 + 512           # LBS: capacity 7/5/4 -> balanced groups with prefetch
+    budget = 7 * 12 * 1024 + 512  # LBS: capacity 7/5/4 -> balanced groups with prefetch
     ex, sched, tree, beams = _setup(model, kind, budget, budget, beams=8, gen=12, **kw)
     from systems.ttc.tree import select_and_expand
+
     seen_prefetch = 0
     for i in range(3):
         plan = sched.plan(i, tree, beams, 4)
         o = ex.execute_step(plan, tree, beams)
-        assert (o.h2d_bytes, o.d2h_bytes, o.peak_device_bytes) == \
-            (plan.h2d_bytes, plan.d2h_bytes, plan.device_bytes), (kind, i)
+        assert (o.h2d_bytes, o.d2h_bytes, o.peak_device_bytes) == (plan.h2d_bytes, plan.d2h_bytes, plan.device_bytes), (
+            kind,
+            i,
+        )
         seen_prefetch += sum(g.prefetch_beams for g in plan.groups)
         for k, b in enumerate(beams):
             b.cum_logprob += float(o.logprob_delta[k])
@@ -272,9 +330,9 @@ def test_each_step_moves_and_holds_what_its_plan_says(request, arch, kind, kw):
             ex.expand(plan, tree, beams, new)
             beams = new
     if kind == "lbs":
-        assert set(ex.store.host.segs) == set(tree.segments)      # dead segments freed on the host
+        assert set(ex.store.host.segs) == set(tree.segments)  # dead segments freed on the host
         assert seen_prefetch > 0
-    else:                               # layer-wise keeps dense per-beam host layers, no segments
+    else:  # layer-wise keeps dense per-beam host layers, no segments
         assert not ex.store.host.segs and set(ex.lw.host.layers) == {1}
     ex.close()
 
@@ -285,23 +343,27 @@ def test_hf_offload_search_loop_matches_our_engine(records):
     DynamicCache(offloading=True)."""
     from systems.ttc.hf_offload import hf_beam_search
     from systems.ttc.model import build_model
+
     ref = records["in_gpu"]
     model, _ = build_model(OmegaConf.create(ref["config"]["model"]), "cpu", seed=7)
     prompt = np.random.default_rng(7).integers(0, 1000, size=16).tolist()
-    res = hf_beam_search(model, seed=7, prompt=prompt, beams=8, beam_width=2, gen_len=32, step=8,
-                         offloading=False)
+    res = hf_beam_search(model, seed=7, prompt=prompt, beams=8, beam_width=2, gen_len=32, step=8, offloading=False)
     best = max(res["beams"], key=lambda b: (b.cum_logprob, -b.uid))
     assert res["kept"] == ref["kept"]
     assert best.tokens == ref["best_tokens"] and str(best.uid) == ref["summary"]["best_uid"]
     assert best.cum_logprob == pytest.approx(ref["summary"]["best_cum_logprob"], abs=1e-9)
-    assert all(r["h2d_bytes"] == 0 == r["d2h_bytes"] for r in res["rows"])   # nothing offloaded
+    assert all(r["h2d_bytes"] == 0 == r["d2h_bytes"] for r in res["rows"])  # nothing offloaded
 
 
 def test_hf_offload_needs_cuda(compose_cfg, tmp_path):
     from harness.errors import ConfigError
+
     with pytest.raises(ConfigError, match="hf_offload is not allowed with backend.device='cpu'.*CUDA"):
-        run(compose_cfg("system=hf_offload", "backend=torch", "backend.device=cpu", "model=tiny-opt",
-                        output_dir=tmp_path / "hf"))
+        run(
+            compose_cfg(
+                "system=hf_offload", "backend=torch", "backend.device=cpu", "model=tiny-opt", output_dir=tmp_path / "hf"
+            )
+        )
     assert not (tmp_path / "hf" / "run.json").exists()
 
 
@@ -312,6 +374,7 @@ def test_hf_offload_on_the_simulator_names_the_backend_given(compose_cfg, tmp_pa
     (Mutation caught: the resolved name in the message.)"""
     from harness import backend as hb
     from harness.errors import ConfigError
+
     monkeypatch.setattr(hb, "cuda_available", lambda: False)
     with pytest.raises(ConfigError, match=rf"backend='{backend}' is not allowed: torch for system=hf_offload") as e:
         run(compose_cfg("system=hf_offload", f"backend={backend}", "model=tiny-opt", output_dir=tmp_path / "hf"))
@@ -326,9 +389,19 @@ def test_in_gpu_oom_on_a_real_engine_says_it_was_predicted(compose_cfg, tmp_path
     marked too.)"""
     from harness.report import gather_runs
     from systems.ttc import report
+
     for backend in ("torch", "sim"):
-        rec = run(compose_cfg("system=in_gpu", f"backend={backend}", "model=tiny-opt", "beams=64", "gen_len=256",
-                              "kv_budget=1MiB", output_dir=tmp_path / backend))
+        rec = run(
+            compose_cfg(
+                "system=in_gpu",
+                f"backend={backend}",
+                "model=tiny-opt",
+                "beams=64",
+                "gen_len=256",
+                "kv_budget=1MiB",
+                output_dir=tmp_path / backend,
+            )
+        )
         assert rec["status"] == "oom" and rec["summary"]["oom_predicted"] is True
         assert "predicted from the budget, not run" in rec["message"]
     df = report.tidy(gather_runs(tmp_path))

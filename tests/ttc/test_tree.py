@@ -1,4 +1,5 @@
 """Beam tree bookkeeping: incremental gc, prefix lengths, uids (systems/ttc/tree.py)."""
+
 import random
 
 import numpy as np

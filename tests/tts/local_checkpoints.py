@@ -5,6 +5,7 @@ tiny-qwen2-shaped ``Qwen2ForCausalLM`` (random init) and a ``Qwen2ForProcessRewa
 (transformers ``Qwen2Model`` + vLLM's 2-layer score head), saved as safetensors; and a Math-Shepherd-
 style verifier: a tiny ``MistralForCausalLM`` with its own tokenizer (trained the same way plus
 Math-Shepherd-formatted text, so " ки" is one token; BOS "<s>" added as Llama's tokenizer does)."""
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,25 @@ from pathlib import Path
 
 VOCAB = 1024
 # tiny-qwen2 shapes (conf/model/tiny-qwen2.yaml); vocab_size is the tokenizer's
-SHAPES = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rms_norm_eps=1e-6,
-              rope_theta=10000.0)
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SHAPES = dict(
+    hidden_size=256,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+)
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 OVERRIDES = [f"model.vocab_size={VOCAB}", f"verifier.vocab_size={VOCAB}"]
 
 
@@ -35,14 +48,24 @@ def _math_corpus(data: Path):
 def _train_bpe(corpus, special_tokens):
     """Byte-level BPE of ``VOCAB`` tokens with Qwen2's pre-tokenizer pattern."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=special_tokens, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            special_tokens=special_tokens,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     return tok
 
 
@@ -50,6 +73,7 @@ def build_tokenizer(out: Path, data: Path):
     from transformers import PreTrainedTokenizerFast
 
     from workloads.math import SYSTEM_PROMPT
+
     corpus = [SYSTEM_PROMPT] * 50 + ["Therefore, the final answer is: $\\boxed{\\frac{1}{2}}$.\n\n"] * 20
     tok = _train_bpe(corpus + _math_corpus(data), ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
@@ -60,8 +84,16 @@ def build_tokenizer(out: Path, data: Path):
 
 def _config(tok, architecture: str, **extra):
     from transformers import Qwen2Config
-    return Qwen2Config(vocab_size=VOCAB, architectures=[architecture], eos_token_id=tok.eos_token_id,
-                       bos_token_id=tok.eos_token_id, torch_dtype="float32", **SHAPES, **extra)
+
+    return Qwen2Config(
+        vocab_size=VOCAB,
+        architectures=[architecture],
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
+        torch_dtype="float32",
+        **SHAPES,
+        **extra,
+    )
 
 
 def build_generator(out: Path, tok, p_delimiter: float = 0.15, p_eos: float = 0.02, temperature: float = 0.8):
@@ -73,6 +105,7 @@ def build_generator(out: Path, tok, p_delimiter: float = 0.15, p_eos: float = 0.
     from transformers import Qwen2ForCausalLM
 
     from systems.tts.checkpoint import delimiter_ids
+
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(_config(tok, "Qwen2ForCausalLM", tie_word_embeddings=False)).eval()
     delims = list(delimiter_ids(tok))
@@ -94,6 +127,7 @@ def build_prm(out: Path, tok):
     import torch
     from safetensors.torch import save_file
     from transformers import Qwen2Model
+
     torch.manual_seed(1)
     cfg = _config(tok, "Qwen2ForProcessRewardModel", num_labels=2, tie_word_embeddings=False)
     body = Qwen2Model(cfg)
@@ -115,8 +149,10 @@ def build_all(root: Path, data: Path):
     return root / "gen", root / "prm"
 
 
-SHEPHERD_SAMPLE = ("Step 1: We have x + 2 = 4, so x = 4 - 2. ки\n\nStep 2: The answer is $\\boxed{2}$. ки\n\n"
-                   "Step 3: Check: 2 + 2 = 4. ки")
+SHEPHERD_SAMPLE = (
+    "Step 1: We have x + 2 = 4, so x = 4 - 2. ки\n\nStep 2: The answer is $\\boxed{2}$. ки\n\n"
+    "Step 3: Check: 2 + 2 = 4. ки"
+)
 
 
 def build_shepherd(out: Path, data: Path, good_bad_scale: float = 10.0):
@@ -127,22 +163,42 @@ def build_shepherd(out: Path, data: Path, good_bad_scale: float = 10.0):
     import torch
     from tokenizers import processors
     from transformers import MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast
+
     tok = _train_bpe([SHEPHERD_SAMPLE] * 200 + _math_corpus(data), ["<s>", "</s>"])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    tag, = fast.encode(" ки", add_special_tokens=False)
+    (tag,) = fast.encode(" ки", add_special_tokens=False)
     good, bad = fast.convert_tokens_to_ids(["+", "-"])
     torch.manual_seed(2)
-    cfg = MistralConfig(vocab_size=VOCAB, sliding_window=None, architectures=["MistralForCausalLM"],
-                        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, tie_word_embeddings=False,
-                        torch_dtype="float32", **{k: v for k, v in SHAPES.items() if k != "rope_theta"})
+    cfg = MistralConfig(
+        vocab_size=VOCAB,
+        sliding_window=None,
+        architectures=["MistralForCausalLM"],
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+        **{k: v for k, v in SHAPES.items() if k != "rope_theta"},
+    )
     model = MistralForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight[[good, bad]] *= good_bad_scale
     model.save_pretrained(out, safe_serialization=True)
     fast.save_pretrained(out)
-    return [f"verifier.{k}={v}" for k, v in dict(
-        num_layers=SHAPES["num_hidden_layers"], hidden_size=SHAPES["hidden_size"], num_heads=SHAPES["num_attention_heads"],
-        num_kv_heads=SHAPES["num_key_value_heads"], head_dim=SHAPES["head_dim"],
-        intermediate_size=SHAPES["intermediate_size"], vocab_size=VOCAB, max_position=4096, dtype="float32",
-        step_tag_id=tag, good_token_id=good, bad_token_id=bad).items()]
+    return [
+        f"verifier.{k}={v}"
+        for k, v in dict(
+            num_layers=SHAPES["num_hidden_layers"],
+            hidden_size=SHAPES["hidden_size"],
+            num_heads=SHAPES["num_attention_heads"],
+            num_kv_heads=SHAPES["num_key_value_heads"],
+            head_dim=SHAPES["head_dim"],
+            intermediate_size=SHAPES["intermediate_size"],
+            vocab_size=VOCAB,
+            max_position=4096,
+            dtype="float32",
+            step_tag_id=tag,
+            good_token_id=good,
+            bad_token_id=bad,
+        ).items()
+    ]

@@ -4,6 +4,7 @@ writes ``tests/tts/data/summaries.json``), compared after it by ``test_same_resu
 a faster simulator changes no result). ``python -m tests.tts.summaries --tables`` writes the
 digests of the same jobs' tables (iterations, completions: every path's tokens, steps, finish, times
 and scores, the survivors' content keys) to ``tests/tts/data/tables.json``, compared the same way."""
+
 from __future__ import annotations
 
 import hashlib
@@ -22,7 +23,7 @@ STORED_TABLES = STORED.with_name("tables.json")
 MAIN = ["system=fasttts", "model=qwen2.5-math-1.5b", "verifier=skywork-prm-1.5b", "workload=aime24", "n=64"]
 EXPERIMENT = "fasttts_ablation"
 PROBLEMS = 3
-FULL_DATA = {"main": "math/aime24/"}      # all 30 problems (the sweep's jobs read the first 3: fixture slices)
+FULL_DATA = {"main": "math/aime24/"}  # all 30 problems (the sweep's jobs read the first 3: fixture slices)
 
 
 def jobs() -> Dict[str, List[str]]:
@@ -40,6 +41,7 @@ def jobs() -> Dict[str, List[str]]:
 def table_digest(path: Path) -> str:
     """sha256 of a parquet table's CSV text (floats in repr: exact)."""
     import pandas as pd
+
     return hashlib.sha256(pd.read_parquet(path).to_csv(index=False).encode()).hexdigest()
 
 
@@ -50,12 +52,15 @@ def summary(overrides: List[str], tables: Optional[dict] = None) -> dict:
 
     from harness.config import register_configs, register_resolvers
     from harness.run import run
+
     register_resolvers()
     register_configs()
     with tempfile.TemporaryDirectory(prefix="tts_summary_") as tmp:
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            cfg = compose("config", overrides=[f"output_dir={tmp}/run", "tracking=none", "progress=false",
-                                               "backend=sim", *overrides])
+            cfg = compose(
+                "config",
+                overrides=[f"output_dir={tmp}/run", "tracking=none", "progress=false", "backend=sim", *overrides],
+            )
         rec = run(cfg)
         if tables is not None:
             tables.update({t: table_digest(Path(tmp) / "run" / f"{t}.parquet") for t in rec.get("tables", [])})

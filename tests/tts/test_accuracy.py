@@ -1,5 +1,6 @@
 """Answer grading by the MATH / search-and-learn convention: boxed extraction, equivalence, Top-1
 and Pass@N on hand-made paths."""
+
 import json
 
 import pytest
@@ -7,13 +8,16 @@ import pytest
 from systems.tts.accuracy import equivalent, extract_answer, grade_problem, is_correct, normalize
 
 
-@pytest.mark.parametrize("text,gold,ok", [
-    ("... so $\\boxed{8}$. Actually I made an error; the answer is $\\boxed{9}$.", "9", True),
-    ("Thus the answer is $\\boxed 7$. Done.", "7", True),
-    ("$\\boxed{25\\%}$", "25", True),
-    ("$\\boxed{30^\\circ}$", "30", True),
-    ("$\\boxed{\\frac{2}{5^{40}}}$", "\\frac{2}{5^{41}}", False),
-])
+@pytest.mark.parametrize(
+    "text,gold,ok",
+    [
+        ("... so $\\boxed{8}$. Actually I made an error; the answer is $\\boxed{9}$.", "9", True),
+        ("Thus the answer is $\\boxed 7$. Done.", "7", True),
+        ("$\\boxed{25\\%}$", "25", True),
+        ("$\\boxed{30^\\circ}$", "30", True),
+        ("$\\boxed{\\frac{2}{5^{40}}}$", "\\frac{2}{5^{41}}", False),
+    ],
+)
 def test_issue_inputs(text, gold, ok):
     """The grading inputs of issue 11. Mutations caught: taking the first box, or joining boxes
     (8,9); taking the rest of the text after ``\\boxed `` ("7$. Done."); math-verify's 6-decimal
@@ -21,11 +25,21 @@ def test_issue_inputs(text, gold, ok):
     assert is_correct(text, gold) is ok
 
 
-@pytest.mark.parametrize("a,b,eq", [
-    ("25\\%", "25", True), ("30^\\circ", "30", True), ("5\\text{ cm}", "5", True), ("x = 5", "5", True),
-    ("\\text{(C)}", "(C)", True), ("2", "2,3", False), ("0.5", "\\frac{1}{2}", True),
-    ("10^{-12}", "2 \\cdot 10^{-12}", False), ("1000000", "999999", False), ("\\sqrt{8}", "2\\sqrt{2}", True),
-])
+@pytest.mark.parametrize(
+    "a,b,eq",
+    [
+        ("25\\%", "25", True),
+        ("30^\\circ", "30", True),
+        ("5\\text{ cm}", "5", True),
+        ("x = 5", "5", True),
+        ("\\text{(C)}", "(C)", True),
+        ("2", "2,3", False),
+        ("0.5", "\\frac{1}{2}", True),
+        ("10^{-12}", "2 \\cdot 10^{-12}", False),
+        ("1000000", "999999", False),
+        ("\\sqrt{8}", "2\\sqrt{2}", True),
+    ],
+)
 def test_equivalence_is_symmetric(a, b, eq):
     """Units, %, degrees, ``x =`` and a wrapping ``\\text`` on either side; tiny values compared
     relatively, integers exactly. Mutations caught: normalising only one side; an absolute tolerance
@@ -36,22 +50,33 @@ def test_equivalence_is_symmetric(a, b, eq):
 def test_vote_groups_equivalent_answers():
     """Issue 11: scores 0.3, 0.3, 0.5 on 1/2 (two spellings) and 3 -> the 1/2 group (0.6) wins.
     Mutation caught: grouping the vote by answer string (\\frac{1}{2} and 0.5 split their weight)."""
-    g = grade_problem(["so \\boxed{\\frac{1}{2}}", "so \\boxed{0.5}", "so \\boxed{3}"], [[0.3], [0.3], [0.5]], "1/2", n=3)
+    g = grade_problem(
+        ["so \\boxed{\\frac{1}{2}}", "so \\boxed{0.5}", "so \\boxed{3}"], [[0.3], [0.3], [0.5]], "1/2", n=3
+    )
     assert g.top1_correct and equivalent(g.top1_answer, "1/2")
     assert not g.top1_naive_correct and g.correct == 2 and g.pass_at_n
 
 
-@pytest.mark.parametrize("text,gold,ok", [
-    ("so $x = \\boxed{\\frac{1}{2}}$", "0.5", True),
-    ("Therefore, the final answer is: $\\boxed{27}$. I hope it is correct.", "27.0", True),   # AMC floats
-    ("\\boxed{3}", "4", False),
-    ("the answer is 4", "4", False),                                  # no boxed answer -> wrong
-    ("\\boxed{4", "4", False),                                        # unclosed box -> no answer
-    ("a guess \\boxed{1} is wrong.\n\n" + "We redo the computation carefully step by step. " * 2 + "So \\boxed{\\dfrac{14}{3}}", "\\frac{14}{3}", True),
-    ("\\boxed{(3, \\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
-    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", True),
-    ("\\boxed{2\\sqrt{3}}", "\\sqrt{8}", False),
-])
+@pytest.mark.parametrize(
+    "text,gold,ok",
+    [
+        ("so $x = \\boxed{\\frac{1}{2}}$", "0.5", True),
+        ("Therefore, the final answer is: $\\boxed{27}$. I hope it is correct.", "27.0", True),  # AMC floats
+        ("\\boxed{3}", "4", False),
+        ("the answer is 4", "4", False),  # no boxed answer -> wrong
+        ("\\boxed{4", "4", False),  # unclosed box -> no answer
+        (
+            "a guess \\boxed{1} is wrong.\n\n"
+            + "We redo the computation carefully step by step. " * 2
+            + "So \\boxed{\\dfrac{14}{3}}",
+            "\\frac{14}{3}",
+            True,
+        ),
+        ("\\boxed{(3, \\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", True),
+        ("\\boxed{2\\sqrt{3}}", "\\sqrt{8}", False),
+    ],
+)
 def test_is_correct(text, gold, ok):
     assert is_correct(text, gold) is ok
 
@@ -60,10 +85,10 @@ def test_extract_answer_nested_braces():
     assert extract_answer("hence $\\boxed{\\frac{a^{2}}{b_{1}+\\sqrt{c}}}$ done") == "\\frac{a^{2}}{b_{1}+\\sqrt{c}}"
     assert extract_answer("\\fbox{x^{2}}") == "x^{2}"
     assert extract_answer("no box at all $x=2$") is None
-    assert extract_answer("\\boxed{2} and \\boxed{3}") == "3"            # never joined
-    assert extract_answer("\\boxed{\\{1, 2\\}}") == "\\{1, 2\\}"          # escaped braces do not count
-    assert extract_answer("\\boxed{3} then \\boxed{4") is None            # the last box is not closed
-    assert extract_answer("Thus the answer is $\\boxed 7$. Done.") == "7"   # not the rest of the text
+    assert extract_answer("\\boxed{2} and \\boxed{3}") == "3"  # never joined
+    assert extract_answer("\\boxed{\\{1, 2\\}}") == "\\{1, 2\\}"  # escaped braces do not count
+    assert extract_answer("\\boxed{3} then \\boxed{4") is None  # the last box is not closed
+    assert extract_answer("Thus the answer is $\\boxed 7$. Done.") == "7"  # not the rest of the text
     assert extract_answer("so \\boxed -3.") == "-3"
 
 
@@ -87,6 +112,7 @@ def _reference_answers_grade_as_their_own_boxed_form(data):
 def test_reference_answers_grade_as_their_own_boxed_form():
     """Each set's first problems (the fixture slices): the reference answer, boxed, is correct."""
     from tests.conftest import FIXTURE_DATA
+
     _reference_answers_grade_as_their_own_boxed_form(FIXTURE_DATA)
 
 
@@ -101,7 +127,7 @@ def test_top1_weighted_vote_and_pass_at_n():
     scores = [[0.1, 0.5], [0.2, 0.9], [0.6], [0.99], [0.3]]
     # last-step scores 0.5, 0.9, 0.6, 0.99, 0.3: "7" sums 1.2, beating "5" and "5.0" (1.1 even together)
     g = grade_problem(texts, scores, "7", n=4)
-    assert g.top1_answer == "7" and g.top1_correct and g.top1_naive_correct is False   # naive: the unanswered path
+    assert g.top1_answer == "7" and g.top1_correct and g.top1_naive_correct is False  # naive: the unanswered path
     assert g.pass_at_n and g.paths == 5 and g.answered == 4 and g.correct == 2
     g = grade_problem(texts, scores, "5", n=4)
     assert not g.top1_correct and g.pass_at_n and g.correct == 2

@@ -2,6 +2,7 @@
 plain way (a pin count on every block of every pinned chain): random admissions and releases of
 chains (root-to-node paths of a random block tree, as ``block_hashes`` gives them, repeats included)
 leave the same pinned blocks, the same LRU order of free blocks and the same answers."""
+
 import random
 from collections import OrderedDict
 
@@ -39,7 +40,7 @@ def test_admission_as_defined():
     prefix looked up among pinned blocks instead of free ones."""
     rnd = random.Random(11)
     parent = {0: None}
-    for node in range(1, 300):                            # a random tree of blocks; chain = path to a node
+    for node in range(1, 300):  # a random tree of blocks; chain = path to a node
         parent[node] = rnd.randrange(node) if rnd.random() < 0.9 else None
 
     def chain(node):
@@ -48,6 +49,7 @@ def test_admission_as_defined():
             out.append(node)
             node = parent[node]
         return out[::-1]
+
     for trial in range(60):
         cap = rnd.randrange(20, 80)
         c, ref = BlockCache(cap, 16), Reference(cap)
@@ -66,8 +68,9 @@ def test_admission_as_defined():
                 if ok:
                     held.append((hs, extra))
             assert set(c.ref) == set(ref.ref) and list(c.free) == list(ref.free) and c.reserved == ref.reserved
-            assert c.hit_tokens(hs, 16 * 8) == 16 * next((i for i, h in enumerate(hs[:7])
-                                                          if h not in ref.ref and h not in ref.free), len(hs[:7]))
+            assert c.hit_tokens(hs, 16 * 8) == 16 * next(
+                (i for i, h in enumerate(hs[:7]) if h not in ref.ref and h not in ref.free), len(hs[:7])
+            )
 
 
 def ref_release(ref: Reference, pinned, reserved, produced):

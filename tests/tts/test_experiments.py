@@ -1,12 +1,20 @@
 """Experiment files compose on the TTS family and their reports write tables and figures."""
+
 import importlib
 
 import pytest
 
 from harness.run import validate
 
-EXPERIMENTS = ["fasttts_goodput", "fasttts_latency", "fasttts_ablation", "fasttts_r_sweep", "fasttts_memory",
-               "fasttts_methods", "fasttts_gpus"]
+EXPERIMENTS = [
+    "fasttts_goodput",
+    "fasttts_latency",
+    "fasttts_ablation",
+    "fasttts_r_sweep",
+    "fasttts_memory",
+    "fasttts_methods",
+    "fasttts_gpus",
+]
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -22,10 +30,12 @@ def test_goodput_and_ablation_reports_from_sim_runs(compose_cfg, tmp_path):
     from harness.report import gather_runs
     from harness.run import run
     from systems.tts import report
+
     sweep = tmp_path / "sweep"
     for system in ("vllm_tts", "fasttts_p", "fasttts_pm", "fasttts"):
-        rec = run(compose_cfg(f"system={system}", "backend=sim", "n=8", "workload.num_problems=1",
-                              output_dir=sweep / system))
+        rec = run(
+            compose_cfg(f"system={system}", "backend=sim", "n=8", "workload.num_problems=1", output_dir=sweep / system)
+        )
         assert rec["status"] == "ok" and rec["backend"]["simulated"]
     runs = gather_runs(sweep)
     t = report.report_goodput(sweep, runs, None)
@@ -42,19 +52,40 @@ def test_mixed_sweep_labels_each_value_by_its_own_record(tmp_path):
     column labelled by its own record, a ratio is only taken within one label, the title says both.
     Mutation caught: taking the label of a group's first record (the old rule)."""
     import pandas as pd
+
     from systems.tts import report
+
     rows = []
-    for n, system, sim, gp in [(8, "vllm_tts", False, 10.0), (8, "vllm_tts", True, 20.0), (8, "fasttts", True, 30.0),
-                               (16, "vllm_tts", True, 5.0), (16, "fasttts", False, 9.0), (16, "fasttts", True, 7.5)]:
-        rows.append({"status": "ok", "system": system, "simulated": sim, "summary.goodput_tok_s": gp,
-                     "summary.latency_s": 1.0, "summary.gen_latency_s": 0.5, "summary.ver_latency_s": 0.5,
-                     "config.model.name": "qwen2.5-math-1.5b", "config.verifier.name": "skywork-prm-1.5b",
-                     "config.workload.name": "aime24", "config.workload.n": n, "config.system.spec_truncation_ratio": 0.85,
-                     "config.system.search": "beam_search", "config.hardware.name": "rtx4090"})
+    for n, system, sim, gp in [
+        (8, "vllm_tts", False, 10.0),
+        (8, "vllm_tts", True, 20.0),
+        (8, "fasttts", True, 30.0),
+        (16, "vllm_tts", True, 5.0),
+        (16, "fasttts", False, 9.0),
+        (16, "fasttts", True, 7.5),
+    ]:
+        rows.append(
+            {
+                "status": "ok",
+                "system": system,
+                "simulated": sim,
+                "summary.goodput_tok_s": gp,
+                "summary.latency_s": 1.0,
+                "summary.gen_latency_s": 0.5,
+                "summary.ver_latency_s": 0.5,
+                "config.model.name": "qwen2.5-math-1.5b",
+                "config.verifier.name": "skywork-prm-1.5b",
+                "config.workload.name": "aime24",
+                "config.workload.n": n,
+                "config.system.spec_truncation_ratio": 0.85,
+                "config.system.search": "beam_search",
+                "config.hardware.name": "rtx4090",
+            }
+        )
     t = report.report_goodput(tmp_path, pd.DataFrame(rows)).set_index("n")
     assert t.loc[8, "vllm_tts (measured)"] == 10 and t.loc[8, "vllm_tts (sim)"] == 20
     assert t.loc[8, "fasttts/base (sim)"] == 1.5 and t.loc[16, "fasttts/base (sim)"] == 1.5
     assert t.loc[16, "fasttts (measured)"] == 9 and pd.isna(t.loc[16, "vllm_tts (measured)"])
-    assert "fasttts/base (measured)" not in t            # no measured pair: never a ratio across labels
+    assert "fasttts/base (measured)" not in t  # no measured pair: never a ratio across labels
     head = (tmp_path / "fig12_goodput.md").read_text().splitlines()[0]
     assert "(simulated and measured: each value labelled)" in head

@@ -1,6 +1,7 @@
 """The fidelity machinery (systems.tts.fidelity): token replay reproduces a run's search, and the
 sim-vs-real comparison computes its errors the stated way (no vLLM needed: a simulated run stands
 in for the real one)."""
+
 import json
 import shutil
 
@@ -10,8 +11,16 @@ import pytest
 from harness.run import run
 from systems.tts.fidelity import compare, mean_ci
 
-ARGS = ["system=fasttts", "backend=sim", "hardware=cpu-tts", "model=tiny-qwen2", "verifier=tiny-prm", "n=8",
-        "workload.num_problems=2", "workload.num_iterations=4"]
+ARGS = [
+    "system=fasttts",
+    "backend=sim",
+    "hardware=cpu-tts",
+    "model=tiny-qwen2",
+    "verifier=tiny-prm",
+    "n=8",
+    "workload.num_problems=2",
+    "workload.num_iterations=4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -19,16 +28,20 @@ def recorded(tmp_path_factory):
     """A simulated run that records its tokens (paths ending sooner than the default step model
     makes them: steps_per_answer_mean=2), and a function making more runs."""
     from hydra import compose, initialize_config_dir
+
     from tests.conftest import ROOT
+
     base = tmp_path_factory.mktemp("fid")
 
     def go(name, *extra):
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            cfg = compose("config", overrides=["tracking=none", "progress=false", f"output_dir={base / name}", *ARGS,
-                                               *extra])
+            cfg = compose(
+                "config", overrides=["tracking=none", "progress=false", f"output_dir={base / name}", *ARGS, *extra]
+            )
         rec = run(cfg)
         assert rec["status"] == "ok", rec["message"]
         return base / name
+
     return go("rec", "workload.steps_per_answer_mean=2", "system.record_tokens=true"), go
 
 
@@ -61,9 +74,9 @@ def test_compare_errors(recorded, tmp_path):
     assert r["goodput_err"] == pytest.approx(25.0) and r["wall_iter_mape"] == pytest.approx(0.0)
     assert r["same_decisions"] == 100 and r["gen_hit_real"] == r["gen_hit_sim"] > 50
     s = json.loads((rec_dir / "run.json").read_text())["summary"]
-    assert r["wall_goodput_real"] == pytest.approx(s["goodput_tok_s"])      # the metrics.summarize formula
+    assert r["wall_goodput_real"] == pytest.approx(s["goodput_tok_s"])  # the metrics.summarize formula
 
 
 def test_mean_ci():
-    assert mean_ci([1.0, 2.0, 3.0]) == "2 ± 2.5"          # t(0.975, 2) = 4.303, sd 1, n 3
+    assert mean_ci([1.0, 2.0, 3.0]) == "2 ± 2.5"  # t(0.975, 2) = 4.303, sd 1, n 3
     assert mean_ci([5.0]) == "5" and mean_ci([]) == ""

@@ -1,4 +1,5 @@
 """Bad inputs give a clear ConfigError before any work; the math workloads read the data folder."""
+
 import json
 
 import pytest
@@ -22,6 +23,7 @@ def test_problem_sets_load(full_data, name, count):
 def test_the_fixture_slices_load_as_the_sets_first_problems(name):
     """tests/fixture_data holds each set's first 5 problems, read as the full file's are."""
     from tests.conftest import FIXTURE_DATA
+
     probs = load_problems(FIXTURE_DATA / "math" / name / "test.jsonl")
     assert len(probs) == 5 and all(p.text and p.answer for p in probs)
 
@@ -32,7 +34,7 @@ def test_default_config_reads_the_data_folder(compose_cfg, monkeypatch, tmp_path
     cfg = compose_cfg("system=fasttts")
     assert cfg.workload.name == "aime24" and cfg.model.name == "qwen2.5-math-1.5b"
     assert cfg.verifier.name == "skywork-prm-1.5b" and cfg.workload.n == 64
-    validate(cfg)        # the fixture slice, through TTC_DATA_DIR
+    validate(cfg)  # the fixture slice, through TTC_DATA_DIR
     monkeypatch.setenv("TTC_DATA_DIR", str(tmp_path))
     with pytest.raises(ConfigError, match=f"{tmp_path}/math/aime24/test.jsonl"):
         validate(cfg)
@@ -62,7 +64,9 @@ def test_malformed_jsonl_names_the_line(compose_cfg, tmp_path):
         p.write_text('{"problem": "1+1?", "answer": "2"}\n' + line + "\n")
         with pytest.raises(ConfigError, match="line 2 has an empty 'problem' or a null/empty 'answer'"):
             load_problems(p)
-    with pytest.raises(ConfigError, match=r"is not allowed: a folder, not a dataset file \(its .jsonl files: bad.jsonl;"):
+    with pytest.raises(
+        ConfigError, match=r"is not allowed: a folder, not a dataset file \(its .jsonl files: bad.jsonl;"
+    ):
         validate(compose_cfg("system=fasttts", f"workload.path={tmp_path}"))
 
 
@@ -84,9 +88,14 @@ def test_kv_memory_too_small_is_a_recorded_oom_not_bad_input(compose_cfg, tmp_pa
     recorded as oom naming the engine short of memory; a kv_budget no configuration accepts stays
     bad input. Mutation caught: check_fits raising ConfigError again (the issue-14 sweep abort)."""
     from harness.run import run
+
     validate(compose_cfg(*REAL, "n=8", "kv_budget=4MiB"))
-    for extra in (["system=vllm_tts", "kv_budget=4MiB"], ["system=fasttts", "kv_budget=100MiB"]):   # fixed split, M
-        rec = run(compose_cfg(*extra, "backend=sim", "n=8", "workload.num_problems=1", output_dir=tmp_path / extra[0].split("=")[1]))
+    for extra in (["system=vllm_tts", "kv_budget=4MiB"], ["system=fasttts", "kv_budget=100MiB"]):  # fixed split, M
+        rec = run(
+            compose_cfg(
+                *extra, "backend=sim", "n=8", "workload.num_problems=1", output_dir=tmp_path / extra[0].split("=")[1]
+            )
+        )
         assert rec["status"] == "oom", rec["message"]
         assert "KV memory too small on rtx4090" in rec["message"] and "generator" in rec["message"]
     for bad_budget in ("0", "lots"):
@@ -113,9 +122,15 @@ def test_stand_in_tokens_deterministic_and_in_range():
 
 def _long_set(tmp_path):
     p = tmp_path / "set.jsonl"
-    lines = ['{"problem": "What is 1+1?", "answer": "2"}', '{"problem": "What is 2+2?", "answer": "4"}',
-             '{"problem": "' + "Compute the sum of the numbers below. " + " ".join(str(i) for i in range(3000)) +
-             '", "answer": "1"}', '{"problem": "What is 3+3?", "answer": "6"}']
+    lines = [
+        '{"problem": "What is 1+1?", "answer": "2"}',
+        '{"problem": "What is 2+2?", "answer": "4"}',
+        '{"problem": "'
+        + "Compute the sum of the numbers below. "
+        + " ".join(str(i) for i in range(3000))
+        + '", "answer": "1"}',
+        '{"problem": "What is 3+3?", "answer": "6"}',
+    ]
     p.write_text("\n".join(lines) + "\n")
     return p
 
@@ -125,8 +140,11 @@ def test_prompt_too_long_stops_before_any_work(compose_cfg, tmp_path):
     line and token count (it used to surface mid-run, losing the problems searched before it).
     Mutation caught: dropping the check from ``validate`` (the prompt then fails mid-run)."""
     p = _long_set(tmp_path)
-    with pytest.raises(ConfigError, match=rf"{p}: line 3: the generator prompt \(chat template included\) is "
-                                          r"\d+ tokens, which leaves no room below the engines' max_model_len=4096"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"{p}: line 3: the generator prompt \(chat template included\) is "
+        r"\d+ tokens, which leaves no room below the engines' max_model_len=4096",
+    ):
         validate(compose_cfg("system=fasttts", "backend=sim", f"workload.path={p}", "n=8"))
     with pytest.raises(ConfigError, match="workload.on_too_long='sometimes'"):
         validate(compose_cfg("system=fasttts", f"workload.path={p}", "workload.on_too_long=sometimes"))
@@ -134,10 +152,21 @@ def test_prompt_too_long_stops_before_any_work(compose_cfg, tmp_path):
 
 def test_prompt_too_long_skipped_and_recorded(compose_cfg, tmp_path):
     import pandas as pd
+
     from harness.run import run
+
     p = _long_set(tmp_path)
-    rec = run(compose_cfg("system=vllm_tts", "backend=sim", f"workload.path={p}", "n=8", "workload.on_too_long=skip",
-                          "workload.num_iterations=2", output_dir=tmp_path / "run"))
+    rec = run(
+        compose_cfg(
+            "system=vllm_tts",
+            "backend=sim",
+            f"workload.path={p}",
+            "n=8",
+            "workload.on_too_long=skip",
+            "workload.num_iterations=2",
+            output_dir=tmp_path / "run",
+        )
+    )
     assert rec["status"] == "ok" and rec["summary"]["problems"] == 3 and rec["summary"]["problems_skipped"] == 1
     sk = pd.read_parquet(tmp_path / "run" / "skipped.parquet")
     assert sk[["problem", "line"]].values.tolist() == [[2, 3]] and (sk["gen_prompt_tokens"] >= 4096).all()
@@ -147,17 +176,28 @@ def test_failure_mid_run_is_status_error_and_keeps_earlier_problems(compose_cfg,
     """A failure in problem 2 ends the run with status error (not ok), naming the problem, and the
     problems searched before it stay recorded. Mutation caught: swallowing the exception into ok."""
     import pandas as pd
+
     from harness.run import run
     from systems.tts.search import Search
+
     orig = Search.run_problem
 
     def flaky(self, pidx, prompt):
         if pidx == 1:
             raise RuntimeError("engine died")
         return orig(self, pidx, prompt)
+
     monkeypatch.setattr(Search, "run_problem", flaky)
-    rec = run(compose_cfg("system=vllm_tts", "backend=sim", "n=8", "workload.num_problems=3",
-                          "workload.num_iterations=2", output_dir=tmp_path / "run"))
+    rec = run(
+        compose_cfg(
+            "system=vllm_tts",
+            "backend=sim",
+            "n=8",
+            "workload.num_problems=3",
+            "workload.num_iterations=2",
+            output_dir=tmp_path / "run",
+        )
+    )
     assert rec["status"] == "error" and "problem 1 (line 2): RuntimeError: engine died" in rec["message"]
     assert rec["summary"]["problems"] == 1
     assert set(pd.read_parquet(tmp_path / "run" / "iterations.parquet")["problem"]) == {0}
@@ -169,19 +209,30 @@ def test_an_interrupt_mid_run_is_recorded_as_interrupted_with_earlier_problems(c
     Mutations caught: the runner not catching KeyboardInterrupt (no record: the problems are lost);
     harness.run returning the record instead of raising (a sweep would go on after Ctrl-C)."""
     import pandas as pd
+
     from harness.errors import RunInterrupted
     from harness.run import run
     from systems.tts.search import Search
+
     orig = Search.run_problem
 
     def interrupted(self, pidx, prompt):
         if pidx == 1:
             raise KeyboardInterrupt
         return orig(self, pidx, prompt)
+
     monkeypatch.setattr(Search, "run_problem", interrupted)
     with pytest.raises(RunInterrupted) as e:
-        run(compose_cfg("system=vllm_tts", "backend=sim", "n=8", "workload.num_problems=3",
-                        "workload.num_iterations=2", output_dir=tmp_path / "run"))
+        run(
+            compose_cfg(
+                "system=vllm_tts",
+                "backend=sim",
+                "n=8",
+                "workload.num_problems=3",
+                "workload.num_iterations=2",
+                output_dir=tmp_path / "run",
+            )
+        )
     assert e.value.record == str(tmp_path / "run" / "run.json")
     rec = json.loads((tmp_path / "run" / "run.json").read_text())
     assert rec["status"] == "interrupted" and rec["message"].endswith("interrupted in problem 1 (line 2)")
@@ -199,14 +250,34 @@ def test_a_sweep_with_a_plan_that_does_not_fit_runs_to_the_end(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
+
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "run.py", "-m", "system=vllm_tts", "kv_budget=4MiB,3GiB", "n=8",
-                          "workload.num_problems=1", "tracking=none", "progress=false", f"results_dir={tmp_path}",
-                          "sweep_name=fits", "hydra.launcher.n_jobs=1"], cwd=root, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, WANDB_MODE="disabled"))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "system=vllm_tts",
+            "kv_budget=4MiB,3GiB",
+            "n=8",
+            "workload.num_problems=1",
+            "tracking=none",
+            "progress=false",
+            f"results_dir={tmp_path}",
+            "sweep_name=fits",
+            "hydra.launcher.n_jobs=1",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, WANDB_MODE="disabled"),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    recs = {r["config"]["system"]["kv_budget"]: r for r in
-            (json.loads(p.read_text()) for p in (tmp_path / "sweeps" / "fits").glob("*/run.json"))}
+    recs = {
+        r["config"]["system"]["kv_budget"]: r
+        for r in (json.loads(p.read_text()) for p in (tmp_path / "sweeps" / "fits").glob("*/run.json"))
+    }
     assert recs["4MiB"]["status"] == "oom" and "KV memory too small" in recs["4MiB"]["message"]
     assert recs["3GiB"]["status"] == "ok"
 
@@ -218,6 +289,7 @@ def test_the_baseline_split_follows_memory_fraction(compose_cfg):
     Mutation caught: the unscaled split (the 4070 Ti baseline recorded as oom)."""
     from harness import model_facts as mf
     from systems.tts.plan import ACTIVATION_RESERVE, MemoryPlan
+
     for hw, frac, share in (("rtx4090", 0.4, 0.2), ("rtx4070ti", 0.9, 0.45)):
         cfg = compose_cfg("system=vllm_tts", f"hardware={hw}", f"system.memory_fraction={frac}")
         a = MemoryPlan(cfg, on_cpu=False, real=False).fixed
@@ -231,22 +303,37 @@ def test_num_problems_above_the_sets_size_is_a_cap_and_says_so(compose_cfg, caps
     serves a sweep over sets of several sizes) and a warning says how many the file holds. Mutation
     caught: the warning dropped."""
     from harness.run import run
-    rec = run(compose_cfg("system=vllm_tts", "backend=sim", "n=4", "workload=aime24", "workload.num_problems=6",
-                          "workload.num_iterations=1"))
-    assert rec["status"] == "ok" and rec["summary"]["problems"] == 5          # the fixture slice's 5
-    assert "warning: workload.num_problems=6: math/aime24/test.jsonl holds 5 problems; all 5 are used" \
+
+    rec = run(
+        compose_cfg(
+            "system=vllm_tts",
+            "backend=sim",
+            "n=4",
+            "workload=aime24",
+            "workload.num_problems=6",
+            "workload.num_iterations=1",
+        )
+    )
+    assert rec["status"] == "ok" and rec["summary"]["problems"] == 5  # the fixture slice's 5
+    assert (
+        "warning: workload.num_problems=6: math/aime24/test.jsonl holds 5 problems; all 5 are used"
         in capsys.readouterr().err
+    )
 
 
 def test_a_generator_without_the_step_ids_names_the_models_that_have_them(compose_cfg):
     """``system=fasttts model=opt-6.7b``: the step delimiter / end token (Qwen2.5 ids) lie outside OPT's
     vocabulary; the error names the model configs whose vocabulary holds them. Mutation caught: the
     vocabulary compared with >= (a model exactly one id short listed)."""
-    with pytest.raises(ConfigError, match=r"vocabulary \[0, 50272\) \(model=opt-6.7b\); generators whose vocabulary "
-                                          r"holds them: qwen-4b, qwen-7b, qwen2.5-32b, qwen2.5-math-1.5b, "
-                                          r"qwen2.5-math-7b, tiny-qwen2 \(or set"):
+    with pytest.raises(
+        ConfigError,
+        match=r"vocabulary \[0, 50272\) \(model=opt-6.7b\); generators whose vocabulary "
+        r"holds them: qwen-4b, qwen-7b, qwen2.5-32b, qwen2.5-math-1.5b, "
+        r"qwen2.5-math-7b, tiny-qwen2 \(or set",
+    ):
         validate(compose_cfg("system=fasttts", "model=opt-6.7b"))
     from systems.tts.runner import _models_with_ids
+
     assert "llama-3.1-8b" in _models_with_ids(128255) and "llama-3.1-8b" not in _models_with_ids(128256)
 
 
@@ -255,6 +342,7 @@ def test_a_real_cpu_runs_oom_names_this_cpu_not_the_hardware_profile(compose_cfg
     ran; QA); simulated, the profile is where it runs. Mutation caught: hw_name always the profile's."""
     from harness.errors import RunOOM
     from systems.tts.plan import MemoryPlan
+
     cfg = compose_cfg(*REAL, "n=8", "kv_budget=64KiB")
     for real, where in ((True, "on this CPU"), (False, "on rtx4090")):
         plan = MemoryPlan(cfg, True, real)
@@ -262,28 +350,47 @@ def test_a_real_cpu_runs_oom_names_this_cpu_not_the_hardware_profile(compose_cfg
             plan.check_fits(plan.per_run(8, 400.0, 64.0))
 
 
-@pytest.mark.parametrize("override,message", [
-    ("system.memory_fraction=1.5", "system.memory_fraction=1.5 is not allowed: a share of device memory in (0, 1]"),
-    ("system.gen_memory_share=1.5", "system.gen_memory_share=1.5 is not allowed: the generator's share of the KV "
-                                    "budget in (0, 1) (the verifier keeps the rest; both need some)"),
-    ("system.gen_memory_share=0", "system.gen_memory_share=0.0 is not allowed: the generator's share of the KV "
-                                  "budget in (0, 1) (the verifier keeps the rest; both need some)"),
-    ("system.block_size=0", "system.block_size=0 is not allowed: a KV block size in tokens > 0"),
-    ("system.max_num_seqs=0", "system.max_num_seqs=0 is not allowed: a sequence count per engine step > 0"),
-    ("workload.max_step_tokens=0", "workload.max_step_tokens=0 is not allowed: a token count per generator call > 0"),
-    ("workload.temperature=-1", "workload.temperature=-1.0 is not allowed: a sampling temperature >= 0 (0 = greedy)"),
-    ("workload.top_p=2", "workload.top_p=2.0 is not allowed: a nucleus sampling mass in (0, 1]"),
-    ("workload.top_p=0", "workload.top_p=0.0 is not allowed: a nucleus sampling mass in (0, 1]"),
-    ("workload.beam_width=0", "workload.beam_width=0 is not allowed: an integer >= 1"),
-    ("workload.max_model_len=100000", "workload.max_model_len=100000 is not allowed: at most the engines' context, "
-                                      "4096 tokens (model qwen2.5-math-1.5b: 4096, verifier skywork-prm-1.5b: 4096)"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("system.memory_fraction=1.5", "system.memory_fraction=1.5 is not allowed: a share of device memory in (0, 1]"),
+        (
+            "system.gen_memory_share=1.5",
+            "system.gen_memory_share=1.5 is not allowed: the generator's share of the KV "
+            "budget in (0, 1) (the verifier keeps the rest; both need some)",
+        ),
+        (
+            "system.gen_memory_share=0",
+            "system.gen_memory_share=0.0 is not allowed: the generator's share of the KV "
+            "budget in (0, 1) (the verifier keeps the rest; both need some)",
+        ),
+        ("system.block_size=0", "system.block_size=0 is not allowed: a KV block size in tokens > 0"),
+        ("system.max_num_seqs=0", "system.max_num_seqs=0 is not allowed: a sequence count per engine step > 0"),
+        (
+            "workload.max_step_tokens=0",
+            "workload.max_step_tokens=0 is not allowed: a token count per generator call > 0",
+        ),
+        (
+            "workload.temperature=-1",
+            "workload.temperature=-1.0 is not allowed: a sampling temperature >= 0 (0 = greedy)",
+        ),
+        ("workload.top_p=2", "workload.top_p=2.0 is not allowed: a nucleus sampling mass in (0, 1]"),
+        ("workload.top_p=0", "workload.top_p=0.0 is not allowed: a nucleus sampling mass in (0, 1]"),
+        ("workload.beam_width=0", "workload.beam_width=0 is not allowed: an integer >= 1"),
+        (
+            "workload.max_model_len=100000",
+            "workload.max_model_len=100000 is not allowed: at most the engines' context, "
+            "4096 tokens (model qwen2.5-math-1.5b: 4096, verifier skywork-prm-1.5b: 4096)",
+        ),
+    ],
+)
 def test_a_fasttts_number_outside_its_range_stops_before_any_work(compose_cfg, override, message):
     """memory_fraction=1.5 ran with 30 GB of KV on a 24 GB card, gen_memory_share=1.5 gave a negative
     MiB oom, block_size=0 divided by zero mid-run, max_step_tokens=0 and top_p=2 ran (QA). Mutations
     caught: the system table not checked, the workload table not checked, "in (0, 1)" as "in [0, 1]";
     beam_width=0 blamed on n; max_model_len above the models' context accepted (an oom later)."""
     from harness.run import validate_config
+
     with pytest.raises(ConfigError) as e:
         validate_config(compose_cfg("system=fasttts", "workload=aime24", "n=8", override))
     assert str(e.value) == message
@@ -296,9 +403,19 @@ def test_a_simulated_run_records_no_cpu_seconds_even_where_no_verifier_call_was_
     import pandas as pd
 
     from harness.run import run
+
     out = tmp_path / "r"
-    rec = run(compose_cfg("system=fasttts", "model=tiny-qwen2", "verifier=tiny-prm", "workload=aime24", "n=16",
-                          "hardware=cpu-tts", output_dir=out))
+    rec = run(
+        compose_cfg(
+            "system=fasttts",
+            "model=tiny-qwen2",
+            "verifier=tiny-prm",
+            "workload=aime24",
+            "n=16",
+            "hardware=cpu-tts",
+            output_dir=out,
+        )
+    )
     assert rec["status"] == "ok"
     it = pd.read_parquet(out / "iterations.parquet")
     assert len(it) >= 50 and it.ver_cpu_s.isna().all() and it.gen_cpu_s.isna().all()

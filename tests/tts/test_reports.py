@@ -1,6 +1,7 @@
 """FastTTS reports that cannot be misread: units on every axis and title, simulated/measured labels,
 a verdict (harness.verdict, the one rule) beside every paper number and one row per paper number in
 the sweep's verdicts.csv; Fig. 18 rows in budget order; Fig. 17's paper numbers found."""
+
 import re
 
 import pandas as pd
@@ -12,10 +13,14 @@ from systems.tts import report
 
 # report -> (table file, paper figures it covers with their metrics)
 REPORTS = {
-    "report_goodput": ("fig12_goodput.md", {"fig12": None, "headline": ("goodput_gain_mean", "goodput_gain_min",
-                                                                          "goodput_gain_max")}),
-    "report_latency": ("fig13_latency.md", {"fig13": None, "headline": ("latency_reduction_min",
-                                                                          "latency_reduction_max")}),
+    "report_goodput": (
+        "fig12_goodput.md",
+        {"fig12": None, "headline": ("goodput_gain_mean", "goodput_gain_min", "goodput_gain_max")},
+    ),
+    "report_latency": (
+        "fig13_latency.md",
+        {"fig13": None, "headline": ("latency_reduction_min", "latency_reduction_max")},
+    ),
     "report_ablation": ("fig16_ablation.md", {"fig16": None}),
     "report_r_sweep": ("fig17_r_sweep.md", {"fig17": None}),
     "report_memory": ("fig18_memory.md", {"fig18": None}),
@@ -38,13 +43,26 @@ def small_sweep(tmp_path_factory):
     """The baseline, P and FastTTS, simulated, n=8, AIME problem 1, a 2 GB KV budget (Fig. 18's): a
     sweep every report can read."""
     from hydra import compose, initialize_config_dir
+
     from harness.run import run
     from tests.conftest import ROOT
+
     sweep = tmp_path_factory.mktemp("sweep")
     for system in ("vllm_tts", "fasttts_p", "fasttts"):
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            cfg = compose("config", overrides=["tracking=none", "progress=false", f"output_dir={sweep / system}",
-                                               f"system={system}", "backend=sim", "n=8", "workload.num_problems=1", "kv_budget=2GB"])
+            cfg = compose(
+                "config",
+                overrides=[
+                    "tracking=none",
+                    "progress=false",
+                    f"output_dir={sweep / system}",
+                    f"system={system}",
+                    "backend=sim",
+                    "n=8",
+                    "workload.num_problems=1",
+                    "kv_budget=2GB",
+                ],
+            )
         assert run(cfg)["status"] == "ok"
     return gather_runs(sweep)
 
@@ -62,10 +80,11 @@ def test_every_report_says_units_labels_and_verdicts(small_sweep, tmp_path, monk
     def spy(fig, sweep_dir, fname):
         drawn.append((fig.get_suptitle(), [(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes if ax.get_visible()]))
         return real_save(fig, sweep_dir, fname)
+
     monkeypatch.setattr(report, "save_figure", spy)
     table, figures = REPORTS[name]
     getattr(report, name)(tmp_path, small_sweep, None)
-    (title, axes), = drawn
+    ((title, axes),) = drawn
     assert "(simulated)" in title and axes
     for x, y in axes:
         assert UNIT.search(y), f"{name}: y axis {y!r} has no unit"
@@ -93,14 +112,24 @@ def test_goodput_verdicts_hold_our_values(small_sweep, tmp_path):
     assert v.loc["goodput vllm_tts 1.5B+1.5B aime24 n=512", "verdict"] == "no result"
     # a 'no result' names the setting the sweep lacked (QA; mutation caught: the note dropped)
     assert v.loc["goodput vllm_tts 1.5B+1.5B aime24 n=512", "note"].startswith(
-        "ours: no run at pair=1.5B+1.5B, dataset=aime24, n=512 in this sweep; ")
+        "ours: no run at pair=1.5B+1.5B, dataset=aime24, n=512 in this sweep; "
+    )
 
 
 def _runs(rows):
-    base = {"status": "ok", "simulated": True, "summary.latency_s": 1.0, "summary.gen_latency_s": 0.5,
-            "summary.ver_latency_s": 0.5, "config.workload.name": "aime24", "config.system.search": "beam_search",
-            "config.hardware.name": "rtx4090", "config.model.name": "qwen2.5-math-1.5b",
-            "config.verifier.name": "skywork-prm-1.5b", "config.system.spec_truncation_ratio": 0.85}
+    base = {
+        "status": "ok",
+        "simulated": True,
+        "summary.latency_s": 1.0,
+        "summary.gen_latency_s": 0.5,
+        "summary.ver_latency_s": 0.5,
+        "config.workload.name": "aime24",
+        "config.system.search": "beam_search",
+        "config.hardware.name": "rtx4090",
+        "config.model.name": "qwen2.5-math-1.5b",
+        "config.verifier.name": "skywork-prm-1.5b",
+        "config.system.spec_truncation_ratio": 0.85,
+    }
     return pd.DataFrame([dict(base, **r) for r in rows])
 
 
@@ -111,8 +140,9 @@ def test_memory_rows_in_budget_order_and_gains_judged_as_ratios(tmp_path):
     rows = []
     for kv, gain_p in (("1.5GB", 1.58), ("14GB", 1.01), ("2GB", 1.5)):
         for system, g in (("vllm_tts", 10.0), ("fasttts_p", 10.0 * gain_p), ("fasttts_pm", 20.0)):
-            rows.append({"system": system, "config.system.kv_budget": kv, "config.workload.n": 128,
-                         "summary.goodput_tok_s": g})
+            rows.append(
+                {"system": system, "config.system.kv_budget": kv, "config.workload.n": 128, "summary.goodput_tok_s": g}
+            )
     t = report.report_memory(tmp_path, _runs(rows), None)
     assert t["kv_budget"].tolist() == ["1.5GB", "2GB", "14GB"]
     assert t["verdict fasttts_p gain (sim)"].tolist() == ["reproduced", "not reproduced", "reproduced"]
@@ -125,13 +155,27 @@ def test_r_sweep_finds_the_papers_numbers(tmp_path):
     config 'system=fasttts;R=0.85' is two keys). Mutations caught: looking the series up as one system
     name (no paper number found: every verdict 'no result'); the verdict's arguments swapped (ours
     taken as the paper's: 30 vs 23 tok/s would read 'partly')."""
-    rows = [{"system": s, "config.system.spec_truncation_ratio": r, "config.workload.n": 64,
-             "config.verifier.name": "math-shepherd-7b", "summary.goodput_tok_s": g}
-            for s, r, g in (("vllm_tts", 0.85, 12.0), ("vllm_tts", 0.0, 12.0), ("fasttts", 0.0, 18.0),
-                            ("fasttts", 0.85, 30.0))]
+    rows = [
+        {
+            "system": s,
+            "config.system.spec_truncation_ratio": r,
+            "config.workload.n": 64,
+            "config.verifier.name": "math-shepherd-7b",
+            "summary.goodput_tok_s": g,
+        }
+        for s, r, g in (
+            ("vllm_tts", 0.85, 12.0),
+            ("vllm_tts", 0.0, 12.0),
+            ("fasttts", 0.0, 18.0),
+            ("fasttts", 0.85, 30.0),
+        )
+    ]
     t = report.report_r_sweep(tmp_path, _runs(rows), None)
-    assert (t["paper vllm_tts"].iloc[0], t["paper fasttts;R=0.0"].iloc[0], t["paper fasttts;R=0.85"].iloc[0]) == \
-        (12.5, 18.5, 23)
+    assert (t["paper vllm_tts"].iloc[0], t["paper fasttts;R=0.0"].iloc[0], t["paper fasttts;R=0.85"].iloc[0]) == (
+        12.5,
+        18.5,
+        23,
+    )
     assert t["verdict fasttts;R=0.0 (sim)"].iloc[0] == "reproduced"
     assert t["verdict fasttts;R=0.85 (sim)"].iloc[0] == "not reproduced"
 
@@ -152,9 +196,16 @@ def test_a_sweep_where_nothing_fit_still_reports(tmp_path, name):
 def test_r_sweep_keeps_the_baseline_whatever_r_the_sweep_ran(tmp_path):
     """A sweep of R=0.0 only still has its baseline (it was kept at R=0.85 only, QA): the baseline
     does not speculate, so one run of it per setting. Mutation caught: the R=0.85 filter back."""
-    rows = [{"system": s, "config.system.spec_truncation_ratio": 0.0, "config.workload.n": 64,
-             "config.verifier.name": "math-shepherd-7b", "summary.goodput_tok_s": g}
-            for s, g in (("vllm_tts", 12.0), ("fasttts", 18.0))]
+    rows = [
+        {
+            "system": s,
+            "config.system.spec_truncation_ratio": 0.0,
+            "config.workload.n": 64,
+            "config.verifier.name": "math-shepherd-7b",
+            "summary.goodput_tok_s": g,
+        }
+        for s, g in (("vllm_tts", 12.0), ("fasttts", 18.0))
+    ]
     t = report.report_r_sweep(tmp_path, _runs(rows), None)
     assert t["vllm_tts (sim)"].tolist() == [12.0] and t["verdict vllm_tts (sim)"].iloc[0] == "reproduced"
 
@@ -162,8 +213,10 @@ def test_r_sweep_keeps_the_baseline_whatever_r_the_sweep_ran(tmp_path):
 def test_memory_judges_only_the_papers_n(tmp_path):
     """Fig. 18 is at n=128: an n=16 row is shown but not judged against it (QA: looked up by the KV
     budget alone). Mutation caught: the n key dropped from the lookup."""
-    rows = [{"system": s, "config.system.kv_budget": "2GB", "config.workload.n": 16, "summary.goodput_tok_s": g}
-            for s, g in (("vllm_tts", 10.0), ("fasttts_p", 15.0))]
+    rows = [
+        {"system": s, "config.system.kv_budget": "2GB", "config.workload.n": 16, "summary.goodput_tok_s": g}
+        for s, g in (("vllm_tts", 10.0), ("fasttts_p", 15.0))
+    ]
     t = report.report_memory(tmp_path, _runs(rows), None)
     assert t["fasttts_p gain % (sim)"].tolist() == [pytest.approx(50.0)]
     assert t["verdict fasttts_p gain (sim)"].isna().all()
@@ -175,8 +228,10 @@ def test_memory_judges_only_the_papers_n(tmp_path):
 def test_without_the_baseline_the_notes_say_why(tmp_path, name):
     """No vllm_tts in the sweep: the notes say there is no gain and what to add (QA: notes began with
     '; paper: ...' and the gain figures were silently missing). Mutation caught: the note not added."""
-    rows = [{"system": s, "config.system.kv_budget": "2GB", "config.workload.n": 128, "summary.goodput_tok_s": 10.0}
-            for s in ("fasttts_p", "fasttts_pm", "fasttts")]
+    rows = [
+        {"system": s, "config.system.kv_budget": "2GB", "config.workload.n": 128, "summary.goodput_tok_s": 10.0}
+        for s in ("fasttts_p", "fasttts_pm", "fasttts")
+    ]
     getattr(report, name)(tmp_path, _runs(rows), None)
     text = (tmp_path / REPORTS[name][0]).read_text()
     assert "No gain: no vllm_tts run" in text and "\n; " not in text and "add it to system=" in text
@@ -195,9 +250,16 @@ def test_r_sweep_without_the_baseline_and_at_other_r(tmp_path):
     64.0 in the concatenation with the empty baseline and no paper number matched); a run at another R
     is shown and named, not dropped (QA). (Mutations caught: the int cast dropped; the extra series
     dropped.)"""
-    rows = [{"system": "fasttts", "config.system.spec_truncation_ratio": r, "config.workload.n": 64,
-             "config.verifier.name": "math-shepherd-7b", "summary.goodput_tok_s": g}
-            for r, g in ((0.0, 18.0), (0.85, 30.0), (0.5, 25.0))]
+    rows = [
+        {
+            "system": "fasttts",
+            "config.system.spec_truncation_ratio": r,
+            "config.workload.n": 64,
+            "config.verifier.name": "math-shepherd-7b",
+            "summary.goodput_tok_s": g,
+        }
+        for r, g in ((0.0, 18.0), (0.85, 30.0), (0.5, 25.0))
+    ]
     t = report.report_r_sweep(tmp_path, _runs(rows), None)
     assert t["verdict fasttts;R=0.0 (sim)"].iloc[0] == "reproduced"
     assert t["fasttts;R=0.5 (sim)"].tolist() == [25.0]

@@ -10,6 +10,7 @@ The iterations digests of 8 jobs were retaken once after a correctness change, n
 iteration without a verifier call recorded ver_cpu_s = 0.0 on the simulator, which measures no CPU
 time (now null). Every summary is as before, and each new table is the old one but for that column
 on those rows (checked before the retake: the old digest rebuilt from the new table)."""
+
 import json
 import os
 import subprocess
@@ -56,7 +57,8 @@ def test_a_simulated_run_imports_nothing_gpu_or_torch_related(tmp_path):
         "    runpy.run_path('run.py', run_name='__main__')\n"
         "except SystemExit as e:\n"
         "    assert not e.code, e.code\n"
-        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n")
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -73,19 +75,29 @@ def test_per_iteration_replanning_reads_no_config(compose_cfg, monkeypatch):
     from systems.tts import runner
     from systems.tts.beams import Beam
     from systems.tts.search import Search
-    cfg = compose_cfg("system=fasttts", "backend=sim", "system.replan=per_iteration", "system.offload=true",
-                      "hardware=rtx4070ti", "kv_budget=300MiB", "n=256", "workload.num_problems=1",
-                      "workload.num_iterations=2")
+
+    cfg = compose_cfg(
+        "system=fasttts",
+        "backend=sim",
+        "system.replan=per_iteration",
+        "system.offload=true",
+        "hardware=rtx4070ti",
+        "kv_budget=300MiB",
+        "n=256",
+        "workload.num_problems=1",
+        "workload.num_iterations=2",
+    )
     bw = float(cfg.hardware.h2d_bw)
     b = runner.build(cfg, Backend("sim", "sim", True, "test"), None)
     p = b.problems[0]
 
     def no_config(self, key):
         raise AssertionError(f"config read on the per-iteration path: {key}")
+
     monkeypatch.setattr(DictConfig, "__getattr__", no_config)
     monkeypatch.setattr(DictConfig, "__getitem__", no_config)
     b.hook(5, [Beam(str(i), tokens=[1000] * 1000) for i in range(256)], len(b.prompts[p.index]))
-    assert b.gen.offload_bw == bw and b.ver.offload_bw == bw          # the offload plan was applied
+    assert b.gen.offload_bw == bw and b.ver.offload_bw == bw  # the offload plan was applied
     res = Search(b.settings, b.gen, b.ver, before_iteration=b.hook).run_problem(p.index, b.prompts[p.index])
     assert len(res.iterations) == 2
 
@@ -101,6 +113,7 @@ def test_a_simulated_search_runs_without_the_cyclic_collector(compose_cfg, monke
     from harness.run import run
     from systems.tts import metrics
     from systems.tts.search import Search
+
     seen, seen_tables = [], []
     real, real_tables = Search.run_problem, metrics.tables
 
@@ -111,6 +124,7 @@ def test_a_simulated_search_runs_without_the_cyclic_collector(compose_cfg, monke
     def spy_tables(*a, **k):
         seen_tables.append(gc.isenabled())
         return real_tables(*a, **k)
+
     monkeypatch.setattr(Search, "run_problem", spy)
     monkeypatch.setattr(metrics, "tables", spy_tables)
     assert gc.isenabled()
@@ -120,12 +134,19 @@ def test_a_simulated_search_runs_without_the_cyclic_collector(compose_cfg, monke
 
         def boom(self, *a, **k):
             raise RuntimeError("search failed")
+
         monkeypatch.setattr(Search, "run_problem", boom)
-        assert run(compose_cfg("system=fasttts", "backend=sim", "n=8", "workload.num_problems=1",
-                               output_dir=tmp_path / "failed"))["status"] == "error"
+        assert (
+            run(
+                compose_cfg(
+                    "system=fasttts", "backend=sim", "n=8", "workload.num_problems=1", output_dir=tmp_path / "failed"
+                )
+            )["status"]
+            == "error"
+        )
         assert gc.isenabled()
     finally:
-        gc.enable()                      # the rest of the session keeps its collector whatever failed
+        gc.enable()  # the rest of the session keeps its collector whatever failed
 
 
 def test_a_run_leaves_no_temporary_folder(compose_cfg, monkeypatch, tmp_path):
@@ -138,6 +159,7 @@ def test_a_run_leaves_no_temporary_folder(compose_cfg, monkeypatch, tmp_path):
     from harness.backend import Backend
     from harness.run import run
     from systems.tts import runner
+
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
@@ -150,6 +172,7 @@ def test_a_run_leaves_no_temporary_folder(compose_cfg, monkeypatch, tmp_path):
         (workdir / "config.json").write_text("{}")
         seen.append(workdir)
         raise RuntimeError("engine failed to start")
+
     monkeypatch.setattr(runner, "build", engines_fail)
     ctx = type("Ctx", (), {"backend": Backend("vllm", "cpu", False, "test")})()
     with pytest.raises(RuntimeError, match="engine failed"):

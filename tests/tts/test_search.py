@@ -1,5 +1,4 @@
 """Search policies, duplication order, speculative truncation; P and S on the simulated backend."""
-import copy
 
 import pytest
 
@@ -19,7 +18,7 @@ def _beams(scores):
 def test_beam_search_keeps_global_top_and_refills_n():
     sel = select_survivors("beam_search", _beams([0.1, 0.9, 0.5, 0.7, 0.3, 0.8, 0.2, 0.6]), 8, 4, "last")
     assert [(b.uid, c) for b, c in sel] == [("1", 4), ("5", 4)]
-    sel = select_survivors("beam_search", _beams([0.1, 0.9, 0.5]), 16, 4, "last")   # fewer active than n/4
+    sel = select_survivors("beam_search", _beams([0.1, 0.9, 0.5]), 16, 4, "last")  # fewer active than n/4
     assert [(b.uid, c) for b, c in sel] == [("1", 6), ("2", 5), ("0", 5)]
 
 
@@ -40,13 +39,14 @@ def test_dynamic_branching_largest_remainder():
     sel = select_survivors("dynamic_branching", bs, 16, 4, "last")
     counts = {b.uid: c for b, c in sel}
     assert sum(counts.values()) == 16
-    assert counts["0"] == 8 and counts["1"] == 5 and counts["2"] == 3     # 9:6:3 of 16 -> 8, 5.33, 2.67
+    assert counts["0"] == 8 and counts["1"] == 5 and counts["2"] == 3  # 9:6:3 of 16 -> 8, 5.33, 2.67
 
 
 def test_aggregations():
     b = Beam("0", tokens=[1, 2], step_ends=[1, 2], scores=[0.5, 0.8])
     assert select_survivors("beam_search", [b], 4, 4, "min")[0][0] is b
     from systems.tts.beams import aggregate
+
     assert aggregate([0.5, 0.8], "prod") == pytest.approx(0.4)
     assert aggregate([0.5, 0.8], "mean") == pytest.approx(0.65)
 
@@ -59,8 +59,8 @@ def test_duplicate_orders_and_names():
     assert [x.uid for x in pa] == ["a.0", "a.1", "b.0", "b.1"]
     assert sorted((x.uid, tuple(x.spec)) for x in base) == sorted((x.uid, tuple(x.spec)) for x in pa)
     d = {x.uid: x for x in pa}
-    assert d["a.0"].spec == a.spec                       # the original keeps all speculative tokens
-    assert 1 <= len(d["a.1"].spec) <= 9 and d["a.1"].spec == a.spec[:len(d["a.1"].spec)]
+    assert d["a.0"].spec == a.spec  # the original keeps all speculative tokens
+    assert 1 <= len(d["a.1"].spec) <= 9 and d["a.1"].spec == a.spec[: len(d["a.1"].spec)]
     no_s = duplicate([(a, 2)], True, False, 0.85, 0.1, 0, 0, 0)
     assert no_s[1].spec == []
 
@@ -77,6 +77,7 @@ def test_step_bias_gives_wanted_probability():
     end token. Mutation caught: the old rule (delimiter at 1/mean on top of the end token: steps of
     89 instead of 100 tokens and 9 instead of 8 steps per path at the paper's 100 / 8)."""
     import math
+
     V, T = 151936, 0.8
     bd, be = step_logit_biases(V, T, 16, 4)
     wd, we = math.exp(bd / T), math.exp(be / T)
@@ -87,8 +88,10 @@ def test_simulated_step_model_has_the_configured_means():
     """The simulator's step model (the same probabilities as vLLM's logit biases): steps of
     step_tokens_mean = 100 tokens and paths of steps_per_answer_mean = 8 steps on average."""
     import numpy as np
+
     from systems.tts.beams import step_probabilities
     from systems.tts.sim import StepModel
+
     m = StepModel(*step_probabilities(100, 8), 271, 151643, 151936)
     rng = np.random.default_rng(0)
     draws = [m.chunk(rng) for _ in range(40000)]
@@ -115,10 +118,11 @@ def test_prefix_aware_order_never_changes_decisions_sim(compose_cfg):
     p, rp = _sim_search(compose_cfg, "fasttts_p")
     assert len(base) == len(p) > 4
     assert [(r.selected, r.selected_keys) for r in base] == [(r.selected, r.selected_keys) for r in p]
-    assert [sorted((b.uid, tuple(b.tokens)) for b in r.completions) for r in rb] == \
-        [sorted((b.uid, tuple(b.tokens)) for b in r.completions) for r in rp]
+    assert [sorted((b.uid, tuple(b.tokens)) for b in r.completions) for r in rb] == [
+        sorted((b.uid, tuple(b.tokens)) for b in r.completions) for r in rp
+    ]
     last = [b.scores[-1] for r in rb for b in r.completions]
-    assert len(set(last)) > len(last) // 2                         # distinct scores, not ties
+    assert len(set(last)) > len(last) // 2  # distinct scores, not ties
 
 
 @pytest.mark.parametrize("system", ["vllm_tts", "fasttts_s"])
@@ -129,6 +133,7 @@ def test_each_path_carries_its_own_steps_scores_sim(compose_cfg, system):
     a step end that lets the speculative tokens after it into the scored prefix (look-ahead's
     ``ends.append``, or the verifier scoring its whole input)."""
     from systems.tts.beams import synthetic_prm_score
+
     recs, results = _sim_search(compose_cfg, system)
     checked = 0
     for r in results:
@@ -194,13 +199,14 @@ def test_lineage_returns_the_nearest_ancestors_entry_of_the_current_problem():
     """Mutations caught: the problem change not forgetting the entries; the search stopping at the
     path itself (no ancestors)."""
     from systems.tts.sim import Lineage
+
     lin = Lineage()
     assert lin.get("3/0.1") is None
     lin.put("3/0", "a")
     lin.put("3/0.1", "b")
     assert [lin.get(p) for p in ("3/0.1.2.0", "3/0.1", "3/0.2", "3/1", "3/10.1")] == ["b", "b", "a", None, None]
-    assert lin.get("4/0.1") is None and lin.get("3/0.1") is None      # a new problem forgets the old one's
-    lin.put("3/0", "stale")                                            # not the current problem: not kept
+    assert lin.get("4/0.1") is None and lin.get("3/0.1") is None  # a new problem forgets the old one's
+    lin.put("3/0", "stale")  # not the current problem: not kept
     assert lin.get("4/0") is None
 
 
@@ -213,14 +219,17 @@ def test_synthetic_prm_continues_from_the_parents_state_when_it_applies(monkeypa
     from the start."""
     from systems.tts import sim
     from systems.tts.beams import synthetic_prm_values
+
     prm = sim.SyntheticPrm(7)
     parent = list(range(100, 130))
     child = parent[:20] + list(range(500, 515))
     grandchild = child + list(range(900, 905))
-    cases = [(parent, [10, 20, 30], [True] * 3, "1/0"),
-             (child, [10, 20, 32, 35], [False, False, True, True], "1/0.2"),
-             (grandchild, [10, 20, 32, 35, 40], [False, False, False, False, True], "1/0.2.1"),
-             (grandchild, [10, 20, 32, 35, 40], [False, True, True, True, True], "1/0.2.3")]
+    cases = [
+        (parent, [10, 20, 30], [True] * 3, "1/0"),
+        (child, [10, 20, 32, 35], [False, False, True, True], "1/0.2"),
+        (grandchild, [10, 20, 32, 35, 40], [False, False, False, False, True], "1/0.2.1"),
+        (grandchild, [10, 20, 32, 35, 40], [False, True, True, True, True], "1/0.2.3"),
+    ]
     want = [synthetic_prm_values(7, 1, tokens, ends, computed) for tokens, ends, computed, _ in cases]
     starts = []
     read = sim._read_scores
@@ -234,8 +243,12 @@ def test_synthetic_prm_values_as_stored():
     computed when the token ids were packed by ``array("q")``. Mutations caught: big-endian ids
     (``>q``); the ids from the hashed position + 1."""
     from systems.tts.beams import synthetic_prm_values
-    assert synthetic_prm_values(3, 2, [5, 151643, 271, 70000, 1], [2, 3, 5], [True, False, True]) == \
-        [0.4302103007807099, None, 0.8390267005762568]
+
+    assert synthetic_prm_values(3, 2, [5, 151643, 271, 70000, 1], [2, 3, 5], [True, False, True]) == [
+        0.4302103007807099,
+        None,
+        0.8390267005762568,
+    ]
 
 
 def test_batched_stable_hashes_are_stable_hash():
@@ -243,6 +256,7 @@ def test_batched_stable_hashes_are_stable_hash():
     values. Mutations caught: the last part's separator dropped; the shared parts' trailing separator
     dropped."""
     from systems.tts.beams import request_seeds, stable_hashes
+
     uids = ["0", "3.1", "12.0.2", "\u00fc"]
     assert stable_hashes(("trunc", 0, 1, 2), uids) == [stable_hash("trunc", 0, 1, 2, u) for u in uids]
     assert stable_hashes((), [5]) == [stable_hash(5)]

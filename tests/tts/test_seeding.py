@@ -1,4 +1,5 @@
 """systems/tts/seeding.py: generators built in bulk are numpy's ``default_rng`` streams, bit for bit."""
+
 import random
 
 import numpy as np
@@ -15,9 +16,11 @@ def test_bulk_generators_are_default_rngs():
     Mutations caught: the pool's cross-mix taking its destinations in reverse order (constants paired wrongly),
     the output words paired high-first, the zero word of 0 left out (0 -> no words)."""
     rnd = random.Random(7)
-    ents = ([[rnd.randrange(2 ** 31 - 1), rnd.randrange(2)] for _ in range(200)]
-            + [rnd.randrange(2 ** 64) for _ in range(200)]
-            + [0, [0, 0], [0, 1], 2 ** 32 - 1, 2 ** 32, [2 ** 32, 5], list(range(9)), 12345])
+    ents = (
+        [[rnd.randrange(2**31 - 1), rnd.randrange(2)] for _ in range(200)]
+        + [rnd.randrange(2**64) for _ in range(200)]
+        + [0, [0, 0], [0, 1], 2**32 - 1, 2**32, [2**32, 5], list(range(9)), 12345]
+    )
     rnd.shuffle(ents)
     for e, g in zip(ents, generators(ents)):
         ref = np.random.default_rng(e)
@@ -33,7 +36,7 @@ def test_negative_entropy_is_refused():
     numpy 2 this passes without the check too)."""
     with pytest.raises(ValueError, match="non-negative"):
         generators([[1, -2]])
-    for batch in ([-1], [3, -2 ** 63]):
+    for batch in ([-1], [3, -(2**63)]):
         with pytest.raises(ValueError, match="non-negative"):
             generators(batch)
 
@@ -44,12 +47,12 @@ def test_batches_of_one_shape_are_default_rngs():
     ``default_rng``, in the batch's order. Mutations caught: a key's words paired high-first, a
     pair's values swapped."""
     rnd = random.Random(11)
-    ints = [rnd.randrange(2 ** 64) for _ in range(50)] + [rnd.randrange(2 ** 32) for _ in range(50)]
-    ints += [0, 1, 2 ** 32 - 1, 2 ** 32, 2 ** 64 - 1]
+    ints = [rnd.randrange(2**64) for _ in range(50)] + [rnd.randrange(2**32) for _ in range(50)]
+    ints += [0, 1, 2**32 - 1, 2**32, 2**64 - 1]
     rnd.shuffle(ints)
-    pairs = [[rnd.randrange(2 ** 31 - 1), rnd.randrange(2)] for _ in range(50)]
-    pairs += [[0, 0], [2 ** 32 - 1, 2 ** 32 - 1], (7, 1), [2 ** 31, 0]]
-    for batch in (ints, pairs, ints + [2 ** 64], pairs + [[2 ** 32, 1]], pairs + [[2 ** 63, 1]], [[1, 2], [3]], []):
+    pairs = [[rnd.randrange(2**31 - 1), rnd.randrange(2)] for _ in range(50)]
+    pairs += [[0, 0], [2**32 - 1, 2**32 - 1], (7, 1), [2**31, 0]]
+    for batch in (ints, pairs, ints + [2**64], pairs + [[2**32, 1]], pairs + [[2**63, 1]], [[1, 2], [3]], []):
         got = generators(batch)
         assert len(got) == len(batch)
         for e, g in zip(batch, got):

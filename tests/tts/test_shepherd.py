@@ -2,6 +2,7 @@
 tiny ``MistralForCausalLM`` + its own tokenizer (tests/tts/local_checkpoints.py) next to the tiny
 Qwen2 generator. Input formatting, validation before any work, and a real vLLM-CPU run whose
 recorded step scores equal transformers' P("+") at each step's tag."""
+
 import os
 import shutil
 
@@ -22,6 +23,7 @@ SMALL = ["n=4", "workload.num_iterations=2", "workload.num_problems=2", "workloa
 def ckpt(tmp_path_factory):
     """dict: gen (Qwen2 generator dir), prm (Qwen2 PRM dir), ms (Mistral verifier dir), ov (its overrides)."""
     from tests.conftest import FIXTURE_DATA
+
     root = tmp_path_factory.mktemp("shepherd")
     tok = build_tokenizer(root / "tokenizer", FIXTURE_DATA)
     build_generator(root / "gen", tok)
@@ -31,8 +33,15 @@ def ckpt(tmp_path_factory):
 
 
 def _args(c, ver=None, *extra):
-    return [*REAL, "n=8", f"model.weights={c['gen']}", f"verifier.weights={ver or c['ms']}", OVERRIDES[0],
-            *c["ov"], *extra]
+    return [
+        *REAL,
+        "n=8",
+        f"model.weights={c['gen']}",
+        f"verifier.weights={ver or c['ms']}",
+        OVERRIDES[0],
+        *c["ov"],
+        *extra,
+    ]
 
 
 def _ids(ov, name):
@@ -44,7 +53,7 @@ def test_format_puts_a_tag_after_every_step(ckpt):
     text, ends = ShepherdText.format("Q?", ["a.\n\n", "b\n\nc\n\n", "d"], " ки")
     # search-and-learn: every "\n\n" becomes " ки\n\n"; a step without one gets " ки" appended
     assert text == "Q? a. ки\n\nb ки\n\nc ки\n\nd ки"
-    assert [text[e - 3:e] for e in ends] == [" ки"] * 3 and ends[1] == text.index("c ки") + 4
+    assert [text[e - 3 : e] for e in ends] == [" ки"] * 3 and ends[1] == text.index("c ки") + 4
     space = token_space(str(ckpt["gen"]))
     vt = ShepherdText(space, str(ckpt["ms"]), " ки", _ids(ckpt["ov"], "step_tag_id"))
     enc = lambda s: space.tok.encode(s, add_special_tokens=False)
@@ -53,9 +62,9 @@ def test_format_puts_a_tag_after_every_step(ckpt):
     ids1, pos1 = vt.build(prompt, s1, [len(s1)])
     ids, pos = vt.build(prompt, s1 + s2, [len(s1), len(s1) + len(s2)])
     vtok = load_tokenizer(str(ckpt["ms"]))
-    assert ids[:len(ids1)] == ids1 and pos[0] == pos1[0]            # a path's input extends its parent's
+    assert ids[: len(ids1)] == ids1 and pos[0] == pos1[0]  # a path's input extends its parent's
     assert ids[0] == vtok.bos_token_id and [ids[p] for p in pos] == [vt.tag, vt.tag]
-    assert sum(i == vt.tag for i in ids) == 3 and pos[1] == len(ids) - 1     # step 2 holds two tags, read the last
+    assert sum(i == vt.tag for i in ids) == 3 and pos[1] == len(ids) - 1  # step 2 holds two tags, read the last
     assert vtok.decode(ids, skip_special_tokens=True) == "Find x. We have $x = 2$. ки\n\nSo ки\n\nx is $\\boxed{2}$ ки"
 
 
@@ -66,11 +75,17 @@ def test_shepherd_validates(compose_cfg, ckpt):
 
 def test_wrong_step_tag_or_good_bad_ids(compose_cfg, ckpt):
     tag, good, bad = (_ids(ckpt["ov"], k) for k in ("step_tag_id", "good_token_id", "bad_token_id"))
-    with pytest.raises(ConfigError, match=rf"verifier.step_tag_id={tag + 1} is not allowed.*not the single token "
-                                          rf"{tag + 1}.*encodes to \[{tag}\]\); allowed: verifier.step_tag_id={tag}$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"verifier.step_tag_id={tag + 1} is not allowed.*not the single token "
+        rf"{tag + 1}.*encodes to \[{tag}\]\); allowed: verifier.step_tag_id={tag}$",
+    ):
         validate(compose_cfg(*_args(ckpt, None, f"verifier.step_tag_id={tag + 1}")))
-    with pytest.raises(ConfigError, match=rf"verifier.good_token_id={bad} is not allowed.*'-'.*not the single token "
-                                          rf"'\+'; allowed: \[{good}"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"verifier.good_token_id={bad} is not allowed.*'-'.*not the single token "
+        rf"'\+'; allowed: \[{good}",
+    ):
         validate(compose_cfg(*_args(ckpt, None, f"verifier.good_token_id={bad}")))
     with pytest.raises(ConfigError, match=r"verifier.bad_token_id=5000 is not allowed.*no token"):
         validate(compose_cfg(*_args(ckpt, None, "verifier.bad_token_id=5000")))
@@ -81,14 +96,20 @@ def test_step_tag_that_is_not_one_token(compose_cfg, ckpt, tmp_path):
     ms = tmp_path / "ms"
     shutil.copytree(ckpt["ms"], ms)
     load_tokenizer(str(ckpt["gen"])).save_pretrained(ms)
-    with pytest.raises(ConfigError, match=r"verifier.step_tag_id=\d+ is not allowed.*alone encodes to \[\d+, \d+.*"
-                                          r"allowed: a tokenizer that encodes the step tag as one token"):
+    with pytest.raises(
+        ConfigError,
+        match=r"verifier.step_tag_id=\d+ is not allowed.*alone encodes to \[\d+, \d+.*"
+        r"allowed: a tokenizer that encodes the step tag as one token",
+    ):
         validate(compose_cfg(*_args(ckpt, ms)))
 
 
 def test_architecture_and_kind(compose_cfg, ckpt):
-    with pytest.raises(ConfigError, match=r"architecture Qwen2ForProcessRewardModel is not a causal LM; "
-                                          r"verifier=math-shepherd-7b \(prm_kind=lm\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"architecture Qwen2ForProcessRewardModel is not a causal LM; "
+        r"verifier=math-shepherd-7b \(prm_kind=lm\)",
+    ):
         validate(compose_cfg(*_args(ckpt, ckpt["prm"])))
     with pytest.raises(ConfigError, match="verifier.prm_kind='value' is not allowed: one of head, lm"):
         validate(compose_cfg(*_args(ckpt, None, "verifier.prm_kind=value")))
@@ -109,6 +130,7 @@ def test_real_run_scores_are_p_plus_at_each_tag(compose_cfg, ckpt, tmp_path, mon
     from systems.tts.runner import _data_path
     from systems.tts.search import Search
     from workloads.math import load_problems
+
     seen = []
     orig = Search.run_problem
     monkeypatch.setattr(Search, "run_problem", lambda self, *a, **k: seen.append(orig(self, *a, **k)) or seen[-1])
@@ -117,7 +139,7 @@ def test_real_run_scores_are_p_plus_at_each_tag(compose_cfg, ckpt, tmp_path, mon
     assert rec["status"] == "ok", rec.get("message")
     s = rec["summary"]
     assert s["problems"] == 2 and s["iterations_per_problem"] == 2 and s["score_source"] == "prm"
-    assert s["ver_prefix_hit_rate"] > 0                   # the prefix cache stays on for this pooling mode
+    assert s["ver_prefix_hit_rate"] > 0  # the prefix cache stays on for this pooling mode
     comp = pd.read_parquet(tmp_path / "run" / "completions.parquet")
     assert comp["score_last"].between(0, 1, inclusive="neither").all() and comp["score_last"].nunique() > 1
 

@@ -1,5 +1,6 @@
 """The speculation policy (FastTTS §4.1): its decisions on a scripted event sequence, and the
 simulated generator executing whatever it decides (the vLLM generator: tests/tts/test_vllm.py)."""
+
 from typing import Dict, List
 
 from systems.tts.memory import ModelShape, Roofline
@@ -81,17 +82,33 @@ def check_generator_obeys(gen, requests: List[GenRequest]):
             else:
                 assert len(o.tokens) == o.step_len, (r.uid, o.finish)
         assert (res.spec_tokens > 0) == always
-        assert any(c[0] == "to_abort" and c[2] > 0 for c in pol.calls) == always   # consulted while speculating
+        assert any(c[0] == "to_abort" and c[2] > 0 for c in pol.calls) == always  # consulted while speculating
 
 
-TINY = ModelShape(num_params=4e7, num_layers=4, hidden_size=256, kv_bytes_per_token=2048, weight_bytes=1.6e8,
-                  vocab_size=151936, head_params=3.9e7, dtype_bytes=4)
+TINY = ModelShape(
+    num_params=4e7,
+    num_layers=4,
+    hidden_size=256,
+    kv_bytes_per_token=2048,
+    weight_bytes=1.6e8,
+    vocab_size=151936,
+    head_params=3.9e7,
+    dtype_bytes=4,
+)
 
 
 def sim_generator(max_num_seqs=64, kv_bytes=64 << 20):
     steps = StepModel(1 / 4, 1 / 64, DELIM, EOS, 151936)
-    return SimGenerator(TINY, Roofline(5e10, 1e10), TokenSource(steps), kv_bytes=kv_bytes,
-                        max_num_seqs=max_num_seqs, block=32, token_budget=4096, max_model_len=4096)
+    return SimGenerator(
+        TINY,
+        Roofline(5e10, 1e10),
+        TokenSource(steps),
+        kv_bytes=kv_bytes,
+        max_num_seqs=max_num_seqs,
+        block=32,
+        token_budget=4096,
+        max_model_len=4096,
+    )
 
 
 def test_sim_generator_executes_the_policy():
@@ -104,7 +121,7 @@ def test_sim_generator_phase1_and_cap_follow_the_policy():
     while others wait stop (Phase 1); the cap of speculative beams holds after every event."""
     reqs = [GenRequest(f"r{i}", list(range(1000, 1040)), max_tokens=16, seed=i) for i in range(8)]
     res = sim_generator(max_num_seqs=4).extend(reqs, SpeculationPolicy(True, max_beams=256))
-    first = list(res.outputs)[:4]                  # each ended while a request was still queued
+    first = list(res.outputs)[:4]  # each ended while a request was still queued
     assert all(res.outputs[u].step_len == len(res.outputs[u].tokens) for u in first)
     assert res.spec_tokens > 0
     with_cap = sim_generator().extend(reqs, SpeculationPolicy(True, max_beams=0))
@@ -118,13 +135,17 @@ def test_policy_and_protocol_modules_import_no_engine():
     torch import in any of them."""
     import subprocess
     import sys
+
     from tests.conftest import ROOT
-    code = ("import os, sys\n"
-            "import systems.tts.protocol, systems.tts.speculation, systems.tts.plan, systems.tts.search, "
-            "systems.tts.engines\n"
-            "assert 'torch' not in sys.modules and 'vllm' not in sys.modules, sorted(m for m in sys.modules "
-            "if m.split('.')[0] in ('torch', 'vllm'))[:3]\n"
-            "assert not [k for k in os.environ if k.startswith('VLLM')]\n")
+
+    code = (
+        "import os, sys\n"
+        "import systems.tts.protocol, systems.tts.speculation, systems.tts.plan, systems.tts.search, "
+        "systems.tts.engines\n"
+        "assert 'torch' not in sys.modules and 'vllm' not in sys.modules, sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('torch', 'vllm'))[:3]\n"
+        "assert not [k for k in os.environ if k.startswith('VLLM')]\n"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("VLLM")}
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-500:]

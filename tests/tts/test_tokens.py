@@ -1,5 +1,6 @@
 """The simulator's token streams (systems/tts/sim.py TokenStream): the tokens of a request's seed,
 however the stream is read."""
+
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ def reference(model: StepModel, seed: int, n: int):
     return out[:n]
 
 
-@pytest.mark.parametrize("vocab", [151936, 2500])          # 2500: a small vocabulary (boundaries kept out)
+@pytest.mark.parametrize("vocab", [151936, 2500])  # 2500: a small vocabulary (boundaries kept out)
 def test_stream_reads_the_seeds_tokens_in_any_increments(vocab):
     """Read in small and large increments, after ``boundary`` drew chunks ahead, prepared in bulk or
     built alone: always the reference's tokens. Mutations caught: a chunk's body sliced one token
@@ -26,11 +27,11 @@ def test_stream_reads_the_seeds_tokens_in_any_increments(vocab):
     less the chunks' count), a stream handed out twice by ``TokenSource.stream`` (``get``, not ``pop``)."""
     model = StepModel(p_delim=0.03, p_eos=0.01, delimiter_id=271, eos_id=vocab - 1, vocab_size=vocab)
     src = TokenSource(model)
-    reqs = [GenRequest(f"r{i}", [1, 2], 64, seed) for i, seed in enumerate((0, 5, 2 ** 31 - 2, 77))]
+    reqs = [GenRequest(f"r{i}", [1, 2], 64, seed) for i, seed in enumerate((0, 5, 2**31 - 2, 77))]
     src.prepare(reqs[:3])
     for r, steps in zip(reqs, ([1, 1, 5, 40, 300, 2000], [2000], [0, 7, 7, 8, 1500], [3, 900])):
         s = src.stream(r)
-        s.boundary(0, 500, eos_only=True)              # chunks drawn ahead of the tokens read
+        s.boundary(0, 500, eos_only=True)  # chunks drawn ahead of the tokens read
         for n in steps:
             assert s.read(n) == reference(model, r.seed, n)
     assert src.ready == {}
@@ -42,6 +43,7 @@ def test_token_map_passes_the_steps_through_for_the_same_tokenizer():
     prompt is not modified. Mutations caught: the tokens after the last end kept; the positions
     counted from the tokens' start instead of the prompt's."""
     from systems.tts.engines import TokenMap
+
     tm = TokenMap("qwen", "qwen", 100, 7, 7)
     prompt = [1, 2]
     assert tm.build(prompt, [3, 7, 4, 5, 7, 9], [2, 5]) == ([1, 2, 3, 7, 4, 5, 7], [3, 6])
@@ -58,6 +60,7 @@ def test_lazy_speculation_end_is_the_streams_boundary(seed):
     not incremented: no progress), the scan starting at the step's own delimiter (``bisect_left``),
     the speculation stopping at a delimiter (``eos_only=False``)."""
     from systems.tts.sim import _Seq
+
     model = StepModel(p_delim=0.05, p_eos=0.005, delimiter_id=271, eos_id=151643, vocab_size=151936)
     r = GenRequest("r", [1, 2], 64, seed)
     for cap in (30, 400, 5000):
@@ -83,16 +86,17 @@ def test_starts_with_compares_the_first_n_tokens_of_base_then_tail():
     part compared from its position in ``tokens`` (``tail[p:n]``); ``n == p`` taken as all of
     ``tokens``; the tail ignored."""
     from systems.tts.sim import starts_with
+
     base, tail = [1, 2, 3], [4, 5]
     assert starts_with([1, 2, 3, 4, 5, 6], 5, base, tail)
     assert starts_with([1, 2, 3, 4], 4, base, tail)
     assert not starts_with([1, 2, 3, 4, 9], 5, base, tail)
     assert not starts_with([1, 2, 3, 9, 5], 4, base, tail)
-    assert starts_with([1, 2, 3, 9], 3, base, tail)             # n inside base: what follows does not count
+    assert starts_with([1, 2, 3, 9], 3, base, tail)  # n inside base: what follows does not count
     assert starts_with([1, 2], 2, base)
     assert not starts_with([1, 7, 3], 3, base)
     assert not starts_with([1, 2, 3], 3, [1, 2, 4], [])
-    big = [10 ** 6 + i for i in range(40)]                       # ints that are objects of their own
-    copies = [int(str(t)) for t in big]                           # equal values, other objects
+    big = [10**6 + i for i in range(40)]  # ints that are objects of their own
+    copies = [int(str(t)) for t in big]  # equal values, other objects
     assert starts_with(copies, 40, big[:30], big[30:]) and starts_with(copies, 25, big)
     assert not starts_with(copies[:39] + [0], 40, big[:30], big[30:])
