@@ -10,7 +10,7 @@ from harness.errors import ConfigError
 
 # Real engine of each family (DESIGN.md): the TTC engine runs on torch, the others on vLLM. A family
 # not listed is simulated only (backend=auto simulates it, a real backend is refused).
-REAL_ENGINE = {"ttc": "torch", "tts": "vllm", "serving": "vllm"}
+REAL_ENGINE = {"kv_offload": "torch", "verifier_search": "vllm", "energy_serving": "vllm"}
 
 
 @dataclass(frozen=True)

@@ -385,7 +385,7 @@ def check_report(args: List[str], conf_dir) -> None:
                 "report",
                 value,
                 "a module.function called at a sweep's end with (sweep_dir, runs, cfg), "
-                f"e.g. systems.ttc.report.fig9, or null ({why})",
+                f"e.g. systems.kv_offload.report.fig9, or null ({why})",
             )
 
 
@@ -507,7 +507,7 @@ def tool_args(argv: List[str], doc: str, allowed: Optional[Iterable[str]] = None
     as a dict, checked before any work: ``-h``/``--help`` prints ``doc`` (the tool's module docstring)
     and exits 0; an argument that is not ``key=value``, or (with ``allowed``) a key outside ``allowed``,
     exits 2 with what is allowed. ``allowed`` None: any key (a tool that passes the rest to run.py).
-    Raises SystemExit. (``python -m systems.serving.fidelity --help`` started a 20-minute vLLM run; QA.)"""
+    Raises SystemExit. (``python -m systems.energy_serving.fidelity --help`` started a 20-minute vLLM run; QA.)"""
     if any(a in ("-h", "--help") for a in argv):
         print(doc.strip())
         raise SystemExit(0)

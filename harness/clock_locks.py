@@ -5,7 +5,7 @@ host but not of the GPU's box) leaves locked clocks behind. Before its first loc
 actuator writes ``<lock dir>/<gpu uuid>.json`` (atomically): the GPU (UUID, PCI bus id, name), the
 owner (host, pid and the pid's start time, boot id) and the GPU's state before (SM clock, max SM
 clock). It removes the file after resetting that GPU. A record whose owner is gone is *stale*:
-the next run warns about it and ``python -m systems.serving.actuator --restore`` resets exactly
+the next run warns about it and ``python -m systems.energy_serving.actuator --restore`` resets exactly
 those GPUs. Records from before the last reboot are obsolete (a reboot resets locked clocks).
 
 Lock dir: ``$TTC_CLOCK_LOCK_DIR``, else ``$XDG_STATE_HOME/ttc-sched-bench/clock-locks`` (default
@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-RESTORE_COMMAND = "python -m systems.serving.actuator --restore"
+RESTORE_COMMAND = "python -m systems.energy_serving.actuator --restore"
 
 
 def lock_dir() -> Path:

@@ -23,7 +23,7 @@ from omegaconf import MISSING, OmegaConf
 
 from harness.errors import ConfigError, bad  # noqa: F401  (re-exported for older imports)
 
-FAMILY_MODULES = ["systems.ttc.config", "systems.tts.config", "systems.serving.config"]
+FAMILY_MODULES = ["systems.kv_offload.config", "systems.verifier_search.config", "systems.energy_serving.config"]
 
 
 @dataclass
@@ -103,7 +103,7 @@ class VerifierConfig(ModelConfig):
     intermediate_size: int = 0
     vocab_size: int = 0
     step_tag_id: Optional[int] = None  # token id of the PRM step tag
-    # How a step's score is read (tts family, systems/tts/checkpoint.py):
+    # How a step's score is read (tts family, systems/verifier_search/checkpoint.py):
     #   head: a PRM with a 2-label head (Qwen2ForProcessRewardModel, Skywork-style): P(label 1) at
     #         the "\n\n" step tag.
     #   lm:   a causal LM (*ForCausalLM, Math-Shepherd-style): P(good) of the 2-way softmax over its
@@ -287,7 +287,7 @@ HARDWARE_NUMBERS = {  # field: (what it is, range, what 0 or null means)
     "clock_step_mhz": ("a clock step in MHz", "> 0", ""),
     "kv_reserve_bytes": ("a size in bytes", ">= 0", "null = 10 % of memory_bytes"),
 }
-POWER_NUMBERS = {  # hardware.power: the serving power model (systems/serving/gpu_model.py)
+POWER_NUMBERS = {  # hardware.power: the serving power model (systems/common/gpu_model.py)
     "act_a_w": ("a power in watts", ">= 0", ""),
     "act_b_w": ("a power in watts", ">= 0", ""),
     "act_alpha": ("an exponent", "> 0", ""),

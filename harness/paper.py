@@ -1,5 +1,5 @@
 """A paper's reported numbers for one figure (``results/reference/<paper>.csv``) and our verdict on
-each, for every family's reports (systems/ttc/paper.py, systems/serving/paper.py).
+each, for every family's reports (systems/kv_offload/paper.py, systems/energy_serving/paper.py).
 
 A paper number is one row of the CSV, or one range: a metric's ``<stem>_min`` and ``<stem>_max``
 rows with the same config. The ``bound`` column gives its kind: ``=`` a point, ``>=`` / ``<=`` a

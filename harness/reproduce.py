@@ -44,9 +44,9 @@ from harness.records import atomic_write_bytes
 ROOT = Path(__file__).resolve().parent.parent
 # real-engine studies (CPU here): module -> sweep folder it writes
 REAL = {
-    "systems.ttc.fidelity": "lbs_fidelity",
-    "systems.serving.fidelity": "serving_fidelity",
-    "systems.tts.fidelity": "tts_fidelity",
+    "systems.kv_offload.fidelity": "lbs_fidelity",
+    "systems.energy_serving.fidelity": "serving_fidelity",
+    "systems.verifier_search.fidelity": "tts_fidelity",
 }
 NOT_PAPER = {
     "lbs_fidelity",

@@ -306,7 +306,7 @@ def measure(cases: List[Case], roots: List[Path], rounds: int, tracking: bool) -
 
 
 def _cache_files(results: Path) -> set:
-    """The files runs keep in ``results``/cache (systems.serving.build.cache_dir)."""
+    """The files runs keep in ``results``/cache (systems.energy_serving.build.cache_dir)."""
     return set((results / "cache").glob("*")) if (results / "cache").is_dir() else set()
 
 

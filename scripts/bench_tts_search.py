@@ -36,8 +36,8 @@ def record(root: Path, out: Path) -> None:
     from bench_sim import FASTTTS_MAIN, sim_config
 
     from harness.backend import Backend
-    from systems.tts import runner
-    from systems.tts.search import Search
+    from systems.verifier_search import runner
+    from systems.verifier_search.search import Search
 
     with tempfile.TemporaryDirectory(prefix="bench_tts_search_") as tmp:
         cfg = sim_config(root, tmp, FASTTTS_MAIN)
@@ -69,7 +69,7 @@ def replay(root: Path, recording: Path, repeats: int) -> None:
     """In a child: the best CPU seconds of ``repeats`` searches of every problem against the
     recorded answers, printed last."""
     sys.path.insert(0, str(root))
-    from systems.tts.search import Search
+    from systems.verifier_search.search import Search
 
     st, runs, gens, vers, decisions = pickle.loads(recording.read_bytes())
     best = float("inf")

@@ -14,7 +14,7 @@
    transformers' offloaded cache (hf_offload) at 16 beams; each simulated again replaying the real
    run's beam tree, and the error; a configuration whose estimate exceeds the time left is skipped;
 4. ordering: one short layer-wise search with the stream operations recorded on the device, checked
-   for loads that could overtake the write-back they read (``systems.ttc.streams``).
+   for loads that could overtake the write-back they read (``systems.kv_offload.streams``).
 
 Hard deadline (``--deadline-s`` > 0, default 500 s from the start): checked before each real
 configuration and inside runs, between steps (``system.deadline``; a run cut there is recorded as
@@ -345,10 +345,10 @@ def ordering_check(s: dict, device: str) -> dict:
     import torch
     from omegaconf import OmegaConf
 
-    from systems.ttc.plan import Scheduler
-    from systems.ttc.streams import CudaStreams, HostStreams, ordering_violations, writes_and_reads
-    from systems.ttc.torch_engine import TorchExecutor
-    from systems.ttc.tree import BeamTree, initial_beams, select_and_expand
+    from systems.kv_offload.plan import Scheduler
+    from systems.kv_offload.streams import CudaStreams, HostStreams, ordering_violations, writes_and_reads
+    from systems.kv_offload.torch_engine import TorchExecutor
+    from systems.kv_offload.tree import BeamTree, initial_beams, select_and_expand
 
     mcfg = OmegaConf.load(ROOT / "conf" / "model" / f"{s['model']}.yaml")
     mcfg.pop("defaults")

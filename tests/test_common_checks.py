@@ -223,7 +223,7 @@ def test_system_parallel_beside_tp_pp_names_the_setting_that_wins(compose_cfg, c
     a value equal to the one used is not, nor is tp without system.parallel. (Mutations caught: the
     family hook not called by harness.run; values compared without the one used.)"""
     from harness.run import run
-    from systems.serving.runner import ignored_settings
+    from systems.energy_serving.runner import ignored_settings
 
     over = ["system=beam", "workload=poisson", "workload.duration_s=5", "system.parallel=2x4", "tp=4", "pp=4"]
     rec = run(compose_cfg(*over, output_dir=tmp_path / "r"), multirun=False, overrides=over)
@@ -350,7 +350,7 @@ def test_a_local_checkpoint_or_a_tiny_model_passes_the_cpu_engine_rule(tmp_path)
     "value,why",
     [
         ("foo.bar", "ModuleNotFoundError: No module named 'foo'"),
-        ("systems.ttc.report.nothere", "systems.ttc.report has no function 'nothere'"),
+        ("systems.kv_offload.report.nothere", "systems.kv_offload.report has no function 'nothere'"),
         ("fig9", "not a dotted module.function"),
     ],
 )
@@ -363,9 +363,9 @@ def test_a_report_that_names_no_function_stops_a_sweep_before_its_jobs(value, wh
         preflight(["-m", f"report={value}", "beams=4,8"], CONF)
     assert str(e.value) == (
         f"report={value!r} is not allowed: a module.function called at a sweep's end with "
-        f"(sweep_dir, runs, cfg), e.g. systems.ttc.report.fig9, or null ({why})"
+        f"(sweep_dir, runs, cfg), e.g. systems.kv_offload.report.fig9, or null ({why})"
     )
-    preflight(["-m", "report=systems.ttc.report.fig9", "beams=4,8"], CONF)
+    preflight(["-m", "report=systems.kv_offload.report.fig9", "beams=4,8"], CONF)
     assert capsys.readouterr().err == ""
 
 
@@ -378,13 +378,13 @@ def test_a_report_on_a_single_run_warns_and_stays_out_of_job_folder_names(capsys
 
     from harness.cli import preflight
 
-    preflight(["report=systems.ttc.report.fig9"], CONF)
+    preflight(["report=systems.kv_offload.report.fig9"], CONF)
     assert (
-        "warning: report=systems.ttc.report.fig9 has no effect: a report runs at a sweep's end"
+        "warning: report=systems.kv_offload.report.fig9 has no effect: a report runs at a sweep's end"
         in capsys.readouterr().err
     )
     for exp in ("lbs_fig4", "beam_fidelity_sim"):  # experiments are sweeps without -m (hydra.mode, or inherited)
-        preflight([f"experiment={exp}", "report=systems.ttc.report.fig5"], CONF)
+        preflight([f"experiment={exp}", "report=systems.kv_offload.report.fig5"], CONF)
         err = capsys.readouterr().err
         assert "has no effect" not in err and f"note: experiment={exp} is a sweep" in err
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
@@ -392,7 +392,7 @@ def test_a_report_on_a_single_run_warns_and_stays_out_of_job_folder_names(capsys
         job = (
             GlobalHydra.instance()
             .config_loader()
-            .load_sweep_config(master, ["tracking=none", "report=systems.ttc.report.fig9", "beams=4"])
+            .load_sweep_config(master, ["tracking=none", "report=systems.kv_offload.report.fig9", "beams=4"])
         )
     assert job.hydra.job.override_dirname == "beams=4"
 
@@ -500,4 +500,4 @@ def test_a_family_without_a_real_engine_is_simulated_never_a_keyerror(compose_cf
         r"use auto, sim \(no real engine\)",
     ):
         B.resolve_backend(compose_cfg("system=lbs", "backend=torch"), "toy")
-    assert not B.resolve_backend(compose_cfg("system=lbs"), "ttc").simulated  # a listed family: its engine
+    assert not B.resolve_backend(compose_cfg("system=lbs"), "kv_offload").simulated  # a listed family: its engine

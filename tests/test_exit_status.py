@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FAIL_MID_RUN = """
 import os
 if os.environ.get("FAIL_MID_RUN"):
-    import systems.ttc.runner as r
+    import systems.kv_offload.runner as r
     def run(cfg, ctx):
         raise RuntimeError("injected failure mid-run")
     r.run = run
@@ -31,7 +31,7 @@ if os.environ.get("FAIL_MID_RUN"):
 INTERRUPT_MID_RUN = """
 import os
 if os.environ.get("INTERRUPT_MID_RUN"):
-    import systems.ttc.runner as r
+    import systems.kv_offload.runner as r
     def run(cfg, ctx):
         raise KeyboardInterrupt
     r.run = run
@@ -67,7 +67,7 @@ if os.environ.get("INTERRUPT_AT_RECORD"):
 TERMINATE_MID_RUN = """
 import os, signal, time
 if os.environ.get("TERMINATE_MID_RUN"):
-    import systems.ttc.runner as r
+    import systems.kv_offload.runner as r
     def run(cfg, ctx):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(10)
@@ -522,7 +522,7 @@ def test_a_results_dir_that_is_a_dangling_link_is_exit_2_naming_it(tmp_path):
 def test_a_host_memory_error_is_a_recorded_oom_that_says_what_ran_out(compose_cfg, monkeypatch):
     """numpy/Python's MemoryError() has no message: the record said "host MemoryError: " (QA, FastTTS
     n=1e6). Mutation caught: the bare exception text."""
-    import systems.ttc.runner as runner
+    import systems.kv_offload.runner as runner
     from harness.run import run
 
     def out_of_memory(cfg, ctx):

@@ -144,7 +144,7 @@ def test_math_workloads_read_the_fetched_copy(monkeypatch, tmp_path, compose_cfg
     at ``../shared/data`` relative to the working directory and ignored the fetch cache).
     Mutation caught: the YAML path back to ``${oc.env:TTC_DATA_DIR,../shared/data}/math/...``."""
     import workloads.data as D
-    from systems.tts.runner import _data_path
+    from systems.verifier_search.runner import _data_path
 
     cache = tmp_path / "cache"
     monkeypatch.delenv("TTC_DATA_DIR", raising=False)

@@ -6,7 +6,7 @@ import pytest
 
 from harness.gpus import GpuMappingError, job_gpus
 from harness.meters import EnergyMeter
-from systems.serving.actuator import DvfsActuator
+from systems.energy_serving.actuator import DvfsActuator
 
 UA, UB, UC = (
     "GPU-aaaaaaaa-0000-0000-0000-000000000001",

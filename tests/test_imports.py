@@ -22,22 +22,22 @@ PACKAGES = ("harness", "systems", "workloads")
 # Policies decide (which beams/requests run, which clock/chunk, which speculation); plain Python
 # shared by the real and simulated backends (DESIGN.md). New policy modules belong here.
 POLICY_MODULES = (
-    "systems.ttc.plan",
-    "systems.ttc.beamset",
-    "systems.ttc.tree",
-    "systems.ttc.analytic",
-    "systems.serving.controllers",
-    "systems.serving.profiler",
-    "systems.serving.protocol",
-    "systems.serving.driver",
-    "systems.serving.build",
-    "systems.serving.metrics",
-    "systems.tts.search",
-    "systems.tts.beams",
-    "systems.tts.memory",
-    "systems.tts.speculation",
-    "systems.tts.plan",
-    "systems.tts.protocol",
+    "systems.kv_offload.plan",
+    "systems.kv_offload.beamset",
+    "systems.kv_offload.tree",
+    "systems.kv_offload.analytic",
+    "systems.energy_serving.controllers",
+    "systems.energy_serving.profiler",
+    "systems.energy_serving.protocol",
+    "systems.energy_serving.driver",
+    "systems.energy_serving.build",
+    "systems.energy_serving.metrics",
+    "systems.verifier_search.search",
+    "systems.verifier_search.beams",
+    "systems.verifier_search.memory",
+    "systems.verifier_search.speculation",
+    "systems.verifier_search.memory_plan",
+    "systems.verifier_search.protocol",
 )
 FORBIDDEN_FOR_POLICIES = ("torch", "vllm", "harness.run")
 
@@ -132,7 +132,11 @@ def _known(key: str):
 
 
 @pytest.mark.parametrize(
-    "area", [_known(a) for a in ("harness", "workloads", "systems.ttc", "systems.tts", "systems.serving")]
+    "area",
+    [
+        _known(a)
+        for a in ("harness", "workloads", "systems.kv_offload", "systems.verifier_search", "systems.energy_serving")
+    ],
 )
 def test_no_import_cycles(area):
     """Mutations caught: harness/backend.py importing ConfigError from harness.config again (the
@@ -159,7 +163,7 @@ def _reachable(start: str) -> Set[str]:
 
 @pytest.mark.parametrize("policy", [_known(p) for p in POLICY_MODULES])
 def test_policies_import_no_engine_and_no_run_lifecycle(policy):
-    """Mutation caught: systems/ttc/plan.py importing RunOOM from harness.run again."""
+    """Mutation caught: systems/kv_offload/plan.py importing RunOOM from harness.run again."""
     bad = sorted(set(FORBIDDEN_FOR_POLICIES) & _reachable(policy))
     assert bad == [], f"{policy} imports {bad} (directly or through other modules)"
 

@@ -23,7 +23,7 @@ def test_mixed_sweep_through_the_lbs_report_labels_both(compose_cfg, tmp_path):
     """One simulated and one real-engine (torch, CPU) layer-wise job through the Fig.9 report: the
     title says both, each value carries its own run's label. Mutation caught: the label added only
     when all runs are simulated (the LBS report before: the mixed table read 'measured')."""
-    from systems.ttc import report
+    from systems.kv_offload import report
 
     sweep = tmp_path / "sweep"
     small = ["system=layerwise", "model=tiny-opt", "step=8", "gen_len=16", "prompt_len=8", "kv_budget=1MiB"]

@@ -318,7 +318,7 @@ def test_serving_fig10_with_repeats_reports_intervals(compose_cfg, tmp_path):
     """BEAM ablation (beam_fig10's report), 3 repeats: energy / vanilla per repeat, mean ± interval.
     Mutation caught: the serving runner's request cache keyed on the unresolved workload config
     (every seed got seed 0's arrivals: no spread)."""
-    from systems.serving import report
+    from systems.energy_serving import report
 
     sweep = tmp_path / "sweep"
     for s in ("vanilla", "beam"):
@@ -340,7 +340,7 @@ def test_serving_fig10_with_repeats_reports_intervals(compose_cfg, tmp_path):
 
 def test_fasttts_ablation_with_repeats_reports_intervals(compose_cfg, tmp_path):
     """FastTTS Fig.16 (fasttts_ablation's report), first problem, 3 repeats: goodput mean ± interval."""
-    from systems.tts import report
+    from systems.verifier_search import report
 
     sweep = tmp_path / "sweep"
     for s in ("vllm_tts", "fasttts"):

@@ -44,13 +44,13 @@ def test_results_dir_is_the_repositorys_from_any_directory_unless_the_env_names_
 def test_fidelity_tools_write_where_run_py_does(tmp_path, monkeypatch):
     """The fidelity tools find their jobs' records with run.py's results rule (harness.config
     results_dir_of): $TTC_RESULTS_DIR, a results_dir= override (relative: inside the repository, where
-    they run run.py), else <repo>/results; systems.tts.fidelity accepts results_dir= (harness.reproduce
+    they run run.py), else <repo>/results; systems.verifier_search.fidelity accepts results_dir= (harness.reproduce
     --real passes it: exit 2 before) and writes under <results>/sweeps/tts_fidelity (QA: the tools
     ignored $TTC_RESULTS_DIR). (Mutations caught: the env ignored; a relative value against the
     current directory; results_dir not allowed by the tts tool.)"""
     from harness.cli import tool_args
     from harness.config import results_dir_of
-    from systems.tts import fidelity
+    from systems.verifier_search import fidelity
 
     monkeypatch.chdir(tmp_path)  # a relative results_dir is not the current directory's
     monkeypatch.setenv("TTC_RESULTS_DIR", str(tmp_path / "env"))

@@ -272,7 +272,7 @@ def test_an_unfinished_resume_false_rerun_keeps_the_earlier_record(compose_cfg, 
     summary does not count it; the next run that ends valid removes it. Mutations caught: nothing
     set aside (the ok record lost); the folder not removed once the new record is valid; the
     report's gather reading the set-aside record as a second job."""
-    import systems.ttc.runner as runner
+    import systems.kv_offload.runner as runner
     from harness.records import REPLACED_DIR
     from harness.report import gather_runs
     from harness.run import run

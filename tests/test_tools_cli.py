@@ -1,6 +1,6 @@
 """The project's ``python -m`` tools (calibration, fidelity) check their arguments before any work:
-``--help`` printed nothing and started the tool (``systems.serving.fidelity --help``: a 20-minute
-vLLM run; ``systems.ttc.fidelity --help`` rewrote conf/hardware/cpu-calibrated.yaml, then crashed;
+``--help`` printed nothing and started the tool (``systems.energy_serving.fidelity --help``: a 20-minute
+vLLM run; ``systems.kv_offload.fidelity --help`` rewrote conf/hardware/cpu-calibrated.yaml, then crashed;
 QA). (Mutations caught: the --help branch dropped; a bare word let through; a tool's keys unchecked.)"""
 
 import importlib
@@ -9,11 +9,11 @@ import pytest
 
 TOOLS = [
     "harness.calibrate",
-    "systems.ttc.fidelity",
-    "systems.serving.fidelity",
-    "systems.serving.calibrate",
-    "systems.tts.fidelity",
-    "systems.tts.calibrate",
+    "systems.kv_offload.fidelity",
+    "systems.energy_serving.fidelity",
+    "systems.energy_serving.calibrate",
+    "systems.verifier_search.fidelity",
+    "systems.verifier_search.calibrate",
 ]
 
 
@@ -38,9 +38,9 @@ def test_an_argument_that_is_not_key_value_exits_2(tool, capsys):
     "tool,arg",
     [
         ("harness.calibrate", "hardwre=cpu"),
-        ("systems.tts.fidelity", "problem=3"),
-        ("systems.serving.calibrate", "modle=tiny-llama"),
-        ("systems.tts.calibrate", "thread=2"),
+        ("systems.verifier_search.fidelity", "problem=3"),
+        ("systems.energy_serving.calibrate", "modle=tiny-llama"),
+        ("systems.verifier_search.calibrate", "thread=2"),
     ],
 )
 def test_a_key_the_tool_does_not_read_exits_2(tool, arg, capsys):
@@ -53,13 +53,13 @@ def test_a_key_the_tool_does_not_read_exits_2(tool, arg, capsys):
 @pytest.mark.parametrize(
     "tool,arg,message",
     [
-        ("systems.tts.fidelity", "repeats=0", "repeats='0' is not allowed: an integer >= 1"),
-        ("systems.tts.fidelity", "recalibrate=maybe", "recalibrate='maybe' is not allowed: true or false"),
-        ("systems.tts.fidelity", "workload=nosuch", "workload='nosuch' is not allowed: one of ablation, "),
-        ("systems.ttc.fidelity", "repeats=abc", "repeats='abc' is not allowed: an integer >= 1"),
-        ("systems.ttc.fidelity", "sytem=lbs", "'sytem' is not a config key; did you mean 'system'?"),
-        ("systems.serving.fidelity", "recalibrate=maybe", "recalibrate='maybe' is not allowed: true or false"),
-        ("systems.serving.fidelity", "hardware=nosuch", "hardware='nosuch' is not allowed: one of a100-80gb, "),
+        ("systems.verifier_search.fidelity", "repeats=0", "repeats='0' is not allowed: an integer >= 1"),
+        ("systems.verifier_search.fidelity", "recalibrate=maybe", "recalibrate='maybe' is not allowed: true or false"),
+        ("systems.verifier_search.fidelity", "workload=nosuch", "workload='nosuch' is not allowed: one of ablation, "),
+        ("systems.kv_offload.fidelity", "repeats=abc", "repeats='abc' is not allowed: an integer >= 1"),
+        ("systems.kv_offload.fidelity", "sytem=lbs", "'sytem' is not a config key; did you mean 'system'?"),
+        ("systems.energy_serving.fidelity", "recalibrate=maybe", "recalibrate='maybe' is not allowed: true or false"),
+        ("systems.energy_serving.fidelity", "hardware=nosuch", "hardware='nosuch' is not allowed: one of a100-80gb, "),
     ],
 )
 def test_a_bad_value_exits_2_before_any_calibration(tool, arg, message, capsys, monkeypatch):
@@ -69,8 +69,8 @@ def test_a_bad_value_exits_2_before_any_calibration(tool, arg, message, capsys, 
 
     mod = importlib.import_module(tool)
     monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("the tool started work"))
-    if tool == "systems.tts.fidelity":
-        import systems.tts.calibrate as cal
+    if tool == "systems.verifier_search.fidelity":
+        import systems.verifier_search.calibrate as cal
 
         monkeypatch.setattr(cal, "main", lambda *a, **k: pytest.fail("the tool started work"))
     assert mod.main([arg]) == 2
@@ -84,11 +84,11 @@ def test_a_bad_value_exits_2_before_any_calibration(tool, arg, message, capsys, 
         ("harness.calibrate", "quick=maybe", "quick='maybe' is not allowed: true or false"),
         ("harness.calibrate", "out=", "out='' is not allowed: a file path (the file to write), not a folder"),
         ("harness.calibrate", "out=/proc/nope/x.yaml", "output directory '/proc/nope' (out) cannot be written"),
-        ("systems.serving.calibrate", "rounds=0", "rounds='0' is not allowed: an integer >= 1"),
-        ("systems.serving.calibrate", "reps=abc", "reps='abc' is not allowed: an integer >= 1"),
-        ("systems.tts.calibrate", "model=nosuch", "model='nosuch' is not allowed: one of "),
+        ("systems.energy_serving.calibrate", "rounds=0", "rounds='0' is not allowed: an integer >= 1"),
+        ("systems.energy_serving.calibrate", "reps=abc", "reps='abc' is not allowed: an integer >= 1"),
+        ("systems.verifier_search.calibrate", "model=nosuch", "model='nosuch' is not allowed: one of "),
         (
-            "systems.tts.calibrate",
+            "systems.verifier_search.calibrate",
             "refit=/missing.yaml",
             "refit='/missing.yaml' is not allowed: a calibrated profile file",
         ),

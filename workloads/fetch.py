@@ -63,7 +63,7 @@ SOURCES = {
         "Apache-2.0",
     ),
     "traces/servegen/": ("alibaba/ServeGen", "f891d1189eb32b3868dfc443800c4150548c282a", "data/", "Apache-2.0"),
-    # GPU power (systems.serving.power_fit): the Perseus SOSP'24 artifact's A100 stage profiles, and
+    # GPU power (systems.energy_serving.power_fit): the Perseus SOSP'24 artifact's A100 stage profiles, and
     # ML.ENERGY v3's per-model files (Apache-2.0 as the ML.ENERGY dataset card states; the leaderboard
     # repository has no LICENSE file)
     "gpu_power/perseus_a100_sxm/": (

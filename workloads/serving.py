@@ -40,7 +40,7 @@ import numpy as np
 from workloads.data import missing_hint, resolve
 
 # Most requests a stream may be expected to hold (synthetic: peak rate x duration_s, checked by
-# systems.serving.runner.validate; ServeGen: its windows' rates x the target's scale). Its arrays, and
+# systems.energy_serving.runner.validate; ServeGen: its windows' rates x the target's scale). Its arrays, and
 # the draws behind them, are ~50 bytes a request (0.5 GB at the bound), and a simulation serves each
 # request; workload=poisson rate=1e9 asked numpy for 447 GiB.
 MAX_REQUESTS = 10_000_000
@@ -117,7 +117,7 @@ def rate_function(w) -> Tuple[Callable, float]:
 # error, a value out of range, rows out of order) the line-by-line reader reads the file, and it
 # either reads it (an unusual but valid spelling, e.g. a token count written 7.0) or raises the
 # TraceError that names the file, the line and the field. Both give the same arrays for a valid
-# file (tests/serving/test_models_and_traces.py checks it on every shared trace).
+# file (tests/energy_serving/test_models_and_traces.py checks it on every shared trace).
 class _Unusual(Exception):
     """The vectorised reader does not take this file as is (the line-by-line one decides)."""
 
@@ -677,7 +677,7 @@ def load_servegen(
 
 # -- one entry point ----------------------------------------------------------------------------
 def build_requests(w) -> Requests:
-    """The request stream of a serving workload config (see systems/serving/config.py).
+    """The request stream of a serving workload config (see systems/energy_serving/config.py).
 
     Trace and ServeGen streams are cut to ``duration_s`` (and ``max_requests``); prompts longer than
     ``max_input_len`` are truncated. Raises TraceError for missing/malformed files.

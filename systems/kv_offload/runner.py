@@ -1,0 +1,437 @@
+"""Runner of the TTC family: validates the config, drives the step-wise beam search, and hands each
+step's plan to an executor (``sim.SimExecutor`` or ``torch_engine.TorchExecutor``, both
+``systems.kv_offload.protocol.Executor``).
+
+Real runs warm up before the measurement (``system.warmup``; its seconds recorded under
+``harness.run.WARMUP_KEY``, excluded from every time); the harness fixes torch's thread count
+(``backend.threads``) and records the load average around the run. Times: a step's compute and I/O
+stall come from the executor; ``other_s`` is the time of planning the step and of selection +
+expansion (real, on the executor's clock: wall on CUDA, the engine thread's CPU time on CPU, recorded
+as ``time_basis``), or the simulator's charge.
+Energy: the executor's windows (:meth:`systems.kv_offload.protocol.Executor.step_energy`: NVML on a real
+GPU, the fitted power model on the simulator), per step in the steps table and summed by
+:func:`energy_summary`; unavailable is None with the reason, never 0.
+``system.deadline`` (Unix seconds) stops a run between steps, recorded as status ``timeout`` with
+the steps done so far (``scripts/gpu_validate.py`` uses it to keep inside a device window).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from harness.config import check_number, plain
+from harness.errors import ConfigError, RunOOM, bad
+from harness.model_facts import check_cpu_model, check_weights, default_kv_budget, kv_reserve_bytes, weight_bytes
+from harness.run import WARMUP_KEY, RunContext, RunResult
+from harness.units import parse_size
+from systems.kv_offload import analytic
+from systems.kv_offload.config import SCHEDULERS
+from systems.kv_offload.display import display_rows, size_text
+from systems.kv_offload.plan import KVGeometry, Scheduler
+from systems.kv_offload.protocol import EnergyWindow, Executor
+from systems.kv_offload.replay import FILE as TREE_FILE
+from systems.kv_offload.replay import load_beam_tree, replay_note, tree_record
+from systems.kv_offload.sim import SimExecutor
+from systems.kv_offload.tree import BeamTree, initial_beams, select_and_expand
+
+
+def kv_budget_bytes(cfg, *, live: Optional[int] = None) -> int:
+    """KV bytes per device (the one meaning of ``kv_budget``, harness/model_facts.py): the
+    configured ``kv_budget``; else ``live`` (free device memory from ``torch.cuda.mem_get_info``,
+    Algorithm 1's get_budget) on a real GPU; else memory - weights - the hardware's reserve
+    (<= 0 when the weights do not fit). Raises ConfigError for a value that is not a size."""
+    val = cfg.system.get("kv_budget")
+    if val is not None:
+        try:
+            return parse_size(val, "kv_budget")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if live is not None:
+        return live
+    hw = cfg.hardware
+    return default_kv_budget(hw.memory_bytes, weight_bytes(cfg.model), kv_reserve_bytes(hw))
+
+
+def validate(cfg) -> None:
+    w, s = cfg.workload, cfg.system
+    if w.get("kind") != "ttc_beam":
+        raise bad("workload", w.get("name"), "a TTC workload (ttc_beam) for the LBS family systems")
+    if s.scheduler not in SCHEDULERS:
+        raise bad("system.scheduler", s.scheduler, f"one of {', '.join(SCHEDULERS)}")
+    if w.beam_width < 1:
+        raise bad("workload.beam_width", w.beam_width, "an integer >= 1")
+    if w.beams < 1 or w.beams % w.beam_width:
+        raise bad(
+            "beams", w.beams, f"a positive multiple of beam_width={w.beam_width} (beams = beam size x beam width)"
+        )
+    if w.prompt_len < 1:
+        raise bad("prompt_len", w.prompt_len, "an integer >= 1")
+    if w.gen_len < 1:
+        raise bad("gen_len", w.gen_len, "an integer >= 1")
+    if not 0 < w.step <= w.gen_len:
+        raise bad("step", w.step, f"an integer in 1..gen_len={w.gen_len}")
+    if w.prompt_len >= cfg.model.max_position:
+        raise bad(
+            "prompt_len",
+            w.prompt_len,
+            f"an integer below the model's max_position ({cfg.model.max_position}) "
+            f"for {cfg.model.name}, leaving room for gen_len",
+        )
+    if w.prompt_len + w.gen_len > cfg.model.max_position:
+        raise bad(
+            "gen_len",
+            w.gen_len,
+            f"prompt_len + gen_len <= the model's max_position ({cfg.model.max_position}) for {cfg.model.name}",
+        )
+    if w.scorer not in ("logprob",):
+        raise bad("workload.scorer", w.scorer, "logprob")
+    check_number(
+        "workload.temperature",
+        w.temperature,
+        "a sampling temperature",
+        "> 0",
+        "beams are ranked by log-probabilities of the tempered distribution",
+    )
+    if s.get("deadline") is not None and not isinstance(s.get("deadline"), (int, float)):
+        raise bad("system.deadline", s.get("deadline"), "Unix seconds (a number) or null")
+    if s.get("deadline") is not None and float(s.deadline) < DEADLINE_FLOOR:
+        # 600 meant "10 minutes" and ran 0 steps, recorded as timeout (QA); a past date is the run's
+        # own result (a sweep whose deadline passes between jobs), a number this small is no date
+        raise bad(
+            "system.deadline",
+            s.deadline,
+            "a time as Unix seconds (e.g. $(date -d '+10 min' +%s)), not a duration: a value before 2020 is none",
+        )
+    if s.get("replay_tree"):
+        load_beam_tree(s.replay_tree, cfg)
+    budget = kv_budget_bytes(cfg)
+    if s.get("kv_budget") is not None and s.scheduler != "in_gpu":  # a derived budget too small = oom
+        one_beam = (w.prompt_len + w.gen_len) * KVGeometry.from_model(cfg.model).kv_token
+        if budget < one_beam:
+            raise bad(
+                "kv_budget",
+                s.get("kv_budget"),
+                f"at least one beam's KV at full length: {one_beam} B ({one_beam / 2**20:.2f} MiB) "
+                f"for {cfg.model.name} at {w.prompt_len + w.gen_len} tokens; got {budget} B "
+                f"({budget / 2**20:.2f} MiB)",
+            )
+
+
+def validate_backend(cfg, backend) -> None:
+    if backend.name == "torch" and cfg.system.scheduler == "hf_offload":
+        from systems.kv_offload.hf_offload import validate_hf_offload
+
+        validate_hf_offload(backend)  # transformers' offloaded cache needs a CUDA GPU
+        return
+    if backend.simulated and cfg.system.scheduler == "hf_offload":
+        given = cfg.backend.name  # auto resolves to the simulator without a CUDA GPU
+        raise bad(
+            "backend",
+            given,
+            "torch for system=hf_offload (it runs transformers' own offloaded cache, "
+            "on a CUDA GPU)"
+            + ("; backend=auto picks the simulator here: no CUDA GPU found" if given == "auto" else ""),
+        )
+    if backend.name == "torch":  # a wrong path was an error record after ~10 s (QA)
+        check_weights(cfg.model)
+    if backend.name == "torch" and backend.device == "cpu":
+        check_cpu_model(cfg.model, "torch")
+
+
+def _executor(cfg, ctx: RunContext, budget) -> Executor:
+    if ctx.backend.simulated:
+        return SimExecutor(cfg.hardware, cfg.model, cfg.seed)
+    from systems.kv_offload.torch_engine import TorchExecutor
+
+    w = cfg.workload
+    return TorchExecutor(
+        cfg.model,
+        device=ctx.backend.device,
+        budget_bytes=budget,
+        seed=cfg.seed,
+        scheduler=cfg.system.scheduler,
+        record_tree=cfg.system.get("record_tree", False),
+        temperature=w.temperature,
+        max_len=w.prompt_len + w.gen_len,
+    )
+
+
+def _live_budget(ctx: RunContext) -> Optional[int]:
+    if ctx.backend.device != "cuda":
+        return None
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    return int(free * 0.9)
+
+
+def available_host_memory() -> Optional[int]:
+    """Host memory available now (bytes): ``MemAvailable`` of /proc/meminfo (Linux: free + what the
+    kernel can reclaim without swapping); else free pages x page size (``os.sysconf``); None where
+    neither exists (not checked)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def host_memory(cfg, ctx: RunContext) -> Tuple[Optional[int], str]:
+    """(bytes the host can hold for offloaded KV, what that number is): on the simulator the
+    profile's ``hardware.host_memory_bytes`` (None = unknown, not checked); on a real engine the
+    machine's available memory now (:func:`available_host_memory`)."""
+    if ctx.backend.simulated:
+        return cfg.hardware.get("host_memory_bytes"), f"hardware.host_memory_bytes of {cfg.hardware.name}"
+    return available_host_memory(), "MemAvailable of this machine (/proc/meminfo) at the run's start"
+
+
+def energy_summary(windows: List[EnergyWindow], e2e_s: float, tokens: int, source: Optional[str]) -> dict:
+    """The run's energy fields from its windows (prefill, then one per step done):
+
+    ``energy_j`` (J, their sum; None if any window was not measured), ``energy_io_stall_j`` (J drawn
+    waiting on PCIe; simulator only), ``energy_per_token_j`` (J per generated token: ``tokens`` =
+    beams x tokens decoded), ``avg_power_w`` (energy / end-to-end seconds), ``energy_source``, and
+    ``energy_unavailable_reason`` (None when measured)."""
+    missing = next((w.reason for w in windows if w.energy_j is None), None)
+    energy = None if missing is not None else sum(w.energy_j for w in windows)
+    stall = None if energy is None or any(w.io_stall_j is None for w in windows) else sum(w.io_stall_j for w in windows)
+    return {
+        "energy_j": energy,
+        "energy_io_stall_j": stall,
+        "energy_per_token_j": energy / tokens if energy is not None and tokens else None,
+        "avg_power_w": energy / e2e_s if energy is not None and e2e_s > 0 else None,
+        "energy_source": source if energy is not None else None,
+        "energy_unavailable_reason": missing,
+    }
+
+
+_now = time.time  # the deadline's clock (tests replace it)
+DEADLINE_FLOOR = 1577836800.0  # 2020-01-01 UTC: a system.deadline below it is a duration or a typo, not a time
+
+
+class DeadlineReached(Exception):
+    """``system.deadline`` (Unix seconds) passed between two steps; the run stops, recorded as timeout."""
+
+
+def run(cfg, ctx: RunContext) -> RunResult:
+    cfg = plain(cfg)  # resolved plain dicts: no OmegaConf lookups in hot loops
+    w, sysc = cfg.workload, cfg.system
+    if sysc.scheduler == "hf_offload":
+        from systems.kv_offload.hf_offload import run_hf_offload
+
+        return run_hf_offload(cfg, ctx)
+    geom = KVGeometry.from_model(cfg.model)
+    budget = kv_budget_bytes(cfg, live=None if ctx.backend.simulated else _live_budget(ctx))
+    one_beam = (w.prompt_len + w.gen_len) * geom.kv_token
+    if sysc.scheduler != "in_gpu" and budget < one_beam:  # derived from memory - weights - reserve
+        raise RunOOM(
+            f"{cfg.model.name} on {cfg.hardware.name}: the KV budget (memory - weights - reserve = "
+            f"{size_text(budget)}) holds less than one beam's KV at full length "
+            f"({size_text(one_beam)})"
+        )
+    sched_budget = budget
+    scheduler = Scheduler(
+        sysc.scheduler,
+        geom,
+        sched_budget,
+        inter_beam=sysc.inter_beam,
+        prefetch=sysc.prefetch,
+        prompt_len=w.prompt_len,
+        gen_len=w.gen_len,
+        list_blocks=not ctx.backend.simulated,
+    )  # the simulator counts bytes only
+    n_beams, beam_size = w.beams, w.beams // w.beam_width
+    pred = analytic.predict(
+        cfg.model,
+        num_beams=n_beams,
+        prompt_len=w.prompt_len,
+        gen_len=w.gen_len,
+        step=w.step,
+        mem_gpu=budget or 0,
+        dtype_bytes=geom.dtype_bytes,
+    )
+    summary = {
+        "kv_budget_bytes": budget,
+        "beams": n_beams,
+        "step": w.step,
+        "gen_len": w.gen_len,
+        "prompt_len": w.prompt_len,
+        "full_kv_bytes": scheduler.full_kv_bytes(n_beams),
+        **pred,
+    }
+    # Eq.4-5 count LBS's loads with the KV offloaded; a request that fits the budget stays resident and
+    # moves nothing (as Eq.1-3 give 0 for layer-wise then), so its prediction is 0, not Eq.5 (QA)
+    lbs_moves = sysc.scheduler == "lbs" and not scheduler.fits_whole_request(n_beams)
+    summary["eq_prediction_bytes"] = (
+        pred["eq3_layerwise_bytes"] if sysc.scheduler == "layerwise" else pred["eq5_lbs_bytes"] if lbs_moves else 0
+    )
+    if sysc.scheduler == "in_gpu" and not scheduler.fits_whole_request(n_beams):
+        # predicted from the budget, never run: on a real engine too nothing was measured (QA)
+        summary["oom"] = summary["oom_predicted"] = True
+        return RunResult(
+            status="oom",
+            summary=summary,
+            display=display_rows(summary, sysc),
+            message=f"in_gpu: KV of {n_beams} beams at {w.prompt_len + w.gen_len} tokens "
+            f"({size_text(scheduler.full_kv_bytes(n_beams))}) exceeds the KV "
+            f"budget ({size_text(budget)}): predicted from the budget, not run",
+        )
+    # the offloaded KV lives in host memory: a run over it was simulated as ok (10^5 beams: ~47 TiB on a
+    # 128 GiB host) or killed by the OOM killer building 10^8 beams (QA); checked before any per-beam state
+    host_kv = scheduler.host_kv_bytes(n_beams, beam_size, w.step)
+    host_mem, host_what = host_memory(cfg, ctx) if host_kv else (None, "")
+    if host_mem is not None and host_kv > host_mem:
+        summary.update({"host_kv_bytes": host_kv, "host_memory_bytes": host_mem, "oom": True, "oom_predicted": True})
+        return RunResult(
+            status="oom",
+            summary=summary,
+            display=display_rows(summary, sysc),
+            message=f"{sysc.scheduler}: the KV offloaded to the host, {size_text(host_kv)} at its peak "
+            f"({n_beams} beams at up to {w.prompt_len + w.gen_len} tokens), exceeds the "
+            f"host memory ({size_text(host_mem)}, {host_what}): "
+            f"predicted from the host memory, not run",
+        )
+
+    replay, recorded = load_beam_tree(sysc.replay_tree, cfg) if sysc.get("replay_tree") else (None, None)
+    real = not ctx.backend.simulated
+    ex = _executor(cfg, ctx, sched_budget)
+    clock = ex.clock
+    if real:
+        summary["time_basis"] = ex.time_basis
+    rng = np.random.default_rng(cfg.seed)
+    prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
+    tree = BeamTree(w.prompt_len)
+    n_steps = math.ceil(w.gen_len / w.step)
+    rows, group_rows, kept_log = [], [], []
+    deadline, record_tree = sysc.get("deadline"), sysc.get("record_tree")
+    status, message = "ok", ""
+    try:
+        if sysc.get("warmup", True):
+            summary[WARMUP_KEY] = ex.warmup(prompt, n_beams)  # excluded from every time below
+        pre = ex.prefill(tree, prompt, offload=scheduler.prefill_offload(n_beams))
+        windows = [ex.step_energy()]  # the prefill's; then one per step
+        tot = {
+            "compute_s": pre.compute_s,
+            "io_stall_s": pre.io_stall_s,
+            "other_s": 0.0,
+            "h2d_bytes": pre.h2d_bytes,
+            "d2h_bytes": pre.d2h_bytes,
+        }
+        peak, peak_phys = pre.peak_device_bytes, pre.peak_physical_bytes
+        beams = initial_beams(tree, n_beams, cfg.seed)
+        bar = ctx.progress(n_steps, f"{sysc.name} steps")
+        for i in range(n_steps):
+            if deadline is not None and _now() > float(deadline):
+                raise DeadlineReached(f"system.deadline passed after {i} of {n_steps} steps")
+            t_plan = clock()
+            T = min(w.step, w.gen_len - i * w.step)
+            plan = scheduler.plan(i, tree, beams, T)
+            t_plan = clock() - t_plan
+            o = ex.execute_step(plan, tree, beams)
+            for k, (b, delta) in enumerate(zip(beams, o.logprob_delta.tolist())):
+                b.cum_logprob += delta
+                if o.tokens is not None:
+                    b.tokens.extend(o.tokens[k])
+                tree.segments[b.leaf].length = T
+            other = t_plan if real else 0.0  # the simulator charges no planning time
+            if i + 1 < n_steps:
+                t0 = clock()
+                keep = replay[i] if replay is not None else None
+                new = select_and_expand(tree, beams, beam_size, w.beam_width, keep_uids=keep)
+                exp = ex.expand(plan, tree, beams, new)
+                other += clock() - t0 if real else exp
+                if record_tree:
+                    kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
+                beams = new
+            windows.append(ex.step_energy())
+            for k in ("compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):
+                tot[k] += getattr(o, k)
+            tot["other_s"] += other
+            peak, peak_phys = max(peak, o.peak_device_bytes), max(peak_phys, o.peak_physical_bytes)
+            rows.append(
+                {
+                    "step": i,
+                    "start_tokens": plan.start,
+                    "tokens": T,
+                    "groups": plan.num_groups,
+                    "capacity": plan.capacity,
+                    "compute_s": o.compute_s,
+                    "io_stall_s": o.io_stall_s,
+                    "other_s": other,
+                    "latency_s": o.compute_s + o.io_stall_s + other,
+                    "h2d_bytes": o.h2d_bytes,
+                    "d2h_bytes": o.d2h_bytes,
+                    "plan_h2d_bytes": plan.h2d_bytes,
+                    "plan_d2h_bytes": plan.d2h_bytes,
+                    "peak_device_bytes": o.peak_device_bytes,
+                    "plan_device_bytes": plan.device_bytes,
+                    "peak_physical_bytes": o.peak_physical_bytes,
+                    "staging_bytes": plan.staging_bytes,
+                    "energy_j": windows[-1].energy_j,
+                    "io_stall_energy_j": windows[-1].io_stall_j,
+                }
+            )
+            group_rows.extend(o.group_rows)
+            bar.update(1)
+        bar.close()
+    except DeadlineReached as e:
+        status, message = "timeout", str(e)
+    finally:
+        if real:
+            summary.update(ex.memory_peaks())
+        ex.close()
+    if not rows:
+        return RunResult(status=status, message=message, summary=summary, display=display_rows(summary, sysc))
+
+    e2e = tot["compute_s"] + tot["io_stall_s"] + tot["other_s"]
+    best = max(beams, key=lambda b: (b.cum_logprob, -b.uid))
+    summary.update(
+        {
+            "e2e_s": e2e,
+            "compute_s": tot["compute_s"],
+            "io_stall_s": tot["io_stall_s"],
+            "other_s": tot["other_s"],
+            "io_share": tot["io_stall_s"] / e2e if e2e > 0 else 0.0,
+            "h2d_bytes": tot["h2d_bytes"],
+            "d2h_bytes": tot["d2h_bytes"],
+            "plan_h2d_bytes": sum(r["plan_h2d_bytes"] for r in rows),
+            "plan_d2h_bytes": sum(r["plan_d2h_bytes"] for r in rows),
+            "groups_per_step": sum(r["groups"] for r in rows) / len(rows),
+            "peak_device_kv_bytes": peak,
+            "peak_device_physical_bytes": peak_phys if real else None,
+            "max_staging_bytes": max(r["staging_bytes"] for r in rows),
+            "steps_done": len(rows),
+            "tokens_per_s": n_beams * w.gen_len / e2e if e2e > 0 and status == "ok" else None,
+            "best_cum_logprob": best.cum_logprob,
+            "best_uid": str(best.uid),
+        }
+    )
+    summary.update(energy_summary(windows, e2e, n_beams * sum(r["tokens"] for r in rows), ex.energy_source))
+    tables = {"steps": rows}  # row dicts: written with pyarrow, no pandas import
+    if group_rows:
+        tables["groups"] = group_rows
+    extra = {}
+    if record_tree:
+        from harness.records import atomic_write_json
+
+        atomic_write_json(ctx.outdir / TREE_FILE, tree_record(cfg, ctx.backend, kept_log))
+        extra["beam_tree_file"] = str(ctx.outdir / TREE_FILE)
+    if replay is not None:
+        extra["replayed_tree"] = str(sysc.replay_tree)
+        message = "; ".join(m for m in (message, replay_note(sysc.replay_tree, recorded, cfg, ctx.backend)) if m)
+    if real:  # the real engine's best path (token ids) for inspection
+        extra["best_tokens"] = best.tokens
+    return RunResult(
+        status=status, message=message, summary=summary, display=display_rows(summary, sysc), tables=tables, extra=extra
+    )

@@ -1,0 +1,206 @@
+"""The memory plan of the FastTTS family (M, FastTTS §4.3): KV bytes and batch caps of both engines.
+
+One code path for both backends. ``runner.build`` makes the plan once per run, before the engines
+exist (``system.replan=per_run``, the default), and both backends size their engines from it; with
+``system.replan=per_iteration`` (the paper's "re-run whenever the system state changes") it is made
+again before every iteration and applied to the engines, which only the simulator can honour: vLLM
+allocates each engine's KV cache once, at start-up, so that setting is refused on vLLM before any
+work (exit 2).
+
+KV budget M = bytes of KV cache per device; generator and verifier share the one device. Set by
+``kv_budget`` (top-level or ``system.kv_budget``); otherwise derived by
+``harness.model_facts.default_kv_budget``: the engines may use ``system.memory_fraction`` of the
+device memory (the paper's setting: 0.4 for 1.5B+1.5B, else 0.9), minus both models' weights, minus
+5 % of that share for activations. A CPU engine commits its KV up front in host memory that other
+processes share, so on a CPU (real, or simulated with a CPU profile) the default is
+``system.cpu_kv_budget`` instead.
+
+Baseline (M off): a fixed split (the FastTTS artifact's ``gpu_memory_utilization`` pairs for the
+paper's model pairs with a derived budget, scaled to ``system.memory_fraction``: on an RTX 4090 at
+the paper's fractions exactly the artifact's pairs; else ``gen_memory_share`` of M) and vLLM's
+default batch cap ``max_num_seqs``. M on: the roofline search of ``memory.py`` planned with a cost profile (the
+hardware profile's rooflines: a GPU's datasheet, or this CPU's profile measured by
+``systems.verifier_search.calibrate``, never placeholder numbers), each engine keeping room for one
+``max_model_len`` sequence (vLLM refuses to start otherwise).
+
+A plan that does not fit the device (weights beyond the memory share, an engine without room for one
+``max_model_len`` sequence) raises ``RunOOM``: a recorded result (status oom), never bad input; a
+value no configuration could accept (an unparsable or non-positive ``kv_budget``) is a ConfigError.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Tuple
+
+from harness.errors import ConfigError, RunOOM
+from harness.model_facts import default_kv_budget
+from harness.units import parse_size
+from systems.verifier_search.memory import Allocation, MemoryTooSmall, ModelShape, Roofline, search_allocation
+
+REPLANS = ("per_run", "per_iteration")
+ACTIVATION_RESERVE = 0.05  # share of the engines' memory kept for activations (FastTTS family)
+CPU_PROFILE = "cpu-tts"  # conf/hardware/cpu-tts.yaml: this CPU, measured by systems.verifier_search.calibrate
+HARDWARE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
+# FastTTS AE fixed gpu_memory_utilization (generator, verifier) per pair for the baseline (§4.4)
+AE_SPLITS = {
+    ("qwen2.5-math-1.5b", "skywork-prm-1.5b"): (0.20, 0.20),
+    ("qwen2.5-math-1.5b", "math-shepherd-7b"): (0.19, 0.71),
+    ("qwen2.5-math-7b", "skywork-prm-1.5b"): (0.68, 0.22),
+}
+
+
+def unset(v) -> bool:
+    """Whether an optional config value is unset (null, or "None" from the command line)."""
+    return v in (None, "None")
+
+
+def shapes(cfg) -> Tuple[ModelShape, ModelShape]:
+    return ModelShape.of(cfg.model), ModelShape.of(cfg.verifier)
+
+
+def kv_budget(cfg, on_cpu: bool) -> int:
+    """KV budget M in bytes (see module docstring). Raises RunOOM when the derived budget is <= 0
+    (the weights do not fit: a recorded oom), ConfigError for a bad or non-positive setting."""
+    s = cfg.system
+    try:
+        if not unset(s.kv_budget):
+            m = parse_size(s.kv_budget, "kv_budget")
+        elif on_cpu:
+            m = parse_size(s.cpu_kv_budget, "system.cpu_kv_budget")
+        else:
+            gen, ver = shapes(cfg)
+            share = float(cfg.hardware.memory_bytes) * float(s.memory_fraction)
+            m = default_kv_budget(share, gen.weight_bytes + ver.weight_bytes, ACTIVATION_RESERVE * share)
+            if m <= 0:
+                raise RunOOM(
+                    f"memory_fraction={s.memory_fraction} of {cfg.hardware.name} leaves {m / 2**30:.2f} GiB "
+                    f"for KV after the weights of {cfg.model.name} + {cfg.verifier.name}"
+                )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if m <= 0:
+        raise ConfigError(f"kv_budget={m} bytes is not allowed: a positive size (bytes, or e.g. 2GiB)")
+    return int(m)
+
+
+def one_sequence_kv(cfg, shape: ModelShape) -> int:
+    """KV bytes of one ``max_model_len`` sequence plus two blocks (vLLM's start-up check)."""
+    return int(shape.kv_bytes_per_token * (cfg.workload.max_model_len + 2 * cfg.system.block_size))
+
+
+def cost_profile(cfg, real_cpu: bool):
+    """The hardware profile M plans with: ``hardware``, except on a real CPU engine given a GPU
+    profile, where it is this CPU's measured profile ``conf/hardware/cpu-tts.yaml``. Raises
+    ConfigError when that profile holds no measured stage costs (placeholder numbers)."""
+    hw = cfg.hardware
+    if real_cpu and hw.kind != "cpu":
+        from omegaconf import OmegaConf
+
+        path = HARDWARE_DIR / f"{CPU_PROFILE}.yaml"
+        hw = OmegaConf.load(path) if path.exists() else OmegaConf.create({"name": CPU_PROFILE})
+    if real_cpu and not ((hw.get("measured") or {}).get("tts")):
+        raise ConfigError(
+            f"hardware={hw.name} is not allowed for M (system.memory=true) on a real CPU engine: it "
+            f"holds no measured generator/verifier costs; allowed: hardware={CPU_PROFILE} (measured, "
+            f"committed) or a profile measured here by `python -m systems.verifier_search.calibrate` "
+            f"(hardware=cpu-tts-calibrated), or system.memory=false"
+        )
+    return hw
+
+
+class MemoryPlan:
+    """Makes the plan for one run's configuration (see module docstring): ``plan(n, s_ver, s_ctx,
+    s_dec)`` for a state, :meth:`per_run` before the engines exist, :meth:`per_iteration` before an
+    iteration (``system.replan=per_iteration``). ``on_cpu``: the engines run on (or, simulated,
+    model) a CPU; ``real``: they are real engines (vLLM)."""
+
+    def __init__(self, cfg, on_cpu: bool, real: bool):
+        s, w = cfg.system, cfg.workload
+        self.cfg, self.on_cpu = cfg, on_cpu
+        self.hw_name = (
+            "this CPU" if on_cpu and real else str(cfg.hardware.name)
+        )  # a real CPU run's hardware profile is not where it ran
+        self.gen, self.ver = shapes(cfg)
+        self.budget = kv_budget(cfg, on_cpu)
+        self.memory, self.offload = bool(s.memory), bool(s.offload) and not real
+        self.max_model_len, self.num_iterations = int(w.max_model_len), int(w.num_iterations)
+        self.floor_g, self.floor_v = one_sequence_kv(cfg, self.gen), one_sequence_kv(cfg, self.ver)
+        if self.memory:
+            hw = cost_profile(cfg, on_cpu and real)
+            self.profile = str(hw.name)
+            self.dec_hw, self.pre_hw = Roofline.of(hw, "decode"), Roofline.of(hw, "prefill")
+            self.offload_bw = float(cfg.hardware.h2d_bw)
+        else:
+            self.profile = None
+            self.fixed = self._fixed_split()
+
+    def _fixed_split(self) -> Allocation:
+        cfg, s = self.cfg, self.cfg.system
+        pair = AE_SPLITS.get((cfg.model.name, cfg.verifier.name))
+        if pair and unset(s.kv_budget) and not self.on_cpu:
+            scale = float(s.memory_fraction) / (pair[0] + pair[1])  # 1 at the paper's fractions
+            mem = float(cfg.hardware.memory_bytes)
+            gm, vm = pair[0] * scale * mem, pair[1] * scale * mem
+            g = default_kv_budget(gm, self.gen.weight_bytes, ACTIVATION_RESERVE * gm)
+            v = default_kv_budget(vm, self.ver.weight_bytes, ACTIVATION_RESERVE * vm)
+            self.split = (
+                f"the baseline's fixed split ({pair[0] * scale:.2f} / {pair[1] * scale:.2f} of "
+                f"{cfg.hardware.name}'s memory, FastTTS AE) minus each model's weights"
+            )
+        else:
+            g = int(self.budget * float(s.gen_memory_share))
+            v = self.budget - g
+            self.split = f"the baseline's fixed split ({s.gen_memory_share:g} of the KV budget to the generator)"
+        return Allocation(int(s.max_num_seqs), int(s.max_num_seqs), g, v, float("nan"))
+
+    def plan(self, n: int, s_ver: float, s_ctx: float, s_dec: float) -> Allocation:
+        """KV bytes and batch caps for ``n`` paths, verifier inputs of ``s_ver`` tokens, generator
+        sequences of ``s_ctx`` tokens decoding ``s_dec`` per step. Raises RunOOM when the budget
+        cannot hold one sequence per engine."""
+        if not self.memory:
+            return self.fixed
+        try:
+            a = search_allocation(
+                self.gen,
+                self.ver,
+                self.dec_hw,
+                self.budget,
+                n,
+                s_ver,
+                s_ctx,
+                s_dec,
+                offload=self.offload,
+                offload_bw=self.offload_bw,
+                pre_hw=self.pre_hw,
+            )
+        except MemoryTooSmall as e:
+            raise RunOOM(f"KV memory too small for M's plan on {self.hw_name}: {e}") from None
+        # the engine short of one max_model_len sequence takes it from the other one's share
+        if not a.offload and a.ver_kv_bytes < self.floor_v:
+            a = Allocation(a.b_pre, a.b_dec, a.gen_kv_bytes - (self.floor_v - a.ver_kv_bytes), self.floor_v, a.t_tot_s)
+        if not a.offload and a.gen_kv_bytes < self.floor_g:
+            a = Allocation(a.b_pre, a.b_dec, self.floor_g, a.ver_kv_bytes - (self.floor_g - a.gen_kv_bytes), a.t_tot_s)
+        return a
+
+    def per_run(self, n: int, avg_prompt: float, step_mean: float) -> Allocation:
+        """The plan for a whole run: paths at mid-search length (``avg_prompt`` + half the
+        iterations' steps of ``step_mean`` tokens)."""
+        ctx = min(self.max_model_len, avg_prompt + step_mean * (self.num_iterations / 2 + 1))
+        return self.plan(n, ctx - step_mean, ctx, step_mean)
+
+    def per_iteration(self, active: int, prompt_len: int, mean_path_tokens: float, step_mean: float) -> Allocation:
+        """The plan for the coming iteration: ``active`` paths of ``prompt_len`` + ``mean_path_tokens``."""
+        ctx = prompt_len + mean_path_tokens
+        return self.plan(active, ctx, min(self.max_model_len, ctx + step_mean), step_mean)
+
+    def check_fits(self, a: Allocation) -> None:
+        """RunOOM (a recorded result) unless each engine holds one ``max_model_len`` sequence."""
+        if a.gen_kv_bytes < self.floor_g or a.ver_kv_bytes < self.floor_v:
+            how = "M's plan" if self.memory else self.split
+            raise RunOOM(
+                f"KV memory too small on {self.hw_name} ({how}): generator {a.gen_kv_bytes / 2**20:.1f} MiB "
+                f"(needs >= {self.floor_g / 2**20:.1f} MiB for one {self.max_model_len}-token sequence), "
+                f"verifier {a.ver_kv_bytes / 2**20:.1f} MiB (needs >= {self.floor_v / 2**20:.1f} MiB); "
+                f"raise kv_budget or lower workload.max_model_len"
+            )

@@ -1,0 +1,750 @@
+"""Simulated backend: the same search, speculation policy and memory plan as on vLLM, with
+generator steps and verifier prefills charged from a roofline (``memory.Roofline``; a GPU's
+datasheet profile, or a profile measured on this CPU by ``systems.verifier_search.calibrate``).
+
+The simulated engines mimic vLLM V1's scheduler at event granularity: FCFS admission up to
+``max_num_seqs`` while KV blocks are free and the step's token budget (``max_num_batched_tokens``;
+chunked prefill off, as on the real generator) holds the uncached prompt; automatic prefix
+caching over hashed full blocks with LRU eviction of unpinned blocks, a prompt hitting at most
+``len - 1`` tokens (vLLM recomputes the last one); one decode token per running sequence per
+step. Every speculative decision is the :class:`~systems.verifier_search.speculation.SpeculationPolicy`'s.
+
+Tokens come from a :class:`TokenSource`: sampled from the step-length model of the real random-
+weight runs (geometric steps ending at the delimiter or the end token, seeded per request), or
+replayed from a real run's recorded outputs (``system.replay_tokens``), so that simulator and
+engine search the same tree. Approximations (stated in the README): a request reserves KV for its
+whole step at admission (no preemption or recompute; speculative tokens beyond free blocks count
+as memory pressure), the decode steps between two events are charged at their mid-point context,
+and the verifier is charged per batch as ceil(tokens / token budget) prefill passes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from harness.errors import RunOOM
+from systems.verifier_search.beams import _prm_hasher, _read_scores
+from systems.verifier_search.memory import ModelShape, Roofline
+from systems.verifier_search.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
+from systems.verifier_search.seeding import generators
+from systems.verifier_search.speculation import SPECULATE, SpeculationPolicy
+
+
+# ------------------------------------------------------------------------------- by path
+class Lineage:
+    """Values kept by path name, problem-qualified (``GenRequest.path``: ``"3/0.1.2"``, whose parent
+    is ``"3/0.1"``): :meth:`get` returns the entry of the path or of its nearest ancestor that has
+    one. Everything is forgotten when the problem changes. For work a path can extend from its
+    parent's (block hashes, the synthetic PRM's hash): callers check the entry still applies."""
+
+    def __init__(self):
+        self.problem, self.seen = None, {}  # problem: the current problem's prefix ("3/")
+
+    def get(self, path: str):
+        if self.problem is None or not path.startswith(self.problem):
+            self.problem, self.seen = path.partition("/")[0] + "/", {}
+        seen = self.seen
+        while path not in seen:
+            path = path.rpartition(".")[0]  # the parent's name ("3/0.1" -> "3/0")
+            if "/" not in path:  # past the root path ("3/0" -> ""): no ancestor has one
+                return None
+        return seen[path]
+
+    def put(self, path: str, value) -> None:
+        if path and self.problem is not None and path.startswith(self.problem):
+            self.seen[path] = value
+
+
+class SyntheticPrm:
+    """``beams.synthetic_prm_values`` for the items of one problem after another (the simulated
+    verifier's), hashing each path's tokens once: the hash state at a path's last scored step is
+    kept by path (:class:`Lineage`) and a child's scores continue it (when the child's tokens start
+    with the ones hashed; else from the start). The values are ``synthetic_prm_values``'s."""
+
+    def __init__(self, seed: int):
+        self.seed, self.memo = seed, Lineage()
+
+    def values(
+        self, problem: int, tokens: Sequence[int], step_ends: Sequence[int], computed: Sequence[bool], path: str = ""
+    ) -> List[Optional[float]]:
+        wanted = [e for e, c in zip(step_ends, computed) if c]
+        if not wanted:
+            return [None] * len(step_ends)
+        base = self.memo.get(path) if path else None
+        if base is not None and base[1] <= wanted[0] and starts_with(tokens, base[1], base[0]):
+            h, at = base[2].copy(), base[1]
+        else:
+            h, at = _prm_hasher(self.seed, problem), 0
+        got = _read_scores(h, tokens, at, wanted)
+        self.memo.put(path, (tokens, wanted[-1], h))
+        return [got[e] if c else None for e, c in zip(step_ends, computed)]
+
+
+def starts_with(tokens: Sequence[int], n: int, base: Sequence[int], tail: Sequence[int] = ()) -> bool:
+    """Whether the first ``n`` of ``tokens`` are the first ``n`` of ``base`` followed by ``tail`` (lists;
+    ``n`` at most both lengths). A list holding exactly the tokens compared is compared as it is: no
+    slice (a path's tokens are compared with its parent's on every call of the simulated engines and
+    the synthetic PRM)."""
+    p = len(base)
+    if n <= p:
+        return (tokens if len(tokens) == n else tokens[:n]) == (base if n == p else base[:n])
+    return tokens[:p] == base and tokens[p:n] == tail[: n - p]
+
+
+# ------------------------------------------------------------------------------- prefix cache
+def block_hashes(
+    tokens: List[int], block: int, base: List[int] = (), base_hashes: Sequence[int] = (), base_tail: List[int] = ()
+) -> List[int]:
+    """Chained hashes of the full ``block``-token blocks of ``tokens`` (block j's covers blocks 0..j,
+    as vLLM's prefix-cache keys). ``base`` (followed by ``base_tail``) / ``base_hashes``: a token
+    list hashed before and its hashes; the leading blocks ``tokens`` shares with it (compared, not
+    assumed) keep their hashes and only the blocks after them are hashed: a path's hashes extend its
+    parent's."""
+    B = block
+    k = min(len(tokens) // B, len(base_hashes))
+    if k and not starts_with(tokens, k * B, base, base_tail):  # not a plain extension: the shared blocks
+        lo, hi = 0, k - 1  # their count lies in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if starts_with(tokens, mid * B, base, base_tail):
+                lo = mid
+            else:
+                hi = mid - 1
+        k = lo
+    return extend_hashes(tokens, block, base_hashes[:k])
+
+
+def extend_hashes(tokens: Sequence[int], block: int, hashes: Sequence[int]) -> List[int]:
+    """:func:`block_hashes` of ``tokens`` given ``hashes``, those of its leading blocks (assumed, not
+    compared): only the blocks after them are hashed."""
+    return [*hashes, *chain_hashes(hashes[-1] if hashes else 0, tokens, len(hashes) * block, block)]
+
+
+def chain_hashes(h: int, tokens: Sequence[int], start: int, block: int) -> List[int]:
+    """Hashes of the full ``block``-token blocks of ``tokens[start:]``, chained from ``h`` (the hash of
+    the blocks before ``start``; 0 at the root)."""
+    out = []
+    for blk in zip(*[iter(tokens[start:] if start else tokens)] * block):  # the full blocks, as tuples
+        h = hash((h, blk))
+        out.append(h)
+    return out
+
+
+class PathHashes:
+    """The token lists a simulated engine hashed, by path name (``GenRequest.path``, a
+    :class:`Lineage`): :meth:`hashes` of a path's new list extends the hashes of the path's own or
+    its nearest ancestor's last list (:func:`block_hashes` compares the tokens, so a wrong hint costs
+    time, never a different hash). The lists are kept, not copied: their owners never change them
+    (a request's ``prompt_ids``, an output's tokens, a verifier input built for the call)."""
+
+    def __init__(self, block: int):
+        self.block, self.memo = block, Lineage()
+
+    def hashes(self, tokens: List[int], path: str = "") -> List[int]:
+        base, hs, tail = (self.memo.get(path) if path else None) or ((), (), ())
+        return block_hashes(tokens, self.block, base, hs, tail)
+
+    def remember(self, path: str, tokens: List[int], hs: List[int], tail: List[int] = ()) -> None:
+        """Keep ``hs``, the block hashes of ``tokens + tail``, as ``path``'s."""
+        self.memo.put(path, (tokens, hs, tail))
+
+
+class BlockCache:
+    """Prefix cache of KV blocks: ``capacity`` blocks; pinned blocks (running requests) are never
+    evicted, free cached blocks are evicted least-recently-used first (``ref`` and ``free`` are
+    disjoint).
+
+    A request pins a chain (:func:`block_hashes`: block j's parent is block j - 1, block 0 at the
+    root), so pinned blocks are closed under ancestors and ``ref[h]`` counts the chains ending at h
+    plus h's pinned children: pinning or releasing a chain costs the blocks it pins or frees (and a
+    binary search), not its length. The pins, free order and answers are those of counting every
+    block of every chain (tested), barring a 64-bit collision of two blocks' hashes, which the cache
+    assumes away anyway."""
+
+    def __init__(self, capacity_blocks: int, block: int):
+        self.capacity, self.block = int(capacity_blocks), int(block)
+        self.ref: Dict[int, int] = {}  # pinned hash -> chains ending there + pinned children
+        self.free: "OrderedDict[int, None]" = OrderedDict()  # cached, unpinned, LRU first
+        self.reserved = 0  # blocks reserved for tokens not yet hashed
+
+    def hit_tokens(self, hs: List[int], length: int) -> int:
+        """Tokens of a ``length``-token prompt with block hashes ``hs`` served from the cache: the
+        cached leading full blocks, at most ``length - 1`` tokens (vLLM recomputes the last token).
+        The pinned ones lead (:meth:`pinned_prefix`); free cached ones may follow."""
+        n = min((length - 1) // self.block, len(hs))
+        k = self.pinned_prefix(hs, n)
+        while k < n and hs[k] in self.free:
+            k += 1
+        return k * self.block
+
+    def used(self) -> int:
+        return len(self.ref) + len(self.free) + self.reserved
+
+    def _evict(self, k: int) -> int:
+        n = min(k, len(self.free))
+        for _ in range(n):
+            self.free.popitem(last=False)
+        return n
+
+    def pinned_prefix(self, hs: List[int], upto: Optional[int] = None) -> int:
+        """How many leading blocks of the chain ``hs`` (of its first ``upto`` <= len(hs)) are pinned (a
+        pinned block's ancestors are)."""
+        ref, lo, hi = self.ref, 0, len(hs) if upto is None else upto
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hs[mid] in ref:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def try_admit(self, hs: List[int], extra_blocks: int) -> bool:
+        """Pin the chain ``hs`` (inserting missing blocks) and reserve ``extra_blocks``; evicts free
+        blocks as needed. False (nothing changed) when pinned blocks leave no room."""
+        ref, free = self.ref, self.free
+        k = self.pinned_prefix(hs)
+        new = hs[k:]  # to pin: free cached ones or missing
+        if len(ref) + len(new) + self.reserved + extra_blocks > self.capacity:
+            return False
+        if free:
+            for h in new:
+                free.pop(h, None)
+            over = len(ref) + len(free) + self.reserved + len(new) + extra_blocks - self.capacity
+            if over > 0:
+                self._evict(over)
+        ref.update(dict.fromkeys(new, 1))  # each: one pinned child, or (the last) the chain's end
+        if k:  # the deepest pinned block: a new child, or the end again
+            ref[hs[k - 1]] += 1
+        self.reserved += extra_blocks
+        return True
+
+    def release(self, pinned: List[int], reserved: int, produced: List[int]) -> None:
+        """Unpin the chain ``pinned``, drop the reservation, and cache the blocks filled while
+        decoding. The blocks no other chain holds are freed, root first."""
+        ref, free = self.ref, self.free
+        self.reserved -= reserved
+        j = len(pinned) - 1
+        while j >= 0:
+            c = ref[pinned[j]] - 1
+            if c:
+                ref[pinned[j]] = c
+                break
+            del ref[pinned[j]]
+            j -= 1
+        for h in pinned[j + 1 :]:
+            free[h] = None
+        room = self.capacity - len(ref) - len(free) - self.reserved
+        for h in produced:
+            if h in ref:
+                continue
+            if h in free:
+                free.move_to_end(h)
+                continue
+            if room > 0:
+                room -= 1
+            elif free:  # full: the LRU free block makes room
+                free.popitem(last=False)
+            else:
+                break
+            free[h] = None
+
+
+# ------------------------------------------------------------------------------------- tokens
+@dataclass
+class StepModel:
+    """Geometric step lengths of the random-weight runs: per token P(delimiter) = p_delim,
+    P(end token) = p_eos; body tokens uniform over the vocabulary away from the special ids."""
+
+    p_delim: float
+    p_eos: float
+    delimiter_id: int
+    eos_id: int
+    vocab_size: int
+
+    def __post_init__(self):
+        self.p_boundary = self.p_delim + self.p_eos
+        self.eos_share = self.p_eos / self.p_boundary
+        self.lo = min(1000, self.vocab_size // 4)  # avoid low ids and the special tokens at the top
+        self.small = self.vocab_size - 2 * self.lo < 2000  # small vocabularies: keep boundaries out of the body
+
+    def chunk(self, rng: np.random.Generator) -> Tuple[int, bool]:
+        """(tokens up to and including the next boundary, whether that boundary is the end token)."""
+        return int(rng.geometric(self.p_boundary)), bool(rng.random() < self.eos_share)
+
+    def body(self, rng: np.random.Generator, n: int) -> List[int]:
+        out = rng.integers(self.lo, self.vocab_size - self.lo, size=n).tolist()
+        if self.small:
+            out = [self.lo - 1 if t in (self.delimiter_id, self.eos_id) else t for t in out]
+        return out
+
+
+class TokenStream:
+    """The tokens one request samples, position 0 = its first generated token: ``recorded``
+    tokens first (replay), then chunks of the step model, each ending at a boundary. Chunk
+    lengths are drawn ahead (cheap) and body tokens only when read, from ``rng_len`` and ``rng_body``
+    (``np.random.default_rng([seed, 0])`` and ``([seed, 1])`` of the request's seed:
+    :meth:`TokenSource.prepare`), so a stream is the same however far it is read.
+
+    ``ends[i]`` / ``is_eos[i]``: the exclusive end of boundary i and whether it is the end token;
+    the first ``materialised`` of them are in ``tokens``, the rest drawn ahead."""
+
+    def __init__(
+        self,
+        model: StepModel,
+        rng_len: np.random.Generator,
+        rng_body: np.random.Generator,
+        recorded: Sequence[int] = (),
+    ):
+        self.m, self.rng_len, self.rng_body = model, rng_len, rng_body
+        self.tokens: List[int] = list(recorded)  # materialised tokens
+        self.ends: List[int] = []  # exclusive end of every boundary token
+        self.is_eos: List[bool] = []
+        for i, t in enumerate(self.tokens):
+            if t in (model.delimiter_id, model.eos_id):
+                self.ends.append(i + 1)
+                self.is_eos.append(t == model.eos_id)
+        self.length = len(self.tokens)  # positions decided (materialised or drawn)
+        self.materialised = len(self.ends)
+
+    def _draw(self) -> None:
+        n, eos = self.m.chunk(self.rng_len)
+        self.length += n
+        self.ends.append(self.length)
+        self.is_eos.append(eos)
+
+    def scan(self, i: int, limit: int, eos_only: bool) -> Tuple[int, Optional[str]]:
+        """Look at boundary ``i`` (drawn if needed) for the end of a step that has not ended before
+        it: (its end, "eos" | "delimiter") when it ends the step (only the end token does, if
+        ``eos_only``); (``limit``, "length") when it lies past ``limit`` (or none can be drawn
+        before it); (its end, None) when it does not end the step, which then ends later."""
+        if i >= len(self.ends):
+            if self.length >= limit:
+                return limit, "length"
+            self._draw()
+        end = self.ends[i]
+        if end > limit:
+            return limit, "length"
+        if self.is_eos[i]:
+            return end, "eos"
+        return end, (None if eos_only else "delimiter")
+
+    def boundary(self, start: int, limit: int, eos_only: bool) -> Tuple[int, str]:
+        """End of the step starting at position ``start``: (exclusive end, finish) for the first
+        boundary (the end token only, if ``eos_only``) ending at or before ``limit``, finish =
+        "eos" | "delimiter"; (limit, "length") when there is none."""
+        i = bisect.bisect_right(self.ends, start)
+        while True:
+            end, finish = self.scan(i, limit, eos_only)
+            if finish is not None:
+                return end, finish
+            i += 1
+
+    def read(self, n: int) -> List[int]:
+        """The first ``n`` tokens. The body tokens of every chunk to materialise are drawn in one
+        call: ``integers(size=a)`` then ``integers(size=b)`` is ``integers(size=a + b)``, state included
+        (numpy's bounded integers keep no buffer between calls; tested)."""
+        toks = self.tokens
+        if len(toks) < n:
+            while self.length < n:
+                self._draw()
+            ends, is_eos, m = self.ends, self.is_eos, self.m
+            first = self.materialised
+            last = bisect.bisect_left(ends, n, first)  # the chunk holding position n - 1
+            body = m.body(self.rng_body, ends[last] - len(toks) - (last + 1 - first))
+            at = 0
+            for i in range(first, last + 1):
+                k = ends[i] - len(toks) - 1
+                toks.extend(body[at : at + k])
+                toks.append(m.eos_id if is_eos[i] else m.delimiter_id)
+                at += k
+            self.materialised = last + 1
+        return toks[:n]
+
+
+class TokenSource:
+    """Token streams of requests: sampled from ``model`` with each request's seed, or, for uids in
+    ``recorded`` (uid -> tokens a real engine produced), those tokens first. :meth:`prepare` builds
+    the streams of a batch of requests together (their generators' seeding vectorised); :meth:`stream`
+    hands each out once, or builds one not prepared."""
+
+    def __init__(self, model: StepModel, recorded: Optional[Dict[str, Sequence[int]]] = None):
+        self.model, self.recorded = model, recorded or {}
+        self.ready: Dict[str, TokenStream] = {}
+
+    def prepare(self, requests: Sequence[GenRequest]) -> None:
+        gens = generators([e for r in requests for e in ([r.seed, 0], [r.seed, 1])])
+        self.ready = {
+            r.uid: TokenStream(self.model, gens[2 * i], gens[2 * i + 1], self.recorded.get(r.uid, ()))
+            for i, r in enumerate(requests)
+        }
+
+    def stream(self, r: GenRequest) -> TokenStream:
+        s = self.ready.pop(r.uid, None)
+        return (
+            s
+            if s is not None
+            else TokenStream(self.model, *generators([[r.seed, 0], [r.seed, 1]]), self.recorded.get(r.uid, ()))
+        )
+
+
+# ------------------------------------------------------------------------------------- costs
+def step_terms(m: ModelShape, prefill: List[Tuple[int, int]], decodes: int, ctx: float) -> Tuple[float, float, int]:
+    """(FLOPs, bytes, sampled sequences) of one generator engine step: prefill chunks [(new
+    tokens, context before them)] + ``decodes`` decode tokens at mean context ``ctx``. Every
+    position multiplies the body parameters; the vocabulary projection runs once per sampled
+    sequence (each decode, and the last prompt token of each prefill); weights are read once
+    (``ModelShape.read_bytes``)."""
+    new = sum(a for a, _ in prefill) if prefill else 0
+    sampled = decodes + len(prefill)
+    flops = (
+        2 * m.body_params * (new + decodes)
+        + 2 * m.head_params * sampled
+        + 4 * m.num_layers * m.hidden_size * decodes * ctx
+        + (sum(2 * m.num_layers * m.hidden_size * a * (2 * c + a) for a, c in prefill) if prefill else 0)
+    )
+    return flops, m.read_bytes + (decodes * ctx + new) * m.kv_bytes_per_token, sampled
+
+
+def _t_step(m: ModelShape, hw: Roofline, prefill: List[Tuple[int, int]], decodes: int, ctx: float) -> float:
+    """Seconds of one generator engine step (:func:`step_terms`): roofline (``Roofline.busy_s``)
+    + per-layer, per-step and per-sampled-sequence costs."""
+    flops, byts, sampled = step_terms(m, prefill, decodes, ctx)
+    return hw.busy_s(flops, byts) + hw.fixed_s(m) + hw.seq_s * sampled
+
+
+def prefill_terms(m: ModelShape, new_tokens: int, attn_flops: float, budget: int) -> Tuple[float, float, int]:
+    """(FLOPs, bytes, passes) of a verifier batch prefilling ``new_tokens`` uncached tokens (plus
+    ``attn_flops`` of attention) in passes of at most ``budget`` tokens, weights read once per pass. A
+    PRM scores every position: no vocabulary projection, its head is in the body."""
+    passes = math.ceil(new_tokens / budget)
+    return (
+        2 * m.body_params * new_tokens + attn_flops,
+        passes * m.read_bytes + new_tokens * m.kv_bytes_per_token,
+        passes,
+    )
+
+
+class _Engine:
+    """KV size and batch cap of a simulated engine, set (and re-set) by the memory plan."""
+
+    m: ModelShape
+    block: int
+
+    def configure(self, kv_bytes: int, max_num_seqs: int, offload_bw: Optional[float] = None) -> None:
+        """Set the KV size and batch cap; ``offload_bw`` (B/s): the §4.3.2 offload extension is on,
+        this engine's resident KV is swapped in before and out after every call."""
+        cap = int(kv_bytes // (self.m.kv_bytes_per_token * self.block))
+        if getattr(self, "cache", None) is None or self.cache.capacity != cap:
+            self.cache = BlockCache(cap, self.block)
+        self.max_num_seqs = int(max_num_seqs)
+        self.offload_bw = offload_bw
+
+    def swap_time(self) -> float:
+        """Seconds to move this engine's cached KV out and back in (0 without offload)."""
+        if not self.offload_bw:
+            return 0.0
+        return 2.0 * self.cache.used() * self.block * self.m.kv_bytes_per_token / self.offload_bw
+
+
+class _Seq:
+    """A running request: its token stream, step end, KV pins, the engine step it was admitted at
+    (``admitted``: its decoded tokens are the engine steps since), its admission number (``order``)
+    and the engine step at which its step or speculation ends (``end``). A speculation's end is
+    found lazily (``speculating``: it decodes past its step): while ``tentative``, ``end`` is a lower
+    bound, the end of boundary ``scan - 1``, which did not end it; :meth:`resolve` looks further."""
+
+    __slots__ = (
+        "r",
+        "stream",
+        "step_len",
+        "finish",
+        "hs",
+        "extra",
+        "cached",
+        "admitted",
+        "order",
+        "end",
+        "speculating",
+        "cap",
+        "scan",
+        "tentative",
+    )
+
+    def __init__(self, r, stream, step_len, finish, hs, extra, cached, admitted):
+        self.r, self.stream, self.step_len, self.finish = r, stream, step_len, finish
+        self.hs, self.extra, self.cached = hs, extra, cached
+        self.admitted, self.end, self.order = admitted, admitted + step_len, 0
+        self.speculating = self.tentative = False
+
+    def speculate(self, cap: int) -> None:
+        """Decode on past the step, to the end token or ``cap`` tokens (``TokenStream.boundary`` from
+        the step's end, looked at one boundary at a time by :meth:`resolve`)."""
+        self.speculating, self.cap = True, cap
+        self.scan = bisect.bisect_right(self.stream.ends, self.step_len)
+        self.resolve()
+
+    def resolve(self) -> None:
+        """Look at the next boundary for the speculation's end; ``end`` and ``tentative`` follow."""
+        end, finish = self.stream.scan(self.scan, self.cap, eos_only=True)
+        self.scan += 1
+        self.end, self.tentative = self.admitted + end, finish is None
+
+
+def _first_end(ends: List[Tuple[int, int, str]], run: Dict[str, _Seq], upto: float) -> Optional[_Seq]:
+    """The running sequence (``run``, by uid) whose end comes first in the heap ``ends`` of (end step,
+    admission number, uid), if at or before step ``upto``: stale heap entries (finished or re-timed)
+    dropped, lazy speculation ends looked at until the first is exact (a lower bound at the top
+    bounds every other end)."""
+    while ends:
+        end, _, uid = ends[0]
+        s = run.get(uid)
+        if s is None or s.end != end:
+            heapq.heappop(ends)
+        elif end > upto:
+            return None
+        elif s.tentative:
+            s.resolve()
+            heapq.heapreplace(ends, (s.end, s.order, uid))
+        else:
+            return s
+    return None
+
+
+class SimGenerator(_Engine):
+    """Simulated generator engine (see module docstring). ``kv_bytes`` and ``max_num_seqs`` (the
+    decode batch B_dec) come from the memory plan; ``block`` tokens per KV block and
+    ``token_budget`` tokens per step are the real engine's ``block_size`` / ``max_num_batched_tokens``;
+    no sequence grows past ``max_model_len`` tokens.
+
+    Time advances from event to event (a step end, a speculation end, an admission): the running
+    sequences and their context are kept as totals and a heap of end steps, so an event costs the
+    sequences it ends, not all that run."""
+
+    def __init__(
+        self,
+        model: ModelShape,
+        hw: Roofline,
+        tokens: TokenSource,
+        *,
+        kv_bytes: int,
+        max_num_seqs: int,
+        block: int,
+        token_budget: int,
+        max_model_len: int,
+    ):
+        self.m, self.hw, self.tokens = model, hw, tokens
+        self.block, self.token_budget, self.max_model_len = int(block), int(token_budget), int(max_model_len)
+        self.paths = PathHashes(self.block)
+        self._head = None  # (queue head, its block hashes, stream, step end, finish)
+        self.configure(kv_bytes, max_num_seqs)
+
+    def _admit(self, queue: deque, run: Dict[str, _Seq], now: int) -> Tuple[List[Tuple[int, int]], List[_Seq], bool]:
+        """Admit queued requests at engine step ``now``. Returns (prefill chunks, the sequences admitted,
+        whether admission stopped at the token budget, so the next step admits again)."""
+        B, prefill, new_seqs = self.block, [], []
+        budget = self.token_budget - len(run)  # running sequences decode one token each
+        while queue and len(run) < self.max_num_seqs:
+            r = queue[0]
+            if self._head is None or self._head[0] is not r:  # a request that waits keeps its hashes and stream
+                stream = self.tokens.stream(r)
+                self._head = (
+                    r,
+                    self.paths.hashes(r.prompt_ids, r.path),
+                    stream,
+                    *stream.boundary(0, r.max_tokens, eos_only=not r.stop_at_delimiter),
+                )
+            _, hs, stream, step_len, finish = self._head
+            hit = self.cache.hit_tokens(hs, len(r.prompt_ids))
+            new = len(r.prompt_ids) - hit
+            if new > budget:
+                return prefill, new_seqs, True
+            extra = math.ceil((len(r.prompt_ids) + step_len) / B) - len(hs)
+            if not self.cache.try_admit(hs, extra):
+                if not run:
+                    raise RunOOM(
+                        f"simulated generator KV ({self.cache.capacity} blocks of {B}) cannot hold one "
+                        f"sequence of {len(r.prompt_ids) + step_len} tokens"
+                    )
+                return prefill, new_seqs, False
+            queue.popleft()
+            budget -= new
+            prefill.append((new, hit))
+            run[r.uid] = s = _Seq(r, stream, step_len, finish, hs, extra, hit, now)
+            new_seqs.append(s)
+        return prefill, new_seqs, False
+
+    def extend(self, requests: List[GenRequest], policy: SpeculationPolicy) -> GenResult:
+        """Run the requests to the end of their steps (list order = admission order); the
+        ``policy`` decides every speculative step. ``time_s`` is the charged (simulated) time."""
+        B = self.block
+        self.tokens.prepare(requests)
+        queue = deque(requests)
+        run: Dict[str, _Seq] = {}  # admission order
+        spec: Dict[str, _Seq] = {}  # the running sequences that speculate
+        potential: Dict[str, int] = {}  # their potentials (the policy's input)
+        ends: List[Tuple[int, int, str]] = []  # heap of (end step, admission number, uid)
+        admitted = 0
+        outputs: Dict[str, GenOutput] = {}
+        t, steps, ctx = 0.0, 0, 0  # ctx: the running sequences' context tokens, summed
+        while queue or run:
+            decodes = len(run)
+            dec_ctx = ctx / decodes if decodes else 0.0
+            prefill, new_seqs, more = self._admit(queue, run, steps)
+            if not run:
+                raise RuntimeError(
+                    f"simulated generator: request {queue[0].uid} ({len(queue[0].prompt_ids)} prompt "
+                    f"tokens) exceeds the step's token budget ({self.token_budget})"
+                )
+            for s in new_seqs:
+                s.order = admitted
+                admitted += 1
+                ctx += len(s.r.prompt_ids)
+                heapq.heappush(ends, (s.end, s.order, s.r.uid))
+            k = 1 if more else _first_end(ends, run, math.inf).end - steps
+            t += _t_step(self.m, self.hw, prefill, decodes, dec_ctx)  # first step (with prefill)
+            if k > 1:
+                t += (k - 1) * _t_step(self.m, self.hw, [], len(run), ctx / len(run) + k / 2.0)
+            steps += k
+            ctx += k * len(run)
+            due = []
+            while (s := _first_end(ends, run, steps)) is not None:
+                heapq.heappop(ends)
+                due.append(s)
+            for s in sorted(due, key=attrgetter("order")):  # in admission order
+                uid = s.r.uid
+                if s.speculating:  # end token or cap: finished
+                    ctx -= self._end(uid, steps, run, spec, potential, outputs)
+                elif policy.at_step_end(s.r, s.finish, len(queue)) == SPECULATE:
+                    s.speculate(min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids)))
+                    if s.end <= steps:
+                        ctx -= self._end(uid, steps, run, spec, potential, outputs)
+                    else:
+                        spec[uid], potential[uid] = s, s.r.potential
+                        heapq.heappush(ends, (s.end, s.order, uid))
+                else:
+                    ctx -= self._end(uid, steps, run, spec, potential, outputs)
+            if spec:
+                need = sum(
+                    [
+                        -((s.admitted - len(s.r.prompt_ids) - steps) // B) - len(s.hs) - s.extra  # ceil(tokens / B)
+                        for s in spec.values()
+                    ]
+                )
+                pressure = need > self.cache.capacity - self.cache.used()
+                for uid in policy.to_abort(len(run) - len(spec), potential, len(queue), pressure):
+                    ctx -= self._end(uid, steps, run, spec, potential, outputs)
+        spec_total = sum([len(o.tokens) - o.step_len for o in outputs.values()])
+        return GenResult(outputs, t + self.swap_time(), steps, spec_total)
+
+    def _end(
+        self,
+        uid: str,
+        steps: int,
+        run: Dict[str, _Seq],
+        spec: Dict[str, _Seq],
+        potential: Dict[str, int],
+        outputs: Dict[str, GenOutput],
+    ) -> int:
+        """End the running sequence ``uid`` at engine step ``steps`` (:meth:`_finish`); returns the context
+        tokens it held."""
+        s = run.pop(uid)
+        if spec.pop(uid, None) is not None:
+            del potential[uid]
+        self._finish(s, steps - s.admitted, outputs)
+        return len(s.r.prompt_ids) + steps - s.admitted
+
+    def _finish(self, s: _Seq, done: int, outputs: Dict[str, GenOutput]) -> None:
+        """End ``s`` after ``done`` decoded tokens: its step, or everything it decoded when it
+        speculated; cache the blocks it filled."""
+        r, hs, prompt = s.r, s.hs, s.r.prompt_ids
+        toks = s.stream.read(done if s.speculating else s.step_len)
+        filled = chain_hashes(hs[-1] if hs else 0, prompt[len(hs) * self.block :] + toks, 0, self.block)
+        self.paths.remember(r.path, prompt, hs + filled, toks)  # hs: the prompt's full blocks
+        self.cache.release(hs, s.extra, filled)
+        outputs[r.uid] = GenOutput(toks, s.finish, s.step_len, s.cached, len(prompt))
+
+
+class SimVerifier(_Engine):
+    """Simulated PRM engine: requests in batches of ``max_num_seqs``; each batch's uncached tokens
+    are prefilled in passes of at most ``token_budget`` tokens, each charged by the roofline. The
+    verifier input of a path is built by ``token_map`` (as on vLLM: prompt + steps, step tags) and
+    its values are the synthetic content-keyed PRM's (``beams.synthetic_prm_values``, ``seed``),
+    None where the position was served by the prefix cache (as vLLM's pooling rows)."""
+
+    def __init__(
+        self,
+        model: ModelShape,
+        hw: Roofline,
+        *,
+        kv_bytes: int,
+        max_num_seqs: int,
+        block: int,
+        token_budget: int,
+        token_map,
+        prompts: Dict[int, List[int]],
+        seed: int,
+    ):
+        self.m, self.hw, self.block, self.budget = model, hw, int(block), int(token_budget)
+        self.map, self.prompts, self.prm = token_map, prompts, SyntheticPrm(seed)
+        self.paths = PathHashes(self.block)
+        self.configure(kv_bytes, max_num_seqs)
+
+    def verify(
+        self, pidx: int, items: Sequence[Tuple[List[int], List[int]]], paths: Optional[Sequence[str]] = None
+    ) -> VerifierOutput:
+        prompt = self.prompts.get(pidx, [])
+        t, cached, total, vals = 0.0, 0, 0, []
+        B, cache, build, hashes, remember = (
+            self.block,
+            self.cache,
+            self.map.build,
+            self.paths.hashes,
+            self.paths.remember,
+        )
+        attn_per = 2 * self.m.num_layers * self.m.hidden_size  # attention FLOPs per new token x context
+        for i in range(0, len(items), self.max_num_seqs):
+            batch = items[i : i + self.max_num_seqs]
+            new_tokens, pinned, attn = 0, [], 0.0
+            for j, (toks, ends) in enumerate(batch):
+                path = paths[i + j] if paths else ""
+                seq, pos = build(prompt, toks, ends)
+                n = len(seq)
+                hs = hashes(seq, path)
+                remember(path, seq, hs)
+                hit = cache.hit_tokens(hs, n)
+                extra = -(-n // B) - len(hs)
+                if not cache.try_admit(hs, extra):
+                    for h, e in pinned:
+                        cache.release(h, e, ())
+                    pinned = []
+                    t += self._charge(new_tokens, attn)
+                    new_tokens, attn = 0, 0.0
+                    if not cache.try_admit(hs, extra):
+                        raise RunOOM(
+                            f"simulated verifier KV ({cache.capacity} blocks) cannot hold one sequence of {n} tokens"
+                        )
+                pinned.append((hs, extra))
+                new = n - hit
+                new_tokens += new
+                attn += attn_per * new * (n + hit)
+                cached += hit
+                total += n
+                vals.append(self.prm.values(pidx, toks, ends, [p >= hit for p in pos], path))
+            t += self._charge(new_tokens, attn)
+            for h, e in pinned:
+                cache.release(h, e, ())
+        return VerifierOutput(vals, t + self.swap_time(), cached, total)
+
+    def _charge(self, new_tokens: int, attn_flops: float) -> float:
+        if new_tokens == 0:
+            return 0.0
+        flops, byts, passes = prefill_terms(self.m, new_tokens, attn_flops, self.budget)
+        return self.hw.busy_s(flops, byts) + passes * self.hw.fixed_s(self.m)

@@ -1,0 +1,364 @@
+"""The main command and bad input: clear errors before any work, or recorded outcomes."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.errors import ConfigError
+from harness.run import run
+from systems.common.gpu_model import StageModel
+from systems.energy_serving.controllers import Beam, EngineState
+from systems.energy_serving.profiler import build_table, sim_measure
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_main_command_runs_simulated_and_says_so(tmp_path):
+    out = tmp_path / "main"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "system=beam",
+            "model=llama-3.3-70b",
+            "hardware=a100-80gb",
+            "tp=2",
+            "pp=4",
+            "workload=servegen",
+            "workload.duration_s=120",
+            "tracking=none",
+            "progress=false",
+            f"output_dir={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    first = p.stdout.splitlines()[0]
+    assert "SIMULATED" in first and "a100-80gb" in first
+    assert "[SIMULATED]" in p.stdout and (out / "run.json").exists()
+    for t in ("requests", "decisions", "timeline"):
+        assert (out / f"{t}.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (("tp=4", "pp=4"), r"tp x pp = 4 x 4 = 16 GPUs is not allowed: hardware 'a100-80gb' has 8"),
+        (("system.fixed_clock_mhz=2000",), r"system.fixed_clock_mhz=2000 is not allowed: a clock in \[210, 1410\]"),
+        (("system.freq_step_mhz=20",), r"multiple of the profile's 15 MHz"),
+        (("workload=azure_code", "workload.path=/nonexistent/x.csv"), r"/nonexistent/x.csv: trace file not found"),
+        (("workload=poisson", "rate=0"), r"workload.rate=0"),
+        (("workload=ttc_beam",), r"a serving workload"),
+        (("hardware=cpu", "tp=1", "pp=1"), r"not allowed for the simulated serving backend"),
+        (
+            ("system.profile_error.bias=0.6",),
+            r"system.profile_error.bias=0.6 is not allowed: a relative error in \[-0.5, 0.5\]",
+        ),
+        (("system.profile_error.noise=-0.1",), r"system.profile_error.noise=-0.1 is not allowed: .* in \[0, 0.3\]"),
+        (("kv_budget=lots",), r"kv_budget='lots' is not a size"),
+        (
+            ("workload=azure_code", "workload.start_s=90000"),
+            r"no requests in \[90000.0, 90600.0\) s \(allowed: a slice",
+        ),
+    ],
+)
+def test_bad_input_fails_before_work(compose_cfg, tmp_path, overrides, match):
+    cfg = compose_cfg("system=beam", *overrides, output_dir=tmp_path / "x")
+    with pytest.raises(ConfigError, match=match):
+        run(cfg)
+    assert not (tmp_path / "x" / "run.json").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (("workload.seed=-1", "workload.duration_s=30"), "workload.seed=-1 is not allowed: an integer >= 0"),
+        (("workload=poisson", "workload.seed=-1"), "workload.seed=-1 is not allowed: an integer >= 0"),
+        (
+            ("workload=poisson", "rate=1e9"),
+            "workload.rate=1000000000.0 is not allowed: a rate giving at most 10,000,000 requests in a run "
+            "(asked for: 1e+09 req/s x workload.duration_s=60 s = 60,000,000,000 expected requests)",
+        ),
+        (
+            ("workload=burst", "workload.rate_high=1e8"),
+            "workload.rate_high=100000000.0 is not allowed: a rate giving at most 10,000,000 requests in a run "
+            "(asked for: 1e+08 req/s x workload.duration_s=150 s = 15,000,000,000 expected requests)",
+        ),
+        (
+            ("workload.max_input_len=0", "workload.duration_s=30"),
+            "workload.max_input_len=0 is not allowed: a token count >= 1 (longer prompts are truncated to it)",
+        ),
+        (
+            ("workload=poisson", "workload.max_input_len=-1"),
+            "workload.max_input_len=-1 is not allowed: a token count >= 1 (longer prompts are truncated to it)",
+        ),
+        (
+            ("workload=poisson", "workload.output_len=0"),
+            "workload.input_len/output_len=(512, 0) is not allowed: token counts >= 1",
+        ),
+        (
+            ("system.dvfs.delay_s=-1", "workload.duration_s=30"),
+            "system.dvfs.delay_s=-1.0 is not allowed: a clock actuation delay in s >= 0",
+        ),
+        (
+            ("workload.target_tokens_per_s=-5", "workload.duration_s=30"),
+            "workload.target_tokens_per_s=-5.0 is not allowed: an input+output token rate in tokens/s >= 0 "
+            "(0 = the trace's own rates, unscaled)",
+        ),
+        (
+            ("system.profile_tile=0", "workload.duration_s=30"),
+            "system.profile_tile=0 is not allowed: a token count >= 1 (the profiler's sampling step)",
+        ),
+        (
+            ("system.profile_small_max=0", "workload.duration_s=30"),
+            "system.profile_small_max=0 is not allowed: a token count >= 1 (the end of the profiler's small region)",
+        ),
+    ],
+)
+def test_bad_numbers_name_the_field_and_what_is_allowed(compose_cfg, tmp_path, overrides, message):
+    """QA: a negative seed was numpy's traceback (exit 1), rate=1e9 asked numpy for 447 GiB,
+    max_input_len <= 0 / dvfs.delay_s < 0 / target_tokens_per_s < 0 were run (recorded ok), profile_tile=0
+    and profile_small_max=0 crashed mid-run. Each is now a ConfigError from ``validate`` before any work.
+    Mutation caught: each check removed from systems/energy_serving/runner.py:validate (the servegen cases are
+    30 s long so that a missing check fails fast)."""
+    cfg = compose_cfg("system=beam", *overrides, output_dir=tmp_path / "x")
+    with pytest.raises(ConfigError) as e:
+        run(cfg)
+    assert str(e.value) == message
+    assert not (tmp_path / "x" / "run.json").exists()
+
+
+def test_the_request_bound_is_rate_times_duration(compose_cfg, monkeypatch):
+    """The stream may be expected to hold up to MAX_REQUESTS requests, not one more. Mutation caught:
+    ``>=`` for ``>`` in the bound, the duration left out of it."""
+    from systems.energy_serving import runner
+
+    monkeypatch.setattr(runner, "MAX_REQUESTS", 120)
+    runner.validate(compose_cfg("system=beam", "workload=poisson", "rate=2", "workload.duration_s=60"))
+    with pytest.raises(
+        ConfigError,
+        match=r"workload.rate=2.0 is not allowed: a rate giving at most 120 requests "
+        r"in a run \(asked for: 2 req/s x workload.duration_s=61 s = 122 expected",
+    ):
+        runner.validate(compose_cfg("system=beam", "workload=poisson", "rate=2", "workload.duration_s=61"))
+
+
+def test_a_sweep_with_a_bad_seed_is_refused_before_any_job(tmp_path):
+    """The sweeper's up-front check runs ``validate`` on every job: exit 2 with the message, no
+    traceback, nothing run. Mutation caught: the workload.seed check removed (exit 1, traceback)."""
+    p = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "system=beam",
+            "workload=poisson",
+            "workload.duration_s=30",
+            "workload.seed=0,-1",
+            "tracking=none",
+            "progress=false",
+            f"results_dir={tmp_path / 'sw'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "error: workload.seed=-1 is not allowed: an integer >= 0" in p.stderr
+    assert "Traceback" not in p.stderr + p.stdout and not (tmp_path / "sw").exists()
+
+
+def test_kv_budget_is_kv_bytes_per_device(compose_cfg, tmp_path):
+    """kv_budget reaches the simulator as a KV capacity per stage (bytes / KV bytes of a token on one
+    GPU); unset, it is memory - weights on the GPU - the hardware's reserve; weights that do not fit
+    are a recorded oom. Mutation caught: the default budget ignoring the weights."""
+    from harness.model_facts import kv_bytes_per_token, kv_reserve_bytes, weight_bytes
+
+    set_ = run(
+        compose_cfg(
+            "system=vanilla",
+            "workload=ablation",
+            "workload.duration_s=5",
+            "kv_budget=1GiB",
+            output_dir=tmp_path / "set",
+        )
+    )
+    cfg = compose_cfg("system=vanilla", "workload=ablation", "workload.duration_s=5", output_dir=tmp_path / "default")
+    derived = run(cfg)
+    per_token = kv_bytes_per_token(cfg.model) / 8
+    assert set_["summary"]["kv_budget_bytes"] == 1 << 30
+    assert set_["summary"]["kv_capacity_tokens"] == pytest.approx((1 << 30) / per_token)
+    hw = cfg.hardware
+    assert derived["summary"]["kv_budget_bytes"] == hw.memory_bytes - weight_bytes(cfg.model) // 8 - kv_reserve_bytes(
+        hw
+    )
+    oom = run(compose_cfg("system=vanilla", "workload=ablation", "tp=1", "pp=1", output_dir=tmp_path / "oom"))
+    assert oom["status"] == "oom" and "weights need" in oom["message"]
+
+
+def test_a_kv_budget_too_small_is_a_recorded_oom_also_in_a_sweep(tmp_path):
+    """A KV budget below the longest request's KV is a result (status oom with the sizes), not bad
+    input: a sweep over budgets records every job and exits 0 (issue 14: doesn't fit = a result).
+    Mutation caught: the check back in ``validate`` as a ConfigError (the sweep stops with exit 2
+    before any job)."""
+    import json
+
+    p = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "system=vanilla",
+            "workload=ablation",
+            "workload.duration_s=5",
+            "kv_budget=1MiB,1GiB",
+            "tracking=none",
+            "progress=false",
+            f"results_dir={tmp_path}",
+            "sweep_name=kv",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    recs = {
+        r["config"]["kv_budget"]: r
+        for r in (json.loads(f.read_text()) for f in (tmp_path / "sweeps" / "kv").rglob("run.json"))
+    }
+    assert recs["1GiB"]["status"] == "ok" and recs["1MiB"]["status"] == "oom"
+    assert re.search(
+        r"KV budget 1\.0 MiB per device holds \d+ tokens < the longest request's 576 tokens", recs["1MiB"]["message"]
+    )
+
+
+def test_malformed_trace_names_the_line(compose_cfg, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1}\nnot json\n')
+    cfg = compose_cfg("system=beam", "workload=mooncake", f"workload.path={bad}", output_dir=tmp_path / "x")
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:2:"):
+        run(cfg)
+
+
+def test_impossible_slo_is_a_recorded_outcome(compose_cfg, tmp_path):
+    cfg = compose_cfg(
+        "system=beam",
+        "workload=ablation",
+        "workload.duration_s=10",
+        "workload.slo_tbt_s=0.001",
+        output_dir=tmp_path / "s",
+    )
+    rec = run(cfg)
+    s = rec["summary"]
+    assert rec["status"] == "ok" and s["slo_infeasible"] and "every token misses" in rec["message"]
+    assert s["slo_tbt_attainment"] == 0.0
+    assert s["mean_clock_mhz"] > 1400  # fell back to the max clock
+
+
+def test_decision_time_under_0_1_ms(compose_cfg, benchmark):
+    """BEAM Tab. 2: S1/S2 decisions (paper < 1 ms; our target 0.1 ms) on the A100 70B table."""
+    cfg = compose_cfg("system=beam")
+    st = StageModel(cfg.model, cfg.hardware, 2, 4)
+    cl = st.clocks(15)
+    T = build_table(sim_measure(st, 512.0, 512), cl, st.idle_power(cl), 2304, 64, 512, [128, 256, 512, 1024, 2048])
+    ctl = Beam(table=T, p=4, g=2, slo_ttft=1.0, slo_tbt=0.2, default_chunk=2048, chunks=(128, 256, 512, 1024, 2048))
+    rng = np.random.default_rng(0)
+    states = [
+        EngineState(
+            0.0,
+            [(float(w), int(t)) for w, t in zip(np.sort(rng.uniform(0, 0.8, k))[::-1], rng.integers(50, 3000, k))],
+            int(rng.integers(0, 200)),
+            2048,
+            4,
+            1410.0,
+        )
+        for k in rng.integers(1, 16, 200)
+    ]
+
+    def decide_all():
+        for s in states:
+            ctl.on_arrival(s)
+            ctl.on_decode_only(s)
+
+    decide_all()  # warm the per-row caches as a running engine would
+    benchmark(decide_all)
+    assert ctl.on_arrival(states[0]) is not None
+    # the 0.1 ms target is checked when benchmarks run (pytest --benchmark-enable), not as a timed
+    # unit test on a shared CI box
+    if benchmark.enabled and benchmark.stats is not None:
+        per = benchmark.stats.stats.mean / (2 * len(states))
+        benchmark.extra_info["us_per_decision"] = per * 1e6
+        assert per < 1e-4, f"mean decision time {per * 1e6:.1f} us"
+
+
+def test_each_seed_gets_its_own_request_stream_in_one_process(compose_cfg):
+    """Sweep jobs share worker processes: the stream cache must key on the resolved seed (the
+    workload's ``seed: ${seed}``). Mutation caught: the key built from the unresolved config."""
+    from systems.energy_serving.build import requests_for
+
+    a = requests_for(compose_cfg("system=beam", "workload=poisson", "seed=0").workload)
+    b = requests_for(compose_cfg("system=beam", "workload=poisson", "seed=1").workload)
+    assert len(a) != len(b) or not np.array_equal(a.arrival_s, b.arrival_s)
+
+
+def test_a_trace_stream_is_stored_and_read_back_until_its_file_changes(compose_cfg, tmp_path, monkeypatch):
+    """Issue 18: a trace's request stream is kept in results_dir/cache and read back bit for bit by a
+    later run (no parsing); a changed trace file is read again; a missing one is a TraceError and
+    stores nothing. Mutations caught: the key without the files' size/mtime (a changed trace served
+    from the store), the note not stored."""
+    import os
+
+    from systems.energy_serving import build
+    from workloads import serving
+    from workloads.serving import TraceError
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9800000,10,2\n2023-11-16 18:17:05.4800000,7,3\n"
+    )
+    w = compose_cfg("system=vanilla", "workload=azure_code", f"workload.path={trace}").workload
+    cache = tmp_path / "cache"
+    first = build.requests_for(w, cache)
+    build._REQ_CACHE.clear()  # a later run: a new process
+    monkeypatch.setattr(serving, "build_requests", lambda w: pytest.fail("the stored stream was not read"))
+    again = build.requests_for(w, cache)
+    assert (again.arrival_s.tolist(), again.input_len.tolist(), again.output_len.tolist(), again.note) == (
+        first.arrival_s.tolist(),
+        first.input_len.tolist(),
+        first.output_len.tolist(),
+        first.note,
+    )
+    assert again.input_len.dtype == first.input_len.dtype and len(list(cache.iterdir())) == 1
+    monkeypatch.undo()
+    trace.write_text(trace.read_text() + "2023-11-16 18:17:06.0000000,4,1\n")
+    os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 10**9))
+    build._REQ_CACHE.clear()
+    assert len(build.requests_for(w, cache)) == 3
+    build._REQ_CACHE.clear()
+    gone = compose_cfg("system=vanilla", "workload=azure_code", f"workload.path={tmp_path / 'absent.csv'}").workload
+    with pytest.raises(TraceError):
+        build.requests_for(gone, tmp_path / "cache2")
+    assert not (tmp_path / "cache2").exists()
+
+
+def test_a_servegen_target_rate_beyond_the_request_bound_exits_2(compose_cfg):
+    """workload=servegen workload.target_tokens_per_s=1e9 ran past a 120 s timeout drawing billions of
+    requests (QA). Mutation caught: load_servegen without the bound (the test then hangs or OOMs)."""
+    from harness.errors import ConfigError
+    from systems.energy_serving.runner import validate
+
+    with pytest.raises(
+        ConfigError,
+        match=r"workload.target_tokens_per_s=1e\+09 would draw [\d,]+ requests in "
+        r"\[68400, 72000\) s \(at most 10,000,000; the trace's own rates give",
+    ):
+        validate(compose_cfg("system=beam", "workload.target_tokens_per_s=1e9"))
