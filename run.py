@@ -17,7 +17,7 @@ def _interrupted_at_import(signum, frame):
 
 
 if __name__ == "__main__":
-    gc.disable()  # until the start-up ends: harness.run.end_startup
+    gc.disable()  # until the start-up ends: harness.process.end_startup
     import signal
 
     signal.signal(signal.SIGINT, _interrupted_at_import)  # Ctrl-C while importing: one line, no traceback
@@ -40,16 +40,10 @@ EXIT = {"code": 0}  # a single run's exit status, set by main() (Hydra discards 
 def main(cfg: DictConfig) -> None:
     import multiprocessing
 
-    from harness.run import (
-        end_startup,
-        exit_code,
-        in_multirun,
-        remove_unused_run_dir,
-        run,
-        run_isolated,
-        should_isolate,
-        terminate_as_interrupt,
-    )
+    from harness.folders import in_multirun, remove_unused_run_dir
+    from harness.isolation import run_isolated, should_isolate
+    from harness.process import end_startup, terminate_as_interrupt
+    from harness.run import exit_code, run
 
     end_startup()  # the collector on (OutputDirCheck's callback did it, unless callbacks were replaced)
     if multiprocessing.parent_process() is None:  # the process run.py started, not a sweep's worker
@@ -123,8 +117,8 @@ if __name__ == "__main__":
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # outside a job: composing the config, a sweep's report
-        if "harness.run" in sys.modules:  # a single run's folder Hydra made before the task began
-            sys.modules["harness.run"].remove_unused_run_dir()
+        if "harness.folders" in sys.modules:  # a single run's folder Hydra made before the task began
+            sys.modules["harness.folders"].remove_unused_run_dir()
         print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)
     # The interpreter's shutdown collects and frees every object still alive, the imported

@@ -8,10 +8,6 @@ from dataclasses import dataclass
 
 from harness.errors import ConfigError
 
-# Real engine of each family (DESIGN.md): the TTC engine runs on torch, the others on vLLM. A family
-# not listed is simulated only (backend=auto simulates it, a real backend is refused).
-REAL_ENGINE = {"kv_offload": "torch", "verifier_search": "vllm", "energy_serving": "vllm"}
-
 
 @dataclass(frozen=True)
 class Backend:
@@ -60,15 +56,16 @@ def cuda_available() -> bool:
         return False
 
 
-def resolve_backend(cfg, family: str) -> Backend:
-    """Resolve ``backend.name``/``backend.device`` for a family.
+def resolve_backend(cfg, family) -> Backend:
+    """Resolve ``backend.name``/``backend.device`` for a family (harness.family.Family: its
+    ``real_engine``, None for a simulated-only family).
 
     auto: the family's real engine on a CUDA GPU, else the simulated backend on ``hardware``.
     Raises ConfigError for a real backend the family has no engine for, or device=cuda without CUDA.
     """
     name, device = cfg.backend.name, cfg.backend.device
     hw = cfg.hardware.name
-    real = REAL_ENGINE.get(family)  # None: a simulated-only family
+    real, family = family.real_engine, family.name
     if name == "auto":
         if real is not None and cuda_available():
             name, device = real, "cuda"

@@ -267,7 +267,7 @@ def check_group_options(args, conf_dir) -> None:
         if key not in CONFIG_GROUPS or any(c in value for c in "()[]{}*$"):
             continue
         for v in (x.strip() for x in value.split(",")):
-            if not (v and (conf_dir / key / f"{v}.yaml").exists()):  # empty: Hydra's error, exit 1 (QA)
+            if not (v and (conf_dir / key / f"{v}.yaml").exists()):  # empty: left to Hydra's own error
                 raise bad(key, v, f"one of {', '.join(group_options(conf_dir, key))} (conf/{key}/*.yaml)")
 
 
@@ -361,7 +361,7 @@ def check_sweep_values(args: List[str], conf_dir) -> None:
 
 def check_report(args: List[str], conf_dir) -> None:
     """A command-line ``report=module.function`` must name a function (it is called at a sweep's end
-    with ``(sweep_dir, runs, cfg)``); a bad one failed only after every job had run (QA). Raises
+    with ``(sweep_dir, runs, cfg)``), checked before any job runs. Raises
     ConfigError naming the value and what is allowed. Without ``-m`` it warns that the report will
     not run (a single run has no sweep end)."""
     multirun = _sweeps(args, conf_dir)
@@ -409,8 +409,8 @@ def hydra_group_options(conf_dir, group: str) -> List[str]:
 
 
 def check_hydra_groups(args, conf_dir) -> None:
-    """A command-line ``hydra/<group>=option`` naming no option (``hydra/launcher=foo``) was Hydra's
-    MissingConfigException and exit 1 (QA). Raises ConfigError listing the options."""
+    """A command-line ``hydra/<group>=option`` must name an option of the group (``hydra/launcher=foo``
+    does not). Raises ConfigError listing the options."""
     for a in args:
         key, _, value = a.partition("=")
         key = key.lstrip("+~")
@@ -426,7 +426,7 @@ def check_hydra_groups(args, conf_dir) -> None:
 
 def note_implicit_sweep(args: List[str], conf_dir) -> None:
     """An experiment whose yaml sets ``hydra.mode: MULTIRUN`` runs its whole sweep without ``-m``
-    (``run.py experiment=lbs_fig9`` ran 225 jobs on every core without a word; QA): say so first."""
+    (``run.py experiment=lbs_fig9`` runs its 225 jobs on every core): say so first."""
     if any(a.split("=", 1)[0] in _MODES or a.replace(" ", "").startswith("hydra.mode=") for a in args):
         return  # -m, --cfg / --info, or a mode of the user's own
     for a in args:
@@ -473,9 +473,8 @@ def check_tool_values(
     groups: Iterable[str] = (),
     files: Iterable[str] = (),
 ) -> None:
-    """A tool's own ``key=value`` arguments, checked before it calibrates or runs anything (QA: a
-    fidelity tool with ``repeats=0`` or ``recalibrate=maybe`` started minutes of calibration; a
-    calibration with ``out=/proc/x.yaml`` measured, then lost it): each of ``ints`` present an
+    """A tool's own ``key=value`` arguments, checked before it calibrates or runs anything
+    (a bad value would otherwise surface after minutes of calibration, or lose it): each of ``ints`` present an
     integer >= 1, each of ``flags`` true or false, each of ``groups`` (a config group's name as the
     key) an option of it (:func:`check_group_options`), each of ``files`` a file path whose folder
     can be made. Raises ConfigError."""
@@ -507,7 +506,7 @@ def tool_args(argv: List[str], doc: str, allowed: Optional[Iterable[str]] = None
     as a dict, checked before any work: ``-h``/``--help`` prints ``doc`` (the tool's module docstring)
     and exits 0; an argument that is not ``key=value``, or (with ``allowed``) a key outside ``allowed``,
     exits 2 with what is allowed. ``allowed`` None: any key (a tool that passes the rest to run.py).
-    Raises SystemExit. (``python -m systems.energy_serving.fidelity --help`` started a 20-minute vLLM run; QA.)"""
+    Raises SystemExit."""
     if any(a in ("-h", "--help") for a in argv):
         print(doc.strip())
         raise SystemExit(0)

@@ -12,7 +12,6 @@ starts.
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -22,8 +21,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from harness.errors import ConfigError, bad  # noqa: F401  (re-exported for older imports)
-
-FAMILY_MODULES = ["systems.kv_offload.config", "systems.verifier_search.config", "systems.energy_serving.config"]
 
 
 @dataclass
@@ -174,14 +171,10 @@ def register_configs() -> None:
     cs.store(group="verifier", name="_verifier_schema", node=VerifierConfig)
     cs.store(group="backend", name="_backend_schema", node=BackendConfig)
     cs.store(group="tracking", name="_tracking_schema", node=TrackingConfig)
-    for mod in FAMILY_MODULES:
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name == mod:
-                continue
-            raise
-        m.register(cs)
+    from harness.family import families
+
+    for family in families().values():
+        family.register_configs(cs)
 
 
 def _first(*values):

@@ -168,7 +168,7 @@ def weight_bytes(m) -> int:
 
 # The largest random-weight model a real engine runs on a CPU: 2 GiB of weights. The tiny-* models
 # (0.06-0.16 GiB) show a schedule in seconds; random weights of a paper-size model measure nothing
-# more and load for minutes, then search for hours on a 2-core machine (QA). A local checkpoint
+# more and load for minutes, then search for hours on a 2-core machine. A local checkpoint
 # (``weights: /dir``) is the user's choice and is not limited.
 CPU_MAX_WEIGHT_BYTES = 2 << 30
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import pandas as pd
 
+from harness.family import current_name
 from harness.records import REPLACED_DIR, atomic_write_bytes
 from harness.stats import is_number, mean_ci
 
@@ -44,7 +45,8 @@ def _flatten(prefix: str, obj: Any, out: Dict[str, Any]) -> None:
 
 
 def record_row(rec: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
-    """One flat row for a run.json: status, system, model, simulated, run_dir, wall_s, finished_at
+    """One flat row for a run.json: status, system, family (as named now: a record written before the
+    families' rename says ttc / tts / serving, harness.family.current_name), model, simulated, run_dir, wall_s, finished_at
     (ISO time, UTC), git_sha, git_dirty, config_hash, overrides (the job's command line),
     headline (the key of its first displayed metric), summary.*, config.*, compiled.* (records written
     while the simulators had Cython-compiled twins: module -> compiled | pure)."""
@@ -52,6 +54,7 @@ def record_row(rec: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
         "status": rec.get("status"),
         "message": rec.get("message", ""),
         "system": rec.get("system"),
+        "family": current_name(str(rec.get("family") or (rec.get("config") or {}).get("system", {}).get("family", ""))),
         "model": rec.get("model"),
         "hardware": rec.get("hardware_profile"),
         "simulated": bool(rec.get("backend", {}).get("simulated")),
@@ -116,7 +119,7 @@ def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
     paths = {}
     import io
 
-    for ext in ("png", "pdf"):  # written whole or not at all (a Ctrl-C left a 124-byte png: QA)
+    for ext in ("png", "pdf"):  # written whole or not at all (a Ctrl-C leaves no partial file)
         p = sweep_dir / f"{name}.{ext}"
         buf = io.BytesIO()
         fig.savefig(buf, format=ext, dpi=130, bbox_inches="tight")

@@ -247,8 +247,7 @@ def collect(results_dir: Path, sweeps: Optional[List[str]] = None) -> pd.DataFra
 
 def _subset(sweep_dir: Path) -> str:
     """'first K problems' when the sweep's jobs ran ``workload.num_problems=K`` (its runs.parquet), else
-    '': such verdicts compare a subset with the paper's full-dataset numbers (QA: REPRODUCTION.md did
-    not say so)."""
+    '': such verdicts compare a subset with the paper's full-dataset numbers, and REPRODUCTION.md says so."""
     p = sweep_dir / "runs.parquet"
     col = "config.workload.num_problems"
     try:
@@ -434,7 +433,7 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra overrides for every experiment (e.g. tracking=none)")
     a = ap.parse_args(argv)
     names = paper_experiments()
-    if a.only is not None:  # every --only counts; an empty one is an error, not "all" (QA)
+    if a.only is not None:  # every --only counts; an empty one is an error, not "all"
         wanted = list(dict.fromkeys(x.strip() for o in a.only for x in o.split(",") if x.strip()))
         if not wanted:
             print(
@@ -450,7 +449,7 @@ def main(argv=None) -> int:
             )
             return 2
         names = wanted
-    problems = []  # checked before anything runs or is written (QA)
+    problems = []  # checked before anything runs or is written
     if not str(a.results_dir).strip():
         problems.append(
             "--results-dir '': a folder (an empty one wrote into the current directory); leave it "

@@ -82,7 +82,7 @@ class WandbTracker(NullTracker):
                 self.run.summary[k] = v
 
     def log_table(self, name: str, table) -> None:
-        """A DataFrame, a list of row dicts or a dict of columns (harness.run.RunResult.tables); its
+        """A DataFrame, a list of row dicts or a dict of columns (harness.family.RunResult.tables); its
         first 10,000 rows."""
         if isinstance(table, dict):
             import pandas as pd

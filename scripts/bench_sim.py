@@ -384,7 +384,7 @@ def runner_child(root: Path, rounds: int, overrides: List[str]) -> None:
         walls = []
         for _ in range(rounds):
             rec = run(cfg, multirun=True, overrides=[])
-            if rec["status"] != "ok":  # nothing simulated: no time to count (QA: 'ratio 0.00 OK')
+            if rec["status"] != "ok":  # nothing simulated: no time to count, so no ratio
                 raise SystemExit(
                     f"error: {' '.join(overrides)}: status {rec['status']} ({rec.get('message')}); "
                     f"a runner case times a simulation that runs"

@@ -33,6 +33,19 @@ register_resolvers()
 register_configs()
 
 
+def replace_run(monkeypatch, family: str, run) -> None:
+    """For the test, ``family``'s ``run`` is ``run`` (the harness finds families in systems.families)."""
+    import dataclasses
+
+    import systems.families as registry
+
+    monkeypatch.setattr(
+        registry,
+        "FAMILIES",
+        tuple(dataclasses.replace(f, run=run) if f.name == family else f for f in registry.FAMILIES),
+    )
+
+
 @pytest.fixture
 def compose_cfg(tmp_path):
     """compose_cfg(*overrides) -> a composed config writing its record under tmp_path."""

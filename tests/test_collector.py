@@ -1,10 +1,10 @@
-"""harness.run.collector_paused: the cyclic garbage collector off inside a block, as it was after."""
+"""harness.process.collector_paused: the cyclic garbage collector off inside a block, as it was after."""
 
 import gc
 
 import pytest
 
-from harness.run import collector_paused
+from harness.process import collector_paused
 
 
 @pytest.fixture
@@ -37,9 +37,9 @@ def test_collector_left_as_it_is_when_not_paused_or_already_off(gc_on):
 
 
 def test_end_startup_freezes_the_start_up_objects_and_turns_the_collector_on(gc_on):
-    """run.py starts with the collector off; harness.run.end_startup ends that once. Mutations
+    """run.py starts with the collector off; harness.process.end_startup ends that once. Mutations
     caught: the collector left off; nothing frozen; a collector that is on frozen again."""
-    from harness.run import end_startup
+    from harness.process import end_startup
 
     try:
         gc.unfreeze()
@@ -57,7 +57,7 @@ def test_run_and_sweep_hooks_end_the_start_up(monkeypatch):
     """OutputDirCheck's hooks end the start-up before a single run and before a sweep (a parallel
     sweep's driver never calls run.py's main(): without the multirun hook its collector stayed off
     for the whole sweep). Mutation caught: either hook not calling end_startup."""
-    import harness.run as hr
+    import harness.folders as hr
 
     calls = []
     monkeypatch.setattr(hr, "end_startup", lambda: calls.append(1))

@@ -485,19 +485,22 @@ def test_a_comma_list_in_a_single_run_is_exit_2_with_hydras_advice():
 
 
 def test_a_family_without_a_real_engine_is_simulated_never_a_keyerror(compose_cfg, monkeypatch):
-    """A new family not in harness.backend.REAL_ENGINE (a newcomer's toy family): backend=auto simulates
-    it, even with a CUDA GPU, and a real backend exits 2 saying it has none (was KeyError: 'toy', exit 1,
-    and an empty run folder). Mutation caught: REAL_ENGINE[family] indexed."""
+    """A family without a real engine (a newcomer's toy family, ``real_engine=None``): backend=auto
+    simulates it, even with a CUDA GPU, and a real backend exits 2 saying it has none (was KeyError:
+    'toy', exit 1, and an empty run folder). Mutation caught: the real engine looked up by name."""
     import harness.backend as B
     from harness.errors import ConfigError
+    from harness.family import Family
+    from systems.kv_offload import FAMILY as KV_OFFLOAD
 
+    toy = Family(name="toy", validate=lambda cfg: None, run=lambda cfg, ctx: None, register_configs=lambda cs: None)
     monkeypatch.setattr(B, "cuda_available", lambda: True)
-    b = B.resolve_backend(compose_cfg("system=lbs"), "toy")
+    b = B.resolve_backend(compose_cfg("system=lbs"), toy)
     assert b.simulated and "(family toy has no real engine)" in b.reason
     with pytest.raises(
         ConfigError,
         match=r"backend='torch' is not allowed for system='lbs' \(family toy\): "
         r"use auto, sim \(no real engine\)",
     ):
-        B.resolve_backend(compose_cfg("system=lbs", "backend=torch"), "toy")
-    assert not B.resolve_backend(compose_cfg("system=lbs"), "kv_offload").simulated  # a listed family: its engine
+        B.resolve_backend(compose_cfg("system=lbs", "backend=torch"), toy)
+    assert not B.resolve_backend(compose_cfg("system=lbs"), KV_OFFLOAD).simulated  # a listed family: its engine

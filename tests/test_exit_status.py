@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 FAIL_MID_RUN = """
 import os
 if os.environ.get("FAIL_MID_RUN"):
-    import systems.kv_offload.runner as r
     def run(cfg, ctx):
         raise RuntimeError("injected failure mid-run")
-    r.run = run
+    import dataclasses
+    import systems.families as f
+    f.FAMILIES = tuple(dataclasses.replace(x, run=run) if x.name == "kv_offload" else x for x in f.FAMILIES)
 """
 
 
@@ -31,10 +32,11 @@ if os.environ.get("FAIL_MID_RUN"):
 INTERRUPT_MID_RUN = """
 import os
 if os.environ.get("INTERRUPT_MID_RUN"):
-    import systems.kv_offload.runner as r
     def run(cfg, ctx):
         raise KeyboardInterrupt
-    r.run = run
+    import dataclasses
+    import systems.families as f
+    f.FAMILIES = tuple(dataclasses.replace(x, run=run) if x.name == "kv_offload" else x for x in f.FAMILIES)
 """
 
 
@@ -67,12 +69,13 @@ if os.environ.get("INTERRUPT_AT_RECORD"):
 TERMINATE_MID_RUN = """
 import os, signal, time
 if os.environ.get("TERMINATE_MID_RUN"):
-    import systems.kv_offload.runner as r
     def run(cfg, ctx):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(10)
         raise RuntimeError("SIGTERM was not delivered as an interrupt")
-    r.run = run
+    import dataclasses
+    import systems.families as f
+    f.FAMILIES = tuple(dataclasses.replace(x, run=run) if x.name == "kv_offload" else x for x in f.FAMILIES)
 """
 
 
@@ -522,13 +525,13 @@ def test_a_results_dir_that_is_a_dangling_link_is_exit_2_naming_it(tmp_path):
 def test_a_host_memory_error_is_a_recorded_oom_that_says_what_ran_out(compose_cfg, monkeypatch):
     """numpy/Python's MemoryError() has no message: the record said "host MemoryError: " (QA, FastTTS
     n=1e6). Mutation caught: the bare exception text."""
-    import systems.kv_offload.runner as runner
     from harness.run import run
+    from tests.conftest import replace_run
 
     def out_of_memory(cfg, ctx):
         raise MemoryError()
 
-    monkeypatch.setattr(runner, "run", out_of_memory)
+    replace_run(monkeypatch, "kv_offload", out_of_memory)
     rec = run(compose_cfg("system=lbs", "beams=4"), multirun=False, overrides=[])
     assert rec["status"] == "oom"
     assert rec["message"] == (

@@ -4,8 +4,12 @@ import graph has no cycles; policy modules import neither torch nor vllm nor the
 
 The graph is read from the source (``ast``): every ``import`` statement, also those inside functions
 (a deferred import is still a dependency; the issue's three cycles went through such imports),
-except under ``if TYPE_CHECKING:``. ``importlib.import_module`` calls (harness.run loading
-``systems.<family>.runner``, harness.config loading family config modules) are plugins, not edges.
+except under ``if TYPE_CHECKING:``. One edge is the plugin point, not a dependency:
+``harness.family.families()`` reading the family list ``systems.families`` (the harness runs the
+families it finds there; they import the harness, never the reverse) (:data:`PLUGIN_EDGES`).
+
+The families are siblings: no family package imports another (machinery two of them use lives in
+``systems.common``).
 """
 
 import ast
@@ -20,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("harness", "systems", "workloads")
 
 # Policies decide (which beams/requests run, which clock/chunk, which speculation); plain Python
-# shared by the real and simulated backends (DESIGN.md). New policy modules belong here.
+# shared by the real and simulated backends (docs/design.md). New policy modules belong here.
 POLICY_MODULES = (
     "systems.kv_offload.plan",
     "systems.kv_offload.beamset",
@@ -60,7 +64,8 @@ MODULES = _modules()
 
 
 def _imported_names(path: Path) -> Set[str]:
-    """Dotted names every import statement of the file names (``from a.b import c`` -> a.b, a.b.c)."""
+    """Dotted names every import statement of the file names (``from a.b import c`` -> a.b, a.b.c;
+    only a.b.c when c is a module of ours)."""
     names: Set[str] = set()
 
     def visit(node):
@@ -70,8 +75,10 @@ def _imported_names(path: Path) -> Set[str]:
             if isinstance(child, ast.Import):
                 names.update(a.name for a in child.names)
             elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
-                names.add(child.module)
-                names.update(f"{child.module}.{a.name}" for a in child.names)
+                full = [f"{child.module}.{a.name}" for a in child.names]
+                names.update(full)
+                if not all(f in MODULES for f in full):  # ``from pkg import submodule``: the submodule
+                    names.add(child.module)
             visit(child)
 
     visit(ast.parse(path.read_text()))
@@ -86,9 +93,16 @@ def _resolve(name: str) -> str:
     return n or name.split(".")[0]
 
 
+PLUGIN_EDGES = {("harness.family", "systems.families")}
+FAMILIES = ("systems.kv_offload", "systems.verifier_search", "systems.energy_serving")
+
+
 def _graph() -> Dict[str, Set[str]]:
-    """module -> the modules and external top-level packages it imports."""
-    return {m: {_resolve(n) for n in _imported_names(p)} - {m} for m, p in MODULES.items()}
+    """module -> the modules and external top-level packages it imports (:data:`PLUGIN_EDGES` left out)."""
+    graph = {m: {_resolve(n) for n in _imported_names(p)} - {m} for m, p in MODULES.items()}
+    for a, b in PLUGIN_EDGES:
+        graph[a].discard(b)
+    return graph
 
 
 GRAPH = _graph()
@@ -143,6 +157,27 @@ def test_no_import_cycles(area):
     config <-> backend cycle), any module importing one that imports it back."""
     mine = [c for c in _cycles() if any(m == area or m.startswith(area + ".") for m in c)]
     assert mine == [], f"import cycles: {mine}"
+
+
+def _family(module: str) -> str:
+    return next((f for f in FAMILIES if module == f or module.startswith(f + ".")), "")
+
+
+def test_no_family_imports_another():
+    """Each family package imports the harness, systems.common and itself, never another family.
+    Mutation caught: systems/kv_offload/sim.py importing the GPU model from the BEAM family again."""
+    crossing = sorted(
+        (m, n) for m, deps in GRAPH.items() for n in deps if _family(m) and _family(n) and _family(m) != _family(n)
+    )
+    assert crossing == [], f"family packages importing another family: {crossing}"
+
+
+def test_every_family_is_in_the_registry():
+    """systems.families lists every family package under systems/ (a package with a FAMILY)."""
+    from harness.family import families
+
+    packages = sorted(p.parent.name for p in (ROOT / "systems").glob("*/__init__.py") if "FAMILY =" in p.read_text())
+    assert sorted(families()) == packages == sorted(f.rpartition(".")[2] for f in FAMILIES)
 
 
 def test_the_graph_sees_deferred_imports():

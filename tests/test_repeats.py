@@ -14,8 +14,9 @@ import pandas as pd
 import pytest
 
 from harness.errors import ConfigError
+from harness.family import Family, RunResult
 from harness.report import combine_tables, gather_runs, run_report, save_figure, write_markdown
-from harness.run import RunResult, run
+from harness.run import run
 from harness.stats import aggregate, mean_ci, repeat_seeds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,25 +86,19 @@ def test_repeats_record_every_seed_summary_and_interval(compose_cfg, tmp_path):
     assert one["repeats"] == 1 and "summary_ci95" not in one and one["repeat_runs"][0]["seed"] == 0
 
 
-class _FlakyRunner:
-    """A family runner whose seed-1 repeat fails (error), runs out of memory (oom) or is interrupted
-    (Ctrl-C)."""
+def _flaky_family(failure):
+    """A family whose seed-1 repeat fails (error), runs out of memory (oom) or is interrupted (Ctrl-C)."""
 
-    def __init__(self, failure):
-        self.failure = failure
-
-    @staticmethod
-    def validate(cfg):
-        pass
-
-    def run(self, cfg, ctx):
+    def flaky_run(cfg, ctx):
         if cfg.seed == 1:
-            if self.failure == "oom":
+            if failure == "oom":
                 return RunResult(status="oom", message="KV does not fit", summary={"t": 100.0})
-            if self.failure == "interrupted":
+            if failure == "interrupted":
                 raise KeyboardInterrupt
             raise RuntimeError("engine crashed")
         return RunResult(summary={"t": float(cfg.seed + 1)})
+
+    return Family(name="kv_offload", validate=lambda cfg: None, run=flaky_run, register_configs=lambda cs: None)
 
 
 @pytest.mark.parametrize("failure", ["error", "oom"])
@@ -112,7 +107,7 @@ def test_a_failed_repeat_marks_the_job_and_keeps_every_repeat(compose_cfg, tmp_p
     value averaged in (mean 34.33, not 2.0), a failed repeat dropped from the record."""
     import harness.run as hr
 
-    monkeypatch.setattr(hr, "load_runner", lambda family: _FlakyRunner(failure))
+    monkeypatch.setattr(hr, "family_of", lambda cfg: _flaky_family(failure))
     rec = run(compose_cfg("backend=sim", "repeats=3", output_dir=tmp_path / failure))
     assert rec["status"] == failure
     assert rec["message"].startswith(f"repeat 1 (seed 1): {failure}: ")
@@ -128,7 +123,7 @@ def test_an_interrupted_repeat_ends_the_job_as_interrupted(compose_cfg, tmp_path
     import harness.run as hr
     from harness.errors import RunInterrupted
 
-    monkeypatch.setattr(hr, "load_runner", lambda family: _FlakyRunner("interrupted"))
+    monkeypatch.setattr(hr, "family_of", lambda cfg: _flaky_family("interrupted"))
     with pytest.raises(RunInterrupted):
         run(compose_cfg("backend=sim", "repeats=3", output_dir=tmp_path / "i"))
     rec = json.loads((tmp_path / "i" / "run.json").read_text())

@@ -143,7 +143,8 @@ def test_run_refuses_an_output_dir_holding_another_configs_record(compose_cfg, t
     """run() (API callers, sweep jobs) and run_isolated() (before it starts the child) refuse too;
     the record stays. Mutations caught: writable_output_dir without check_no_other_record (the
     record replaced); run_isolated without it (the child fails, the parent returns the old record)."""
-    from harness.run import run, run_isolated
+    from harness.isolation import run_isolated
+    from harness.run import run
 
     out = tmp_path / "job"
     rec = run(compose_cfg("system=lbs", "beams=8", output_dir=out))
@@ -237,7 +238,7 @@ def test_an_error_record_without_a_result_is_no_obstacle(tmp_path):
     caught: error records refused like results (the first raises); every error record replaced (the
     second passes)."""
     from harness import records
-    from harness.run import check_no_other_record
+    from harness.folders import check_no_other_record
 
     out = tmp_path / "job"
     records.atomic_write_json(out / "run.json", {"status": "error", "config_hash": "a" * 16, "summary": {}})
@@ -272,25 +273,24 @@ def test_an_unfinished_resume_false_rerun_keeps_the_earlier_record(compose_cfg, 
     summary does not count it; the next run that ends valid removes it. Mutations caught: nothing
     set aside (the ok record lost); the folder not removed once the new record is valid; the
     report's gather reading the set-aside record as a second job."""
-    import systems.kv_offload.runner as runner
     from harness.records import REPLACED_DIR
     from harness.report import gather_runs
     from harness.run import run
+    from tests.conftest import replace_run
 
     out = tmp_path / "sweep" / "job"
     over = ["system=lbs", "beams=4"]
     first = run(compose_cfg(*over, output_dir=out), multirun=False, overrides=[])
     assert first["status"] == "ok"
-    real = runner.run
-    monkeypatch.setattr(runner, "run", lambda cfg, ctx: (_ for _ in ()).throw(KeyboardInterrupt()))
-    with pytest.raises(KeyboardInterrupt):
-        run(compose_cfg(*over, "resume=false", output_dir=out), multirun=False, overrides=[])
+    with monkeypatch.context() as m:
+        replace_run(m, "kv_offload", lambda cfg, ctx: (_ for _ in ()).throw(KeyboardInterrupt()))
+        with pytest.raises(KeyboardInterrupt):
+            run(compose_cfg(*over, "resume=false", output_dir=out), multirun=False, overrides=[])
     kept = out / REPLACED_DIR
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
     assert json.loads((kept / "run.json").read_text())["finished_at"] == first["finished_at"]
     assert {p.name for p in kept.iterdir()} == {"run.json", *(f"{t}.parquet" for t in first["tables"])}
     assert len(gather_runs(tmp_path / "sweep")) == 1
-    monkeypatch.setattr(runner, "run", real)
     again = run(compose_cfg(*over, output_dir=out), multirun=False, overrides=[])  # resume: the record is not valid
     assert again["status"] == "ok" and not kept.exists()
 

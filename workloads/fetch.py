@@ -236,7 +236,7 @@ def main(argv=None) -> int:
     if a.write_manifest:
         print(f"{write_manifest(a.write_manifest)} files -> {MANIFEST}")
         return 0
-    if a.dest is not None and not a.dest.strip():  # '' wrote into the current folder (QA)
+    if a.dest is not None and not a.dest.strip():  # '' would write into the current folder
         print("error: --dest '': a folder; leave it out for the folder runs read", file=sys.stderr)
         return 2
     dest = Path(a.dest) if a.dest is not None else data_dir()

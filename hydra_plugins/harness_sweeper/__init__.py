@@ -1,49 +1,10 @@
-"""The sweeper of ``run.py -m``: Hydra's basic (Cartesian) sweep, written on Hydra's public Sweeper
-interface, with the costs of large simulated sweeps removed and failed jobs recorded.
-
-A simulated job runs in ~0.15 s, but Hydra spends ~0.3-0.5 s composing each job's config (reading
-and merging ~27 YAML files and schemas) and Hydra's basic sweeper composes every job once more,
-serially, in the parent before launching. For the 225-job Fig.9 sweep that was most of the time.
-
-1. ``validate_batch_is_legal`` composes and validates (``harness.run.validate_config``) a
-   *covering set* of the sweep's jobs up front instead of every job: every value of every swept
-   parameter appears in at least one checked job (5 jobs of Fig.9's 225). A bad value stops the
-   sweep before any work, with the job's overrides and exit code 2. Values that are invalid only
-   in combination are found by the job itself and recorded as an invalid job (status error). With
-   launchers that run jobs on other machines (SLURM, Ray) only Hydra's composition and the checks
-   that do not depend on the machine (``harness.config.validate_common``) are made up front: the
-   submitting host may lack the devices a job's validation looks for.
-2. The launcher gets ``harness.compose.MemoConfigLoader``, which composes once per set of config
-   groups in each process and applies plain value overrides to a copy (see that module).
-3. With the joblib launcher and ``batch_size: auto``, jobs go to the workers in chunks of about
-   1/4 of a worker's share (the launcher's ``batch_size`` option, set when the sweep's size is
-   known): Hydra ships the sweep's context and restores its global state once per chunk instead of
-   once per job (~80 ms of a ~0.5 s simulated job). joblib's own ``auto`` never batches jobs this long.
-4. Sweep jobs write no ``.hydra/`` copies of their config (``hydra.output_subdir=null`` is added
-   to the sweep's Hydra overrides, as if typed; they cost ~15 % of a simulated job's CPU): ``run.json``
-   holds the job's resolved config, the folder name its overrides, ``multirun.yaml`` the sweep's
-   config. ``hydra.output_subdir=.hydra`` on the command line keeps them.
-5. A sweep goes on past failed jobs. A job whose task raised, or that a launcher lost (a worker
-   process killed, a cluster job that died), and that left no record, is recorded as ``error``
-   in its job folder, so a re-run runs it again. SIGINT (Ctrl-C) stops the sweep instead (exit
-   130): an interrupted job keeps the record it wrote (status ``interrupted``), and jobs that did
-   not start get none. ``harness.callbacks.SweepReport`` prints the
-   count per status at the end and exits 1 when any job's status is ``error``.
-
-6. A job with a valid record of its config is skipped here, before launching: the check
-   ``harness.run.run`` makes (record version, status ok/oom, config hash of the job's resolved
-   config), on ``MemoConfigLoader.job_view`` (no composition or copy per job). A re-run of a fully
-   recorded Fig.9 sweep spent ~0.15 s per job in Hydra's job set-up and composition to reach the
-   same check in the job. Jobs it cannot check this way are launched and check themselves. A job
-   whose folder holds the record of another config stops the sweep here, before any work (exit 2;
-   ``harness.run.check_no_other_record``); a launched job refuses it itself and the record stays.
-
-7. With ``$TTC_SWEEP_CHECK_ONLY`` set (``harness.reproduce`` does, to check its extra arguments with
-   every experiment before running any), the sweep makes the checks of points 1 and 6 (a bad value, a
-   folder holding another config's record: exit 2) and exits 0 without writing or launching anything.
-
-Only Hydra's public plugin API is used (``hydra.plugins``, ``hydra.core``); tests/test_sweeps.py
-checks that no module of ours imports ``hydra._internal``.
+"""The sweeper of ``run.py -m``: Hydra's basic (Cartesian) sweep on Hydra's public Sweeper
+interface, with the costs of large simulated sweeps removed and failed jobs recorded: a covering set
+of jobs validated up front (every swept value checked before any work), one composition per set of
+config groups (harness.compose.MemoConfigLoader), jobs batched to joblib's workers, no ``.hydra/``
+copies per job, a job with a valid record skipped before launch, a lost job recorded as ``error``,
+and a check-only mode (``$TTC_SWEEP_CHECK_ONLY``). Each point, with its measured reason:
+docs/usage.md, "How a sweep runs".
 """
 
 from __future__ import annotations
@@ -158,14 +119,14 @@ class FastBasicSweeper(Sweeper):
         return [list(job) for job in itertools.product(*lists.values())]
 
     def recorded(self, job: Sequence[str], tell=print) -> bool:
-        """Whether the job has a valid record of its config (``harness.run.recorded``, the check
+        """Whether the job has a valid record of its config (``harness.folders.recorded``, the check
         ``harness.run.run`` makes before it would run the job, on the job's resolved config); says
         "skipping: valid record exists" when so. False when the
         job sets ``resume=false`` or ``output_dir``, or its config needs Hydra's own composition.
         Exits 2 (nothing run, nothing written) when the job's folder holds the record of another
-        config (``harness.run.check_no_other_record``: a re-used sweep_name whose jobs changed)."""
+        config (``harness.folders.check_no_other_record``: a re-used sweep_name whose jobs changed)."""
         from harness.errors import ConfigError
-        from harness.run import check_no_other_record, job_config, recorded
+        from harness.folders import check_no_other_record, job_config, recorded
 
         cfg = self.hydra_context.config_loader.job_view(self.config, list(job))
         if cfg is None or cfg.get("output_dir"):

@@ -293,12 +293,12 @@ CLOCK_NOT_APPLIED = (
 def clock_note(applied: bool, summary) -> str:
     """:data:`CLOCK_NOT_APPLIED` for a run whose clocks were not applied and whose controller made
     latency predictions (BEAM; vanilla and Window-DVFS predict nothing, so the note does not concern
-    them: it was on their records too, QA); else ''. One rule for the simulator and vLLM."""
+    them); else ''. One rule for the simulator and vLLM."""
     predicted = any(summary.get(k) is not None for k in ("pred_ttft_mape_pct", "pred_tbt_mape_pct"))
     return CLOCK_NOT_APPLIED if predicted and not applied else ""
 
 
-# BEAM reports attainment as the share of requests meeting each SLO (reference/beam.md §2.8); a request
+# BEAM reports attainment as the share of requests meeting each SLO (its evaluation section); a request
 # meets the TBT SLO by its mean token gap, so single gaps (TBT P90/P99) may exceed the SLO at 100 %
 TBT_ATTAINMENT_LABEL = "SLO attainment TBT (requests whose mean TBT <= SLO)"
 

@@ -316,6 +316,28 @@ class Beam(Controller):
         return self._s2(st)
 
 
+def _vanilla(common: dict, **_) -> Controller:
+    return Controller(**common)
+
+
+def _window_dvfs(common: dict, window_s: float, **_) -> Controller:
+    return WindowDVFS(**common, period_s=window_s)
+
+
+def _beam(common: dict, chunks, microbatches, search_chunk: bool, search_microbatch: bool, **_) -> Controller:
+    return Beam(
+        **common,
+        chunks=tuple(chunks) or (common["default_chunk"],),
+        microbatches=tuple(microbatches),
+        search_chunk=search_chunk,
+        search_microbatch=search_microbatch,
+    )
+
+
+# ``system.controller`` -> how it is built (config.CONTROLLERS lists these names for validation)
+CONTROLLERS = {"vanilla": _vanilla, "window_dvfs": _window_dvfs, "beam": _beam}
+
+
 def make_controller(
     kind: str,
     table: LatencyEnergyTable,
@@ -330,18 +352,15 @@ def make_controller(
     search_microbatch: bool = True,
     window_s: float = 5.0,
 ) -> Controller:
-    """Build a controller by name: vanilla | window_dvfs | beam. Raises ValueError otherwise."""
+    """Build the controller named ``kind`` (:data:`CONTROLLERS`). Raises ValueError for another name."""
+    if kind not in CONTROLLERS:
+        raise ValueError(f"controller {kind!r}: use {', '.join(CONTROLLERS)}")
     common = dict(table=table, p=p, g=g, slo_ttft=slo_ttft, slo_tbt=slo_tbt, default_chunk=default_chunk)
-    if kind == "vanilla":
-        return Controller(**common)
-    if kind == "window_dvfs":
-        return WindowDVFS(**common, period_s=window_s)
-    if kind == "beam":
-        return Beam(
-            **common,
-            chunks=tuple(chunks) or (default_chunk,),
-            microbatches=tuple(microbatches),
-            search_chunk=search_chunk,
-            search_microbatch=search_microbatch,
-        )
-    raise ValueError(f"controller {kind!r}: use vanilla, window_dvfs or beam")
+    return CONTROLLERS[kind](
+        common,
+        chunks=chunks,
+        microbatches=microbatches,
+        search_chunk=search_chunk,
+        search_microbatch=search_microbatch,
+        window_s=window_s,
+    )

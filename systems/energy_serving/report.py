@@ -53,7 +53,7 @@ def _ok(runs: pd.DataFrame) -> pd.DataFrame:
 
 def _one_per(df: pd.DataFrame, keys: List[str], figure: str) -> None:
     """A report that reads one record per ``keys`` (fig8, fig10: per system) refuses a sweep with more
-    (seeds swept: ``seed=0,1``, a TypeError deep in the report before; QA), naming what to run instead.
+    (seeds swept: ``seed=0,1``), naming what to run instead.
     Raises ValueError."""
     dup = df.duplicated(keys, keep=False)
     if dup.any():

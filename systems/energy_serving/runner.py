@@ -23,7 +23,7 @@ import numpy as np
 
 from harness.config import check_number
 from harness.errors import ConfigError, RunOOM, bad
-from harness.run import RunResult
+from harness.family import RunResult
 from systems.energy_serving.build import (
     build_table,
     cache_dir,
@@ -42,7 +42,8 @@ from systems.energy_serving.build import (
     table_grid,
     window_profile,
 )
-from systems.energy_serving.config import CONTROLLERS, TRACE_FORMATS, WORKLOAD_KINDS
+from systems.energy_serving.config import TRACE_FORMATS, WORKLOAD_KINDS
+from systems.energy_serving.controllers import CONTROLLERS
 from workloads.serving import MAX_REQUESTS
 
 PROFILE_BIAS_RANGE = (-0.5, 0.5)
@@ -82,7 +83,7 @@ def validate(cfg) -> None:
                 f"a rate giving at most {MAX_REQUESTS:,} requests in a run (asked for: {peak:g} req/s x "
                 f"workload.duration_s={float(w.duration_s):g} s = {expected:,.0f} expected requests)",
             )
-    if w.kind == "burst":  # an empty or inverted window ran a plain Poisson stream (QA)
+    if w.kind == "burst":  # an empty or inverted window would be a plain Poisson stream
         check_number("workload.burst_start_s", w.burst_start_s, "a time in s", ">= 0")
         if not float(w.burst_start_s) < float(w.burst_end_s):
             raise bad(
@@ -109,7 +110,7 @@ def validate(cfg) -> None:
         raise bad("workload.format", w.format, f"one of {', '.join(TRACE_FORMATS)}")
     if w.input_len < 1 or w.output_len < 1:
         raise bad("workload.input_len/output_len", (w.input_len, w.output_len), "token counts >= 1")
-    if w.max_input_len < 1:  # 0 and -1 truncated every prompt to nothing, recorded ok (QA)
+    if w.max_input_len < 1:  # 0 and -1 would truncate every prompt to nothing
         raise bad("workload.max_input_len", w.max_input_len, "a token count >= 1 (longer prompts are truncated to it)")
     seed = w.get("seed")  # -1 was numpy's "expected non-negative integer" traceback
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:

@@ -19,7 +19,7 @@ that GPU, recorded and never applied. Energy is measured with NVML windows when 
 recorded as unavailable (None, with the reason). The engine is one device: one pipeline stage, one
 microbatch. Timing: the harness fixes torch's thread count (``backend.threads``) and records the load;
 the thread count vLLM ran with is recorded (``vllm_torch_threads``), and the engine is warmed up
-before serving (excluded, ``harness.run.WARMUP_KEY``).
+before serving (excluded, ``harness.family.WARMUP_KEY``).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import ConfigError, RunOOM
+from harness.family import WARMUP_KEY, RunResult
 from harness.model_facts import CAUSAL_LM as ARCH  # architecture class per model type
 from harness.model_facts import check_cpu_model, check_weights
-from harness.run import WARMUP_KEY, RunResult
 from systems.energy_serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
 
 
@@ -62,7 +62,7 @@ def validate_real(cfg, backend) -> None:
 def check_one_device(s) -> None:
     """vLLM on CPU serves on one device: a ``system.tp``/``system.pp``/``system.parallel`` the user set
     to more (a literal value, not the system's paper default ``${first:${tp},2}``, which the real path
-    does not use) is refused; it ran on one device with the config recording tp=2 pp=4 (QA)."""
+    does not use) is refused, so a record never says a setting that did not run."""
     from omegaconf import OmegaConf
 
     raw = OmegaConf.to_container(s, resolve=False)

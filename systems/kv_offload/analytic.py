@@ -55,8 +55,8 @@ def dm_lbs(
 
 
 def _exact_sum(terms) -> int:
-    """Sum of Python-int terms (an object array): exact at any size. int64 wrapped silently past
-    2**63 B (8 EiB): Eq.3 of 10^8 beams of OPT-6.7B was recorded negative (QA)."""
+    """Sum of Python-int terms (an object array): exact at any size (int64 wraps silently past
+    2**63 B, 8 EiB, which Eq.3 of 10^8 beams of OPT-6.7B exceeds)."""
     return int(sum(terms.tolist()))
 
 

@@ -1,4 +1,4 @@
-"""The printed table of an LBS-family run (``harness.run.RunResult.display``): label, summary key,
+"""The printed table of an LBS-family run (``harness.family.RunResult.display``): label, summary key,
 formatter. Shared by ``systems.kv_offload.runner`` and ``systems.kv_offload.hf_offload``.
 
 One byte unit per table, chosen by magnitude (:func:`byte_unit`), so a 16 MiB budget and a 39 MiB
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Mapping, Tuple
 
-from harness.run import WARMUP_KEY
+from harness.family import WARMUP_KEY
 from harness.units import GiB
 
 Rows = List[Tuple[str, str, Callable[[Any], str]]]

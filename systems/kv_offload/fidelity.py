@@ -113,7 +113,7 @@ def report_repeats(out_dir: Path, repeats: List[pd.DataFrame]) -> pd.DataFrame:
     out_dir = Path(out_dir)
     real = pd.concat([tidy(r).assign(repeat=i) for i, r in enumerate(repeats)], ignore_index=True)
     real = real[(~real.simulated) & (real.status == "ok")]
-    if real.empty:  # e.g. experiment=lbs_fidelity backend=sim: nothing to replay (QA: KeyError)
+    if real.empty:  # e.g. experiment=lbs_fidelity backend=sim: nothing to replay
         why = "no ok real-engine runs in the sweep: the fidelity report replays real runs (backend=torch) in the simulator"
         print(f"warning: {why}", file=sys.stderr)
         write_markdown(

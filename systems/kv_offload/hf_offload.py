@@ -1,6 +1,6 @@
 """``system=hf_offload``: transformers' own offloaded KV cache (``DynamicCache(offloading=True)``)
 running the same step-wise beam search on the same model, as an external reference point for the
-layer-wise baseline (LBS paper: "the scheme of HF transformers"; reference/ecosystem.md §3).
+layer-wise baseline (LBS paper: "the scheme of HF transformers").
 
 What transformers 5.x does per decode token (``Cache.update``): before layer ``i`` the compute stream
 waits for the prefetch stream, layer ``i+1`` is prefetched (its **whole** K/V, host->device), layer
@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache
 
 from harness.errors import ConfigError
-from harness.run import RunContext, RunResult
+from harness.family import RunContext, RunResult
 from systems.kv_offload import analytic
 from systems.kv_offload.display import display_rows
 from systems.kv_offload.model import shared_model

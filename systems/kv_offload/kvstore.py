@@ -1,4 +1,4 @@
-"""Tiered KV store of the TTC torch executor (DESIGN.md "The TTC engine"; LBS paper Alg.1).
+"""Tiered KV store of the TTC torch executor (docs/design.md "The TTC engine"; LBS paper Alg.1).
 
 Host side, authoritative, page-locked (pinned) on CUDA so copies run asynchronously:
 

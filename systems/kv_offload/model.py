@@ -1,4 +1,4 @@
-"""Build the transformers causal LM the TTC torch executor runs (DESIGN.md "The TTC engine").
+"""Build the transformers causal LM the TTC torch executor runs (docs/design.md "The TTC engine").
 
 The architecture comes from our :class:`harness.config.ModelConfig` (``conf/model/*.yaml``): random
 weights from a seeded init (``weights: random``), or a local checkpoint directory

@@ -3,7 +3,7 @@ step's plan to an executor (``sim.SimExecutor`` or ``torch_engine.TorchExecutor`
 ``systems.kv_offload.protocol.Executor``).
 
 Real runs warm up before the measurement (``system.warmup``; its seconds recorded under
-``harness.run.WARMUP_KEY``, excluded from every time); the harness fixes torch's thread count
+``harness.family.WARMUP_KEY``, excluded from every time); the harness fixes torch's thread count
 (``backend.threads``) and records the load average around the run. Times: a step's compute and I/O
 stall come from the executor; ``other_s`` is the time of planning the step and of selection +
 expansion (real, on the executor's clock: wall on CUDA, the engine thread's CPU time on CPU, recorded
@@ -26,8 +26,8 @@ import numpy as np
 
 from harness.config import check_number, plain
 from harness.errors import ConfigError, RunOOM, bad
+from harness.family import WARMUP_KEY, RunContext, RunResult
 from harness.model_facts import check_cpu_model, check_weights, default_kv_budget, kv_reserve_bytes, weight_bytes
-from harness.run import WARMUP_KEY, RunContext, RunResult
 from harness.units import parse_size
 from systems.kv_offload import analytic
 from systems.kv_offload.config import SCHEDULERS
@@ -100,7 +100,7 @@ def validate(cfg) -> None:
     if s.get("deadline") is not None and not isinstance(s.get("deadline"), (int, float)):
         raise bad("system.deadline", s.get("deadline"), "Unix seconds (a number) or null")
     if s.get("deadline") is not None and float(s.deadline) < DEADLINE_FLOOR:
-        # 600 meant "10 minutes" and ran 0 steps, recorded as timeout (QA); a past date is the run's
+        # a duration such as 600 ("10 minutes") is no date; a past date is the run's
         # own result (a sweep whose deadline passes between jobs), a number this small is no date
         raise bad(
             "system.deadline",
@@ -137,7 +137,7 @@ def validate_backend(cfg, backend) -> None:
             "on a CUDA GPU)"
             + ("; backend=auto picks the simulator here: no CUDA GPU found" if given == "auto" else ""),
         )
-    if backend.name == "torch":  # a wrong path was an error record after ~10 s (QA)
+    if backend.name == "torch":  # a wrong path is bad input, not an error record after the model is built
         check_weights(cfg.model)
     if backend.name == "torch" and backend.device == "cpu":
         check_cpu_model(cfg.model, "torch")
@@ -271,13 +271,13 @@ def run(cfg, ctx: RunContext) -> RunResult:
         **pred,
     }
     # Eq.4-5 count LBS's loads with the KV offloaded; a request that fits the budget stays resident and
-    # moves nothing (as Eq.1-3 give 0 for layer-wise then), so its prediction is 0, not Eq.5 (QA)
+    # moves nothing (as Eq.1-3 give 0 for layer-wise then), so its prediction is 0, not Eq.5
     lbs_moves = sysc.scheduler == "lbs" and not scheduler.fits_whole_request(n_beams)
     summary["eq_prediction_bytes"] = (
         pred["eq3_layerwise_bytes"] if sysc.scheduler == "layerwise" else pred["eq5_lbs_bytes"] if lbs_moves else 0
     )
     if sysc.scheduler == "in_gpu" and not scheduler.fits_whole_request(n_beams):
-        # predicted from the budget, never run: on a real engine too nothing was measured (QA)
+        # predicted from the budget, never run: on a real engine too nothing was measured
         summary["oom"] = summary["oom_predicted"] = True
         return RunResult(
             status="oom",
@@ -287,8 +287,8 @@ def run(cfg, ctx: RunContext) -> RunResult:
             f"({size_text(scheduler.full_kv_bytes(n_beams))}) exceeds the KV "
             f"budget ({size_text(budget)}): predicted from the budget, not run",
         )
-    # the offloaded KV lives in host memory: a run over it was simulated as ok (10^5 beams: ~47 TiB on a
-    # 128 GiB host) or killed by the OOM killer building 10^8 beams (QA); checked before any per-beam state
+    # the offloaded KV lives in host memory: a run that needs more is a predicted oom (10^5 beams need
+    # ~47 TiB), checked before any per-beam state (10^8 beams would exhaust this process's memory)
     host_kv = scheduler.host_kv_bytes(n_beams, beam_size, w.step)
     host_mem, host_what = host_memory(cfg, ctx) if host_kv else (None, "")
     if host_mem is not None and host_kv > host_mem:

@@ -1,67 +1,12 @@
-"""Real TTC executor on torch: carries out the plans of ``systems.kv_offload.plan`` on a transformers model
-through the tiered KV store (LBS paper Sec. 3-4, Alg.1; DESIGN.md "The TTC engine").
-
-Satisfies :class:`systems.kv_offload.protocol.Executor`, like ``systems.kv_offload.sim.SimExecutor``, so
-``systems.kv_offload.runner`` swaps them:
-
-- ``warmup(prompt_tokens, num_beams) -> float``: the model runs once on scratch buffers (prefill and
-  two decode tokens at the run's batch size), outside the store and the measurement.
-
-- ``prefill(tree, prompt_tokens, offload) -> StepOutcome``: one forward over the prompt (batch 1);
-  its KV is segment 0. ``offload``: written back to the host (counted d2h); otherwise it stays on
-  the device only (everything-resident runs).
-- ``execute_step(plan, tree, beams) -> StepOutcome``: decode ``plan.tokens`` tokens for every live
-  beam as the plan says (see below); returns per beam (in ``beams`` order) the sampled tokens and the
-  sum of their log-probabilities (``logprob_delta``; cumulative log-probability is the score), the
-  bytes moved each way (counted at every copy, never copied from the plan), compute and I/O-stall
-  seconds, and the peak device KV bytes.
-- ``expand(plan, tree, old, new) -> float``: after selection/expansion, frees dead host segments and
-  (in_gpu, resident layers of layer-wise) copies each kept parent's KV into its extra children's
-  dense slots on the device; returns its wall seconds.
-- ``step_energy() -> EnergyWindow``: NVML energy (``harness.meters.EnergyMeter``) of the window since
-  the previous call; windows open at the prefill's start (the warm-up is outside) and follow each
-  other at once (two counter reads apart), one per step (planning, decode, prune + expand), so they
-  sum to the run's energy. On a CPU
-  device, or where NVML cannot be read, every window is None with the reason (never 0).
-- ``close()``.
-
-Execution per scheduler:
-
-- **in_gpu** (and LBS when everything fits, ``plan.resident``): all beams' KV resident in one
-  dense buffer; no transfers. A budget overrun raises :class:`harness.errors.RunOOM`.
-- **layerwise** [Eq.1-3]: all beams token by token, ``plan.layers_resident`` whole layers resident
-  for the step (dense ``[2, N, H, start + T, D]`` device buffers). The other layers live on the host
-  as every beam's dense KV, token-major (:class:`systems.kv_offload.kvstore.HostLayers`): before layer
-  ``l`` attends, its KV from before the step is loaded in one contiguous copy into a staging buffer
-  ``[s + 1, 2, N, H, D]`` (the next offloaded layer is prefetched meanwhile, the first one at the
-  token's start, during the resident layers), the step's earlier tokens of ``l`` come from the
-  device-resident step *tail*, and the new token joins the tail. At the step's end the tail is
-  written back in one contiguous copy per layer; layers that leave residency at a step's start are
-  written back whole, and a load of such a layer waits for that write-back (events). Selection
-  reorders the beams' rows: on the device for resident layers, on the host for offloaded ones (as
-  transformers' offloaded cache reorders its CPU tensors). Staging (layers in flight, tail) is
-  charged against the allowance the plan declares.
-- **lbs** [Eq.4-5, Alg.1]: group by group. Each group's dense buffer (``start + T`` tokens per beam)
-  is filled from the host as ``GroupPlan.load_blocks`` says (a segment listed once is loaded once
-  and fanned out on the device; listed once per beam, loaded per beam; every load is one whole
-  host segment); with prefetch, the next group's first ``prefetch_beams`` beams are loaded into the
-  free slots before this group computes (on CUDA on a copy stream, overlapping compute); the group
-  decodes ``T`` tokens with its KV resident; its new KV is written back to the beams' leaf segments
-  (host authoritative), and its buffer is released before the next group allocates.
-
-Timing: a step's end-to-end time is the wall time from its start to the synchronisation at its
-end (the sampled tokens are needed on the CPU for selection); the I/O stall is the compute
-stream's measured wait on the copy streams (CUDA events; on CPU, the time of the synchronous
-copies), and compute is the rest. On a CPU device every time is the engine thread's CPU time
-(``harness.meters.time_basis``: a shared machine's other jobs do not inflate it); the run records which
-basis its seconds use (``time_basis``). Peak device memory is recorded three ways: bytes charged (what
-the plan predicts), physical bytes of the store's live tensors, and on CUDA
-``torch.cuda.max_memory_allocated`` (weights and activations included).
-
-Sampling is Gumbel-max on ``log_softmax(logits / temperature)`` with noise drawn from a generator
-seeded by ``mix64(seed, beam uid, absolute position)``, never by batch slot, so grouping and order
-cannot change the search (tested). The first token of a step is drawn from the parent's last
-next-token distribution (the prompt's for step 0).
+"""The real LBS-family executor on torch: carries out the plans of ``systems.kv_offload.plan`` on a
+transformers model through the tiered KV store (LBS paper Sec. 3-4, Alg. 1). It satisfies
+:class:`systems.kv_offload.protocol.Executor`, as ``systems.kv_offload.sim.SimExecutor`` does, so the
+runner swaps them. Per scheduler: in_gpu keeps every beam's KV resident; layerwise keeps
+``plan.layers_resident`` layers and streams the others from the host, one contiguous copy per layer,
+prefetching the next; lbs runs group by group, loading each group's segments (and prefetching the
+next group's first beams). Sampling is Gumbel-max with noise keyed by (seed, beam uid, absolute
+position), never by batch slot. Bytes are counted at every copy, never copied from the plan. How
+each call, each scheduler, timing and peak memory work: docs/kv_offload.md, "The torch engine".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Beam tree of segments and the step-wise beam search around it (LBS paper Sec. 2, DESIGN.md).
+"""Beam tree of segments and the step-wise beam search around it (LBS paper Sec. 2, docs/design.md).
 
 The prompt is segment 0. At every step each live path (beam) writes one new segment of ``step``
 tokens. A beam is a root-to-leaf path of segments; beams that share a prefix share its segments,

@@ -395,7 +395,7 @@ def main(argv=None) -> int:
     from harness.cli import check_tool_values
     from harness.errors import ConfigError
 
-    try:  # before any measurement (QA: model=nosuch was Hydra's traceback)
+    try:  # before any measurement (model=nosuch: exit 2, not Hydra's traceback)
         check_tool_values(args, ints=("threads",), groups=("model", "verifier"), files=("out",))
         if "refit" in args and not Path(args["refit"]).is_file():
             raise ConfigError(f"refit={args['refit']!r} is not allowed: a calibrated profile file (none there)")

@@ -1,6 +1,6 @@
 """Config schemas of the FastTTS family: the ``math`` workload and the TTS systems.
 
-Reference: ``shared/reference/fasttts.md`` (FastTTS, ASPLOS 26) §1.4 for the hyperparameters.
+Hyperparameters as FastTTS (ASPLOS 26) and its artifact (``davidshiao55/TTC``, ``FastTTS-AE/``) set them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ KV_OVERFLOW = ("recompute", "lbs")  # system.kv_overflow
 # The FastTTS family's numbers, checked before any work (harness.config.check_numbers):
 # field: (what it is, range, what a boundary value means). Outside these, a run divided by zero
 # mid-run (block_size=0), served nothing (max_num_seqs=0, max_step_tokens=0) or planned negative
-# memory (gen_memory_share=1.5), or took top_p=2 / temperature=-1 as given (QA).
+# memory (gen_memory_share=1.5), or took top_p=2 / temperature=-1 as given.
 MATH_WORKLOAD_NUMBERS = {
     "temperature": ("a sampling temperature", ">= 0", "0 = greedy"),
     "top_p": ("a nucleus sampling mass", "in (0, 1]", ""),

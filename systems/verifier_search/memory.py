@@ -12,7 +12,7 @@ The allocation minimises (FastTTS §4.3, Eq. 1)
 
 with T_roof = max(FLOPs / P, Bytes / BW) and KVBytes(1, S) = 2 * L * H_kv * d_head * S * bytes.
 The FLOP/byte terms are not given by the paper; ours are the standard instantiation written in
-shared/reference/fasttts.md §4.2. T_tot is separable (f(B_pre) + g(B_dec)) and the constraint is a
+in this module. T_tot is separable (f(B_pre) + g(B_dec)) and the constraint is a
 budget, so the exact optimum is min over B_pre of f(B_pre) + min_{b <= D(B_pre)} g(b): a prefix
 minimum over g, vectorised (no convexity assumed). Ties go to the larger decode batch, then to
 the smaller prefill batch.

@@ -1,4 +1,4 @@
-"""FastTTS metrics (shared/reference/fasttts.md §5). Times in seconds, lengths in tokens.
+"""FastTTS metrics (the FastTTS paper's evaluation metrics). Times in seconds, lengths in tokens.
 
 - Precise goodput (tokens/s) = sum_p mean_b(tokens_b) / sum_p mean_b(completion_time_b), with
   tokens_b the completion's generated length and completion_time_b the problem's cumulative

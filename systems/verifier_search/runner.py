@@ -18,9 +18,10 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from harness.config import check_numbers
 from harness.errors import ConfigError, RunOOM, bad
+from harness.family import RunResult
 from harness.logs import say
 from harness.model_facts import check_cpu_model
-from harness.run import INTERRUPTED, RunResult
+from harness.process import INTERRUPTED
 from systems.verifier_search import replay
 from systems.verifier_search.beams import step_logit_biases, step_probabilities
 from systems.verifier_search.checkpoint import DELIMITER, is_local
@@ -38,7 +39,6 @@ from systems.verifier_search.memory import ModelShape, Roofline
 from systems.verifier_search.memory_plan import REPLANS, MemoryPlan, kv_budget, unset
 
 log = logging.getLogger(__name__)
-USES_VERIFIER = True  # the one family with a verifier model (harness.run warns of verifier= elsewhere)
 
 
 def _real(cfg, backend=None) -> bool:
@@ -116,7 +116,7 @@ def validate(cfg) -> None:
         raise bad("workload.agg_strategy", w.agg_strategy, f"one of {', '.join(AGGREGATIONS)}")
     if s.score_source not in SCORE_SOURCES:
         raise bad("system.score_source", s.score_source, f"one of {', '.join(SCORE_SOURCES)}")
-    if w.beam_width < 1:  # it was blamed on n (QA)
+    if w.beam_width < 1:  # named itself, not as a fault of n
         raise bad("workload.beam_width", w.beam_width, "an integer >= 1")
     if w.n < 1 or w.n % w.beam_width:
         raise bad("n", w.n, f"a positive multiple of the beam width ({w.beam_width})")
@@ -188,7 +188,7 @@ def validate(cfg) -> None:
             f"(Qwen2ForProcessRewardModel) and prm_kind=lm causal LMs; use backend=sim for it"
         )
     longest = min(int(m.max_position), int(v.max_position or m.max_position))
-    if int(w.max_model_len) > longest:  # 100000 was accepted, then an oom for one sequence (QA)
+    if int(w.max_model_len) > longest:  # a length no sequence can have is bad input, not an oom
         raise bad(
             "workload.max_model_len",
             w.max_model_len,
@@ -235,7 +235,7 @@ def offload_unavailable(cfg, backend) -> str:
     """The note for a run whose M plan may choose the §4.3.2 offload extension (``system.offload`` with
     ``system.memory``) on a real engine, which cannot (vLLM keeps each engine's KV on its device;
     :class:`systems.verifier_search.memory_plan.MemoryPlan` plans without it there); '' otherwise. Not an error: an
-    experiment such as fasttts_gpus opens the option to every job and backend. It was silent (QA)."""
+    experiment such as fasttts_gpus opens the option to every job and backend."""
     s = cfg.system
     if not (s.offload and s.memory) or backend.simulated:
         return ""

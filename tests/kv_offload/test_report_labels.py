@@ -95,10 +95,13 @@ def test_real_run_header_and_table_title_name_the_measured_device(compose_cfg, t
     (Mutation caught: the title giving the bare device 'cpu' while the header named the rtx4090 profile,
     as before.)"""
     from harness.backend import resolve_backend
-    from harness.run import RunResult, print_table
+    from harness.console import print_table
+    from harness.family import RunResult
 
     cfg = compose_cfg("system=lbs", "backend=torch", "backend.device=cpu", "hardware=rtx4090")
-    backend = resolve_backend(cfg, "kv_offload")
+    from systems.kv_offload import FAMILY
+
+    backend = resolve_backend(cfg, FAMILY)
     assert "real torch engine, measured on CPU" in backend.reason
     assert "profile 'rtx4090' is not what is measured: it only supplies defaults" in backend.reason
     print_table(cfg, backend, RunResult(status="ok", summary={}, display=[]), tmp_path)

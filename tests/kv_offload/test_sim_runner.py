@@ -160,7 +160,7 @@ def test_failure_mid_run_is_recorded_without_partial_files(compose_cfg, monkeypa
 
 def test_benchmark_paper_scale_sim_run(benchmark, compose_cfg, tmp_path):
     from harness.backend import Backend
-    from harness.run import RunContext
+    from harness.family import RunContext
     from harness.tracking import NullTracker
     from systems.kv_offload.runner import run as ttc_run
 
