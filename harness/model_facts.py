@@ -244,6 +244,52 @@ def default_kv_budget(memory_bytes: float, weight_bytes_per_device: float, reser
     return int(float(memory_bytes) - float(weight_bytes_per_device) - float(reserve_bytes))
 
 
+def configured_kv_budget(system) -> Optional[int]:
+    """``system.kv_budget`` (the top-level ``kv_budget`` lands there) in bytes, None when unset.
+    Raises ConfigError for a value that is not a size."""
+    from harness.errors import ConfigError
+    from harness.units import parse_size
+
+    val = system.get("kv_budget")
+    if val in (None, "None"):
+        return None
+    try:
+        return parse_size(val, "kv_budget")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def kv_budget_bytes(
+    system,
+    memory_bytes: float,
+    weight_bytes_per_device: float,
+    reserve_bytes: float,
+    *,
+    on_cpu: bool = False,
+    live: Optional[int] = None,
+) -> int:
+    """KV bytes per device, the one meaning of ``kv_budget`` in every family: ``system.kv_budget`` when
+    set; else, for an engine whose KV is committed up front in a CPU's shared memory (``on_cpu``),
+    ``system.cpu_kv_budget``; else ``live`` (free device memory, ``torch.cuda.mem_get_info``: LBS
+    Alg. 1's get_budget) when the caller measured it; else :func:`default_kv_budget` of the memory, the
+    weights on the device and the reserve the family states (the table above). Raises ConfigError
+    for a setting that is not a size."""
+    from harness.errors import ConfigError
+    from harness.units import parse_size
+
+    configured = configured_kv_budget(system)
+    if configured is not None:
+        return configured
+    if on_cpu:
+        try:
+            return parse_size(system.get("cpu_kv_budget"), "system.cpu_kv_budget")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if live is not None:
+        return live
+    return default_kv_budget(memory_bytes, weight_bytes_per_device, reserve_bytes)
+
+
 def architecture(m) -> str:
     """The transformers/vLLM architecture class name of the model in its role."""
     return PRM_HEAD_ARCH if is_prm_head(m) else CAUSAL_LM[_check_type(m)]

@@ -146,3 +146,23 @@ def test_facts_of_a_structured_config_keep_no_caller_frame_alive():
     finally:
         if was:
             gc.enable()
+
+
+def test_one_kv_budget_rule_for_every_family():
+    """harness.model_facts.kv_budget_bytes, which all three families call: the configured kv_budget
+    wins; else a CPU engine's cpu_kv_budget; else the measured free memory; else memory - weights -
+    reserve (negative when the weights do not fit). Mutations caught: cpu_kv_budget before the
+    configured value; the live budget before cpu_kv_budget; the reserve left out."""
+    from harness.errors import ConfigError
+    from harness.model_facts import kv_budget_bytes
+
+    gib = 2**30
+    given = {"kv_budget": "7GiB", "cpu_kv_budget": "256MiB"}
+    unset = {"kv_budget": None, "cpu_kv_budget": "256MiB"}
+    assert kv_budget_bytes(given, 24 * gib, 13 * gib, gib, on_cpu=True, live=5) == 7 * gib
+    assert kv_budget_bytes(unset, 24 * gib, 13 * gib, gib, on_cpu=True, live=5) == 256 * 2**20
+    assert kv_budget_bytes(unset, 24 * gib, 13 * gib, gib, live=5) == 5
+    assert kv_budget_bytes(unset, 24 * gib, 13 * gib, gib) == 10 * gib
+    assert kv_budget_bytes(unset, 24 * gib, 30 * gib, gib) == -7 * gib
+    with pytest.raises(ConfigError, match=r"kv_budget='lots' is not a size"):
+        kv_budget_bytes({"kv_budget": "lots"}, 24 * gib, 13 * gib, gib)

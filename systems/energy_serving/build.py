@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from harness.errors import ConfigError, bad
+from harness.errors import bad
 
 _REQ_CACHE: Dict[str, Any] = {}
 
@@ -86,32 +86,15 @@ def parallelism(cfg):
     return int(cfg.system.tp), int(cfg.system.pp)
 
 
-def configured_kv_budget(s) -> Optional[int]:
-    """``kv_budget`` in bytes when set, else None. Raises ConfigError for a value that is not a size."""
-    from harness.units import parse_size
-
-    val = s.get("kv_budget")
-    if val in (None, "None"):
-        return None
-    try:
-        return parse_size(val, "kv_budget")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
 def kv_budget_bytes(cfg, weight_bytes_device: float, real_cpu: bool = False) -> int:
-    """KV bytes per device: ``kv_budget``; else on vLLM-CPU ``system.cpu_kv_budget``; else memory -
-    weights on the device - the hardware's reserve (harness.model_facts; <= 0: weights do not fit)."""
-    from harness.model_facts import default_kv_budget, kv_reserve_bytes
-    from harness.units import parse_size
+    """KV bytes per device (harness.model_facts.kv_budget_bytes): ``kv_budget``; else on vLLM-CPU
+    ``system.cpu_kv_budget``; else memory - weights on the device - the hardware's reserve (<= 0:
+    the weights do not fit)."""
+    from harness.model_facts import kv_budget_bytes as shared_kv_budget
+    from harness.model_facts import kv_reserve_bytes
 
-    set_ = configured_kv_budget(cfg.system)
-    if set_ is not None:
-        return set_
-    if real_cpu:
-        return parse_size(cfg.system.cpu_kv_budget, "system.cpu_kv_budget")
     hw = cfg.hardware
-    return default_kv_budget(hw.memory_bytes, weight_bytes_device, kv_reserve_bytes(hw))
+    return shared_kv_budget(cfg.system, hw.memory_bytes, weight_bytes_device, kv_reserve_bytes(hw), on_cpu=real_cpu)
 
 
 def kv_capacity(budget_bytes: float, kv_bytes_token_device: float, req) -> float:

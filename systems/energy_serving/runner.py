@@ -24,11 +24,11 @@ import numpy as np
 from harness.config import check_number
 from harness.errors import ConfigError, RunOOM, bad
 from harness.family import RunResult
+from harness.model_facts import configured_kv_budget
 from systems.energy_serving.build import (
     build_table,
     cache_dir,
     clock_note,
-    configured_kv_budget,
     controller_for,
     display_rows,
     kv_budget_bytes,
@@ -256,70 +256,47 @@ def sim_profile(cfg, stage, cost, kv_tokens: float = math.inf):
 
 
 def run(cfg, ctx) -> RunResult:
-    if not ctx.backend.simulated:
-        from systems.energy_serving.vllm_engine import run_real
-
-        return run_real(cfg, ctx)
-    return run_sim(cfg, ctx)
-
-
-def run_sim(cfg, ctx) -> RunResult:
-    """Simulate the system. Raises RunOOM if the weights, or the longest request's KV, do not fit."""
-    from systems.common.gpu_model import StageModel
+    """One recipe on either backend (a :class:`SimServing` or a
+    :class:`systems.energy_serving.vllm_engine.VllmServing`): the request stream; the backend started
+    with its KV budget (a recorded oom when the weights or the longest request do not fit); the
+    controller's table profiled on that backend; the controller (with Window-DVFS's load profile);
+    the driver serving the stream on the backend's executor; the summary, the backend's own keys and
+    the tables."""
     from systems.energy_serving.driver import Driver
     from systems.energy_serving.metrics import summarize
-    from systems.energy_serving.profiler import table_error
-    from systems.energy_serving.sim import SimExecutor
 
-    s, w, hw = cfg.system, cfg.workload, cfg.hardware
-    tp, pp = parallelism(cfg)
-    stage = StageModel(cfg.model, hw, tp, pp)
-    budget = kv_budget_bytes(cfg, stage.weight_bytes_gpu)
-    if budget <= 0:
-        raise RunOOM(
-            f"{cfg.model.name} weights need {stage.weight_bytes_gpu / 2**30:.1f} GiB per GPU at tp={tp} pp={pp}; "
-            f"{hw.name} has {hw.memory_bytes / 2**30:.1f} GiB with a reserve of "
-            f"{(hw.memory_bytes - stage.weight_bytes_gpu - budget) / 2**30:.1f} GiB"
-        )
-    req = requests_for(w, cache_dir(cfg))
-    kv_cap = kv_capacity(budget, stage.kv_bytes_token_gpu, req)
-    if s.get("latency_profile"):
-        from systems.energy_serving.calibrate import load_profile
-
-        cost = load_profile(s.latency_profile).cost()
+    s, w = cfg.system, cfg.workload
+    if ctx.backend.simulated:
+        backend = SimServing(cfg, ctx)
     else:
-        cost = stage
-    table, truth = sim_profile(cfg, stage, cost, kv_cap)
-    ctl = controller_for(cfg, table)
-    if s.controller == "window_dvfs":
-        ctl.load_profile = window_profile(cfg, table, req, kv_cap, pp, tp)
-    note = slo_check(table, pp, w)
-    if note:
-        print(f"note: {note}")
-    ex = SimExecutor(
-        cost, pp, tp, delay_s=float(s.dvfs.delay_s), max_num_seqs=int(s.max_num_seqs), kv_capacity_tokens=kv_cap
-    )
-    drv = Driver(ctl, req, t_stop=stop_time(req, w))
-    res = serve(drv, ex, ctx, f"{s.name} (simulated s)")
+        from systems.energy_serving.vllm_engine import VllmServing
+
+        backend = VllmServing(cfg, ctx)
+    req = backend.requests()
+    try:
+        backend.start(req)
+        table = backend.profile_table(req)
+        ctl = controller_for(cfg, table, p=backend.p, g=backend.g)
+        if s.controller == "window_dvfs":
+            ctl.load_profile = window_profile(cfg, table, req, backend.kv_cap, backend.p, backend.g)
+        note = slo_check(table, backend.p, w)
+        backend.said(note)
+        res = serve(Driver(ctl, req, t_stop=stop_time(req, w)), backend.executor(req), ctx, backend.progress_label)
+    finally:
+        backend.close()
     summ = summarize(res, float(w.slo_ttft_s), float(w.slo_tbt_s))
-    n_max, _ = table_grid(s)
     summ.update(
-        gpus=tp * pp,
-        tp=tp,
-        pp=pp,
-        kv_budget_bytes=budget,
-        kv_capacity_tokens=kv_cap,
-        profile_error_bias=float(s.profile_error.bias),
-        profile_error_noise=float(s.profile_error.noise),
-        **{f"table_{k}": v for k, v in table_error(table, truth, range(1, n_max + 1, 13)).items()},
-        table_samples=len(table.samples),
-        table_cells=int(table.L.size),
+        gpus=backend.p * backend.g,
+        tp=backend.g,
+        pp=backend.p,
+        kv_budget_bytes=backend.budget,
+        **backend.summary(res, table),
         slo_infeasible=bool(note),
         workload_note=req.note,
-        executor="simulator (measured vLLM-CPU latency profile)" if s.get("latency_profile") else "simulator",
+        executor=backend.name,
     )
-    applied = cost.follows_clock
-    msg = "; ".join(x for x in (note, clock_note(applied, summ)) if x)
+    applied = backend.clocks_applied
+    msg = "; ".join(x for x in (note, backend.energy_note(res), clock_note(applied, summ)) if x)
     return RunResult(
         status="ok",
         message=msg,
@@ -330,5 +307,87 @@ def run_sim(cfg, ctx) -> RunResult:
             "decisions": res.decisions,
             "iterations": res.iterations,
             "timeline": res.timeline,
+            **backend.tables(),
         },
     )
+
+
+class SimServing:
+    """The simulated backend of :func:`run`: a :class:`systems.energy_serving.sim.SimExecutor` charged
+    by the hardware profile's StageModel (or a measured vLLM-CPU latency profile), the controller's
+    table a profiling pass through that same cost with ``system.profile_error``."""
+
+    def __init__(self, cfg, ctx):
+        from systems.common.gpu_model import StageModel
+
+        self.cfg, self.ctx = cfg, ctx
+        self.g, self.p = parallelism(cfg)
+        self.stage = StageModel(cfg.model, cfg.hardware, self.g, self.p)
+        self.progress_label = f"{cfg.system.name} (simulated s)"
+        latency_profile = cfg.system.get("latency_profile")
+        self.name = "simulator (measured vLLM-CPU latency profile)" if latency_profile else "simulator"
+        if latency_profile:
+            from systems.energy_serving.calibrate import load_profile
+
+            self.cost = load_profile(latency_profile).cost()
+        else:
+            self.cost = self.stage
+        self.clocks_applied = self.cost.follows_clock
+
+    def requests(self):
+        return requests_for(self.cfg.workload, cache_dir(self.cfg))
+
+    def start(self, req) -> None:
+        """The KV budget and capacity. Raises RunOOM if the weights, or the longest request's KV, do not fit."""
+        hw, stage = self.cfg.hardware, self.stage
+        self.budget = kv_budget_bytes(self.cfg, stage.weight_bytes_gpu)
+        if self.budget <= 0:
+            raise RunOOM(
+                f"{self.cfg.model.name} weights need {stage.weight_bytes_gpu / 2**30:.1f} GiB per GPU at "
+                f"tp={self.g} pp={self.p}; {hw.name} has {hw.memory_bytes / 2**30:.1f} GiB with a reserve of "
+                f"{(hw.memory_bytes - stage.weight_bytes_gpu - self.budget) / 2**30:.1f} GiB"
+            )
+        self.kv_cap = kv_capacity(self.budget, stage.kv_bytes_token_gpu, req)
+
+    def profile_table(self, req):
+        self.table, self.truth = sim_profile(self.cfg, self.stage, self.cost, self.kv_cap)
+        return self.table
+
+    def said(self, note: str) -> None:
+        if note:
+            print(f"note: {note}")
+
+    def executor(self, req):
+        from systems.energy_serving.sim import SimExecutor
+
+        s = self.cfg.system
+        return SimExecutor(
+            self.cost,
+            self.p,
+            self.g,
+            delay_s=float(s.dvfs.delay_s),
+            max_num_seqs=int(s.max_num_seqs),
+            kv_capacity_tokens=self.kv_cap,
+        )
+
+    def close(self) -> None: ...
+
+    def summary(self, res, table) -> dict:
+        from systems.energy_serving.profiler import table_error
+
+        s = self.cfg.system
+        n_max, _ = table_grid(s)
+        return dict(
+            kv_capacity_tokens=self.kv_cap,
+            profile_error_bias=float(s.profile_error.bias),
+            profile_error_noise=float(s.profile_error.noise),
+            **{f"table_{k}": v for k, v in table_error(table, self.truth, range(1, n_max + 1, 13)).items()},
+            table_samples=len(table.samples),
+            table_cells=int(table.L.size),
+        )
+
+    def energy_note(self, res) -> str:
+        return ""
+
+    def tables(self) -> dict:
+        return {}

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import ConfigError, RunOOM
-from harness.family import WARMUP_KEY, RunResult
+from harness.family import WARMUP_KEY
 from harness.model_facts import CAUSAL_LM as ARCH  # architecture class per model type
 from harness.model_facts import check_cpu_model, check_weights
 from systems.energy_serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
@@ -344,74 +344,81 @@ class VllmExecutor:
         return ExecutorTotals(m.energy_j, m.reason, {}, list(self.clock_log), self.preemptions)
 
 
-def run_real(cfg, ctx) -> RunResult:
-    """Serve the workload on vLLM with the configured controller; returns measured metrics."""
-    from harness.meters import EnergyMeter
-    from harness.model_facts import kv_bytes_per_token, weight_bytes
-    from systems.common.gpu_model import StageModel
-    from systems.energy_serving.actuator import DvfsActuator
-    from systems.energy_serving.build import (
-        build_table,
-        clock_note,
-        controller_for,
-        display_rows,
-        kv_budget_bytes,
-        kv_capacity,
-        profile_context,
-        requests_for,
-        serve,
-        slo_check,
-        stop_time,
-        table_grid,
-        window_profile,
-    )
-    from systems.energy_serving.driver import Driver
-    from systems.energy_serving.metrics import summarize
-    from systems.energy_serving.profiler import clock_scaled, decode_batch_max, sample_points
+class VllmServing:
+    """The real backend of :func:`systems.energy_serving.runner.run`: one in-process vLLM engine on one
+    device, the controller's table measured on it (at locked clocks on the user's own GPU, else its
+    latency with the clock model), clocks applied only with ``system.dvfs.actuate=true``."""
 
-    s, w, hw, m = cfg.system, cfg.workload, cfg.hardware, cfg.model
-    req = requests_for(w)
-    n_max, chunks = table_grid(s)
-    max_len = int(req.input_len.max() + req.output_len.max() + 8)
-    budget = kv_budget_bytes(cfg, weight_bytes(m), real_cpu=ctx.backend.device == "cpu")
-    kv_cap = kv_capacity(budget, kv_bytes_per_token(m), req)
-    mdir = write_model_dir(m, ctx.outdir / "model")
-    t_init = time.perf_counter()
-    cpu = ctx.backend.device == "cpu"
-    model_len = max(max_len, n_max + 8)
-    short = (
-        f"the profiling pass prefills up to {n_max} tokens (the largest chunk candidate + max_num_seqs) "
-        f"as one sequence, so vLLM's max_model_len is {model_len} tokens"
-    )
-    if kv_cap < model_len:
-        raise RunOOM(
-            f"KV budget {budget / 2**20:.1f} MiB holds {kv_cap:.0f} tokens < {model_len}: {short}; raise "
-            f"kv_budget or lower system.chunk_candidates/max_num_seqs"
+    p = g = 1  # one device: one pipeline stage of one GPU
+
+    def __init__(self, cfg, ctx):
+        self.cfg, self.ctx = cfg, ctx
+        self.cpu = ctx.backend.device == "cpu"
+        self.progress_label = f"{cfg.system.name} (wall s)"
+        self.name = "vLLM"
+        self.server = self.act = None
+
+    def requests(self):
+        from systems.energy_serving.build import requests_for
+
+        return requests_for(self.cfg.workload)
+
+    def start(self, req) -> None:
+        """The KV budget and the engine. Raises RunOOM when the budget holds less than vLLM's
+        max_model_len (the profiling pass's longest prefill, or the longest request)."""
+        from harness.model_facts import kv_bytes_per_token, weight_bytes
+        from systems.energy_serving.build import kv_budget_bytes, kv_capacity, table_grid
+
+        s, m = self.cfg.system, self.cfg.model
+        self.n_max, self.chunks = table_grid(s)
+        max_len = int(req.input_len.max() + req.output_len.max() + 8)
+        self.budget = kv_budget_bytes(self.cfg, weight_bytes(m), real_cpu=self.cpu)
+        self.kv_cap = kv_capacity(self.budget, kv_bytes_per_token(m), req)
+        mdir = write_model_dir(m, self.ctx.outdir / "model")
+        t_init = time.perf_counter()
+        model_len = max(max_len, self.n_max + 8)
+        short = (
+            f"the profiling pass prefills up to {self.n_max} tokens (the largest chunk candidate + max_num_seqs) "
+            f"as one sequence, so vLLM's max_model_len is {model_len} tokens"
         )
-    try:
-        server = VllmServer(
-            mdir,
-            m.dtype,
-            n_max,
-            int(s.max_num_seqs),
-            budget,
-            model_len,
-            int(cfg.seed or 0),
-            int(cfg.backend.get("threads", 1)),
-            cpu,
-        )
-    except ValueError as e:  # vLLM's own check of max_model_len against its KV blocks
-        if "max seq len" not in str(e) and "maximum model length" not in str(e):
-            raise
-        raise RunOOM(f"vLLM: {str(e).splitlines()[0]} ({short}; raise kv_budget)") from None
-    init_s = time.perf_counter() - t_init
-    act = None
-    try:
-        stage = StageModel(m, hw, 1, 1)
-        act = DvfsActuator(actuate=bool(s.dvfs.actuate), gpu_indices=s.dvfs.gpu_indices)
-        meter = EnergyMeter()
+        if self.kv_cap < model_len:
+            raise RunOOM(
+                f"KV budget {self.budget / 2**20:.1f} MiB holds {self.kv_cap:.0f} tokens < {model_len}: {short}; raise "
+                f"kv_budget or lower system.chunk_candidates/max_num_seqs"
+            )
+        try:
+            self.server = VllmServer(
+                mdir,
+                m.dtype,
+                self.n_max,
+                int(s.max_num_seqs),
+                self.budget,
+                model_len,
+                int(self.cfg.seed or 0),
+                int(self.cfg.backend.get("threads", 1)),
+                self.cpu,
+            )
+        except ValueError as e:  # vLLM's own check of max_model_len against its KV blocks
+            if "max seq len" not in str(e) and "maximum model length" not in str(e):
+                raise
+            raise RunOOM(f"vLLM: {str(e).splitlines()[0]} ({short}; raise kv_budget)") from None
+        self.init_s = time.perf_counter() - t_init
+
+    def profile_table(self, req):
+        """The controller's table, measured on this engine (its points and time kept for the summary)."""
+        from harness.meters import EnergyMeter
+        from systems.common.gpu_model import StageModel
+        from systems.energy_serving.actuator import DvfsActuator
+        from systems.energy_serving.build import build_table, profile_context
+        from systems.energy_serving.profiler import clock_scaled, decode_batch_max, sample_points
+
+        s, w, m = self.cfg.system, self.cfg.workload, self.cfg.model
+        server = self.server
+        stage = StageModel(m, self.cfg.hardware, 1, 1)
+        self.act = act = DvfsActuator(actuate=bool(s.dvfs.actuate), gpu_indices=s.dvfs.gpu_indices)
+        self.meter = meter = EnergyMeter()
         small_max, ctx_tok = int(s.profile_small_max), profile_context(w)
-        pts = sample_points(int(s.profile_tile), small_max, chunks, n_max)
+        self.points = pts = sample_points(int(s.profile_tile), small_max, self.chunks, self.n_max)
         t_prof = time.perf_counter()
         if act.available:
             # the user's GPU: latency and energy measured at every 10th clock (locked through NVML)
@@ -422,68 +429,64 @@ def run_real(cfg, ctx) -> RunResult:
             measure = device_measure(
                 lambda n: server.probe_prefill(n, rng, m.vocab_size, 1), act, meter, clocks, gpus=act.num_gpus
             )
-            meas, as_prefill = {}, []
+            self.measured, self.as_prefill = {}, []
         else:
-            meas, as_prefill = profile_latency(
-                server, pts, m.vocab_size, ctx_tok, decode_batch_max(small_max, int(s.max_num_seqs), ctx_tok, kv_cap)
+            self.measured, self.as_prefill = profile_latency(
+                server,
+                pts,
+                m.vocab_size,
+                ctx_tok,
+                decode_batch_max(small_max, int(s.max_num_seqs), ctx_tok, self.kv_cap),
             )
-            n_s, lat_s = np.array(pts), np.array([meas[n] for n in pts])
+            n_s, lat_s = np.array(pts), np.array([self.measured[n] for n in pts])
             measure = clock_scaled(lambda n: np.interp(n, n_s, lat_s), stage)
         table = build_table(measure, stage, s)
-        profile_s = time.perf_counter() - t_prof
-        ctl = controller_for(cfg, table, p=1, g=1)
-        if s.controller == "window_dvfs":
-            ctl.load_profile = window_profile(cfg, table, req, kv_cap, 1, 1)
-        note = slo_check(table, 1, w)
+        self.profile_s = time.perf_counter() - t_prof
+        return table
+
+    def said(self, note: str) -> None: ...  # the note is in the record's message
+
+    def executor(self, req):
+        """The prompts (random tokens of the requests' lengths), a warm-up decode probe (excluded,
+        ``WARMUP_KEY``), and the executor that serves them."""
+        s, w, m = self.cfg.system, self.cfg.workload, self.cfg.model
         rng = np.random.default_rng(int(w.seed))
         prompts = [rng.integers(10, m.vocab_size - 1, int(n)).tolist() for n in req.input_len]
         t_warm = time.perf_counter()
-        server.probe_decode(min(4, int(s.max_num_seqs)), 64, rng, m.vocab_size, reps=2)  # warm-up, excluded
-        warmup_s = time.perf_counter() - t_warm
-        ex = VllmExecutor(server, prompts, act, meter, cpu)
-        res = serve(Driver(ctl, req, t_stop=stop_time(req, w)), ex, ctx, f"{s.name} (wall s)")
-    finally:
-        server.close()
-        if act is not None:
-            act.close()
-    summ = summarize(res, float(w.slo_ttft_s), float(w.slo_tbt_s))
-    its = res.iterations
-    summ.update(
-        engine_init_s=init_s,
-        profile_s=profile_s,
-        warmup="one decode probe, excluded",
-        vllm_torch_threads=server.threads,
-        gpus=1,
-        tp=1,
-        pp=1,
-        kv_budget_bytes=budget,
-        vllm_kv_cache_bytes=server.engine.vllm_config.cache_config.kv_cache_memory_bytes,
-        distinct_budgets=len(np.unique(its["budget"])),
-        clocks_actuated=bool(act.actuate and act.available),
-        clock_requests=len(act.log),
-        profile_points=len(pts),
-        profile_latency_s={str(k): v for k, v in meas.items()},
-        profile_decodes_as_prefill=as_prefill,
-        profile_source="device (locked clocks)" if act.available else "measured latency x clock model",
-        slo_infeasible=bool(note),
-        workload_note=req.note,
-        executor="vLLM",
-    )
-    summ[WARMUP_KEY] = warmup_s
-    applied = bool(act.actuate and act.available)
-    msg = "; ".join(
-        x for x in (note, res.energy_reason if res.energy_j is None else "", clock_note(applied, summ)) if x
-    )
-    return RunResult(
-        status="ok",
-        message=msg,
-        summary=summ,
-        display=display_rows(applied),
-        tables={
-            "requests": res.requests,
-            "decisions": res.decisions,
-            "iterations": its,
-            "timeline": res.timeline,
-            "clock_requests": pd.DataFrame(act.log, columns=["time_s", "clock_mhz", "applied", "error"]),
-        },
-    )
+        self.server.probe_decode(min(4, int(s.max_num_seqs)), 64, rng, m.vocab_size, reps=2)  # warm-up, excluded
+        self.warmup_s = time.perf_counter() - t_warm
+        return VllmExecutor(self.server, prompts, self.act, self.meter, self.cpu)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if self.act is not None:
+            self.act.close()
+
+    @property
+    def clocks_applied(self) -> bool:
+        return bool(self.act.actuate and self.act.available)
+
+    def summary(self, res, table) -> dict:
+        act, server = self.act, self.server
+        return {
+            "engine_init_s": self.init_s,
+            "profile_s": self.profile_s,
+            "warmup": "one decode probe, excluded",
+            "vllm_torch_threads": server.threads,
+            "vllm_kv_cache_bytes": server.engine.vllm_config.cache_config.kv_cache_memory_bytes,
+            "distinct_budgets": len(np.unique(res.iterations["budget"])),
+            "clocks_actuated": self.clocks_applied,
+            "clock_requests": len(act.log),
+            "profile_points": len(self.points),
+            "profile_latency_s": {str(k): v for k, v in self.measured.items()},
+            "profile_decodes_as_prefill": self.as_prefill,
+            "profile_source": "device (locked clocks)" if act.available else "measured latency x clock model",
+            WARMUP_KEY: self.warmup_s,
+        }
+
+    def energy_note(self, res) -> str:
+        return res.energy_reason if res.energy_j is None else ""
+
+    def tables(self) -> dict:
+        return {"clock_requests": pd.DataFrame(self.act.log, columns=["time_s", "clock_mhz", "applied", "error"])}

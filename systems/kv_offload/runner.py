@@ -25,10 +25,10 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from harness.config import check_number, plain
-from harness.errors import ConfigError, RunOOM, bad
+from harness.errors import RunOOM, bad
 from harness.family import WARMUP_KEY, RunContext, RunResult
-from harness.model_facts import check_cpu_model, check_weights, default_kv_budget, kv_reserve_bytes, weight_bytes
-from harness.units import parse_size
+from harness.model_facts import check_cpu_model, check_weights, kv_reserve_bytes, weight_bytes
+from harness.model_facts import kv_budget_bytes as shared_kv_budget
 from systems.kv_offload import analytic
 from systems.kv_offload.config import SCHEDULERS
 from systems.kv_offload.display import display_rows, size_text
@@ -41,20 +41,11 @@ from systems.kv_offload.tree import BeamTree, initial_beams, select_and_expand
 
 
 def kv_budget_bytes(cfg, *, live: Optional[int] = None) -> int:
-    """KV bytes per device (the one meaning of ``kv_budget``, harness/model_facts.py): the
-    configured ``kv_budget``; else ``live`` (free device memory from ``torch.cuda.mem_get_info``,
-    Algorithm 1's get_budget) on a real GPU; else memory - weights - the hardware's reserve
-    (<= 0 when the weights do not fit). Raises ConfigError for a value that is not a size."""
-    val = cfg.system.get("kv_budget")
-    if val is not None:
-        try:
-            return parse_size(val, "kv_budget")
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-    if live is not None:
-        return live
+    """KV bytes per device (harness.model_facts.kv_budget_bytes): the configured ``kv_budget``; else
+    ``live`` on a real GPU; else memory - weights - the hardware's reserve (<= 0 when the weights do
+    not fit). Raises ConfigError for a value that is not a size."""
     hw = cfg.hardware
-    return default_kv_budget(hw.memory_bytes, weight_bytes(cfg.model), kv_reserve_bytes(hw))
+    return shared_kv_budget(cfg.system, hw.memory_bytes, weight_bytes(cfg.model), kv_reserve_bytes(hw), live=live)
 
 
 def validate(cfg) -> None:
@@ -225,12 +216,27 @@ class DeadlineReached(Exception):
 
 
 def run(cfg, ctx: RunContext) -> RunResult:
+    """prepare (KV budget, scheduler, the analytic prediction, the ooms predicted before any
+    per-beam state) -> prefill -> per step: plan -> execute -> select + expand -> summarize."""
     cfg = plain(cfg)  # resolved plain dicts: no OmegaConf lookups in hot loops
-    w, sysc = cfg.workload, cfg.system
-    if sysc.scheduler == "hf_offload":
+    if cfg.system.scheduler == "hf_offload":
         from systems.kv_offload.hf_offload import run_hf_offload
 
         return run_hf_offload(cfg, ctx)
+    scheduler, summary, predicted_oom = prepare(cfg, ctx)
+    if predicted_oom:
+        return RunResult(
+            status="oom", summary=summary, display=display_rows(summary, cfg.system), message=predicted_oom
+        )
+    return StepwiseSearch(cfg, ctx, scheduler, summary).run()
+
+
+def prepare(cfg, ctx: RunContext) -> Tuple[Scheduler, dict, str]:
+    """The run's scheduler, the summary's first keys (budget, shape, the Eq.1-5 prediction) and, when
+    the configuration cannot run, why (an oom predicted from the device KV budget or the host memory,
+    before any per-beam state exists; '' otherwise). Raises RunOOM when the budget holds less than
+    one beam's KV."""
+    w, sysc = cfg.workload, cfg.system
     geom = KVGeometry.from_model(cfg.model)
     budget = kv_budget_bytes(cfg, live=None if ctx.backend.simulated else _live_budget(ctx))
     one_beam = (w.prompt_len + w.gen_len) * geom.kv_token
@@ -240,11 +246,10 @@ def run(cfg, ctx: RunContext) -> RunResult:
             f"{size_text(budget)}) holds less than one beam's KV at full length "
             f"({size_text(one_beam)})"
         )
-    sched_budget = budget
     scheduler = Scheduler(
         sysc.scheduler,
         geom,
-        sched_budget,
+        budget,
         inter_beam=sysc.inter_beam,
         prefetch=sysc.prefetch,
         prompt_len=w.prompt_len,
@@ -279,11 +284,10 @@ def run(cfg, ctx: RunContext) -> RunResult:
     if sysc.scheduler == "in_gpu" and not scheduler.fits_whole_request(n_beams):
         # predicted from the budget, never run: on a real engine too nothing was measured
         summary["oom"] = summary["oom_predicted"] = True
-        return RunResult(
-            status="oom",
-            summary=summary,
-            display=display_rows(summary, sysc),
-            message=f"in_gpu: KV of {n_beams} beams at {w.prompt_len + w.gen_len} tokens "
+        return (
+            scheduler,
+            summary,
+            f"in_gpu: KV of {n_beams} beams at {w.prompt_len + w.gen_len} tokens "
             f"({size_text(scheduler.full_kv_bytes(n_beams))}) exceeds the KV "
             f"budget ({size_text(budget)}): predicted from the budget, not run",
         )
@@ -293,145 +297,184 @@ def run(cfg, ctx: RunContext) -> RunResult:
     host_mem, host_what = host_memory(cfg, ctx) if host_kv else (None, "")
     if host_mem is not None and host_kv > host_mem:
         summary.update({"host_kv_bytes": host_kv, "host_memory_bytes": host_mem, "oom": True, "oom_predicted": True})
-        return RunResult(
-            status="oom",
-            summary=summary,
-            display=display_rows(summary, sysc),
-            message=f"{sysc.scheduler}: the KV offloaded to the host, {size_text(host_kv)} at its peak "
+        return (
+            scheduler,
+            summary,
+            f"{sysc.scheduler}: the KV offloaded to the host, {size_text(host_kv)} at its peak "
             f"({n_beams} beams at up to {w.prompt_len + w.gen_len} tokens), exceeds the "
             f"host memory ({size_text(host_mem)}, {host_what}): "
             f"predicted from the host memory, not run",
         )
+    return scheduler, summary, ""
 
-    replay, recorded = load_beam_tree(sysc.replay_tree, cfg) if sysc.get("replay_tree") else (None, None)
-    real = not ctx.backend.simulated
-    ex = _executor(cfg, ctx, sched_budget)
-    clock = ex.clock
-    if real:
-        summary["time_basis"] = ex.time_basis
-    rng = np.random.default_rng(cfg.seed)
-    prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
-    tree = BeamTree(w.prompt_len)
-    n_steps = math.ceil(w.gen_len / w.step)
-    rows, group_rows, kept_log = [], [], []
-    deadline, record_tree = sysc.get("deadline"), sysc.get("record_tree")
-    status, message = "ok", ""
-    try:
-        if sysc.get("warmup", True):
-            summary[WARMUP_KEY] = ex.warmup(prompt, n_beams)  # excluded from every time below
-        pre = ex.prefill(tree, prompt, offload=scheduler.prefill_offload(n_beams))
-        windows = [ex.step_energy()]  # the prefill's; then one per step
-        tot = {
-            "compute_s": pre.compute_s,
-            "io_stall_s": pre.io_stall_s,
-            "other_s": 0.0,
-            "h2d_bytes": pre.h2d_bytes,
-            "d2h_bytes": pre.d2h_bytes,
-        }
-        peak, peak_phys = pre.peak_device_bytes, pre.peak_physical_bytes
-        beams = initial_beams(tree, n_beams, cfg.seed)
-        bar = ctx.progress(n_steps, f"{sysc.name} steps")
-        for i in range(n_steps):
-            if deadline is not None and _now() > float(deadline):
-                raise DeadlineReached(f"system.deadline passed after {i} of {n_steps} steps")
-            t_plan = clock()
-            T = min(w.step, w.gen_len - i * w.step)
-            plan = scheduler.plan(i, tree, beams, T)
-            t_plan = clock() - t_plan
-            o = ex.execute_step(plan, tree, beams)
-            for k, (b, delta) in enumerate(zip(beams, o.logprob_delta.tolist())):
-                b.cum_logprob += delta
-                if o.tokens is not None:
-                    b.tokens.extend(o.tokens[k])
-                tree.segments[b.leaf].length = T
-            other = t_plan if real else 0.0  # the simulator charges no planning time
-            if i + 1 < n_steps:
-                t0 = clock()
-                keep = replay[i] if replay is not None else None
-                new = select_and_expand(tree, beams, beam_size, w.beam_width, keep_uids=keep)
-                exp = ex.expand(plan, tree, beams, new)
-                other += clock() - t0 if real else exp
-                if record_tree:
-                    kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
-                beams = new
-            windows.append(ex.step_energy())
-            for k in ("compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes"):
-                tot[k] += getattr(o, k)
-            tot["other_s"] += other
-            peak, peak_phys = max(peak, o.peak_device_bytes), max(peak_phys, o.peak_physical_bytes)
-            rows.append(
-                {
-                    "step": i,
-                    "start_tokens": plan.start,
-                    "tokens": T,
-                    "groups": plan.num_groups,
-                    "capacity": plan.capacity,
-                    "compute_s": o.compute_s,
-                    "io_stall_s": o.io_stall_s,
-                    "other_s": other,
-                    "latency_s": o.compute_s + o.io_stall_s + other,
-                    "h2d_bytes": o.h2d_bytes,
-                    "d2h_bytes": o.d2h_bytes,
-                    "plan_h2d_bytes": plan.h2d_bytes,
-                    "plan_d2h_bytes": plan.d2h_bytes,
-                    "peak_device_bytes": o.peak_device_bytes,
-                    "plan_device_bytes": plan.device_bytes,
-                    "peak_physical_bytes": o.peak_physical_bytes,
-                    "staging_bytes": plan.staging_bytes,
-                    "energy_j": windows[-1].energy_j,
-                    "io_stall_energy_j": windows[-1].io_stall_j,
-                }
+
+STEP_TOTALS = ("compute_s", "io_stall_s", "h2d_bytes", "d2h_bytes")
+
+
+class StepwiseSearch:
+    """One run's step-wise beam search on an executor: the prompt's prefill, then per step the
+    scheduler's plan, the executor carrying it out, and selection + expansion of the beam tree; the
+    steps' rows, totals and energy windows, summarized at the end. Time on the executor's clock."""
+
+    def __init__(self, cfg, ctx: RunContext, scheduler: Scheduler, summary: dict):
+        w, sysc = cfg.workload, cfg.system
+        self.cfg, self.ctx, self.scheduler, self.summary = cfg, ctx, scheduler, summary
+        self.n_beams, self.beam_size = w.beams, w.beams // w.beam_width
+        self.replay, self.recorded = load_beam_tree(sysc.replay_tree, cfg) if sysc.get("replay_tree") else (None, None)
+        self.real = not ctx.backend.simulated
+        self.ex = _executor(cfg, ctx, summary["kv_budget_bytes"])
+        self.clock = self.ex.clock
+        if self.real:
+            summary["time_basis"] = self.ex.time_basis
+        rng = np.random.default_rng(cfg.seed)
+        self.prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
+        self.tree = BeamTree(w.prompt_len)
+        self.n_steps = math.ceil(w.gen_len / w.step)
+        self.rows, self.group_rows, self.kept_log, self.windows = [], [], [], []
+        self.totals = dict.fromkeys((*STEP_TOTALS, "other_s"), 0.0)
+        self.peak = self.peak_phys = 0
+        self.beams = []
+
+    def run(self) -> RunResult:
+        sysc = self.cfg.system
+        deadline = sysc.get("deadline")
+        status, message = "ok", ""
+        try:
+            self.prefill()
+            bar = self.ctx.progress(self.n_steps, f"{sysc.name} steps")
+            for i in range(self.n_steps):
+                if deadline is not None and _now() > float(deadline):
+                    raise DeadlineReached(f"system.deadline passed after {i} of {self.n_steps} steps")
+                self.step(i)
+                bar.update(1)
+            bar.close()
+        except DeadlineReached as e:
+            status, message = "timeout", str(e)
+        finally:
+            if self.real:
+                self.summary.update(self.ex.memory_peaks())
+            self.ex.close()
+        if not self.rows:
+            return RunResult(
+                status=status, message=message, summary=self.summary, display=display_rows(self.summary, sysc)
             )
-            group_rows.extend(o.group_rows)
-            bar.update(1)
-        bar.close()
-    except DeadlineReached as e:
-        status, message = "timeout", str(e)
-    finally:
-        if real:
-            summary.update(ex.memory_peaks())
-        ex.close()
-    if not rows:
-        return RunResult(status=status, message=message, summary=summary, display=display_rows(summary, sysc))
+        return self.summarize(status, message)
 
-    e2e = tot["compute_s"] + tot["io_stall_s"] + tot["other_s"]
-    best = max(beams, key=lambda b: (b.cum_logprob, -b.uid))
-    summary.update(
-        {
-            "e2e_s": e2e,
-            "compute_s": tot["compute_s"],
-            "io_stall_s": tot["io_stall_s"],
-            "other_s": tot["other_s"],
-            "io_share": tot["io_stall_s"] / e2e if e2e > 0 else 0.0,
-            "h2d_bytes": tot["h2d_bytes"],
-            "d2h_bytes": tot["d2h_bytes"],
-            "plan_h2d_bytes": sum(r["plan_h2d_bytes"] for r in rows),
-            "plan_d2h_bytes": sum(r["plan_d2h_bytes"] for r in rows),
-            "groups_per_step": sum(r["groups"] for r in rows) / len(rows),
-            "peak_device_kv_bytes": peak,
-            "peak_device_physical_bytes": peak_phys if real else None,
-            "max_staging_bytes": max(r["staging_bytes"] for r in rows),
-            "steps_done": len(rows),
-            "tokens_per_s": n_beams * w.gen_len / e2e if e2e > 0 and status == "ok" else None,
-            "best_cum_logprob": best.cum_logprob,
-            "best_uid": str(best.uid),
-        }
-    )
-    summary.update(energy_summary(windows, e2e, n_beams * sum(r["tokens"] for r in rows), ex.energy_source))
-    tables = {"steps": rows}  # row dicts: written with pyarrow, no pandas import
-    if group_rows:
-        tables["groups"] = group_rows
-    extra = {}
-    if record_tree:
-        from harness.records import atomic_write_json
+    def prefill(self) -> None:
+        if self.cfg.system.get("warmup", True):
+            self.summary[WARMUP_KEY] = self.ex.warmup(self.prompt, self.n_beams)  # excluded from every time below
+        pre = self.ex.prefill(self.tree, self.prompt, offload=self.scheduler.prefill_offload(self.n_beams))
+        self.windows.append(self.ex.step_energy())  # the prefill's; then one per step
+        for k in STEP_TOTALS:
+            self.totals[k] = getattr(pre, k)
+        self.peak, self.peak_phys = pre.peak_device_bytes, pre.peak_physical_bytes
+        self.beams = initial_beams(self.tree, self.n_beams, self.cfg.seed)
 
-        atomic_write_json(ctx.outdir / TREE_FILE, tree_record(cfg, ctx.backend, kept_log))
-        extra["beam_tree_file"] = str(ctx.outdir / TREE_FILE)
-    if replay is not None:
-        extra["replayed_tree"] = str(sysc.replay_tree)
-        message = "; ".join(m for m in (message, replay_note(sysc.replay_tree, recorded, cfg, ctx.backend)) if m)
-    if real:  # the real engine's best path (token ids) for inspection
-        extra["best_tokens"] = best.tokens
-    return RunResult(
-        status=status, message=message, summary=summary, display=display_rows(summary, sysc), tables=tables, extra=extra
-    )
+    def step(self, i: int) -> None:
+        """Step ``i``: plan -> execute -> select + expand (not after the last step) -> account."""
+        w, clock = self.cfg.workload, self.clock
+        t_plan = clock()
+        tokens = min(w.step, w.gen_len - i * w.step)
+        plan = self.scheduler.plan(i, self.tree, self.beams, tokens)
+        t_plan = clock() - t_plan
+        o = self.ex.execute_step(plan, self.tree, self.beams)
+        for k, (b, delta) in enumerate(zip(self.beams, o.logprob_delta.tolist())):
+            b.cum_logprob += delta
+            if o.tokens is not None:
+                b.tokens.extend(o.tokens[k])
+            self.tree.segments[b.leaf].length = tokens
+        other = t_plan if self.real else 0.0  # the simulator charges no planning time
+        if i + 1 < self.n_steps:
+            other += self.select_and_expand(i, plan)
+        self.windows.append(self.ex.step_energy())
+        self.account(i, plan, o, tokens, other)
+
+    def select_and_expand(self, i: int, plan) -> float:
+        """Keep the best beams, expand them, and lay the kept parents' KV out for their children;
+        returns its seconds (real: the executor's clock; simulated: the executor's charge)."""
+        w = self.cfg.workload
+        t0 = self.clock()
+        keep = self.replay[i] if self.replay is not None else None
+        new = select_and_expand(self.tree, self.beams, self.beam_size, w.beam_width, keep_uids=keep)
+        exp = self.ex.expand(plan, self.tree, self.beams, new)
+        seconds = self.clock() - t0 if self.real else exp
+        if self.cfg.system.get("record_tree"):
+            self.kept_log.append({"step": i, "kept": [str(u) for u in dict.fromkeys(b.parent_uid for b in new)]})
+        self.beams = new
+        return seconds
+
+    def account(self, i: int, plan, o, tokens: int, other: float) -> None:
+        for k in STEP_TOTALS:
+            self.totals[k] += getattr(o, k)
+        self.totals["other_s"] += other
+        self.peak, self.peak_phys = max(self.peak, o.peak_device_bytes), max(self.peak_phys, o.peak_physical_bytes)
+        self.rows.append(
+            {
+                "step": i,
+                "start_tokens": plan.start,
+                "tokens": tokens,
+                "groups": plan.num_groups,
+                "capacity": plan.capacity,
+                "compute_s": o.compute_s,
+                "io_stall_s": o.io_stall_s,
+                "other_s": other,
+                "latency_s": o.compute_s + o.io_stall_s + other,
+                "h2d_bytes": o.h2d_bytes,
+                "d2h_bytes": o.d2h_bytes,
+                "plan_h2d_bytes": plan.h2d_bytes,
+                "plan_d2h_bytes": plan.d2h_bytes,
+                "peak_device_bytes": o.peak_device_bytes,
+                "plan_device_bytes": plan.device_bytes,
+                "peak_physical_bytes": o.peak_physical_bytes,
+                "staging_bytes": plan.staging_bytes,
+                "energy_j": self.windows[-1].energy_j,
+                "io_stall_energy_j": self.windows[-1].io_stall_j,
+            }
+        )
+        self.group_rows.extend(o.group_rows)
+
+    def summarize(self, status: str, message: str) -> RunResult:
+        cfg, w, sysc, rows, tot = self.cfg, self.cfg.workload, self.cfg.system, self.rows, self.totals
+        e2e = tot["compute_s"] + tot["io_stall_s"] + tot["other_s"]
+        best = max(self.beams, key=lambda b: (b.cum_logprob, -b.uid))
+        summary = self.summary
+        summary.update(
+            {
+                "e2e_s": e2e,
+                "compute_s": tot["compute_s"],
+                "io_stall_s": tot["io_stall_s"],
+                "other_s": tot["other_s"],
+                "io_share": tot["io_stall_s"] / e2e if e2e > 0 else 0.0,
+                "h2d_bytes": tot["h2d_bytes"],
+                "d2h_bytes": tot["d2h_bytes"],
+                "plan_h2d_bytes": sum(r["plan_h2d_bytes"] for r in rows),
+                "plan_d2h_bytes": sum(r["plan_d2h_bytes"] for r in rows),
+                "groups_per_step": sum(r["groups"] for r in rows) / len(rows),
+                "peak_device_kv_bytes": self.peak,
+                "peak_device_physical_bytes": self.peak_phys if self.real else None,
+                "max_staging_bytes": max(r["staging_bytes"] for r in rows),
+                "steps_done": len(rows),
+                "tokens_per_s": self.n_beams * w.gen_len / e2e if e2e > 0 and status == "ok" else None,
+                "best_cum_logprob": best.cum_logprob,
+                "best_uid": str(best.uid),
+            }
+        )
+        tokens = self.n_beams * sum(r["tokens"] for r in rows)
+        summary.update(energy_summary(self.windows, e2e, tokens, self.ex.energy_source))
+        tables = {"steps": rows}  # row dicts: written with pyarrow, no pandas import
+        if self.group_rows:
+            tables["groups"] = self.group_rows
+        extra = {}
+        if sysc.get("record_tree"):
+            from harness.records import atomic_write_json
+
+            atomic_write_json(self.ctx.outdir / TREE_FILE, tree_record(cfg, self.ctx.backend, self.kept_log))
+            extra["beam_tree_file"] = str(self.ctx.outdir / TREE_FILE)
+        if self.replay is not None:
+            extra["replayed_tree"] = str(sysc.replay_tree)
+            note = replay_note(sysc.replay_tree, self.recorded, cfg, self.ctx.backend)
+            message = "; ".join(m for m in (message, note) if m)
+        if self.real:  # the real engine's best path (token ids) for inspection
+            extra["best_tokens"] = best.tokens
+        display = display_rows(summary, sysc)
+        return RunResult(status=status, message=message, summary=summary, display=display, tables=tables, extra=extra)

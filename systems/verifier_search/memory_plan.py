@@ -34,8 +34,7 @@ from pathlib import Path
 from typing import Tuple
 
 from harness.errors import ConfigError, RunOOM
-from harness.model_facts import default_kv_budget
-from harness.units import parse_size
+from harness.model_facts import default_kv_budget, kv_budget_bytes
 from systems.verifier_search.memory import Allocation, MemoryTooSmall, ModelShape, Roofline, search_allocation
 
 REPLANS = ("per_run", "per_iteration")
@@ -60,25 +59,18 @@ def shapes(cfg) -> Tuple[ModelShape, ModelShape]:
 
 
 def kv_budget(cfg, on_cpu: bool) -> int:
-    """KV budget M in bytes (see module docstring). Raises RunOOM when the derived budget is <= 0
-    (the weights do not fit: a recorded oom), ConfigError for a bad or non-positive setting."""
+    """KV budget M in bytes (module docstring; harness.model_facts.kv_budget_bytes with this family's
+    share and reserve). Raises RunOOM when the derived budget is <= 0 (the weights do not fit: a
+    recorded oom), ConfigError for a bad or non-positive setting."""
     s = cfg.system
-    try:
-        if not unset(s.kv_budget):
-            m = parse_size(s.kv_budget, "kv_budget")
-        elif on_cpu:
-            m = parse_size(s.cpu_kv_budget, "system.cpu_kv_budget")
-        else:
-            gen, ver = shapes(cfg)
-            share = float(cfg.hardware.memory_bytes) * float(s.memory_fraction)
-            m = default_kv_budget(share, gen.weight_bytes + ver.weight_bytes, ACTIVATION_RESERVE * share)
-            if m <= 0:
-                raise RunOOM(
-                    f"memory_fraction={s.memory_fraction} of {cfg.hardware.name} leaves {m / 2**30:.2f} GiB "
-                    f"for KV after the weights of {cfg.model.name} + {cfg.verifier.name}"
-                )
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    gen, ver = shapes(cfg)
+    share = float(cfg.hardware.memory_bytes) * float(s.memory_fraction)
+    m = kv_budget_bytes(s, share, gen.weight_bytes + ver.weight_bytes, ACTIVATION_RESERVE * share, on_cpu=on_cpu)
+    if m <= 0 and unset(s.kv_budget) and not on_cpu:
+        raise RunOOM(
+            f"memory_fraction={s.memory_fraction} of {cfg.hardware.name} leaves {m / 2**30:.2f} GiB "
+            f"for KV after the weights of {cfg.model.name} + {cfg.verifier.name}"
+        )
     if m <= 0:
         raise ConfigError(f"kv_budget={m} bytes is not allowed: a positive size (bytes, or e.g. 2GiB)")
     return int(m)

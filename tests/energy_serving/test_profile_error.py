@@ -141,7 +141,7 @@ def test_profile_measures_decodes_only_where_they_fit_in_kv(a100):
 
 
 def test_simulated_run_profiles_with_its_kv_capacity(compose_cfg, tmp_path, monkeypatch):
-    """run_sim hands the profiling pass the KV tokens per stage it serves with (mutation caught: the
+    """The simulated backend (runner.SimServing) hands the profiling pass the KV tokens per stage it serves with (mutation caught: the
     profile built without them)."""
     import systems.energy_serving.runner as runner
 
