@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from harness.errors import ConfigError
+from harness.units import parse_size
+
 DTYPE_BYTES: Dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 SUPPORTED_TYPES = ("opt", "llama", "qwen2", "mistral")
 CAUSAL_LM = {
@@ -178,7 +181,6 @@ def check_cpu_model(m, engine: str, role: str = "model") -> None:
     ConfigError, before any work, for a random-weight model whose weights exceed
     :data:`CPU_MAX_WEIGHT_BYTES`. ``engine`` names the engine in the message (``vLLM``, ``torch``);
     ``role`` the config key (``model``, ``verifier``)."""
-    from harness.errors import ConfigError
 
     if str(_get(m, "weights") or "random") != "random":
         return
@@ -196,8 +198,6 @@ def check_weights(m, role: str = "model") -> None:
     fetched from a hub); ConfigError before any work otherwise. One rule for the real engines that
     load weights (LBS on torch, BEAM on vLLM; FastTTS inspects its checkpoints further)."""
     from pathlib import Path
-
-    from harness.errors import ConfigError
 
     weights = str(_get(m, "weights") or "random")
     if weights != "random" and not Path(weights).is_dir():
@@ -247,8 +247,6 @@ def default_kv_budget(memory_bytes: float, weight_bytes_per_device: float, reser
 def configured_kv_budget(system) -> Optional[int]:
     """``system.kv_budget`` (the top-level ``kv_budget`` lands there) in bytes, None when unset.
     Raises ConfigError for a value that is not a size."""
-    from harness.errors import ConfigError
-    from harness.units import parse_size
 
     val = system.get("kv_budget")
     if val in (None, "None"):
@@ -274,8 +272,6 @@ def kv_budget_bytes(
     Alg. 1's get_budget) when the caller measured it; else :func:`default_kv_budget` of the memory, the
     weights on the device and the reserve the family states (the table above). Raises ConfigError
     for a setting that is not a size."""
-    from harness.errors import ConfigError
-    from harness.units import parse_size
 
     configured = configured_kv_budget(system)
     if configured is not None:

@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from harness.logs import say
+
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 MIRROR_LOG = Path("wandb") / "mirror.log"  # in the job's folder: the detached mirror's output
@@ -136,8 +138,6 @@ def make_tracker(
     try:
         return WandbTracker(cfg_dict, tracking, outdir, name, group, system_metrics)
     except Exception as e:  # tracking is a mirror: never let it fail the run
-        from harness.logs import say
-
         say(
             f"W&B ({wandb_mode(tracking)}) could not start, nothing of this run goes to W&B: {e} (the local "
             f"record is complete)",
@@ -162,7 +162,6 @@ def mirror_later(outdir: Path, tracking, name: str, group: Optional[str]) -> Opt
     doc); returns its log file, or None when W&B is disabled (``$WANDB_MODE=disabled``). In
     ``online`` mode it waits for that process (:data:`ONLINE_WAIT_S`) and prints a warning when the
     mirror failed or is still running."""
-    from harness.logs import say
 
     if wandb_mode(tracking) == "disabled":
         return None

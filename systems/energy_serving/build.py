@@ -14,7 +14,15 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from harness.errors import bad
+from harness.errors import RunOOM, bad
+from harness.model_facts import kv_budget_bytes as shared_kv_budget
+from harness.model_facts import kv_reserve_bytes
+from systems.energy_serving.controllers import Controller, make_controller
+from systems.energy_serving.driver import Driver
+from systems.energy_serving.profiler import TableCost
+from systems.energy_serving.profiler import build_table as _build
+from systems.energy_serving.sim import SimExecutor
+from workloads.serving import Requests, build_requests
 
 _REQ_CACHE: Dict[str, Any] = {}
 
@@ -30,8 +38,6 @@ def requests_for(w, cache: Optional[Path] = None):
     ``cache`` (a folder), a trace's stream is also stored there and read back by later runs while
     the config, the trace files (path, size, mtime) and the loaders' source stay the same."""
     from omegaconf import OmegaConf
-
-    from workloads.serving import build_requests
 
     key = OmegaConf.to_yaml(w, resolve=True)
     if key not in _REQ_CACHE:
@@ -90,8 +96,6 @@ def kv_budget_bytes(cfg, weight_bytes_device: float, real_cpu: bool = False) -> 
     """KV bytes per device (harness.model_facts.kv_budget_bytes): ``kv_budget``; else on vLLM-CPU
     ``system.cpu_kv_budget``; else memory - weights on the device - the hardware's reserve (<= 0:
     the weights do not fit)."""
-    from harness.model_facts import kv_budget_bytes as shared_kv_budget
-    from harness.model_facts import kv_reserve_bytes
 
     hw = cfg.hardware
     return shared_kv_budget(cfg.system, hw.memory_bytes, weight_bytes_device, kv_reserve_bytes(hw), on_cpu=real_cpu)
@@ -100,7 +104,6 @@ def kv_budget_bytes(cfg, weight_bytes_device: float, real_cpu: bool = False) -> 
 def kv_capacity(budget_bytes: float, kv_bytes_token_device: float, req) -> float:
     """KV tokens that fit per device. Raises RunOOM (a recorded result) when the longest request's
     prompt + output does not fit."""
-    from harness.errors import RunOOM
 
     cap = budget_bytes / kv_bytes_token_device
     longest = int((req.input_len + req.output_len).max())
@@ -127,7 +130,6 @@ def profile_context(w) -> float:
 
 def build_table(measure, stage, s, idle_w=None):
     """The controller's table: ``measure`` sampled sparsely (tile-quantised) over the clock menu."""
-    from systems.energy_serving.profiler import build_table as _build
 
     clocks = stage.clocks(int(s.freq_step_mhz))
     n_max, chunks = table_grid(s)
@@ -146,7 +148,6 @@ def controller_for(cfg, table, p: Optional[int] = None, g: Optional[int] = None)
     """The configured controller on ``table`` for ``p`` stages of ``g`` GPUs (default: the run's
     pp and tp). One stage has one microbatch (vLLM has no virtual engines without PP).
     ``system.fixed_clock_mhz``: the start clock, snapped to the table's menu."""
-    from systems.energy_serving.controllers import make_controller
 
     s, w = cfg.system, cfg.workload
     tp, pp = parallelism(cfg)
@@ -185,12 +186,6 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
     """
     import hashlib
     import json as _json
-
-    from systems.energy_serving.controllers import Controller
-    from systems.energy_serving.driver import Driver
-    from systems.energy_serving.profiler import TableCost
-    from systems.energy_serving.sim import SimExecutor
-    from workloads.serving import Requests
 
     s = cfg.system
     mean_rate = float(req.input_len.sum()) / max(float(req.arrival_s[-1]), 1.0)

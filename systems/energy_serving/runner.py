@@ -25,6 +25,7 @@ from harness.config import check_number
 from harness.errors import ConfigError, RunOOM, bad
 from harness.family import RunResult
 from harness.model_facts import configured_kv_budget
+from systems.common.gpu_model import POWER_KEYS, StageModel
 from systems.energy_serving.build import (
     build_table,
     cache_dir,
@@ -42,9 +43,21 @@ from systems.energy_serving.build import (
     table_grid,
     window_profile,
 )
+from systems.energy_serving.calibrate import load_profile
 from systems.energy_serving.config import TRACE_FORMATS, WORKLOAD_KINDS
 from systems.energy_serving.controllers import CONTROLLERS
-from workloads.serving import MAX_REQUESTS
+from systems.energy_serving.driver import Driver
+from systems.energy_serving.metrics import summarize
+from systems.energy_serving.profiler import (
+    ProfileError,
+    clock_scaled,
+    decode_batch_max,
+    sim_measure,
+    table_error,
+    with_error,
+)
+from systems.energy_serving.sim import SimExecutor
+from workloads.serving import MAX_REQUESTS, TraceError
 
 PROFILE_BIAS_RANGE = (-0.5, 0.5)
 PROFILE_NOISE_RANGE = (0.0, 0.3)
@@ -52,7 +65,6 @@ PROFILE_NOISE_RANGE = (0.0, 0.3)
 
 def validate(cfg) -> None:
     """Raise ConfigError before any work for a bad workload, system or hardware combination."""
-    from workloads.serving import TraceError
 
     w, s, hw = cfg.workload, cfg.system, cfg.hardware
     if w.get("kind") not in WORKLOAD_KINDS:
@@ -171,8 +183,6 @@ def validate(cfg) -> None:
                 f"a clock in [{hw.clock_min_mhz}, {hw.clock_max_mhz}] MHz (hardware {hw.name})",
             )
     if s.get("latency_profile"):
-        from systems.energy_serving.calibrate import load_profile
-
         prof = load_profile(s.latency_profile)
         if prof.model != cfg.model.name:
             raise bad(
@@ -216,8 +226,6 @@ def ignored_settings(cfg, overrides) -> list:
 
 def validate_backend(cfg, backend) -> None:
     if backend.simulated:
-        from systems.common.gpu_model import POWER_KEYS
-
         missing = [k for k in POWER_KEYS if k not in cfg.hardware.power]
         if cfg.hardware.kind != "gpu" or missing:
             raise ConfigError(
@@ -236,7 +244,6 @@ def sim_profile(cfg, stage, cost, kv_tokens: float = math.inf):
     ground truth), seen with ``system.profile_error``; decode batches up to
     :func:`~systems.energy_serving.profiler.decode_batch_max` (``kv_tokens``: KV tokens per stage). Returns
     (table, truth measure)."""
-    from systems.energy_serving.profiler import ProfileError, clock_scaled, decode_batch_max, sim_measure, with_error
 
     s = cfg.system
     ctx_tok = profile_context(cfg.workload)
@@ -262,8 +269,6 @@ def run(cfg, ctx) -> RunResult:
     controller's table profiled on that backend; the controller (with Window-DVFS's load profile);
     the driver serving the stream on the backend's executor; the summary, the backend's own keys and
     the tables."""
-    from systems.energy_serving.driver import Driver
-    from systems.energy_serving.metrics import summarize
 
     s, w = cfg.system, cfg.workload
     if ctx.backend.simulated:
@@ -318,7 +323,6 @@ class SimServing:
     table a profiling pass through that same cost with ``system.profile_error``."""
 
     def __init__(self, cfg, ctx):
-        from systems.common.gpu_model import StageModel
 
         self.cfg, self.ctx = cfg, ctx
         self.g, self.p = parallelism(cfg)
@@ -327,8 +331,6 @@ class SimServing:
         latency_profile = cfg.system.get("latency_profile")
         self.name = "simulator (measured vLLM-CPU latency profile)" if latency_profile else "simulator"
         if latency_profile:
-            from systems.energy_serving.calibrate import load_profile
-
             self.cost = load_profile(latency_profile).cost()
         else:
             self.cost = self.stage
@@ -358,7 +360,6 @@ class SimServing:
             print(f"note: {note}")
 
     def executor(self, req):
-        from systems.energy_serving.sim import SimExecutor
 
         s = self.cfg.system
         return SimExecutor(
@@ -373,7 +374,6 @@ class SimServing:
     def close(self) -> None: ...
 
     def summary(self, res, table) -> dict:
-        from systems.energy_serving.profiler import table_error
 
         s = self.cfg.system
         n_max, _ = table_grid(s)

@@ -35,8 +35,21 @@ import pandas as pd
 
 from harness.errors import ConfigError, RunOOM
 from harness.family import WARMUP_KEY
+from harness.machine import set_threads
+from harness.meters import EnergyMeter
 from harness.model_facts import CAUSAL_LM as ARCH  # architecture class per model type
-from harness.model_facts import check_cpu_model, check_weights
+from harness.model_facts import check_cpu_model, check_weights, hf_config_dict, kv_bytes_per_token, weight_bytes
+from systems.common.gpu_model import StageModel
+from systems.energy_serving.actuator import DvfsActuator
+from systems.energy_serving.build import (
+    build_table,
+    kv_budget_bytes,
+    kv_capacity,
+    profile_context,
+    requests_for,
+    table_grid,
+)
+from systems.energy_serving.profiler import clock_scaled, decode_batch_max, device_measure, sample_points
 from systems.energy_serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
 
 
@@ -77,7 +90,6 @@ def check_one_device(s) -> None:
 
 def write_model_dir(model, path: Path) -> Path:
     """A HF config.json for ``model`` (random weights: vLLM ``load_format='dummy'``)."""
-    from harness.model_facts import hf_config_dict
 
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(hf_config_dict(model), indent=1))
@@ -110,8 +122,6 @@ class VllmServer:
     ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before importing vllm (in-process worker)
         import torch
-
-        from harness.machine import set_threads
 
         set_threads(threads)  # vLLM makes later calls no-ops
         from vllm import EngineArgs
@@ -359,15 +369,12 @@ class VllmServing:
         self.server = self.act = None
 
     def requests(self):
-        from systems.energy_serving.build import requests_for
 
         return requests_for(self.cfg.workload)
 
     def start(self, req) -> None:
         """The KV budget and the engine. Raises RunOOM when the budget holds less than vLLM's
         max_model_len (the profiling pass's longest prefill, or the longest request)."""
-        from harness.model_facts import kv_bytes_per_token, weight_bytes
-        from systems.energy_serving.build import kv_budget_bytes, kv_capacity, table_grid
 
         s, m = self.cfg.system, self.cfg.model
         self.n_max, self.chunks = table_grid(s)
@@ -406,11 +413,6 @@ class VllmServing:
 
     def profile_table(self, req):
         """The controller's table, measured on this engine (its points and time kept for the summary)."""
-        from harness.meters import EnergyMeter
-        from systems.common.gpu_model import StageModel
-        from systems.energy_serving.actuator import DvfsActuator
-        from systems.energy_serving.build import build_table, profile_context
-        from systems.energy_serving.profiler import clock_scaled, decode_batch_max, sample_points
 
         s, w, m = self.cfg.system, self.cfg.workload, self.cfg.model
         server = self.server
@@ -422,7 +424,6 @@ class VllmServing:
         t_prof = time.perf_counter()
         if act.available:
             # the user's GPU: latency and energy measured at every 10th clock (locked through NVML)
-            from systems.energy_serving.profiler import device_measure
 
             rng = np.random.default_rng(1)
             clocks = stage.clocks(int(s.freq_step_mhz))[::-1][::10][::-1]
