@@ -345,7 +345,7 @@ def ordering_check(s: dict, device: str) -> dict:
     import torch
     from omegaconf import OmegaConf
 
-    from systems.kv_offload.plan import Scheduler
+    from systems.kv_offload.plan import make_scheduler
     from systems.kv_offload.streams import CudaStreams, HostStreams, ordering_violations, writes_and_reads
     from systems.kv_offload.torch_engine import TorchExecutor
     from systems.kv_offload.tree import BeamTree, initial_beams, select_and_expand
@@ -367,7 +367,7 @@ def ordering_check(s: dict, device: str) -> dict:
     budget = kv * mcfg.num_layers // 4 + 1  # about a quarter of the layers resident, shrinking
     streams = CudaStreams(torch.device(device), record=True) if device == "cuda" else HostStreams(record=True)
     ex = TorchExecutor(mcfg, device, budget, scheduler="layerwise", streams=streams, max_len=prompt + gen)
-    sched = Scheduler("layerwise", ex.geom, budget, prompt_len=prompt, gen_len=gen)
+    sched = make_scheduler("layerwise", ex.geom, budget, prompt_len=prompt, gen_len=gen)
     tree = BeamTree(prompt)
     ex.prefill(tree, list(range(prompt)), offload=False)
     live = initial_beams(tree, beams, 0)

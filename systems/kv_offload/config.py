@@ -7,8 +7,6 @@ from typing import Any
 
 from omegaconf import MISSING
 
-SCHEDULERS = ("in_gpu", "layerwise", "lbs", "hf_offload")
-
 
 @dataclass
 class TTCBeamWorkload:

@@ -109,15 +109,17 @@ def layers_resident(geom: KVGeometry, num_beams: int, budget: int, s):
 
 
 class Scheduler:
-    """Builds the plan of each step. ``budget`` in bytes (None = unlimited, in_gpu on a real GPU).
+    """Builds the plan of each step; one subclass per scheduler (:data:`SCHEDULERS`, made by
+    :func:`make_scheduler`). ``budget`` in bytes (None = unlimited, in_gpu on a real GPU).
 
     ``list_blocks``: LBS groups name the segments they load (``GroupPlan.load_blocks``), for an
     executor that copies blocks; the simulator needs only their bytes (False: the plan of a step
     then costs O(beams), not O(blocks)). The bytes are the same either way."""
 
+    kind = ""  # the scheduler's name: system.scheduler, and each StepPlan's ``scheduler``
+
     def __init__(
         self,
-        kind: str,
         geom: KVGeometry,
         budget: Optional[int],
         *,
@@ -127,7 +129,7 @@ class Scheduler:
         gen_len: int,
         list_blocks: bool = True,
     ):
-        self.kind, self.geom, self.budget = kind, geom, budget
+        self.geom, self.budget = geom, budget
         self.inter_beam, self.prefetch = inter_beam, prefetch
         self.prompt_len, self.gen_len = prompt_len, gen_len
         self.list_blocks = list_blocks
@@ -156,40 +158,53 @@ class Scheduler:
           layers still resident at the last token (residency only shrinks).
         - ``in_gpu``, or LBS when the request fits: 0.
         O(1) in the number of beams: called before any per-beam state exists."""
-        P, G, g = self.prompt_len, self.gen_len, self.geom
-        if self.kind == "layerwise":
-            L = min(
-                g.num_layers, self.budget // (num_beams * (P + G) * g.kv_layer_token)
-            )  # Eq.1 at P+G-1, in Python ints
-            return (g.num_layers - L) * num_beams * (P + G) * g.kv_layer_token
-        if self.kind != "lbs" or self.fits_whole_request(num_beams):
-            return 0
-        k = -(-G // step)  # steps
-        last = max((i * beam_size * step + num_beams * min(step, G - i * step) for i in {max(k - 2, 0), k - 1}))
-        return (P + last) * g.kv_token
+        return 0
 
     def prefill_offload(self, num_beams: int) -> bool:
         """Whether the prefill writes the prompt's KV to the host: LBS groups load it from there when
         the request does not fit; layer-wise and resident runs start from the device copy."""
-        return self.kind == "lbs" and not self.fits_whole_request(num_beams)
+        return False
 
     # -- per step --------------------------------------------------------------------------------
     def plan(self, step: int, tree: BeamTree, beams: Sequence[Beam], tokens: int) -> StepPlan:
-        n = len(beams)
+        """The plan of step ``step``: ``tokens`` new tokens for every beam of ``beams``."""
         start = tree.prefix_tokens(beams[0])
-        p = StepPlan(step=step, start=start, tokens=tokens, scheduler=self.kind, num_beams=n)
-        if self.kind == "in_gpu" or (self.kind == "lbs" and self.fits_whole_request(n)):
-            p.resident, p.capacity = True, n
-            p.staging_bytes = self._prompt_transient(step)
-            p.device_bytes = n * (start + tokens) * self.geom.kv_token + p.staging_bytes
-            return p
-        if self.kind == "layerwise":
-            return self._plan_layerwise(p, n, start, tokens)
-        if self.kind == "lbs":
-            return self._plan_lbs(p, tree, beams, start, tokens)
-        raise ValueError(f"scheduler={self.kind!r}: no plan (allowed: in_gpu, layerwise, lbs)")
+        p = StepPlan(step=step, start=start, tokens=tokens, scheduler=self.kind, num_beams=len(beams))
+        return self._plan(p, tree, beams)
 
-    def _plan_layerwise(self, p: StepPlan, n: int, start: int, tokens: int) -> StepPlan:
+    def _plan(self, p: StepPlan, tree: BeamTree, beams: Sequence[Beam]) -> StepPlan:
+        """Everything resident: every beam's KV in one dense device buffer."""
+        n = p.num_beams
+        p.resident, p.capacity = True, n
+        p.staging_bytes = self._prompt_transient(p.step)
+        p.device_bytes = n * (p.start + p.tokens) * self.geom.kv_token + p.staging_bytes
+        return p
+
+    def _prompt_transient(self, step: int) -> int:
+        """Step 0 of a plan that keeps the prefill's KV on the device (layer-wise, resident): the
+        prompt's copy (one beam, all layers) is alive while the beams' buffers are filled from it."""
+        return self.prompt_len * self.geom.kv_token if step == 0 else 0
+
+
+class InGpuScheduler(Scheduler):
+    """``in_gpu``: every beam's KV resident for the whole request (an oom when it does not fit)."""
+
+    kind = "in_gpu"
+
+
+class LayerwiseScheduler(Scheduler):
+    """``layerwise`` (LBS paper Eq.1-3): token by token, the first ``L`` layers resident, the others
+    streamed from the host one layer at a time, the next layer prefetched."""
+
+    kind = "layerwise"
+
+    def host_kv_bytes(self, num_beams: int, beam_size: int, step: int) -> int:
+        P, G, g = self.prompt_len, self.gen_len, self.geom
+        L = min(g.num_layers, self.budget // (num_beams * (P + G) * g.kv_layer_token))  # Eq.1 at P+G-1, in ints
+        return (g.num_layers - L) * num_beams * (P + G) * g.kv_layer_token
+
+    def _plan(self, p: StepPlan, tree: BeamTree, beams: Sequence[Beam]) -> StepPlan:
+        n, start, tokens = p.num_beams, p.start, p.tokens
         g, kvl = self.geom, self.geom.kv_layer_token
         L = int(layers_resident(g, n, self.budget, start + tokens - 1))
         off = g.num_layers - L
@@ -213,12 +228,29 @@ class Scheduler:
         p.staging_bytes = max(charged, regrow)
         return p
 
-    def _prompt_transient(self, step: int) -> int:
-        """Step 0 of a plan that keeps the prefill's KV on the device (layer-wise, resident): the
-        prompt's copy (one beam, all layers) is alive while the beams' buffers are filled from it."""
-        return self.prompt_len * self.geom.kv_token if step == 0 else 0
 
-    def _plan_lbs(self, p: StepPlan, tree: BeamTree, beams: Sequence[Beam], start: int, tokens: int) -> StepPlan:
+class LbsScheduler(Scheduler):
+    """``lbs`` (LBS paper Alg.1, Eq.4-5): group by group, each group's KV loaded from the host (its
+    shared segments once with ``inter_beam``), the next group's first beams prefetched; everything
+    resident when the whole request fits the budget."""
+
+    kind = "lbs"
+
+    def host_kv_bytes(self, num_beams: int, beam_size: int, step: int) -> int:
+        P, G, g = self.prompt_len, self.gen_len, self.geom
+        if self.fits_whole_request(num_beams):
+            return 0
+        k = -(-G // step)  # steps
+        last = max((i * beam_size * step + num_beams * min(step, G - i * step) for i in {max(k - 2, 0), k - 1}))
+        return (P + last) * g.kv_token
+
+    def prefill_offload(self, num_beams: int) -> bool:
+        return not self.fits_whole_request(num_beams)
+
+    def _plan(self, p: StepPlan, tree: BeamTree, beams: Sequence[Beam]) -> StepPlan:
+        if self.fits_whole_request(p.num_beams):
+            return super()._plan(p, tree, beams)
+        start, tokens = p.start, p.tokens
         n, kv = len(beams), self.geom.kv_token
         per_beam = (start + tokens) * kv
         cap = group_capacity(n, self.budget, per_beam)
@@ -276,3 +308,14 @@ class Scheduler:
                 node = node.up
             out.extend(reversed(own))
         return out
+
+
+SCHEDULERS = {s.kind: s for s in (InGpuScheduler, LayerwiseScheduler, LbsScheduler)}
+
+
+def make_scheduler(kind: str, geom: KVGeometry, budget: Optional[int], **kw) -> Scheduler:
+    """The scheduler named ``kind`` (:data:`SCHEDULERS`; keyword arguments: :class:`Scheduler`'s).
+    Raises ValueError for another name."""
+    if kind not in SCHEDULERS:
+        raise ValueError(f"scheduler={kind!r}: no plan (allowed: {', '.join(SCHEDULERS)})")
+    return SCHEDULERS[kind](geom, budget, **kw)

@@ -30,9 +30,8 @@ from harness.family import WARMUP_KEY, RunContext, RunResult
 from harness.model_facts import check_cpu_model, check_weights, kv_reserve_bytes, weight_bytes
 from harness.model_facts import kv_budget_bytes as shared_kv_budget
 from systems.kv_offload import analytic
-from systems.kv_offload.config import SCHEDULERS
 from systems.kv_offload.display import display_rows, size_text
-from systems.kv_offload.plan import KVGeometry, Scheduler
+from systems.kv_offload.plan import SCHEDULERS, KVGeometry, Scheduler, make_scheduler
 from systems.kv_offload.protocol import EnergyWindow, Executor
 from systems.kv_offload.replay import FILE as TREE_FILE
 from systems.kv_offload.replay import load_beam_tree, replay_note, tree_record
@@ -52,8 +51,8 @@ def validate(cfg) -> None:
     w, s = cfg.workload, cfg.system
     if w.get("kind") != "ttc_beam":
         raise bad("workload", w.get("name"), "a TTC workload (ttc_beam) for the LBS family systems")
-    if s.scheduler not in SCHEDULERS:
-        raise bad("system.scheduler", s.scheduler, f"one of {', '.join(SCHEDULERS)}")
+    if s.scheduler not in (*SCHEDULERS, "hf_offload"):  # hf_offload: transformers' own offloading, no plan
+        raise bad("system.scheduler", s.scheduler, f"one of {', '.join((*SCHEDULERS, 'hf_offload'))}")
     if w.beam_width < 1:
         raise bad("workload.beam_width", w.beam_width, "an integer >= 1")
     if w.beams < 1 or w.beams % w.beam_width:
@@ -246,7 +245,7 @@ def prepare(cfg, ctx: RunContext) -> Tuple[Scheduler, dict, str]:
             f"{size_text(budget)}) holds less than one beam's KV at full length "
             f"({size_text(one_beam)})"
         )
-    scheduler = Scheduler(
+    scheduler = make_scheduler(
         sysc.scheduler,
         geom,
         budget,

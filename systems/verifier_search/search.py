@@ -95,41 +95,57 @@ class ProblemResult:
 
 
 # ---------------------------------------------------------------------------------------- selection
+def _by_score(agg: str):
+    return lambda b: (-aggregate(b.scores, agg), b.uid)
+
+
+def _top_k(cands: Sequence[Beam], n: int, beam_width: int, agg: str) -> List[Tuple[Beam, int]]:
+    """beam_search / vg_search: global top n // beam_width; children refill n (earliest get the
+    remainder, search-and-learn ``(active * (n // k + 1))[:n]``)."""
+    top = sorted(cands, key=_by_score(agg))[: max(1, n // beam_width)]
+    reps = [n // len(top) + (1 if i < n % len(top) else 0) for i in range(len(top))]
+    return list(zip(top, reps))
+
+
+def _proportional(cands: Sequence[Beam], n: int, beam_width: int, agg: str) -> List[Tuple[Beam, int]]:
+    """dynamic_branching: the top-k survivors; children proportional to s - min(s) + 1e-6 with
+    largest-remainder rounding to n."""
+    top = sorted(cands, key=_by_score(agg))[: max(1, n // beam_width)]
+    s = np.array([aggregate(b.scores, agg) for b in top])
+    w = s - s.min() + 1e-6
+    share = w / w.sum() * n
+    base = np.floor(share).astype(int)
+    rem = n - int(base.sum())
+    order = sorted(range(len(top)), key=lambda i: (-(share[i] - base[i]), i))
+    for i in order[:rem]:
+        base[i] += 1
+    return [(b, int(c)) for b, c in zip(top, base) if c > 0]
+
+
+def _per_subtree(cands: Sequence[Beam], n: int, beam_width: int, agg: str) -> List[Tuple[Beam, int]]:
+    """dvts: subtrees = root index // beam_width; argmax inside each subtree, beam_width children."""
+    groups: Dict[int, List[Beam]] = {}
+    for b in cands:
+        groups.setdefault(int(b.uid.split(".")[0]) // beam_width, []).append(b)
+    key = _by_score(agg)
+    return [(min(groups[g], key=key), beam_width) for g in sorted(groups)]
+
+
+# ``system.search`` -> how it picks survivors and their children (best_of_n never selects)
+SELECTIONS = {"beam_search": _top_k, "vg_search": _top_k, "dynamic_branching": _proportional, "dvts": _per_subtree}
+
+
 def select_survivors(policy: str, cands: Sequence[Beam], n: int, beam_width: int, agg: str) -> List[Tuple[Beam, int]]:
-    """Pick survivors and their number of children.
+    """Pick survivors and their number of children (:data:`SELECTIONS`).
 
     Args: policy (beam_search | vg_search | dynamic_branching | dvts), ``cands`` the active paths
         (scored), ``n`` paths to refill, ``beam_width`` branching factor, ``agg`` score aggregation.
     Returns: [(survivor, children)] in selection order. Ties in score break by uid, so the result
         does not depend on the order of ``cands``.
-    - beam_search / vg_search: global top n // beam_width; children refill n (earliest get the
-      remainder, search-and-learn ``(active * (n // k + 1))[:n]``).
-    - dynamic_branching: the same survivors; children proportional to s - min(s) + 1e-6 with
-      largest-remainder rounding to n.
-    - dvts: subtrees = root index // beam_width; argmax inside each subtree, beam_width children.
     """
     if not cands:
         return []
-    key = lambda b: (-aggregate(b.scores, agg), b.uid)
-    if policy == "dvts":
-        groups: Dict[int, List[Beam]] = {}
-        for b in cands:
-            groups.setdefault(int(b.uid.split(".")[0]) // beam_width, []).append(b)
-        return [(min(groups[g], key=key), beam_width) for g in sorted(groups)]
-    k = max(1, n // beam_width)
-    top = sorted(cands, key=key)[:k]
-    if policy == "dynamic_branching":
-        s = np.array([aggregate(b.scores, agg) for b in top])
-        w = s - s.min() + 1e-6
-        share = w / w.sum() * n
-        base = np.floor(share).astype(int)
-        rem = n - int(base.sum())
-        order = sorted(range(len(top)), key=lambda i: (-(share[i] - base[i]), i))
-        for i in order[:rem]:
-            base[i] += 1
-        return [(b, int(c)) for b, c in zip(top, base) if c > 0]
-    reps = [n // len(top) + (1 if i < n % len(top) else 0) for i in range(len(top))]
-    return list(zip(top, reps))
+    return SELECTIONS[policy](cands, n, beam_width, agg)
 
 
 def duplicate(

@@ -132,16 +132,16 @@ def test_lbs_group_loads_are_the_union_of_their_beams_blocks(seed, inter_beam, n
     from the next group's last beams; _load_blocks skipping nothing for a group's later beams.)"""
     from collections import Counter
 
-    from systems.kv_offload.plan import KVGeometry, Scheduler
+    from systems.kv_offload.plan import KVGeometry, make_scheduler
 
     geom = KVGeometry(num_layers=2, num_kv_heads=1, head_dim=4, dtype_bytes=2)
     for step, (tree, beams) in enumerate(_live_steps(n, width, 8, seed)):
         start = tree.prefix_tokens(beams[0])
         budget = cap * (start + 4) * geom.kv_token + 7
         plans = [
-            Scheduler("lbs", geom, budget, inter_beam=inter_beam, prompt_len=16, gen_len=10**4, list_blocks=lb).plan(
-                step, tree, beams, 4
-            )
+            make_scheduler(
+                "lbs", geom, budget, inter_beam=inter_beam, prompt_len=16, gen_len=10**4, list_blocks=lb
+            ).plan(step, tree, beams, 4)
             for lb in (True, False)
         ]
         listed, bare = plans

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from harness.run import run
 from systems.kv_offload.cache import DenseKV, GroupCache
 from systems.kv_offload.kvstore import HostCopyError, TieredKVStore
-from systems.kv_offload.plan import Scheduler
+from systems.kv_offload.plan import make_scheduler
 from systems.kv_offload.protocol import Executor
 from systems.kv_offload.sim import SimExecutor
 from systems.kv_offload.streams import HostStreams, ordering_violations, writes_and_reads
@@ -43,7 +43,7 @@ OPT_SHAPE = dict(
 
 def _search(ex, kind, budget, beams, prompt, gen, step, width=2, geom=None):
     """Drive a search through an executor step by step (the runner's loop, without records)."""
-    sched = Scheduler(kind, geom or ex.geom, budget, prompt_len=prompt, gen_len=gen)
+    sched = make_scheduler(kind, geom or ex.geom, budget, prompt_len=prompt, gen_len=gen)
     tree = BeamTree(prompt)
     ex.prefill(tree, list(range(prompt)), offload=sched.prefill_offload(beams))
     live = initial_beams(tree, beams, 0)

@@ -10,7 +10,7 @@ from harness.errors import RunOOM
 from harness.run import run
 from systems.kv_offload.analytic import dm_layerwise, dm_lbs
 from systems.kv_offload.kvstore import DevicePool, KVBudgetExceeded, PlanMismatch
-from systems.kv_offload.plan import KVGeometry, Scheduler
+from systems.kv_offload.plan import KVGeometry, make_scheduler
 from systems.kv_offload.torch_engine import TorchExecutor
 from systems.kv_offload.tree import BeamTree, initial_beams
 
@@ -237,7 +237,7 @@ def _setup(small_model, kind, exec_budget, plan_budget, beams=4, prompt=8, gen=8
     cfg, built = small_model
     ex = TorchExecutor(cfg, "cpu", exec_budget, seed=0, scheduler=kind, model=built)
     geom = KVGeometry.from_model(cfg)
-    sched = Scheduler(kind, geom, plan_budget, prompt_len=prompt, gen_len=gen, **kw)
+    sched = make_scheduler(kind, geom, plan_budget, prompt_len=prompt, gen_len=gen, **kw)
     tree = BeamTree(prompt)
     ex.prefill(tree, list(range(prompt)), offload=sched.prefill_offload(beams))
     return ex, sched, tree, initial_beams(tree, beams, 0)
