@@ -116,17 +116,23 @@ def main(argv=None) -> int:
     built = build_model(mcfg, seed=0)
     layers = mcfg.num_layers
     rows = {}
-    for name, fn in (("ours", lambda c: ours(mcfg, built, a.beams, a.tokens, c)),
-                     ("transformers", lambda c: transformers_eager(built, a.beams, a.tokens, c))):
+    for name, fn in (
+        ("ours", lambda c: ours(mcfg, built, a.beams, a.tokens, c)),
+        ("transformers", lambda c: transformers_eager(built, a.beams, a.tokens, c)),
+    ):
         fn(False)  # warm-up
         best = min(fn(False)[0] for _ in range(a.rounds))
         ops = fn(True)[1]
         rows[name] = (best / a.tokens, ops / a.tokens)
-        print(f"{name:13s} {1e3 * rows[name][0]:8.3f} ms CPU per token   {rows[name][1]:7.1f} aten ops per token "
-              f"({rows[name][1] / layers:.1f} per layer)")
+        print(
+            f"{name:13s} {1e3 * rows[name][0]:8.3f} ms CPU per token   {rows[name][1]:7.1f} aten ops per token "
+            f"({rows[name][1] / layers:.1f} per layer)"
+        )
     (t_o, n_o), (t_t, n_t) = rows["ours"], rows["transformers"]
-    print(f"ratio ours / transformers: host time {t_o / t_t:.2f}x (goal <= 0.5x), aten ops {n_o / n_t:.2f}x "
-          f"({a.beams} beams, {a.tokens} tokens, hidden 64, FFN 128, vocabulary 1000, {layers} layers, 1 thread)")
+    print(
+        f"ratio ours / transformers: host time {t_o / t_t:.2f}x (goal <= 0.5x), aten ops {n_o / n_t:.2f}x "
+        f"({a.beams} beams, {a.tokens} tokens, hidden 64, FFN 128, vocabulary 1000, {layers} layers, 1 thread)"
+    )
     return 0
 
 

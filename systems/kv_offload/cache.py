@@ -37,9 +37,10 @@ class DenseKV:
 
     def __init__(self, kv: torch.Tensor):
         self.kv = kv
+        self.layers = kv.unbind(0)  # per-layer views, made once (a decode step asks for each every token)
 
     def layer_kv(self, layer_idx: int) -> torch.Tensor:
-        return self.kv[layer_idx]
+        return self.layers[layer_idx]
 
     def layer_done(self, layer_idx: int, start: int, q_len: int) -> None:
         pass
@@ -71,11 +72,12 @@ class BufferLayer(CacheLayerMixin):
             raise RuntimeError(
                 f"layer {self.layer_idx}: {n + q} tokens exceed the device buffer's capacity {buf.shape[-2]}"
             )
-        buf[0, :, :, n : n + q].copy_(key_states)
-        buf[1, :, :, n : n + q].copy_(value_states)
+        keys, values = buf.unbind(0)  # few dispatched ops per layer and token: the host's work
+        keys.narrow(-2, n, q).copy_(key_states)
+        values.narrow(-2, n, q).copy_(value_states)
         self.length = n + q
         self.provider.layer_done(self.layer_idx, n, q)
-        return buf[0, :, :, : n + q], buf[1, :, :, : n + q]
+        return keys.narrow(-2, 0, n + q), values.narrow(-2, 0, n + q)
 
     def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
         return self.length + query_length, 0

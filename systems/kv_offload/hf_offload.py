@@ -33,7 +33,8 @@ from harness.family import RunContext, RunResult
 from systems.kv_offload import analytic
 from systems.kv_offload.display import display_rows
 from systems.kv_offload.model import shared_model
-from systems.kv_offload.torch_engine import gumbel_noise, log_probs, resolve_device
+from systems.kv_offload.sampling import beam_keys, sample
+from systems.kv_offload.torch_engine import log_probs, resolve_device
 from systems.kv_offload.tree import BeamTree, initial_beams, select_and_expand
 
 
@@ -148,7 +149,6 @@ def hf_beam_search(
     dtype = torch.float64 if next(model.parameters()).dtype == torch.float64 else torch.float32
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
-    gen = torch.Generator(device=device)
     P, beam_size = len(prompt), beams // beam_width
     tree = BeamTree(P)
     cache = CountingOffloadedCache(model.config, offloading=offloading)
@@ -185,9 +185,10 @@ def hf_beam_search(
         lps = torch.empty(beams, T, dtype=dtype, device=device)
         sync()
         t0 = time.perf_counter()
+        keys = beam_keys(seed, uids, device)
         with torch.no_grad():
             for k in range(T):
-                y = (logp + gumbel_noise(gen, seed, uids, start + k, logp.shape[-1], dtype)).argmax(-1)
+                y = sample(logp, keys, start + k)
                 toks[:, k] = y
                 lps[:, k] = logp.gather(1, y[:, None])[:, 0]
                 out = model(input_ids=y[:, None], past_key_values=cache, use_cache=True)

@@ -4,8 +4,8 @@ transformers model through the tiered KV store (LBS paper Sec. 3-4, Alg. 1). It 
 runner swaps them. Per scheduler: in_gpu keeps every beam's KV resident; layerwise keeps
 ``plan.layers_resident`` layers and streams the others from the host, one contiguous copy per layer,
 prefetching the next; lbs runs group by group, loading each group's segments (and prefetching the
-next group's first beams). Sampling is Gumbel-max with noise keyed by (seed, beam uid, absolute
-position), never by batch slot. Bytes are counted at every copy, never copied from the plan. How
+next group's first beams). Sampling (:mod:`systems.kv_offload.sampling`) is one batched computation
+keyed by (seed, beam uid, absolute position), never by batch slot. Bytes are counted at every copy, never copied from the plan. How
 each call, each scheduler, timing and peak memory work: docs/kv_offload.md, "The torch engine".
 """
 
@@ -24,10 +24,10 @@ from systems.kv_offload.layerwise_exec import LayerwiseExec
 from systems.kv_offload.model import shared_model
 from systems.kv_offload.plan import StepPlan
 from systems.kv_offload.protocol import EnergyWindow, StepOutcome
-from systems.kv_offload.tree import Beam, BeamTree, mix64
+from systems.kv_offload.sampling import beam_keys, sample
+from systems.kv_offload.tree import Beam, BeamTree
 
 ROOT = -1  # key of the prompt's next-token distribution (parent of step-0 beams)
-_MASK63 = (1 << 63) - 1
 
 
 def resolve_device(device: str) -> torch.device:
@@ -36,23 +36,9 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def gumbel_noise(
-    gen: torch.Generator, seed: int, uids: Sequence[int], pos: int, vocab: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """Gumbel(0, 1) noise ``[len(uids), vocab]`` on ``gen``'s device. Row i is drawn from ``gen``
-    re-seeded with ``mix64(seed, uids[i], pos)``: it depends on the beam and the absolute position
-    of the token being sampled, never on the batch slot (so grouping cannot change the search)."""
-    out = torch.empty(len(uids), vocab, dtype=dtype, device=gen.device)
-    for i, u in enumerate(uids):
-        gen.manual_seed(mix64(seed, u, pos) & _MASK63)
-        out[i].uniform_(generator=gen)
-    tiny = torch.finfo(dtype).tiny
-    return -torch.log(-torch.log(out.clamp_(min=tiny)))
-
-
 def log_probs(logits: torch.Tensor, temperature: float, dtype: torch.dtype) -> torch.Tensor:
-    """``log_softmax(logits / temperature)`` in ``dtype`` (the sampling distribution; Gumbel-max on
-    it samples a token, and its value at the token is the token's log-probability)."""
+    """``log_softmax(logits / temperature)`` in ``dtype`` (the sampling distribution,
+    :func:`systems.kv_offload.sampling.sample`; its value at a token is the token's log-probability)."""
     return torch.log_softmax(logits.to(dtype) / temperature, dim=-1)
 
 
@@ -109,7 +95,6 @@ class TorchExecutor:
         self.max_len = max_len
         self.record_tree = record_tree
         self.sample_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        self._gen = torch.Generator(device=self.device)
         self.next_logp: Dict[int, torch.Tensor] = {}  # uid -> [V] log-probs of its next token
         self.slot_of: Dict[int, int] = {}  # resident runs: uid -> batch slot
         self.prompt_kv: Optional[DeviceBuffer] = None  # prefill KV kept for fan-out
@@ -131,12 +116,6 @@ class TorchExecutor:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    # ----------------------------------------------------------------------------------------------
-    # sampling (keyed by seed, beam uid, absolute position)
-    def noise(self, uids: Sequence[int], pos: int, vocab: int) -> torch.Tensor:
-        """Gumbel noise ``[len(uids), vocab]``; row i depends only on (seed, uids[i], pos)."""
-        return gumbel_noise(self._gen, self.seed, uids, pos, vocab, self.sample_dtype)
-
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
         return log_probs(logits, self.temperature, self.sample_dtype)
 
@@ -151,10 +130,11 @@ class TorchExecutor:
         G = len(uids)
         toks = torch.empty(G, T, dtype=torch.long, device=self.device)
         lps = torch.empty(G, T, dtype=self.sample_dtype, device=self.device)
+        keys = beam_keys(self.seed, uids, self.device)  # sampling keyed by (seed, uid, position), not slot
         for k in range(T):
             if on_token is not None:
                 on_token(k)
-            y = (logp + self.noise(uids, start + k, logp.shape[-1])).argmax(-1)
+            y = sample(logp, keys, start + k)
             toks[:, k] = y
             lps[:, k] = logp.gather(1, y[:, None])[:, 0]
             logits = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits
@@ -318,8 +298,8 @@ class TorchExecutor:
                     (self.L, 2, N, self.H, cap, self.D), self.dtype, charge=0, what="resident KV (all beams)"
                 )
                 P = prompt.tensor.shape[-2]
-                for i in range(N):  # fan the prompt out to every beam's dense slot
-                    st.d2d(self.res.tensor[:, :, i, :, :P], prompt.tensor[:, :, 0])
+                # fan the prompt out to every beam's dense slot: one broadcast copy (N slots' bytes)
+                st.d2d(self.res.tensor[:, :, :, :, :P], prompt.tensor[:, :, :1].expand(-1, -1, N, -1, -1, -1))
                 self.res.charge(N * need * self.kv_token)
                 prompt.free()
                 self.slot_of = {b.uid: i for i, b in enumerate(beams)}

@@ -282,18 +282,6 @@ def test_interbeam_loads_shared_segment_once_and_fans_out(small_model):
         assert ex.store.d2d_bytes - d0 == (4 - loads) * 8 * kv_token  # fanned out on the device
 
 
-def test_sampling_noise_is_keyed_by_uid_and_position_not_slot(small_model):
-    cfg, built = small_model
-    ex = TorchExecutor(cfg, "cpu", None, seed=3, model=built)
-    a = ex.noise([11, 22, 33], pos=5, vocab=300)
-    b = ex.noise([33, 11], pos=5, vocab=300)
-    assert torch.equal(a[2], b[0]) and torch.equal(a[0], b[1])
-    assert not torch.equal(a[0], ex.noise([11], pos=6, vocab=300)[0])
-    assert not torch.equal(a[0], TorchExecutor(cfg, "cpu", None, seed=4, model=built).noise([11], 5, 300)[0])
-    # Gumbel(0, 1): mean ~ 0.5772
-    assert abs(ex.noise(list(range(50)), 0, 300).mean().item() - 0.5772) < 0.05
-
-
 @pytest.mark.parametrize(
     "arch,kind,kw",
     [
