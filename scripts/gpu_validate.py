@@ -250,7 +250,7 @@ def cpu_seconds() -> float:
 def host_probe(n: int = 200_000) -> float:
     """Seconds of a fixed pure-Python loop (``n`` integer additions; the median of 3): the host CPU's
     speed for the Python that drives the engine. On the lent H200 the same step took 0.42 s to 4.1 s
-    from one run to the next with the GPU idle (README, "On a real GPU"); recorded before and
+    from one run to the next with the GPU idle (docs/results/kv_offload.md, "On a real GPU"); recorded before and
     after every real run, it tells a slow host from a slow engine."""
     times = []
     for _ in range(3):

@@ -1,4 +1,4 @@
-"""Sweeps through the Ray and submitit launchers (issue 15): the README's commands, restricted to 6
+"""Sweeps through the Ray and submitit launchers (issue 15): the commands of docs/usage.md, restricted to 6
 simulated jobs of the Fig.9 experiment, give the records and runs.parquet of the local launcher, and
 a re-run skips the recorded jobs. Ray runs a local cluster started by the sweep (CPU only); the SLURM
 path runs through submitit's local executor (same launcher code, jobs as local processes).

@@ -619,7 +619,7 @@ def fig7(sweep_dir, runs, cfg):
         floatfmt=",.1f",
         title=title_label("LBS Fig.7 transfer volume, host->device", df.simulated),
         notes="Eq.: layer-wise Eq.1-3, LBS Eq.4-5 (inter-token only). Layer-wise moves Eq.3's bytes minus "
-        "the step's own tokens, which stay on the device (README, 'How layer-wise executes').\n\n"
+        "the step's own tokens, which stay on the device (docs/kv_offload.md, 'How layer-wise executes').\n\n"
         + no_layerwise_note(df, "the paper's layer-wise volume")
         + table,
     )

@@ -24,7 +24,7 @@ step (LBS paper Alg.1 + balanced grouping + prefetch, the policy of ``systems.kv
    the next group's first ``groups.prefetch_count`` requests' blocks are prefetched while the
    group computes. A group's time is ``systems.common.groups.group_time`` (the LBS simulator's rule).
 
-Units: bytes, seconds, tokens. Assumptions (stated in the README): host memory holds every path's
+Units: bytes, seconds, tokens. Assumptions (stated in docs/cross_paper.md): host memory holds every path's
 KV; transfers at the hardware profile's ``h2d_bw`` / ``d2h_bw`` (one copy engine each way); KV moves
 in whole blocks, so a path's last, partial block is recomputed (as vLLM's prefix cache does);
 S's speculation runs inside each group (its decisions see the group's stragglers and queue only).

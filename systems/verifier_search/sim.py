@@ -12,7 +12,7 @@ step. Every speculative decision is the :class:`~systems.verifier_search.specula
 Tokens come from a :class:`TokenSource`: sampled from the step-length model of the real random-
 weight runs (geometric steps ending at the delimiter or the end token, seeded per request), or
 replayed from a real run's recorded outputs (``system.replay_tokens``), so that simulator and
-engine search the same tree. Approximations (stated in the README): a request reserves KV for its
+engine search the same tree. Approximations (stated in docs/verifier_search.md): a request reserves KV for its
 whole step at admission (no preemption or recompute; speculative tokens beyond free blocks count
 as memory pressure), the decode steps between two events are charged at their mid-point context,
 and the verifier is charged per batch as ceil(tokens / token budget) prefill passes.
