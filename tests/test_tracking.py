@@ -177,26 +177,17 @@ def test_no_mirror_when_wandb_is_disabled(tmp_path):
     assert (run_dir / "run.json").exists() and not (run_dir / "wandb").exists()
 
 
+def _small_lbs_run(*overrides, env=None) -> subprocess.CompletedProcess:
+    """``run.py system=lbs beams=4 gen_len=64 progress=false *overrides`` in a subprocess."""
+    cmd = [sys.executable, "run.py", "system=lbs", "beams=4", "gen_len=64", "progress=false", *overrides]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+
+
 @pytest.fixture(scope="module")
 def untracked_run(tmp_path_factory):
     """A simulated single run made with ``tracking=none``: its record and no W&B folder."""
     res = tmp_path_factory.mktemp("untracked")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "run.py",
-            "system=lbs",
-            "beams=4",
-            "gen_len=64",
-            "progress=false",
-            "tracking=none",
-            f"results_dir={res}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = _small_lbs_run("tracking=none", f"results_dir={res}")
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = (res / "runs").iterdir()
     assert not (run_dir / "wandb").exists()
@@ -285,23 +276,7 @@ def test_an_online_single_run_that_w_and_b_refuses_says_so_on_the_console(tmp_pa
     mirror), and the console says the mirror failed, with W&B's reason and the command that mirrors
     it again; the mirror itself exited 1 (before: exit 0 and nothing said; only mirror.log knew).
     Mutations caught: the online mirror not waited for; its exit status not read."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "run.py",
-            "system=lbs",
-            "beams=4",
-            "gen_len=64",
-            "progress=false",
-            "tracking.mode=online",
-            f"results_dir={tmp_path / 'r'}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_online_without_a_key(tmp_path),
-    )
+    out = _small_lbs_run("tracking.mode=online", f"results_dir={tmp_path / 'r'}", env=_online_without_a_key(tmp_path))
     assert out.returncode == 0, out.stderr[-2000:]
     (run_dir,) = (tmp_path / "r" / "runs").iterdir()
     assert (run_dir / "run.json").is_file()
