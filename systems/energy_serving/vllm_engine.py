@@ -63,29 +63,35 @@ def validate_real(cfg, backend) -> None:
     check_weights(m)
     if backend.device == "cpu":
         check_cpu_model(m, "vLLM")
-        for k in ("tp", "pp"):
-            v = cfg.get(k)
-            if v is not None and int(v) != 1:
-                raise ConfigError(f"{k}={v} is not allowed for backend=vllm on CPU: one device (tp=1, pp=1)")
-        check_one_device(cfg.system)
+    # the real path serves on one device (VllmServing: one engine, one pipeline stage of one GPU) on
+    # a CPU and on CUDA alike: a tensor or pipeline parallelism it would not run is refused
+    where = (
+        "on CPU" if backend.device == "cpu" else "here (it serves on one device; TP and PP run only in the simulator)"
+    )
+    for k in ("tp", "pp"):
+        v = cfg.get(k)
+        if v is not None and int(v) != 1:
+            raise ConfigError(f"{k}={v} is not allowed for backend=vllm {where}: one device (tp=1, pp=1)")
+    check_one_device(cfg.system, where)
     if cfg.system.dvfs.actuate and backend.device != "cuda":
         raise ConfigError("system.dvfs.actuate=true is not allowed without an NVIDIA GPU")
 
 
-def check_one_device(s) -> None:
-    """vLLM on CPU serves on one device: a ``system.tp``/``system.pp``/``system.parallel`` the user set
+def check_one_device(s, where: str = "on CPU") -> None:
+    """The real path serves on one device: a ``system.tp``/``system.pp``/``system.parallel`` the user set
     to more (a literal value, not the system's paper default ``${first:${tp},2}``, which the real path
-    does not use) is refused, so a record never says a setting that did not run."""
+    does not use) is refused, so a record never says a setting that did not run. ``where``: the
+    message's words for the device."""
     from omegaconf import OmegaConf
 
     raw = OmegaConf.to_container(s, resolve=False)
     for k in ("tp", "pp"):
         v = raw.get(k)
         if not (isinstance(v, str) and v.startswith("${")) and v is not None and int(v) != 1:
-            raise ConfigError(f"system.{k}={v} is not allowed for backend=vllm on CPU: one device (tp=1, pp=1)")
+            raise ConfigError(f"system.{k}={v} is not allowed for backend=vllm {where}: one device (tp=1, pp=1)")
     par = str(raw.get("parallel") or "")
     if par and not par.startswith("${") and par.lower() != "1x1":
-        raise ConfigError(f"system.parallel={par!r} is not allowed for backend=vllm on CPU: one device (1x1)")
+        raise ConfigError(f"system.parallel={par!r} is not allowed for backend=vllm {where}: one device (1x1)")
 
 
 def write_model_dir(model, path: Path) -> Path:

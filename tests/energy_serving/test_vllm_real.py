@@ -206,3 +206,20 @@ def test_parallelism_set_in_the_system_is_refused_on_vllm_cpu(compose_cfg, over,
         validate_config(compose_cfg(*SMALL, over))
     validate_config(compose_cfg(*SMALL, "system.tp=1", "system.parallel=1x1"))
     validate_config(compose_cfg(*SMALL[1:], "system=beam"))
+
+
+@pytest.mark.parametrize("over", [("tp=2",), ("pp=4",), ("system.tp=2",), ("system.parallel=2x4",)])
+def test_parallelism_the_real_path_does_not_run_is_refused_on_cuda_too(compose_cfg, over):
+    """``backend=vllm tp=2 pp=4`` on a CUDA machine would have served on one GPU and recorded tp=2
+    pp=4 (the check ran only on CPU, issue 41). On a faked CUDA device it exits 2 before any work,
+    saying that the real path serves on one device. Mutation caught: the check back under
+    ``backend.device == "cpu"``."""
+    from harness.backend import Backend
+    from harness.errors import ConfigError
+    from systems.energy_serving.vllm_engine import validate_real
+
+    cuda = Backend("vllm", "cuda", False, "faked")
+    cfg = compose_cfg(*SMALL, *over)
+    with pytest.raises(ConfigError, match=r"is not allowed for backend=vllm here \(it serves on one device"):
+        validate_real(cfg, cuda)
+    validate_real(compose_cfg(*SMALL), cuda)  # one device: fine
