@@ -325,6 +325,7 @@ class StepwiseSearch:
         self.clock = self.ex.clock
         if self.real:
             summary["time_basis"] = self.ex.time_basis
+            summary["decode_path"] = self.ex.decode_path
         rng = np.random.default_rng(cfg.seed)
         self.prompt = rng.integers(0, cfg.model.vocab_size, size=w.prompt_len).tolist()
         self.tree = BeamTree(w.prompt_len)

@@ -19,6 +19,7 @@ import torch
 
 from harness.meters import time_basis
 from systems.kv_offload.cache import DenseKV, GroupCache
+from systems.kv_offload.decoder import lean_decoder
 from systems.kv_offload.kvstore import DeviceBuffer, KVBudgetExceeded, PlanMismatch, TieredKVStore
 from systems.kv_offload.layerwise_exec import LayerwiseExec
 from systems.kv_offload.model import shared_model
@@ -95,6 +96,9 @@ class TorchExecutor:
         self.max_len = max_len
         self.record_tree = record_tree
         self.sample_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        # decode tokens through the lean path where the architecture has one (decoder.py), else transformers
+        self.lean = lean_decoder(self.model)
+        self.decode_path = "lean (systems/kv_offload/decoder.py)" if self.lean is not None else "transformers forward"
         self.next_logp: Dict[int, torch.Tensor] = {}  # uid -> [V] log-probs of its next token
         self.slot_of: Dict[int, int] = {}  # resident runs: uid -> batch slot
         self.prompt_kv: Optional[DeviceBuffer] = None  # prefill KV kept for fan-out
@@ -137,7 +141,10 @@ class TorchExecutor:
             y = sample(logp, keys, start + k)
             toks[:, k] = y
             lps[:, k] = logp.gather(1, y[:, None])[:, 0]
-            logits = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits
+            if self.lean is not None:
+                logits = self.lean(y, cache)
+            else:
+                logits = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits
             logp = self._logp(logits[:, -1])
         return toks, lps, logp
 
@@ -153,9 +160,12 @@ class TorchExecutor:
         ids = torch.tensor([list(prompt_tokens)[:P]] * num_beams, dtype=torch.long, device=self.device)
         cache = GroupCache(DenseKV(kv), self.L, 0)
         logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-        for _ in range(tokens):
+        for _ in range(tokens):  # the path decode takes
             y = logits[:, -1].argmax(-1)
-            logits = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits
+            if self.lean is not None:
+                logits = self.lean(y, cache)
+            else:
+                logits = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits
         del cache, kv, logits
         self.sync()
         return self.clock() - t0
