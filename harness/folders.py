@@ -15,10 +15,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from harness import records
-from harness.config import (
-    check_folder,
-    check_results_dir,
-)
+from harness.config import check_folder, check_results_dir
 from harness.errors import ConfigError, bad
 from harness.logs import say
 from harness.process import end_startup

@@ -20,8 +20,6 @@ from harness.logs import say
 from harness.process import terminate_as_interrupt
 from harness.run import error_record, run, validate_config
 
-# --- process isolation for real-engine jobs in a sweep ------------------------------------------
-
 
 def _child(cfg_yaml: str, multirun: bool, overrides: Optional[List[str]] = None) -> None:
     from harness.config import register_configs, register_resolvers

@@ -21,8 +21,6 @@ from harness.family import WARMUP_KEY, Family, RunContext, RunResult
 from harness.process import INTERRUPTED
 from harness.stats import aggregate
 
-# --- repeats (repeats=N): each with its own seed and folder, then mean and 95 % interval -----------
-
 log = logging.getLogger(__name__)
 
 
