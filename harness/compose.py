@@ -182,6 +182,14 @@ def _parse(line: str) -> Override:
     return _PARSED[line]
 
 
+def job_dirname(job: List[str], dirname_cfg) -> str:
+    """A sweep job's folder name (``hydra.job.override_dirname``) from its override strings and
+    ``hydra.job.config.override_dirname`` (exclude_keys, item_sep, kv_sep)."""
+    return override_dirname(
+        [_parse(line) for line in job], dirname_cfg.exclude_keys, dirname_cfg.item_sep, dirname_cfg.kv_sep
+    )
+
+
 def override_dirname(task: List[Override], exclude_keys: List[str], item_sep: str, kv_sep: str) -> str:
     """``hydra.job.override_dirname`` as Hydra builds it: the task overrides not in
     ``exclude_keys``, sorted, joined by ``item_sep``, each ``=`` replaced by ``kv_sep``."""

@@ -453,9 +453,38 @@ def check_results_dir(value: Any) -> None:
     )
 
 
+NAME_MAX_BYTES = 100
+
+
+def check_names(cfg) -> None:
+    """``system.name``, ``model.name``, ``hardware.name``, ``workload.name`` and ``verifier.name`` become
+    parts of folder names (a run's ``<time>-<system>-<model>``, a sweep job's folder): each must be one
+    path segment, not empty, not ``.`` or ``..``, at most :data:`NAME_MAX_BYTES` bytes. Raises ConfigError."""
+    for group in ("system", "model", "hardware", "workload", "verifier"):
+        node = cfg.get(group)
+        if node is None or "name" not in node:
+            continue
+        name = node.get("name")
+        text = str(name) if name is not None else ""
+        if (
+            not text
+            or text in (".", "..")
+            or "/" in text
+            or "\\" in text
+            or "\0" in text
+            or len(text.encode()) > NAME_MAX_BYTES
+        ):
+            raise bad(
+                f"{group}.name",
+                name,
+                f"a name of 1-{NAME_MAX_BYTES} bytes without '/', a backslash or NUL, not '.' or '..' (it names folders)",
+            )
+
+
 def validate_common(cfg) -> None:
     """Checks shared by every family. Raises ConfigError."""
     check_results_dir(cfg.get("results_dir", "results"))
+    check_names(cfg)
     if cfg.backend.name not in BACKENDS:
         raise bad("backend", cfg.backend.name, f"one of {', '.join(BACKENDS)}")
     if cfg.backend.device not in DEVICES:

@@ -15,7 +15,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from harness import records
-from harness.config import check_folder, check_results_dir
+from harness.config import check_folder, check_names, check_results_dir
 from harness.errors import ConfigError, bad
 from harness.logs import say
 from harness.process import end_startup
@@ -58,6 +58,11 @@ class OutputDirCheck(Callback):
             return None  # Hydra reports a bad interpolation itself
         try:
             check_results_dir(results_dir)
+            if key == "hydra.run.dir":  # a single run's folder is named by its system and model
+                try:
+                    check_names(config)
+                except OmegaConfBaseException:
+                    pass  # a name that does not resolve: the job's validation says so
             check_folder(key, path, "a folder (leave it out for the default under results_dir)")
             name, sweeps = str(config.get("sweep_name")), Path(str(results_dir)) / "sweeps"
             named = Path(path).resolve() == (sweeps / name).resolve()  # the default hydra.sweep.dir
@@ -252,3 +257,28 @@ def settle_aside(aside: Path, outdir: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     else:
         say(f"this run ended {status or 'without a record'}; the earlier valid record is kept in {aside}", warning=True)
+
+
+def check_job_folders(jobs, sweep_dir: Path, dirname_cfg) -> None:
+    """Every sweep job's folder (``hydra.sweep.subdir``: its overrides joined,
+    :func:`harness.compose.job_dirname`) inside ``sweep_dir`` and no two jobs' the same: a value with
+    path segments (``model.name=../../x``) would write outside the sweep, and two jobs differing only
+    in a setting left out of folder names (``resume=false,true``) would write one record over the
+    other. Raises ConfigError naming the job."""
+    from harness.compose import job_dirname
+
+    root = Path(sweep_dir).resolve()
+    seen: Dict[Path, Any] = {}
+    for job in jobs:
+        folder = (root / job_dirname(list(job), dirname_cfg)).resolve()
+        if folder == root or root not in folder.parents:
+            raise ConfigError(
+                f"the sweep job {' '.join(job)}: its folder {folder} is not inside the sweep's folder {root} "
+                f"(a value with path segments)"
+            )
+        if folder in seen:
+            raise ConfigError(
+                f"the sweep job {' '.join(job)}: its folder {folder} is also the folder of the job "
+                f"{' '.join(seen[folder])} (they differ only in settings left out of folder names)"
+            )
+        seen[folder] = job

@@ -142,3 +142,36 @@ def test_every_table_says_in_its_metadata_what_it_is(compose_cfg, tmp_path, over
         assert meta[b"ttc.hardware"] == rec["config"]["hardware"]["name"].encode()
         assert meta[b"ttc.model"] == rec["config"]["model"]["name"].encode()
         assert meta[b"ttc.backend"] == b"sim"
+
+
+def test_a_write_that_dies_before_its_rename_leaves_the_old_record_whole(tmp_path, monkeypatch):
+    """atomic_write_json writes a temp file and renames it: a crash before the rename (here the rename
+    itself fails) leaves the previous run.json byte for byte and no temp file. Issue 39: a plain
+    write passed every test. Mutation caught: writing straight into the target."""
+    import os
+
+    from harness import records
+
+    path = tmp_path / "run.json"
+    records.atomic_write_json(path, {"status": "ok", "summary": {"e2e_s": 1.0}})
+    before = path.read_bytes()
+
+    def crash(src, dst):
+        raise OSError("killed between the write and the rename")
+
+    monkeypatch.setattr(records.os, "replace", crash)
+    with pytest.raises(OSError, match="killed between"):
+        records.atomic_write_json(path, {"status": "error", "summary": {}})
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["run.json"]
+
+
+def test_a_record_of_another_config_is_not_taken_for_the_jobs_own(tmp_path):
+    """Resume skips a job only when its folder holds a valid record of the same config hash. Issue
+    39: resume without the hash check passed every test. Mutation caught: the hash not compared."""
+    from harness import records
+
+    rec = {"record_version": records.RECORD_VERSION, "status": "ok", "config_hash": "aaa", "summary": {}}
+    records.atomic_write_json(tmp_path / "run.json", rec)
+    assert records.load_valid_record(tmp_path, "aaa") is not None
+    assert records.load_valid_record(tmp_path, "bbb") is None

@@ -308,3 +308,49 @@ def test_a_sweep_name_that_is_a_path_exits_2_before_any_folder_is_made(name, tmp
         "a sweep elsewhere)\n"
     )
     assert not any(tmp_path.rglob("run.json")) and not (tmp_path / "escape").exists()
+
+
+def test_a_sweep_job_whose_folder_escapes_or_collides_is_refused_before_any_work(tmp_path):
+    """Issue 39: ``model.name=../../../../escaped`` wrote both jobs of a sweep to one folder outside it
+    (one record lost, exit 0); two jobs differing only in a setting left out of folder names wrote one
+    folder. Now the sweep exits 2 naming the job, before anything runs. Mutations caught: the
+    inside-the-sweep test dropped; the collision test dropped."""
+    from omegaconf import OmegaConf
+
+    from harness.errors import ConfigError
+    from harness.folders import check_job_folders
+
+    names = OmegaConf.create({"exclude_keys": ["resume", "sweep_name"], "item_sep": ",", "kv_sep": "="})
+    sweep = tmp_path / "sweeps" / "q"
+    check_job_folders([["beams=16"], ["beams=64"]], sweep, names)
+    with pytest.raises(ConfigError, match=r"its folder .*/escaped is not inside the sweep's folder"):
+        check_job_folders([["beams=16", "model.name=../../../../escaped"]], sweep, names)
+    with pytest.raises(ConfigError, match=r"is also the folder of the job beams=4 resume=false"):
+        check_job_folders([["beams=4", "resume=false"], ["beams=4", "resume=true"]], sweep, names)
+
+
+@pytest.mark.parametrize("name", ["../../../escaped", "a/b", "..", "", "x" * 101])
+def test_a_name_that_would_name_another_folder_exits_2_and_makes_none(tmp_path, name):
+    """A run's folder is ``<time>-<system>-<model>``: ``model.name=../../../escaped`` put it outside
+    results/runs. Names are one path segment of 1-100 bytes. Mutation caught: check_names not called
+    before Hydra makes the run folder (a folder outside runs/ is left)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "system=lbs",
+            f"model.name={name}",
+            "tracking=none",
+            f"results_dir={tmp_path / 'r'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "model.name=" in out.stderr and "is not allowed: a name of 1-100 bytes" in out.stderr
+    assert not any(tmp_path.rglob("*")), sorted(tmp_path.rglob("*"))

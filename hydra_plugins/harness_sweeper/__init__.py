@@ -59,6 +59,7 @@ class FastBasicSweeper(Sweeper):
                 hydra_overrides.append("hydra.output_subdir=null")  # point 4 of the module doc
                 self.config.hydra.output_subdir = None
         jobs = self.jobs(arguments)
+        self.check_job_folders(jobs)
         self.validate_batch_is_legal(jobs)
         n_all = len(jobs)
         if os.environ.get(CHECK_ONLY):  # point 7 of the module doc
@@ -141,6 +142,18 @@ class FastBasicSweeper(Sweeper):
             print(f"error: {e}\n  (in the sweep job {' '.join(job)}; nothing was run)", file=sys.stderr)
             sys.exit(2)
         return bool(cfg.get("resume", True)) and recorded(outdir, chash, tell=tell) is not None
+
+    def check_job_folders(self, jobs: Sequence[Sequence[str]]) -> None:
+        """Exit 2 before anything runs when a job's folder escapes the sweep's or is another job's
+        (harness.folders.check_job_folders)."""
+        from harness.errors import ConfigError
+        from harness.folders import check_job_folders
+
+        try:
+            check_job_folders(jobs, Path(self.config.hydra.sweep.dir), self.config.hydra.job.config.override_dirname)
+        except ConfigError as e:
+            print(f"error: {e}; nothing was run", file=sys.stderr)
+            sys.exit(2)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         from harness.config import validate_common

@@ -38,3 +38,14 @@ def test_normalised_volume_matches_fig10a():
     shares = [dm_lbs(step=s, **OPT67) / base for s in (32, 64, 128)]
     # paper Fig.10a: 3.7 % / 1.8 % / 0.9 %
     assert [round(100 * x, 1) for x in shares] == pytest.approx([3.8, 1.9, 0.9], abs=0.15)
+
+
+def test_eq5_counts_the_last_partial_step():
+    """gen_len = 100 with step = 32: ceil(100/32) = 4 steps starting at 8, 40, 72, 104 tokens (prompt 8),
+    the last one partial. Eq.5 at the step's start: N_beam * N_layer * KV * (8 + 40 + 72 + 104); at its
+    end: the steps end at 40, 72, 104 and 108 (capped at prompt + gen). Issue 39: Eq.5 with floor
+    instead of ceil passed every test (every test had gen_len a multiple of step). Mutation caught:
+    floor; the cap at prompt + gen_len dropped."""
+    kw = dict(num_layers=2, num_beams=3, kv=5, prompt_len=8, gen_len=100, step=32)
+    assert dm_lbs(**kw) == 3 * 2 * 5 * (8 + 40 + 72 + 104)
+    assert dm_lbs(**kw, at_step_end=True) == 3 * 2 * 5 * (40 + 72 + 104 + 108)

@@ -123,13 +123,17 @@ def test_prefix_order_kept_step_to_step_equals_the_reference(seed, n, width):
 
 @pytest.mark.parametrize("inter_beam", [True, False])
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("n,width,cap,prefetch", [(32, 2, 10, [2, 2, 2, 0]), (40, 4, 13, [3, 3, 3, 0])])
+@pytest.mark.parametrize(
+    "n,width,cap,prefetch", [(32, 2, 10, [2, 2, 2, 0]), (40, 4, 13, [3, 3, 3, 0]), (30, 2, 8, [0, 0, 1, 0])]
+)
 def test_lbs_group_loads_are_the_union_of_their_beams_blocks(seed, inter_beam, n, width, cap, prefetch):
     """Each group's load (and each prefetch) is the token-weighted union of its beams' prefix blocks
     (inter-beam; else every beam's whole prefix), as Alg.1 defines it; the listed blocks are that
     set (as a multiset without inter-beam), and a plan without lists has the same groups and bytes.
     (Mutations caught: union_tokens summing shared[a:b] instead of shared[a+1:b]; a prefetch counted
-    from the next group's last beams; _load_blocks skipping nothing for a group's later beams.)"""
+    from the next group's last beams; _load_blocks skipping nothing for a group's later beams; the free
+    slots counted as capacity minus the next group's size, not this group's, which only unequal
+    groups (30 beams, capacity 8: sizes 8, 8, 7, 7) show.)"""
     from collections import Counter
 
     from systems.kv_offload.plan import KVGeometry, make_scheduler

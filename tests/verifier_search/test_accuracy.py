@@ -146,3 +146,12 @@ def test_grade_problem_bad_arguments():
         grade_problem(["a", "b"], [[0.1]], "1", n=1)
     with pytest.raises(ValueError, match="n=0"):
         grade_problem(["a"], [[0.1]], "1", n=0)
+
+
+def test_pass_at_n_counts_the_nth_ranked_path():
+    """The only correct path is ranked exactly N-th (N = 2): Pass@N holds, Pass@1 does not. Issue 39:
+    Pass@N over the N-1 best paths passed every test. Mutation caught: ``order[: n - 1]``."""
+    texts = ["\\boxed{7}", "\\boxed{5}", "\\boxed{9}"]
+    scores = [[0.9], [0.6], [0.3]]
+    assert grade_problem(texts, scores, "5", n=2).pass_at_n
+    assert not grade_problem(texts, scores, "5", n=1).pass_at_n

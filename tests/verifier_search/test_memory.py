@@ -110,3 +110,21 @@ def test_benchmark_decision(benchmark):
     assert res.b_dec >= 1
     if benchmark.stats is not None and benchmark.enabled:
         assert benchmark.stats.stats.median <= 1e-4
+
+
+def test_ties_go_to_the_larger_decode_batch_then_the_smaller_prefill_batch(monkeypatch):
+    """Every (B_pre, B_dec) costs the same (constant stage times): the plan takes the smallest B_pre
+    and with it the largest B_dec the budget allows, as the docstring says. Issue 39: the tie-break
+    toward the larger decode batch had no test with a tie. Mutations caught: ties to the smaller
+    decode batch (np.argmin); the first b attaining the best g instead of the largest."""
+    import numpy as np
+
+    from systems.verifier_search import memory as M
+
+    monkeypatch.setattr(M, "_f_pre", lambda ver, hw, n, b, s: np.full(len(b), 1.0))
+    monkeypatch.setattr(M, "_g_dec", lambda gen, hw, n, b, s_dec, s_cache: np.full(len(b), 2.0))
+    n, s_ver, s_ctx, s_dec = 40, 300, 400, 100
+    k_pre, k_dec = Q15.kv_bytes_per_token * s_ver, Q15.kv_bytes_per_token * s_ctx
+    budget = 10 * k_pre + 12 * k_dec
+    a = search_allocation(Q15, Q15, HW, budget, n, s_ver, s_ctx, s_dec)
+    assert (a.b_pre, a.b_dec) == (1, int((budget - k_pre) // k_dec)) == (1, 18)
