@@ -23,6 +23,22 @@ import torch.nn.functional as F
 LEAN_TYPES = ("opt", "llama", "qwen2")
 
 
+def _fuse_qkv(attn):
+    """One ``[q + k + v, hidden]`` weight (and bias) for the attention's three projections, one matmul
+    per token instead of three; the modules' own parameters become views of it, so the model's
+    memory and its transformers forward are unchanged. Returns (weight, bias or None, split sizes)."""
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    sizes = [p.weight.shape[0] for p in projs]
+    weight = torch.cat([p.weight.detach() for p in projs])
+    bias = torch.cat([p.bias.detach() for p in projs]) if projs[0].bias is not None else None
+    for p, w in zip(projs, weight.split(sizes)):
+        p.weight = torch.nn.Parameter(w, requires_grad=False)
+    if bias is not None:
+        for p, b in zip(projs, bias.split(sizes)):
+            p.bias = torch.nn.Parameter(b, requires_grad=False)
+    return weight, bias, sizes
+
+
 def lean_decoder(model) -> Optional["LeanDecoder"]:
     """A :class:`LeanDecoder` for ``model``, or None when its architecture is not one of
     :data:`LEAN_TYPES` (or an OPT configuration the lean path does not cover: post-norm)."""
@@ -39,6 +55,7 @@ class LeanDecoder:
     def __init__(self, model):
         self.model, self.kind = model, model.config.model_type
         self.base = model.model.decoder if self.kind == "opt" else model.model
+        self.qkv = [_fuse_qkv(layer.self_attn) for layer in self.base.layers]
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, cache) -> torch.Tensor:
@@ -58,10 +75,10 @@ class LeanDecoder:
             attn = layer.self_attn
             r = h
             x = layer.self_attn_layer_norm(h)
-            q = (F.linear(x, attn.q_proj.weight, attn.q_proj.bias) * attn.scaling).view(B, -1, 1, attn.head_dim)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, -1, 1, attn.head_dim)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, -1, 1, attn.head_dim)
-            keys, values = cache.layers[i].update(k, v)
+            w, b, sizes = self.qkv[i]
+            q, k, v = F.linear(x, w, b).split(sizes, dim=-1)
+            q = (q * attn.scaling).view(B, -1, 1, attn.head_dim)
+            keys, values = cache.layers[i].update(k.view(B, -1, 1, attn.head_dim), v.view(B, -1, 1, attn.head_dim))
             o = F.scaled_dot_product_attention(q, keys, values, scale=1.0).view(B, -1)
             h = r + F.linear(o, attn.out_proj.weight, attn.out_proj.bias)
             x = layer.final_layer_norm(h)
@@ -85,9 +102,8 @@ class LeanDecoder:
         for i, layer in enumerate(base.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(B, -1, 1, attn.head_dim)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(B, -1, 1, attn.head_dim)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(B, -1, 1, attn.head_dim)
+            w, b, sizes = self.qkv[i]
+            q, k, v = (t.view(B, -1, 1, attn.head_dim) for t in F.linear(x, w, b).split(sizes, dim=-1))
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             keys, values = cache.layers[i].update(k, v)
             groups = attn.num_key_value_groups

@@ -49,9 +49,13 @@ def beam_keys(seed: int, uids: Sequence[int], device: torch.device) -> torch.Ten
     return torch.from_numpy(keys.view(np.int64)).to(device)
 
 
-def uniforms(keys: torch.Tensor, position: int) -> torch.Tensor:
-    """``[N]`` float64 in [0, 1): the top 53 bits of ``mix64(seed, uid, position)`` per beam."""
-    h = _fold(keys, _signed(position & ((1 << 64) - 1)))
+def uniforms(keys: torch.Tensor, position) -> torch.Tensor:
+    """Float64 in [0, 1): the top 53 bits of ``mix64(seed, uid, position)``: ``[N]`` for one position
+    (an int), ``[N, T]`` for ``T`` positions (an int64 tensor: a step's tokens at once)."""
+    if isinstance(position, torch.Tensor):
+        h = _fold(keys[:, None], position[None, :])
+    else:
+        h = _fold(keys, _signed(position & ((1 << 64) - 1)))
     return _shr(h, 11).to(torch.float64) * (1.0 / (1 << 53))
 
 

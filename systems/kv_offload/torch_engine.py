@@ -25,7 +25,7 @@ from systems.kv_offload.layerwise_exec import LayerwiseExec
 from systems.kv_offload.model import shared_model
 from systems.kv_offload.plan import StepPlan
 from systems.kv_offload.protocol import EnergyWindow, StepOutcome
-from systems.kv_offload.sampling import beam_keys, sample
+from systems.kv_offload.sampling import beam_keys, draw, uniforms
 from systems.kv_offload.tree import Beam, BeamTree
 
 ROOT = -1  # key of the prompt's next-token distribution (parent of step-0 beams)
@@ -135,10 +135,11 @@ class TorchExecutor:
         toks = torch.empty(G, T, dtype=torch.long, device=self.device)
         lps = torch.empty(G, T, dtype=self.sample_dtype, device=self.device)
         keys = beam_keys(self.seed, uids, self.device)  # sampling keyed by (seed, uid, position), not slot
+        u = uniforms(keys, torch.arange(start, start + T, device=self.device))  # [G, T]: the step's draws
         for k in range(T):
             if on_token is not None:
                 on_token(k)
-            y = sample(logp, keys, start + k)
+            y = draw(logp, u[:, k])
             toks[:, k] = y
             lps[:, k] = logp.gather(1, y[:, None])[:, 0]
             if self.lean is not None:

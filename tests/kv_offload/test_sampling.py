@@ -55,3 +55,13 @@ def test_tokens_follow_the_distribution_and_never_a_zero_probability_one():
     assert draw(zero_first, torch.tensor([0.0], dtype=torch.float64)).tolist() == [1]
     short_total = torch.log(torch.tensor([[0.3, 0.3, 0.3, 0.0]], dtype=torch.float64))
     assert draw(short_total, torch.tensor([0.95], dtype=torch.float64)).tolist() == [2]
+
+
+def test_a_steps_uniforms_at_once_equal_each_positions():
+    """The engine draws a step's uniforms in one call (positions as a tensor): column k equals the
+    uniform of position start + k. Mutation caught: the positions' fold broadcast the wrong way."""
+    keys = beam_keys(7, [3, 99, 2**63 + 1], torch.device("cpu"))
+    at_once = uniforms(keys, torch.arange(40, 48))
+    assert at_once.shape == (3, 8)
+    for k in range(8):
+        assert torch.equal(at_once[:, k], uniforms(keys, 40 + k))
