@@ -33,6 +33,8 @@ def parse_size(value, field: str = "size") -> int:
     if isinstance(value, bool):
         raise ValueError(f"{field}={value!r} is not a size; use bytes or a unit such as 7GiB, 512MiB")
     if isinstance(value, (int, float)):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{field}={value!r} is not a size: a finite number of bytes, or e.g. 7GiB, 512MiB")
         if value < 0:
             raise ValueError(f"{field}={value!r} must be >= 0 bytes")
         return int(value)
@@ -46,7 +48,10 @@ def parse_size(value, field: str = "size") -> int:
             f"units B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal), case-insensitive "
             f"(e.g. 7GiB, 512MiB)"
         )
-    return int(float(m.group(1)) * _UNITS[unit])
+    size = float(m.group(1)) * _UNITS[unit]
+    if size == float("inf"):
+        raise ValueError(f"{field}={value!r} is not a size: a finite number of bytes, or e.g. 7GiB, 512MiB")
+    return int(size)
 
 
 GiB = 1 << 30

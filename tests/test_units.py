@@ -29,3 +29,11 @@ def test_parse_size_rejects(bad):
 def test_parse_size_says_negative_sizes_are_not_allowed(negative):
     with pytest.raises(ValueError, match=r"kv_budget=.* must be >= 0 bytes"):
         parse_size(negative, "kv_budget")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "1e400GiB", "inf"])
+def test_a_size_that_is_no_finite_number_names_its_field(value):
+    """Issue 39: kv_budget=nan said 'cannot convert float NaN to integer' (no field), kv_budget=inf
+    was a traceback. Mutation caught: the finiteness check dropped."""
+    with pytest.raises(ValueError, match=r"^kv_budget=.* is not a size"):
+        parse_size(value, "kv_budget")

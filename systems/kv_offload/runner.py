@@ -59,6 +59,8 @@ def validate(cfg) -> None:
         raise bad(
             "beams", w.beams, f"a positive multiple of beam_width={w.beam_width} (beams = beam size x beam width)"
         )
+    if w.beams > MAX_BEAMS:  # per-beam state is built before any memory model could refuse it
+        raise bad("beams", w.beams, f"at most {MAX_BEAMS:,} (the papers' searches use up to 256)")
     if w.prompt_len < 1:
         raise bad("prompt_len", w.prompt_len, "an integer >= 1")
     if w.gen_len < 1:
@@ -207,6 +209,7 @@ def energy_summary(windows: List[EnergyWindow], e2e_s: float, tokens: int, sourc
 
 
 _now = time.time  # the deadline's clock (tests replace it)
+MAX_BEAMS = 1 << 20  # beams a run may ask for: far beyond any paper's, well inside int64 arithmetic
 DEADLINE_FLOOR = 1577836800.0  # 2020-01-01 UTC: a system.deadline below it is a duration or a typo, not a time
 
 

@@ -61,19 +61,16 @@ def test_just_under_the_host_memory_still_runs(compose_cfg, tmp_path, system, fi
 
 
 @pytest.mark.parametrize("system", ["lbs", "layerwise"])
-def test_a_hundred_million_beams_are_recorded_as_oom_not_killed(compose_cfg, tmp_path, system):
-    """Decided before the executor, the beam list or the tree exist: it would otherwise allocate
-    ~240 B per beam and take minutes (killed at 24 GB RSS in QA). Eq.3/Eq.5 in its summary are exact
-    (int64 wrapped Eq.3 negative)."""
-    rec = _run(compose_cfg, tmp_path, system, f"system={system}", "beams=100000000")
+def test_the_most_beams_allowed_are_recorded_as_oom_not_killed(compose_cfg, tmp_path, system):
+    """2**20 beams (the bound; 10**8 was killed at 24 GB RSS before any bound): decided before the
+    executor, the beam list or the tree exist. Eq.3/Eq.5 in its summary are exact."""
+    rec = _run(compose_cfg, tmp_path, system, f"system={system}", f"beams={2**20}")
     assert rec["status"] == "oom" and "exceeds the host memory" in rec["message"]
     s = rec["summary"]
-    assert (
-        s["eq3_layerwise_bytes"]
-        == dm_layerwise(num_layers=32, num_beams=10**8, kv=16384, mem_gpu=7 * GiB, prompt_len=128, gen_len=1920)
-        > 2**63
+    assert s["eq3_layerwise_bytes"] == dm_layerwise(
+        num_layers=32, num_beams=2**20, kv=16384, mem_gpu=7 * GiB, prompt_len=128, gen_len=1920
     )
-    assert s["eq5_lbs_bytes"] == 10**8 * 32 * 16384 * sum(128 + 32 * i for i in range(60))
+    assert s["eq5_lbs_bytes"] == 2**20 * 32 * 16384 * sum(128 + 32 * i for i in range(60))
 
 
 def test_eq3_and_eq5_are_exact_past_int64():
@@ -95,7 +92,7 @@ def test_a_profile_without_host_memory_is_not_checked(compose_cfg, tmp_path):
 
 def test_in_gpu_holds_nothing_on_the_host(compose_cfg, tmp_path):
     """in_gpu keeps its own oom (the KV budget); a request LBS keeps resident offloads nothing."""
-    rec = _run(compose_cfg, tmp_path, "ing", "system=in_gpu", "beams=100000000")
+    rec = _run(compose_cfg, tmp_path, "ing", "system=in_gpu", f"beams={2**20}")
     assert rec["status"] == "oom" and "exceeds the KV budget" in rec["message"]
     fits = _run(
         compose_cfg, tmp_path, "res", "system=lbs", "beams=4", "kv_budget=16GiB", "hardware.host_memory_bytes=1"
@@ -168,3 +165,15 @@ def test_real_engine_host_peak_within_the_prediction_and_checked_against_availab
 def test_available_host_memory_reads_the_machine():
     avail = runner.available_host_memory()
     assert avail is None or 0 < avail
+
+
+def test_beams_past_the_bound_are_bad_input(compose_cfg):
+    """beams=2**63 was an OverflowError recorded as error after the run started (issue 39). At most
+    2**20 beams (the papers use up to 256); more exits 2 before any work. Mutation caught: the bound
+    dropped (the validation then passes)."""
+    from harness.errors import ConfigError
+    from harness.run import validate
+
+    with pytest.raises(ConfigError, match=r"beams=9223372036854775808 is not allowed: at most 1,048,576"):
+        validate(compose_cfg("system=lbs", f"beams={2**63}"))
+    validate(compose_cfg("system=lbs", f"beams={2**20}"))
