@@ -411,21 +411,14 @@ def check_kv_budget(cfg) -> None:
     at most the device's memory (its default, memory - weights - reserve, always is).
     ``system.cpu_kv_budget`` (the default on a real CPU engine), where a system has one: a size, also
     in a run that does not use it (it was parsed only on a real CPU run, so a typo passed elsewhere)."""
-    from harness.units import parse_size
-
-    def size_of(value, field: str) -> int:
-        try:
-            return parse_size(value, field)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    from harness.model_facts import configured_kv_budget
+    from harness.units import size_setting
 
     if cfg.system.get("cpu_kv_budget") is not None:
-        size_of(cfg.system.cpu_kv_budget, "system.cpu_kv_budget")
+        size_setting(cfg.system.cpu_kv_budget, "system.cpu_kv_budget")
     val, hw = cfg.system.get("kv_budget"), cfg.hardware
-    if val in (None, "None"):
-        return
-    size = size_of(val, "kv_budget")
-    if size > hw.memory_bytes:
+    size = configured_kv_budget(cfg.system)
+    if size is not None and size > hw.memory_bytes:
         raise bad(
             "kv_budget",
             val,

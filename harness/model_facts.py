@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from harness.errors import ConfigError
-from harness.units import parse_size
+from harness.units import size_setting
 
 DTYPE_BYTES: Dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 SUPPORTED_TYPES = ("opt", "llama", "qwen2", "mistral")
@@ -181,7 +181,6 @@ def check_cpu_model(m, engine: str, role: str = "model") -> None:
     ConfigError, before any work, for a random-weight model whose weights exceed
     :data:`CPU_MAX_WEIGHT_BYTES`. ``engine`` names the engine in the message (``vLLM``, ``torch``);
     ``role`` the config key (``model``, ``verifier``)."""
-
     if str(_get(m, "weights") or "random") != "random":
         return
     need = weight_bytes(m)
@@ -247,14 +246,8 @@ def default_kv_budget(memory_bytes: float, weight_bytes_per_device: float, reser
 def configured_kv_budget(system) -> Optional[int]:
     """``system.kv_budget`` (the top-level ``kv_budget`` lands there) in bytes, None when unset.
     Raises ConfigError for a value that is not a size."""
-
     val = system.get("kv_budget")
-    if val in (None, "None"):
-        return None
-    try:
-        return parse_size(val, "kv_budget")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    return None if val in (None, "None") else size_setting(val, "kv_budget")
 
 
 def kv_budget_bytes(
@@ -272,15 +265,11 @@ def kv_budget_bytes(
     Alg. 1's get_budget) when the caller measured it; else :func:`default_kv_budget` of the memory, the
     weights on the device and the reserve the family states (the table above). Raises ConfigError
     for a setting that is not a size."""
-
     configured = configured_kv_budget(system)
     if configured is not None:
         return configured
     if on_cpu:
-        try:
-            return parse_size(system.get("cpu_kv_budget"), "system.cpu_kv_budget")
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        return size_setting(system.get("cpu_kv_budget"), "system.cpu_kv_budget")
     if live is not None:
         return live
     return default_kv_budget(memory_bytes, weight_bytes_per_device, reserve_bytes)

@@ -162,7 +162,6 @@ def mirror_later(outdir: Path, tracking, name: str, group: Optional[str]) -> Opt
     doc); returns its log file, or None when W&B is disabled (``$WANDB_MODE=disabled``). In
     ``online`` mode it waits for that process (:data:`ONLINE_WAIT_S`) and prints a warning when the
     mirror failed or is still running."""
-
     if wandb_mode(tracking) == "disabled":
         return None
     logfile = Path(outdir).resolve() / MIRROR_LOG

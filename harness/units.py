@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from harness.errors import ConfigError
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -52,6 +54,14 @@ def parse_size(value, field: str = "size") -> int:
     if size == float("inf"):
         raise ValueError(f"{field}={value!r} is not a size: a finite number of bytes, or e.g. 7GiB, 512MiB")
     return int(size)
+
+
+def size_setting(value, field: str) -> int:
+    """:func:`parse_size` of a config setting: bad input (ConfigError, exit 2) instead of ValueError."""
+    try:
+        return parse_size(value, field)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 GiB = 1 << 30

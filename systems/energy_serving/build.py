@@ -96,7 +96,6 @@ def kv_budget_bytes(cfg, weight_bytes_device: float, real_cpu: bool = False) -> 
     """KV bytes per device (harness.model_facts.kv_budget_bytes): ``kv_budget``; else on vLLM-CPU
     ``system.cpu_kv_budget``; else memory - weights on the device - the hardware's reserve (<= 0:
     the weights do not fit)."""
-
     hw = cfg.hardware
     return shared_kv_budget(cfg.system, hw.memory_bytes, weight_bytes_device, kv_reserve_bytes(hw), on_cpu=real_cpu)
 
@@ -104,7 +103,6 @@ def kv_budget_bytes(cfg, weight_bytes_device: float, real_cpu: bool = False) -> 
 def kv_capacity(budget_bytes: float, kv_bytes_token_device: float, req) -> float:
     """KV tokens that fit per device. Raises RunOOM (a recorded result) when the longest request's
     prompt + output does not fit."""
-
     cap = budget_bytes / kv_bytes_token_device
     longest = int((req.input_len + req.output_len).max())
     if cap < longest:
@@ -130,7 +128,6 @@ def profile_context(w) -> float:
 
 def build_table(measure, stage, s, idle_w=None):
     """The controller's table: ``measure`` sampled sparsely (tile-quantised) over the clock menu."""
-
     clocks = stage.clocks(int(s.freq_step_mhz))
     n_max, chunks = table_grid(s)
     return _build(
@@ -148,7 +145,6 @@ def controller_for(cfg, table, p: Optional[int] = None, g: Optional[int] = None)
     """The configured controller on ``table`` for ``p`` stages of ``g`` GPUs (default: the run's
     pp and tp). One stage has one microbatch (vLLM has no virtual engines without PP).
     ``system.fixed_clock_mhz``: the start clock, snapped to the table's menu."""
-
     s, w = cfg.system, cfg.workload
     tp, pp = parallelism(cfg)
     p, g = (pp if p is None else p), (tp if g is None else g)

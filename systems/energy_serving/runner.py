@@ -65,7 +65,6 @@ PROFILE_NOISE_RANGE = (0.0, 0.3)
 
 def validate(cfg) -> None:
     """Raise ConfigError before any work for a bad workload, system or hardware combination."""
-
     w, s, hw = cfg.workload, cfg.system, cfg.hardware
     if w.get("kind") not in WORKLOAD_KINDS:
         raise bad(
@@ -244,7 +243,6 @@ def sim_profile(cfg, stage, cost, kv_tokens: float = math.inf):
     ground truth), seen with ``system.profile_error``; decode batches up to
     :func:`~systems.energy_serving.profiler.decode_batch_max` (``kv_tokens``: KV tokens per stage). Returns
     (table, truth measure)."""
-
     s = cfg.system
     ctx_tok = profile_context(cfg.workload)
     truth = sim_measure(
@@ -269,7 +267,6 @@ def run(cfg, ctx) -> RunResult:
     controller's table profiled on that backend; the controller (with Window-DVFS's load profile);
     the driver serving the stream on the backend's executor; the summary, the backend's own keys and
     the tables."""
-
     s, w = cfg.system, cfg.workload
     if ctx.backend.simulated:
         backend = SimServing(cfg, ctx)
@@ -323,7 +320,6 @@ class SimServing:
     table a profiling pass through that same cost with ``system.profile_error``."""
 
     def __init__(self, cfg, ctx):
-
         self.cfg, self.ctx = cfg, ctx
         self.g, self.p = parallelism(cfg)
         self.stage = StageModel(cfg.model, cfg.hardware, self.g, self.p)
@@ -360,7 +356,6 @@ class SimServing:
             print(f"note: {note}")
 
     def executor(self, req):
-
         s = self.cfg.system
         return SimExecutor(
             self.cost,
@@ -374,7 +369,6 @@ class SimServing:
     def close(self) -> None: ...
 
     def summary(self, res, table) -> dict:
-
         s = self.cfg.system
         n_max, _ = table_grid(s)
         return dict(

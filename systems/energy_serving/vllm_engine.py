@@ -96,7 +96,6 @@ def check_one_device(s, where: str = "on CPU") -> None:
 
 def write_model_dir(model, path: Path) -> Path:
     """A HF config.json for ``model`` (random weights: vLLM ``load_format='dummy'``)."""
-
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(hf_config_dict(model), indent=1))
     return path
@@ -375,13 +374,11 @@ class VllmServing:
         self.server = self.act = None
 
     def requests(self):
-
         return requests_for(self.cfg.workload)
 
     def start(self, req) -> None:
         """The KV budget and the engine. Raises RunOOM when the budget holds less than vLLM's
         max_model_len (the profiling pass's longest prefill, or the longest request)."""
-
         s, m = self.cfg.system, self.cfg.model
         self.n_max, self.chunks = table_grid(s)
         max_len = int(req.input_len.max() + req.output_len.max() + 8)
@@ -419,7 +416,6 @@ class VllmServing:
 
     def profile_table(self, req):
         """The controller's table, measured on this engine (its points and time kept for the summary)."""
-
         s, w, m = self.cfg.system, self.cfg.workload, self.cfg.model
         server = self.server
         stage = StageModel(m, self.cfg.hardware, 1, 1)
