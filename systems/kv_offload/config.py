@@ -43,6 +43,8 @@ class TTCSystem:
     record_tree: bool = False  # real engine: save the beam tree (parents kept per step)
     replay_tree: Any = None  # sim: path of a recorded beam tree to replay
     warmup: bool = True  # real engine: warm-up run before the measurement (excluded, recorded)
+    decode_path: str = "auto"  # real engine: auto | lean | piecewise | transformers (docs/kv_offload.md)
+    batch_invariant: bool = False  # real engine, piecewise path: every group padded to the run's beams
     deadline: Any = None  # Unix seconds: stop between steps after it (status timeout)
 
 

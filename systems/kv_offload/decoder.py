@@ -4,7 +4,7 @@ The engine's decode step (one new token per beam against a cache of ``n`` tokens
 its host time in transformers' generic machinery around the arithmetic: masks it does not need for
 one query, keyword plumbing, hooks and wrappers on every module call. :class:`LeanDecoder` runs the
 same arithmetic with the model's own weights and functions (its layer norms and MLP modules, its
-rotary embedding, ``scaled_dot_product_attention`` as transformers' sdpa path calls it), in the
+rotary embedding, attention as :func:`attend` computes it), in the
 order the architecture's forward does, and writes each layer's K/V through the engine's cache
 (``GroupCache``: its providers and ``layer_done`` hooks, so layer-wise prefetch and LBS groups work
 unchanged). Supported: OPT (pre-norm, learned positions) and the LLaMA family (LLaMA, Qwen2: RMSNorm,
@@ -23,6 +23,24 @@ import torch.nn.functional as F
 LEAN_TYPES = ("opt", "llama", "qwen2")
 
 
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """``softmax(q k^T * scale) v`` for one query token: q ``[B, H, 1, D]``, keys/values
+    ``[B, H_kv, n, D]`` (any strides; ``H`` a multiple of ``H_kv``: query head ``h`` reads K/V head
+    ``h // (H / H_kv)``, as transformers' ``repeat_kv`` arranges them) -> ``[B, H * D]``. On CUDA,
+    ``scaled_dot_product_attention`` (its fused kernels, ``enable_gqa`` instead of repeated K/V); on a
+    CPU, two batched matmuls and a softmax with each K/V head's queries as rows (no repeated K/V): for
+    a single query the CPU flash kernel costs 2.5x as much (64 beams, 4 heads, 48 tokens: 208 vs 84 us)."""
+    B, H, _, D = q.shape
+    if q.is_cuda:
+        o = F.scaled_dot_product_attention(q, keys, values, scale=scale, enable_gqa=keys.shape[1] != H)
+        return o.view(B, H * D)
+    qg = q.view(B, keys.shape[1], -1, D)  # [B, H_kv, groups, D]
+    s = torch.matmul(qg, keys.transpose(-1, -2))
+    if scale != 1.0:
+        s = s * scale
+    return torch.matmul(torch.softmax(s, dim=-1), values).view(B, H * D)
+
+
 def _fuse_qkv(attn):
     """One ``[q + k + v, hidden]`` weight (and bias) for the attention's three projections, one matmul
     per token instead of three; the modules' own parameters become views of it, so the model's
@@ -39,77 +57,111 @@ def _fuse_qkv(attn):
     return weight, bias, sizes
 
 
+DECODE_PATHS = ("auto", "lean", "piecewise", "transformers")
+
+
+def lean_supported(model_type: str, hf_config) -> bool:
+    """Whether the lean arithmetic covers a model: its transformers ``model_type`` is one of
+    :data:`LEAN_TYPES` (an OPT model pre-norm, ``do_layer_norm_before``)."""
+    if model_type not in LEAN_TYPES:
+        return False
+    return model_type != "opt" or bool((hf_config or {}).get("do_layer_norm_before", True))
+
+
 def lean_decoder(model) -> Optional["LeanDecoder"]:
     """A :class:`LeanDecoder` for ``model``, or None when its architecture is not one of
     :data:`LEAN_TYPES` (or an OPT configuration the lean path does not cover: post-norm)."""
-    kind = model.config.model_type
-    if kind not in LEAN_TYPES or (kind == "opt" and not model.config.do_layer_norm_before):
+    cfg = model.config
+    if not lean_supported(cfg.model_type, {"do_layer_norm_before": getattr(cfg, "do_layer_norm_before", True)}):
         return None
     return LeanDecoder(model)
 
 
 class LeanDecoder:
     """``decoder(ids, cache) -> logits [B, 1, V]`` for token ids ``[B]`` appended at position
-    ``cache.get_seq_length()`` (every beam of a group has the same length)."""
+    ``cache.get_seq_length()`` (every beam of a group has the same length).
+
+    The arithmetic is written once, as the pieces between attentions that
+    :class:`systems.kv_offload.piecewise.PiecewiseDecoder` captures as CUDA graphs:
+    :meth:`embed` (token + position), :meth:`pre_attn` (layer ``l``'s norm, Q/K/V, rotary),
+    :meth:`post_attn` (output projection, MLP, residuals), :meth:`head` (final norm, LM head);
+    attention (:func:`attend`, on the cache's K/V) runs between them. Activations are ``[B, hidden]``
+    (one token per beam: ``F.linear`` on 2-D input is one matmul, no views)."""
 
     def __init__(self, model):
         self.model, self.kind = model, model.config.model_type
         self.base = model.model.decoder if self.kind == "opt" else model.model
-        self.qkv = [_fuse_qkv(layer.self_attn) for layer in self.base.layers]
+        self.layers = list(self.base.layers)
+        self.qkv = [_fuse_qkv(layer.self_attn) for layer in self.layers]
+        attn = self.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        # OPT scales the query before attention (q * scaling), LLaMA scales the scores
+        self.scale = 1.0 if self.kind == "opt" else attn.scaling
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, cache) -> torch.Tensor:
         n = cache.get_seq_length()
-        h = self._opt(ids, cache, n) if self.kind == "opt" else self._llama(ids, cache, n)
-        return self.model.lm_head(h).unsqueeze(1)
+        h, pos = self.embed(ids, n)
+        for i in range(len(self.layers)):
+            q, k, v = self.pre_attn(i, h, pos)
+            keys, values = cache.layers[i].update(k, v)
+            h = self.post_attn(i, h, self.attention(q, keys, values))
+        return self.head(h).unsqueeze(1)
 
-    # activations are [B, hidden] (one token per beam): F.linear on 2-D input is one matmul, no views
-    def _opt(self, ids: torch.Tensor, cache, n: int) -> torch.Tensor:
-        dec = self.base
-        h = dec.embed_tokens(ids)
-        if dec.project_in is not None:
-            h = dec.project_in(h)
-        h = h + dec.embed_positions.weight[n + dec.embed_positions.offset]
-        B = ids.shape[0]
-        for i, layer in enumerate(dec.layers):
-            attn = layer.self_attn
-            r = h
-            x = layer.self_attn_layer_norm(h)
-            w, b, sizes = self.qkv[i]
-            q, k, v = F.linear(x, w, b).split(sizes, dim=-1)
-            q = (q * attn.scaling).view(B, -1, 1, attn.head_dim)
-            keys, values = cache.layers[i].update(k.view(B, -1, 1, attn.head_dim), v.view(B, -1, 1, attn.head_dim))
-            o = F.scaled_dot_product_attention(q, keys, values, scale=1.0).view(B, -1)
-            h = r + F.linear(o, attn.out_proj.weight, attn.out_proj.bias)
+    def embed(self, ids: torch.Tensor, n):
+        """``(h [B, hidden], pos)``: the tokens' embedding at position ``n`` (an int, or a long tensor
+        ``[1]`` for a captured graph); ``pos`` is what :meth:`pre_attn` needs of the position (LLaMA's
+        rotary ``(cos, sin)``, nothing for OPT's learned positions, added here)."""
+        base = self.base
+        h = base.embed_tokens(ids)
+        if self.kind == "opt":
+            if base.project_in is not None:
+                h = base.project_in(h)
+            return h + base.embed_positions.weight[n + base.embed_positions.offset], None
+        n = n.view(1, 1) if isinstance(n, torch.Tensor) else torch.tensor([[n]], device=h.device)
+        return h, base.rotary_emb(h, n)  # ([1, 1, head_dim], [1, 1, head_dim])
+
+    def pre_attn(self, i: int, h: torch.Tensor, pos):
+        """Layer ``i``'s query, key, value ``[B, heads, 1, head_dim]`` (query scaled for OPT, rotated
+        for LLaMA) from the residual stream ``h``."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        layer, B, D = self.layers[i], h.shape[0], self.head_dim
+        norm = layer.self_attn_layer_norm if self.kind == "opt" else layer.input_layernorm
+        w, b, sizes = self.qkv[i]
+        q, k, v = (t.view(B, -1, 1, D) for t in F.linear(norm(h), w, b).split(sizes, dim=-1))
+        if self.kind == "opt":
+            return q * layer.self_attn.scaling, k, v
+        q, k = apply_rotary_pos_emb(q, k, *pos)
+        return q, k, v
+
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """``[B, heads * head_dim]``: :func:`attend` over the cache's K/V."""
+        return attend(q, keys, values, self.scale)
+
+    def post_attn(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The residual stream after layer ``i`` from its input ``h`` and attention output ``o``."""
+        layer = self.layers[i]
+        if self.kind == "opt":
+            out = layer.self_attn.out_proj
+            h = h + F.linear(o, out.weight, out.bias)
             x = layer.final_layer_norm(h)
             x = F.linear(
                 layer.activation_fn(F.linear(x, layer.fc1.weight, layer.fc1.bias)), layer.fc2.weight, layer.fc2.bias
             )
-            h = h + x
-        if dec.final_layer_norm is not None:
-            h = dec.final_layer_norm(h)
-        if dec.project_out is not None:
-            h = dec.project_out(h)
-        return h
+            return h + x
+        out = layer.self_attn.o_proj
+        h = h + F.linear(o, out.weight, out.bias)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
 
-    def _llama(self, ids: torch.Tensor, cache, n: int) -> torch.Tensor:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
-
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, V]`` from the last layer's residual stream."""
         base = self.base
-        h = base.embed_tokens(ids)
-        cos, sin = base.rotary_emb(h, torch.tensor([[n]], device=h.device))  # [1, 1, head_dim]
-        B = ids.shape[0]
-        for i, layer in enumerate(base.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            w, b, sizes = self.qkv[i]
-            q, k, v = (t.view(B, -1, 1, attn.head_dim) for t in F.linear(x, w, b).split(sizes, dim=-1))
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            keys, values = cache.layers[i].update(k, v)
-            groups = attn.num_key_value_groups
-            if groups > 1:
-                keys, values = repeat_kv(keys, groups), repeat_kv(values, groups)
-            o = F.scaled_dot_product_attention(q, keys, values, scale=attn.scaling).view(B, -1)
-            h = h + F.linear(o, attn.o_proj.weight, attn.o_proj.bias)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return base.norm(h)
+        if self.kind == "opt":
+            if base.final_layer_norm is not None:
+                h = base.final_layer_norm(h)
+            if base.project_out is not None:
+                h = base.project_out(h)
+        else:
+            h = base.norm(h)
+        return self.model.lm_head(h)

@@ -131,8 +131,34 @@ def validate_backend(cfg, backend) -> None:
         )
     if backend.name == "torch":  # a wrong path is bad input, not an error record after the model is built
         check_weights(cfg.model)
+        check_decode_path(cfg, backend.device)
     if backend.name == "torch" and backend.device == "cpu":
         check_cpu_model(cfg.model, "torch")
+
+
+def check_decode_path(cfg, device: str) -> None:
+    """``system.decode_path`` and ``system.batch_invariant`` against the model and the device (the
+    torch engine only; ``systems.kv_offload.decoder``, ``systems.kv_offload.piecewise``)."""
+    from systems.kv_offload.decoder import DECODE_PATHS, LEAN_TYPES, lean_supported
+
+    s, m = cfg.system, cfg.model
+    path = s.get("decode_path", "auto")
+    if path not in DECODE_PATHS:
+        raise bad("system.decode_path", path, " | ".join(DECODE_PATHS))
+    lean = lean_supported(m.hf_model_type, m.get("hf_config"))
+    if path in ("lean", "piecewise") and not lean:
+        raise bad(
+            "system.decode_path",
+            path,
+            f"auto or transformers for {m.name} ({m.hf_model_type}): the lean arithmetic covers "
+            f"{', '.join(LEAN_TYPES)} (pre-norm OPT)",
+        )
+    if s.get("batch_invariant") and not (path == "piecewise" or (path == "auto" and lean and device == "cuda")):
+        raise bad(
+            "system.batch_invariant",
+            True,
+            "false unless decode_path=piecewise (or auto on a CUDA GPU): it pads the piecewise path's groups",
+        )
 
 
 def _executor(cfg, ctx: RunContext, budget) -> Executor:
@@ -150,6 +176,9 @@ def _executor(cfg, ctx: RunContext, budget) -> Executor:
         record_tree=cfg.system.get("record_tree", False),
         temperature=w.temperature,
         max_len=w.prompt_len + w.gen_len,
+        decode_path=cfg.system.get("decode_path", "auto"),
+        max_beams=w.beams,
+        batch_invariant=bool(cfg.system.get("batch_invariant", False)),
     )
 
 

@@ -19,10 +19,11 @@ import torch
 
 from harness.meters import time_basis
 from systems.kv_offload.cache import DenseKV, GroupCache
-from systems.kv_offload.decoder import lean_decoder
+from systems.kv_offload.decoder import DECODE_PATHS, LEAN_TYPES, lean_decoder
 from systems.kv_offload.kvstore import DeviceBuffer, KVBudgetExceeded, PlanMismatch, TieredKVStore
 from systems.kv_offload.layerwise_exec import LayerwiseExec
 from systems.kv_offload.model import shared_model
+from systems.kv_offload.piecewise import PiecewiseDecoder
 from systems.kv_offload.plan import StepPlan
 from systems.kv_offload.protocol import EnergyWindow, StepOutcome
 from systems.kv_offload.sampling import beam_keys, draw, uniforms
@@ -40,7 +41,8 @@ def resolve_device(device: str) -> torch.device:
 def log_probs(logits: torch.Tensor, temperature: float, dtype: torch.dtype) -> torch.Tensor:
     """``log_softmax(logits / temperature)`` in ``dtype`` (the sampling distribution,
     :func:`systems.kv_offload.sampling.sample`; its value at a token is the token's log-probability)."""
-    return torch.log_softmax(logits.to(dtype) / temperature, dim=-1)
+    x = logits.to(dtype)
+    return torch.log_softmax(x if temperature == 1.0 else x / temperature, dim=-1)
 
 
 class TorchExecutor:
@@ -59,6 +61,13 @@ class TorchExecutor:
             (one build per process, shared by every run that uses the same model).
         streams: a ``systems.kv_offload.streams`` object (``record=True`` keeps the log of stream
             operations for ordering checks); default: CUDA streams on CUDA, the CPU stand-in.
+        decode_path: ``auto`` (piecewise CUDA graphs on CUDA, lean eager on a CPU, transformers for an
+            architecture the lean arithmetic does not cover), ``lean``, ``piecewise`` (eager on a CPU)
+            or ``transformers`` (``systems.kv_offload.decoder``, ``systems.kv_offload.piecewise``).
+        max_beams: the largest group a decode brings (the run's beams): the piecewise path's sizes.
+        batch_invariant: piecewise path: every group padded to ``max_beams`` (one shape for every
+            group of every scheduler; ``systems.kv_offload.piecewise``).
+    Raises ValueError for a decode path the model cannot take (before any work).
     """
 
     simulated = False
@@ -77,6 +86,9 @@ class TorchExecutor:
         max_len: Optional[int] = None,
         model=None,
         streams=None,
+        decode_path: str = "auto",
+        max_beams: Optional[int] = None,
+        batch_invariant: bool = False,
     ):
         if temperature <= 0:
             raise ValueError(f"temperature={temperature!r} must be > 0")
@@ -96,9 +108,7 @@ class TorchExecutor:
         self.max_len = max_len
         self.record_tree = record_tree
         self.sample_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        # decode tokens through the lean path where the architecture has one (decoder.py), else transformers
-        self.lean = lean_decoder(self.model)
-        self.decode_path = "lean (systems/kv_offload/decoder.py)" if self.lean is not None else "transformers forward"
+        self.lean, self.piecewise = self._decoders(decode_path, max_beams, batch_invariant)
         self.next_logp: Dict[int, torch.Tensor] = {}  # uid -> [V] log-probs of its next token
         self.slot_of: Dict[int, int] = {}  # resident runs: uid -> batch slot
         self.prompt_kv: Optional[DeviceBuffer] = None  # prefill KV kept for fan-out
@@ -111,6 +121,38 @@ class TorchExecutor:
             meter = EnergyMeter([self.device.index or 0])
             self._energy, self.energy_reason = (meter, "") if meter.available else (None, meter.reason)
         self.energy_source = "measured by NVML, one window per step" if self._energy else None
+
+    def _decoders(self, path: str, max_beams: Optional[int], batch_invariant: bool):
+        """(lean, piecewise) decoders for ``path``; sets ``decode_path``, the record's words for it."""
+        if path not in DECODE_PATHS:
+            raise ValueError(f"decode_path={path!r}: one of {', '.join(DECODE_PATHS)}")
+        lean = lean_decoder(self.model) if path != "transformers" else None
+        if lean is None and path in ("lean", "piecewise"):
+            raise ValueError(
+                f"decode_path={path}: the lean arithmetic covers {', '.join(LEAN_TYPES)} (pre-norm OPT), "
+                f"not {self.model.config.model_type}; decode_path=transformers or auto decodes it"
+            )
+        if batch_invariant and not (path == "piecewise" or (path == "auto" and lean is not None and self.cuda)):
+            raise ValueError(f"batch_invariant=true pads the piecewise path's groups; decode_path={path} has none")
+        if lean is None:
+            self.decode_path = "transformers forward"
+            return None, None
+        if path == "lean" or (path == "auto" and not self.cuda):
+            self.decode_path = "lean (systems/kv_offload/decoder.py)"
+            return lean, None
+        if max_beams is None:
+            raise ValueError("the piecewise decode path needs max_beams (the largest group) to size its graphs")
+        pw = PiecewiseDecoder(
+            lean,
+            max_beams,
+            lambda logits: self._logp(logits),
+            graphs=self.cuda,
+            pad_to=max_beams if batch_invariant else None,
+        )
+        how = "CUDA graphs" if self.cuda else "eager"
+        sizes = f"every group padded to {max_beams}" if batch_invariant else f"sizes {pw.sizes}"
+        self.decode_path = f"piecewise (systems/kv_offload/piecewise.py: {how}, {sizes})"
+        return lean, pw
 
     @property
     def cuda(self) -> bool:
@@ -142,12 +184,17 @@ class TorchExecutor:
             y = draw(logp, u[:, k])
             toks[:, k] = y
             lps[:, k] = logp.gather(1, y[:, None])[:, 0]
-            if self.lean is not None:
-                logits = self.lean(y, cache)
-            else:
-                logits = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits
-            logp = self._logp(logits[:, -1])
-        return toks, lps, logp
+            logp = self.next_token_logp(y, cache)
+        # the piecewise path's log-probs are a static buffer the next decode overwrites
+        return toks, lps, logp.clone() if self.piecewise is not None else logp
+
+    def next_token_logp(self, y: torch.Tensor, cache: GroupCache) -> torch.Tensor:
+        """Log-probs ``[G, V]`` of the token after ``y`` ``[G]``, whose K/V ``cache`` gains."""
+        if self.piecewise is not None:
+            return self.piecewise(y, cache)
+        if self.lean is not None:
+            return self._logp(self.lean(y, cache)[:, -1])
+        return self._logp(self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits[:, -1])
 
     # ----------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -161,13 +208,12 @@ class TorchExecutor:
         ids = torch.tensor([list(prompt_tokens)[:P]] * num_beams, dtype=torch.long, device=self.device)
         cache = GroupCache(DenseKV(kv), self.L, 0)
         logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        logp = self._logp(logits[:, -1])
         for _ in range(tokens):  # the path decode takes
-            y = logits[:, -1].argmax(-1)
-            if self.lean is not None:
-                logits = self.lean(y, cache)
-            else:
-                logits = self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits
-        del cache, kv, logits
+            logp = self.next_token_logp(logp.argmax(-1), cache)
+        if self.piecewise is not None:  # capture every size a group of the run can take, now
+            self.piecewise.warm(self.piecewise.sizes)
+        del cache, kv, logits, logp
         self.sync()
         return self.clock() - t0
 
