@@ -387,13 +387,33 @@ def ordering_check(s: dict, device: str) -> dict:
     return {"device": device, "writes": writes, "loads": loads, "violations": bad[:20], "ok": not bad}
 
 
-def pack(work: Path, out: Path) -> None:
+def measure_ceilings(device: str, tiny: bool, work: Path, hw: str) -> dict:
+    """Measured ceilings (``harness.calibrate.measure`` with one thread, and the pinned copy sweep's
+    fastest each way) -> ``ceilings.json``, ``copy_bw.csv`` and ``<hw>-measured.yaml`` in ``work``."""
+    import pandas as pd
+    from omegaconf import OmegaConf
+
+    from harness.calibrate import measure, write_profile
+
+    ceil = measure(device, quick=tiny, threads=1)
+    bw = copy_sweep(device, [16, 64] if tiny else [16, 64, 256, 1024])
+    pd.DataFrame(bw).to_csv(work / "copy_bw.csv", index=False)
+    ceil["h2d_bw"] = max(r["bw_Bps"] for r in bw if r["direction"] == "h2d")
+    ceil["d2h_bw"] = max(r["bw_Bps"] for r in bw if r["direction"] == "d2h")
+    ceil["date"] = time.strftime("%Y-%m-%d")
+    (work / "ceilings.json").write_text(json.dumps(ceil, indent=2, default=str))
+    base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "hardware" / f"{hw}.yaml"))
+    write_profile(base, ceil, work / f"{hw}-measured.yaml")
+    return ceil
+
+
+def pack(work: Path, out: Path, extra=(), loose=LOOSE_FILES) -> None:
     """The results into ``out`` as few flat files (a device call returns at most ``MAX_OUT_FILES``):
-    ``LOOSE_FILES`` as they are, every flat file in ``outputs.tar.gz``, the run folders in
-    ``runs.tar.gz``."""
+    ``loose`` as they are, every flat file (``FLAT_FILES`` and ``extra``) in ``outputs.tar.gz``, the
+    run folders in ``runs.tar.gz``."""
     out.mkdir(parents=True, exist_ok=True)
-    flat = [f for f in list(FLAT_FILES) + [p.name for p in work.glob("*-measured.yaml")] if (work / f).exists()]
-    for f in LOOSE_FILES:
+    flat = [f for f in [*FLAT_FILES, *extra] + [p.name for p in work.glob("*-measured.yaml")] if (work / f).exists()]
+    for f in loose:
         if (work / f).exists():
             shutil.copy2(work / f, out / f)
     with tarfile.open(out / "outputs.tar.gz", "w:gz") as tf:
@@ -450,9 +470,7 @@ def main(argv=None) -> int:
     if not a.tiny and not torch.cuda.is_available():
         return no_cuda()
     import pandas as pd
-    from omegaconf import OmegaConf
 
-    from harness.calibrate import measure, write_profile
     from harness.config import register_configs, register_resolvers
 
     register_resolvers()
@@ -478,15 +496,7 @@ def main(argv=None) -> int:
             summary["gpu"] = torch.cuda.get_device_name(0)
             print(f"device: {summary['gpu']}; clocks, power limit and modes are read only", flush=True)
         # 1. ceilings
-        ceil = measure(device, quick=a.tiny, threads=1)
-        bw = copy_sweep(device, [16, 64] if a.tiny else [16, 64, 256, 1024])
-        pd.DataFrame(bw).to_csv(work / "copy_bw.csv", index=False)
-        ceil["h2d_bw"] = max(r["bw_Bps"] for r in bw if r["direction"] == "h2d")
-        ceil["d2h_bw"] = max(r["bw_Bps"] for r in bw if r["direction"] == "d2h")
-        ceil["date"] = time.strftime("%Y-%m-%d")
-        (work / "ceilings.json").write_text(json.dumps(ceil, indent=2, default=str))
-        base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "hardware" / f"{s['hw']}.yaml"))
-        write_profile(base, ceil, work / f"{s['hw']}-measured.yaml")
+        ceil = measure_ceilings(device, a.tiny, work, s["hw"])
         print(f"ceilings: {json.dumps({k: ceil[k] for k in CEILING_KEYS + ('kernel_launch_s',)})}", flush=True)
         measured_hw = measured_hw_of(ceil)
         # 2. estimates first, for every configuration
