@@ -19,7 +19,9 @@ run: ``SCRIPT=gpu_engine TINY=1 OUT=/tmp/ge bash scripts/gpu_validate.sh`` (a te
    bytes equal); the achieved bandwidth of LBS group loads;
 3. reproducibility: in_gpu twice in this process and once in another process, LBS against in_gpu,
    and both again in batch-invariant mode: per selection step, how many kept beams two runs have in
-   common (``beam_size`` each step when their trees are identical; beam width 2).
+   common (``beam_size`` each step when their trees are identical; beam width 2); then each of in_gpu
+   and LBS teacher-forced on the other's tree (``systems.kv_offload.divergence``): the largest
+   log-probability difference, token flips and the margin of every flipped selection.
 
 Hard deadline ``--deadline-s`` (default 420 s): checked before each measurement; what is measured
 is written at once (``decode.csv``, ``results.csv``, ``repro.json``, ``summary.json``) and packed
@@ -46,6 +48,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_validate as gv  # noqa: E402  (composition, quiet runs, run + replay, ceilings, packing)
 
 PATHS = ("transformers", "lean", "piecewise")
+# teacher-forced reruns (system, run name, the tree it is forced on, batch-invariant): each scheduler's
+# tree scored by the other, and LBS scored against in_gpu in batch-invariant mode
+FORCED = (
+    ("lbs", "lbs-forced-on-first", "first", False),
+    ("in_gpu", "first-forced-on-lbs", "lbs", False),
+    ("lbs", "lbs-invariant-forced-on-invariant", "invariant", True),
+)
 
 
 def setting(tiny: bool) -> dict:
@@ -238,12 +247,22 @@ def reproducibility(s: dict, device: str, work: Path, deadline: float) -> dict:
         ("in_gpu", "invariant", ["system.decode_path=piecewise", "system.batch_invariant=true"]),
         ("lbs", "lbs-invariant", ["system.decode_path=piecewise", "system.batch_invariant=true"]),
     ]
-    status = {}
+    status, seconds = {}, {}
     for system, name, extra in plan:
         if time.time() > deadline:
             status[name] = "skipped: deadline"
             continue
         rec = gv.quiet_run(repro_overrides(s, system, device, runs / name, *extra))
+        status[name] = rec["status"] if rec["status"] != "ok" else rec["summary"].get("decode_path")
+        seconds[name] = rec["summary"].get("e2e_s")
+    # teacher forcing: each scheduler's tree scored by the other (systems/kv_offload/divergence.py)
+    invariant = ["system.decode_path=piecewise", "system.batch_invariant=true"]
+    for system, name, tree, extra in FORCED:
+        if time.time() > deadline or not (runs / tree / "beam_tree.json").exists():
+            status[name] = "skipped: deadline" if time.time() > deadline else f"skipped: no {tree} tree"
+            continue
+        forced = ["system.teacher_force=true", f"system.replay_tree={runs / tree}", *(invariant if extra else [])]
+        rec = gv.quiet_run(repro_overrides(s, system, device, runs / name, *forced))
         status[name] = rec["status"] if rec["status"] != "ok" else rec["summary"].get("decode_path")
     # another process, same configuration as "first"
     if time.time() < deadline:
@@ -255,7 +274,10 @@ def reproducibility(s: dict, device: str, work: Path, deadline: float) -> dict:
             timeout=max(10, deadline - time.time()),
         )
         status["process"] = "ok" if child.returncode == 0 else f"failed: {child.stderr[-300:]}"
-    out = {"status": status, "beam_size": s["repro"]["beams"] // 2, "kept_in_common": {}}
+    out = {"status": status, "beam_size": s["repro"]["beams"] // 2, "e2e_s": seconds, "kept_in_common": {}}
+    for a, b in (("first", "invariant"), ("lbs", "lbs-invariant")):  # the batch-invariant mode's cost
+        if seconds.get(a) and seconds.get(b):
+            out[f"{b} / {a} time"] = seconds[b] / seconds[a]
     for a, b in (
         ("first", "again"),
         ("first", "process"),
@@ -267,6 +289,19 @@ def reproducibility(s: dict, device: str, work: Path, deadline: float) -> dict:
             common = kept_overlap(runs / a, runs / b)
             out["kept_in_common"][f"{a} vs {b}"] = common
             print(f"  kept beams in common, {a} vs {b}: {common}", flush=True)
+    from systems.kv_offload import divergence
+
+    out["teacher_forced"] = {}
+    for _, b, a, _ in FORCED:
+        if (runs / a / "beam_tree.json").exists() and (runs / b / "beam_tree.json").exists():
+            d = divergence.compare(divergence.load(runs / a), divergence.load(runs / b))
+            out["teacher_forced"][b] = d
+            print(
+                f"  {b}: largest log-prob difference "
+                f"{d['max_abs_cum_logprob_diff']:.3g}, {d['token_flips']} token flips, "
+                f"{d['selection_flips']} selection flips",
+                flush=True,
+            )
     return out
 
 

@@ -41,7 +41,8 @@ class TTCSystem:
     prefetch: bool = True
     kv_budget: Any = None  # bytes or "7GiB"; None = hardware profile / live free memory
     record_tree: bool = False  # real engine: save the beam tree (parents kept per step)
-    replay_tree: Any = None  # sim: path of a recorded beam tree to replay
+    replay_tree: Any = None  # path of a recorded beam tree to replay (its kept beams)
+    teacher_force: bool = False  # torch + replay_tree: decode the recorded tokens (systems/kv_offload/divergence.py)
     warmup: bool = True  # real engine: warm-up run before the measurement (excluded, recorded)
     decode_path: str = "auto"  # real engine: auto | lean | piecewise | transformers (docs/kv_offload.md)
     batch_invariant: bool = False  # real engine, piecewise path: every group padded to the run's beams

@@ -34,6 +34,9 @@ class StepOutcome:
     peak_device_bytes: int = 0  # charged (KV + staging), comparable with the plan's
     peak_physical_bytes: int = 0  # bytes of live device KV tensors (real engine)
     group_rows: List[dict] = field(default_factory=list)
+    # teacher-forced real runs: per beam, (tokens whose own draw differs from the forced one, the
+    # largest distance in probability of such a draw from the forced token's interval); else None
+    token_flips: Optional[List[tuple]] = None
 
 
 @dataclass

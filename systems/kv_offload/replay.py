@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from harness.errors import ConfigError
 
@@ -21,6 +21,7 @@ FILE = "beam_tree.json"
 # field in beam_tree.json -> (config section, key); the search a replay repeats depends on each
 SEARCH_FIELDS = {
     "model": ("model", "name"),
+    "dtype": ("model", "dtype"),
     "seed": (None, "seed"),
     "beams": ("workload", "beams"),
     "beam_width": ("workload", "beam_width"),
@@ -36,16 +37,39 @@ def _given(cfg, field: str) -> Any:
     return (cfg if section is None else cfg[section]).get(key)
 
 
-def tree_record(cfg, backend, kept_log: List[dict]) -> Dict[str, Any]:
-    """The content of ``beam_tree.json`` for a run of ``cfg`` on ``backend`` (harness.backend.Backend)."""
-    return {
+def tree_record(
+    cfg, backend, kept_log: List[dict], beam_log: Optional[List[dict]] = None, decode_path: Optional[str] = None
+) -> Dict[str, Any]:
+    """The content of ``beam_tree.json`` for a run of ``cfg`` on ``backend`` (harness.backend.Backend).
+    ``beam_log`` (real runs): per step, every live beam's uid, parent uid, tokens and cumulative
+    log-probability after the step (and, teacher-forced, its token flips): what
+    ``system.teacher_force`` decodes and ``systems.kv_offload.divergence`` compares; ``decode_path``
+    the real engine's (``TorchExecutor.decode_path``)."""
+    doc = {
         **{f: _given(cfg, f) for f in SEARCH_FIELDS},
         "backend": backend.name,
         "device": backend.device,
         "simulated": backend.simulated,
         "hardware_profile": cfg.hardware.name,
+        "decode_path": decode_path,
+        "batch_invariant": bool(cfg.system.get("batch_invariant", False)),
+        "scheduler": cfg.system.scheduler,
         "steps": kept_log,
     }
+    if beam_log:
+        doc["beam_log"] = beam_log
+    return doc
+
+
+def forced_tokens(doc: Dict[str, Any], path) -> List[Dict[int, List[int]]]:
+    """Per step, beam uid -> its recorded tokens (``system.teacher_force``). Raises ConfigError when
+    the tree holds no tokens (a simulated run's, or one recorded before tokens were)."""
+    if not doc.get("beam_log"):
+        raise ConfigError(
+            f"system.teacher_force=true: system.replay_tree={str(path)!r} holds no tokens; record the tree "
+            f"on the real engine (backend=torch, system.record_tree=true)"
+        )
+    return [{int(u): t for u, t in zip(s["uid"], s["tokens"])} for s in doc["beam_log"]]
 
 
 def load_beam_tree(path, cfg) -> Tuple[List[List[int]], Dict[str, Any]]:

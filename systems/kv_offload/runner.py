@@ -34,7 +34,7 @@ from systems.kv_offload.display import display_rows, size_text
 from systems.kv_offload.plan import SCHEDULERS, KVGeometry, Scheduler, make_scheduler
 from systems.kv_offload.protocol import EnergyWindow, Executor
 from systems.kv_offload.replay import FILE as TREE_FILE
-from systems.kv_offload.replay import load_beam_tree, replay_note, tree_record
+from systems.kv_offload.replay import forced_tokens, load_beam_tree, replay_note, tree_record
 from systems.kv_offload.sim import SimExecutor
 from systems.kv_offload.tree import BeamTree, initial_beams, select_and_expand
 
@@ -100,7 +100,11 @@ def validate(cfg) -> None:
             "a time as Unix seconds (e.g. $(date -d '+10 min' +%s)), not a duration: a value before 2020 is none",
         )
     if s.get("replay_tree"):
-        load_beam_tree(s.replay_tree, cfg)
+        _, doc = load_beam_tree(s.replay_tree, cfg)
+        if s.get("teacher_force"):
+            forced_tokens(doc, s.replay_tree)
+    elif s.get("teacher_force"):
+        raise bad("system.teacher_force", True, "false unless system.replay_tree names a recorded tree to force")
     budget = kv_budget_bytes(cfg)
     if s.get("kv_budget") is not None and s.scheduler != "in_gpu":  # a derived budget too small = oom
         one_beam = (w.prompt_len + w.gen_len) * KVGeometry.from_model(cfg.model).kv_token
@@ -129,6 +133,8 @@ def validate_backend(cfg, backend) -> None:
             "on a CUDA GPU)"
             + ("; backend=auto picks the simulator here: no CUDA GPU found" if given == "auto" else ""),
         )
+    if cfg.system.get("teacher_force") and backend.simulated:
+        raise bad("system.teacher_force", True, "false on the simulated backend: it decodes no tokens (backend=torch)")
     if backend.name == "torch":  # a wrong path is bad input, not an error record after the model is built
         check_weights(cfg.model)
         check_decode_path(cfg, backend.device)
@@ -353,6 +359,8 @@ class StepwiseSearch:
         self.n_beams, self.beam_size = w.beams, w.beams // w.beam_width
         self.replay, self.recorded = load_beam_tree(sysc.replay_tree, cfg) if sysc.get("replay_tree") else (None, None)
         self.real = not ctx.backend.simulated
+        self.forced = forced_tokens(self.recorded, sysc.replay_tree) if sysc.get("teacher_force") else None
+        self.beam_log: list = []  # real runs recording their tree: every beam's tokens and score per step
         self.ex = _executor(cfg, ctx, summary["kv_budget_bytes"])
         self.clock = self.ex.clock
         if self.real:
@@ -409,17 +417,35 @@ class StepwiseSearch:
         tokens = min(w.step, w.gen_len - i * w.step)
         plan = self.scheduler.plan(i, self.tree, self.beams, tokens)
         t_plan = clock() - t_plan
+        if self.forced is not None:
+            self.ex.force(self.forced[i])
         o = self.ex.execute_step(plan, self.tree, self.beams)
         for k, (b, delta) in enumerate(zip(self.beams, o.logprob_delta.tolist())):
             b.cum_logprob += delta
             if o.tokens is not None:
                 b.tokens.extend(o.tokens[k])
             self.tree.segments[b.leaf].length = tokens
+        if self.real and self.cfg.system.get("record_tree"):
+            self.log_beams(i, o)
         other = t_plan if self.real else 0.0  # the simulator charges no planning time
         if i + 1 < self.n_steps:
             other += self.select_and_expand(i, plan)
         self.windows.append(self.ex.step_energy())
         self.account(i, plan, o, tokens, other)
+
+    def log_beams(self, i: int, o) -> None:
+        """Step ``i``'s beams for beam_tree.json (``systems.kv_offload.replay.tree_record``)."""
+        entry = {
+            "step": i,
+            "uid": [str(b.uid) for b in self.beams],
+            "parent": [None if b.parent_uid is None else str(b.parent_uid) for b in self.beams],
+            "tokens": o.tokens,
+            "cum_logprob": [b.cum_logprob for b in self.beams],
+        }
+        if o.token_flips is not None:
+            entry["token_flips"] = [f for f, _ in o.token_flips]
+            entry["flip_margin"] = [m for _, m in o.token_flips]
+        self.beam_log.append(entry)
 
     def select_and_expand(self, i: int, plan) -> float:
         """Keep the best beams, expand them, and lay the kept parents' KV out for their children;
@@ -500,7 +526,10 @@ class StepwiseSearch:
         if sysc.get("record_tree"):
             from harness.records import atomic_write_json
 
-            atomic_write_json(self.ctx.outdir / TREE_FILE, tree_record(cfg, self.ctx.backend, self.kept_log))
+            atomic_write_json(
+                self.ctx.outdir / TREE_FILE,
+                tree_record(cfg, self.ctx.backend, self.kept_log, self.beam_log, summary.get("decode_path")),
+            )
             extra["beam_tree_file"] = str(self.ctx.outdir / TREE_FILE)
         if self.replay is not None:
             extra["replayed_tree"] = str(sysc.replay_tree)

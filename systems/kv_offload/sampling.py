@@ -72,3 +72,15 @@ def sample(logp: torch.Tensor, keys: torch.Tensor, position: int) -> torch.Tenso
     """Tokens ``[N]`` drawn from ``exp(logp)``, beam ``i``'s by its uniform for ``position``
     (:func:`uniforms` of its key, :func:`beam_keys`)."""
     return draw(logp, uniforms(keys, position))
+
+
+def draw_margin(logp: torch.Tensor, u: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
+    """``[N]``: how far, in probability, ``u``'s point of row ``i``'s CDF lies outside the interval of
+    token ``forced[i]`` (0 when :func:`draw` would draw ``forced[i]`` from this ``logp``): the change of
+    arithmetic that flipped a teacher-forced token (``systems.kv_offload.divergence``)."""
+    cdf = torch.cumsum(torch.exp(logp), dim=-1)
+    total = cdf[:, -1]
+    x = u.to(cdf.dtype) * total
+    hi = cdf.gather(1, forced[:, None])[:, 0]
+    lo = torch.where(forced > 0, cdf.gather(1, (forced - 1).clamp(min=0)[:, None])[:, 0], torch.zeros_like(hi))
+    return (torch.clamp(lo - x, min=0) + torch.clamp(x - hi, min=0)) / total

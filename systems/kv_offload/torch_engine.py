@@ -26,7 +26,7 @@ from systems.kv_offload.model import shared_model
 from systems.kv_offload.piecewise import PiecewiseDecoder
 from systems.kv_offload.plan import StepPlan
 from systems.kv_offload.protocol import EnergyWindow, StepOutcome
-from systems.kv_offload.sampling import beam_keys, draw, uniforms
+from systems.kv_offload.sampling import beam_keys, draw, draw_margin, uniforms
 from systems.kv_offload.tree import Beam, BeamTree
 
 ROOT = -1  # key of the prompt's next-token distribution (parent of step-0 beams)
@@ -110,6 +110,8 @@ class TorchExecutor:
         self.sample_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.lean, self.piecewise = self._decoders(decode_path, max_beams, batch_invariant)
         self.next_logp: Dict[int, torch.Tensor] = {}  # uid -> [V] log-probs of its next token
+        self.forced: Optional[Dict[int, List[int]]] = None  # teacher forcing: uid -> this step's tokens
+        self._flips: List[Tuple[Sequence[int], torch.Tensor, torch.Tensor]] = []
         self.slot_of: Dict[int, int] = {}  # resident runs: uid -> batch slot
         self.prompt_kv: Optional[DeviceBuffer] = None  # prefill KV kept for fan-out
         self.res: Optional[DeviceBuffer] = None  # resident: [L, 2, N, H, cap, D]
@@ -172,21 +174,39 @@ class TorchExecutor:
 
         logp: ``[G, V]`` next-token log-probs of each beam's parent. ``on_token(k)`` runs before
         token k's forward. Returns tokens ``[G, T]`` (long), their log-probs ``[G, T]`` and the
-        next-token log-probs after the last ``[G, V]``."""
+        next-token log-probs after the last ``[G, V]``. Teacher forcing (``self.forced`` set by
+        :meth:`force`): the tokens are the forced ones, and each beam's own draws that differ from
+        them are counted with their margin (``StepOutcome.token_flips``)."""
         G = len(uids)
         toks = torch.empty(G, T, dtype=torch.long, device=self.device)
         lps = torch.empty(G, T, dtype=self.sample_dtype, device=self.device)
         keys = beam_keys(self.seed, uids, self.device)  # sampling keyed by (seed, uid, position), not slot
         u = uniforms(keys, torch.arange(start, start + T, device=self.device))  # [G, T]: the step's draws
+        forced = None
+        if self.forced is not None:
+            forced = torch.tensor([self.forced[int(x)] for x in uids], dtype=torch.long, device=self.device)
+            flips = torch.zeros(G, dtype=torch.long, device=self.device)
+            margin = torch.zeros(G, dtype=self.sample_dtype, device=self.device)
         for k in range(T):
             if on_token is not None:
                 on_token(k)
             y = draw(logp, u[:, k])
+            if forced is not None:
+                flips += y != forced[:, k]
+                margin = torch.maximum(margin, draw_margin(logp, u[:, k], forced[:, k]))
+                y = forced[:, k]
             toks[:, k] = y
             lps[:, k] = logp.gather(1, y[:, None])[:, 0]
             logp = self.next_token_logp(y, cache)
+        if forced is not None:
+            self._flips.append((uids, flips, margin))
         # the piecewise path's log-probs are a static buffer the next decode overwrites
         return toks, lps, logp.clone() if self.piecewise is not None else logp
+
+    def force(self, tokens: Optional[Dict[int, List[int]]]) -> None:
+        """Teacher forcing for the next :meth:`execute_step`: beam uid -> its tokens of the step (a
+        recorded run's; ``systems.kv_offload.divergence``); None samples again."""
+        self.forced = tokens
 
     def next_token_logp(self, y: torch.Tensor, cache: GroupCache) -> torch.Tensor:
         """Log-probs ``[G, V]`` of the token after ``y`` ``[G]``, whose K/V ``cache`` gains."""
@@ -289,6 +309,7 @@ class TorchExecutor:
         return StepOutcome(
             lps_cpu.sum(axis=1),
             tokens=tokens,
+            token_flips=self._take_flips(beams),
             compute_s=wall - stall,
             io_stall_s=stall,
             h2d_bytes=st.bytes.h2d - h2d0,
@@ -297,6 +318,17 @@ class TorchExecutor:
             peak_physical_bytes=st.dev.peak_physical,
             group_rows=rows,
         )
+
+    def _take_flips(self, beams: Sequence[Beam]) -> Optional[List[tuple]]:
+        """Per beam (``beams`` order), (flipped draws, largest margin) of the step's forced decodes."""
+        if self.forced is None:
+            return None
+        got = {}
+        for uids, flips, margin in self._flips:
+            for u, f, m in zip(uids, flips.tolist(), margin.tolist()):
+                got[int(u)] = (int(f), float(m))
+        self._flips = []
+        return [got[b.uid] for b in beams]
 
     def parent_logp(self, beams: Sequence[Beam]) -> torch.Tensor:
         return torch.stack([self.next_logp[ROOT if b.parent_uid is None else b.parent_uid] for b in beams])

@@ -189,9 +189,14 @@ def initial_beams(tree: BeamTree, beams: int, seed: int) -> List[Beam]:
     return [Beam(uid=u, path=Path(sid, root)) for u, sid in zip(uids, tree.new_segments(0, beams))]
 
 
+def rank_key(cum_logprob: float, uid: int) -> tuple:
+    """Selection's order: higher cumulative log-probability first, ties to the smaller uid."""
+    return (-cum_logprob, uid)
+
+
 def select(beams: Sequence[Beam], beam_size: int) -> List[Beam]:
-    """Selection: the top ``beam_size`` by cumulative log-probability (ties: smaller uid first)."""
-    return sorted(beams, key=lambda b: (-b.cum_logprob, b.uid))[:beam_size]
+    """Selection: the top ``beam_size`` by :func:`rank_key`."""
+    return sorted(beams, key=lambda b: rank_key(b.cum_logprob, b.uid))[:beam_size]
 
 
 def expand(tree: BeamTree, kept: Sequence[Beam], beam_width: int) -> List[Beam]:

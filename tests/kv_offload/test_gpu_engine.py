@@ -64,6 +64,15 @@ def test_dry_run_measures_every_decode_path_search_and_reproducibility(tmp_path)
         "first vs invariant",
     }
     assert all(v == [repro["beam_size"]] * 2 for v in repro["kept_in_common"].values()), repro
+    # teacher-forced: in float32 on a CPU, another batch size rounds differently (but flips nothing);
+    # padded to one batch size, LBS scores in_gpu's tree bit for bit
+    forced = repro["teacher_forced"]
+    assert set(forced) == {"lbs-forced-on-first", "first-forced-on-lbs", "lbs-invariant-forced-on-invariant"}
+    for d in forced.values():
+        assert d["max_abs_cum_logprob_diff"] < 1e-4 and d["token_flips"] == d["selection_flips"] == 0
+    assert forced["lbs-invariant-forced-on-invariant"]["identical"]
+    t = repro["e2e_s"]
+    assert repro["lbs-invariant / lbs time"] == t["lbs-invariant"] / t["lbs"] and t["invariant"] > 0
 
 
 def test_kept_overlap_counts_the_beams_two_trees_keep_in_common(tmp_path):
