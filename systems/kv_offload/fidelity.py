@@ -9,7 +9,7 @@ time of the fastest repeat, the least disturbed by other jobs on a shared machin
 the slowest beside it, and the simulated time; the MAPE of the fastest, of the mean and of each
 repeat; bytes, which must match exactly since the simulator executes the same plans),
 ``fidelity_summary.csv`` and ``fidelity.png``, and prints the summary. Each repeat is its own sweep
-(``lbs_fidelity/rep<i>``, all configurations in turn, so a change of machine load spreads over every
+(``lbs_fidelity/rep<i>``, its ``hydra.sweep.dir``; all configurations in turn, so a change of machine load spreads over every
 configuration); real runs fix torch's threads to 1 and warm up first (``systems.kv_offload.runner``); the
 calibration measures with the same single thread. The repeat loop is kept here, simple, until the
 harness has a generic one.
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
                 "-m",
                 "experiment=lbs_fidelity",
                 "hardware=cpu-calibrated",
-                f"sweep_name=lbs_fidelity/rep{i}",
+                f"hydra.sweep.dir={out / f'rep{i}'}",  # a sweep_name is one folder's name, no '/'
                 "report=null",
                 *args,
             ],

@@ -208,3 +208,28 @@ def test_the_eq_prediction_of_a_request_that_fits_is_zero_as_the_bytes_moved(com
     assert (lw["h2d_bytes"], lw["eq_prediction_bytes"]) == (0, 0)
     over = run(compose_cfg("system=lbs", "beams=16", output_dir=tmp_path / "c"))["summary"]
     assert over["h2d_bytes"] > 0 and over["eq_prediction_bytes"] == over["eq5_lbs_bytes"]
+
+
+def test_the_fidelity_tool_runs_its_repeats_as_sweeps_run_py_accepts(tmp_path, monkeypatch):
+    """``python -m systems.kv_offload.fidelity`` starts run.py once per repeat; each command must pass
+    run.py's own checks (it passed ``sweep_name=lbs_fidelity/rep0``, which the sweep-folder rule
+    refuses: the tool exited 2 after minutes of calibration). Here the calibration is skipped and the
+    jobs are simulated; the repeats' records land in <results>/sweeps/lbs_fidelity/rep<i>."""
+    import subprocess as sp
+
+    from systems.kv_offload import fidelity
+
+    calls = []
+
+    def call(cmd, cwd=None):
+        calls.append(cmd)
+        if "harness.calibrate" in cmd:
+            return 0
+        cmd = [("hardware=cpu" if a == "hardware=cpu-calibrated" else a) for a in cmd]
+        return sp.run([*cmd, "backend=sim", "gen_len=16", "step=8"], cwd=cwd).returncode
+
+    monkeypatch.setattr(fidelity.subprocess, "call", call)
+    assert fidelity.main(["repeats=2", "recalibrate=true", f"results_dir={tmp_path}"]) == 0
+    assert len(calls) == 3
+    for i in range(2):
+        assert len(list((tmp_path / "sweeps" / "lbs_fidelity" / f"rep{i}").glob("*/run.json"))) == 6
