@@ -2,6 +2,7 @@
 
     python -m harness.calibrate hardware=cpu            # -> conf/hardware/cpu-calibrated.yaml (threads=1)
     python -m harness.calibrate hardware=h200 out=PATH  # on a CUDA machine: pinned copies, fp16 GEMM
+    python -m harness.calibrate hardware=cpu gemv_bytes=64MiB   # mem_bw at a model's weight bytes
 
 Measures (the fastest of several timing windows: a ceiling): GEMM throughput (FLOP/s; fp32 on CPU, fp16 on CUDA), memory
 bandwidth as a decode step sees it (4-row matmuls against a 512 MiB weight matrix, far larger than
@@ -23,11 +24,13 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
 import yaml
 from omegaconf import OmegaConf
 
 from harness.meters import time_basis
+from harness.units import size_setting
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,21 +78,24 @@ def kernel_launch_seconds(device: str, sync, per_window: int = 1000) -> float:
     return _timeit(lambda: x.add_(1.0), sync, per_window=per_window, clock=time_basis(device)[0])
 
 
-def measure(device: str = "cpu", quick: bool = False, threads: int = 1) -> dict:
+def measure(device: str = "cpu", quick: bool = False, threads: int = 1, gemv_bytes: Optional[int] = None) -> dict:
     """Return measured ceilings: peak_flops, mem_bw, h2d_bw, d2h_bw (per s), launch_overhead_s and
     kernel_launch_s, measured with ``threads`` torch CPU threads (the real engine's default, 1:
-    ``backend.threads``; restored afterwards)."""
+    ``backend.threads``; restored afterwards). ``gemv_bytes``: the weight matrix of the decode-GEMV
+    bandwidth (``mem_bw``); default :data:`GEMV_BYTES`, far larger than any cache (a GPU's HBM
+    regime); a model's weight bytes measure the bandwidth its decode sees, caches included (on a CPU,
+    a tiny model's weights are partly cache-resident)."""
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _measure(device, quick)
+        return _measure(device, quick, gemv_bytes)
     finally:
         torch.set_num_threads(before)
 
 
-def _measure(device: str, quick: bool) -> dict:
+def _measure(device: str, quick: bool, gemv_bytes: Optional[int] = None) -> dict:
     import torch
 
     cuda = device == "cuda"
@@ -106,7 +112,7 @@ def _measure(device: str, quick: bool) -> dict:
     stream_bw = size / _timeit(lambda: x.sum(), sync, clock=clock)
     # decode-shaped matmuls (4 rows x a weight matrix far larger than the caches): the bandwidth a
     # decode step actually gets when it reads weights and KV. This is the roofline's memory ceiling.
-    gemv_bytes = GEMV_BYTES >> (3 if quick else 0)
+    gemv_bytes = gemv_bytes or GEMV_BYTES >> (3 if quick else 0)
     gemv_window = 50 if cuda else 4
     mem_bw = gemv_bandwidth(device, dt, gemv_bytes, gemv_window, sync)
     launch_kernel = kernel_launch_seconds(device, sync, per_window=1000 if not quick else 200)
@@ -192,7 +198,9 @@ def write_profile(base: dict, measured: dict, out: Path) -> Path:
 def main(argv=None) -> int:
     from harness.cli import tool_args
 
-    args = tool_args(list(argv if argv is not None else sys.argv[1:]), __doc__, ("hardware", "out", "quick", "threads"))
+    args = tool_args(
+        list(argv if argv is not None else sys.argv[1:]), __doc__, ("hardware", "out", "quick", "threads", "gemv_bytes")
+    )
     hw = args.get("hardware", "cpu")
     src = ROOT / "conf" / "hardware" / f"{hw}.yaml"
     from harness.cli import check_group_options, check_tool_values
@@ -201,6 +209,9 @@ def main(argv=None) -> int:
     try:
         check_group_options([f"hardware={hw}"], ROOT / "conf")
         check_tool_values(args, ints=("threads",), flags=("quick",), files=("out",))
+        gemv = size_setting(args["gemv_bytes"], "gemv_bytes") if "gemv_bytes" in args else None
+        if gemv is not None and not 1 << 20 <= gemv <= 1 << 34:
+            raise ConfigError(f"gemv_bytes={args['gemv_bytes']!r} is not allowed: a size from 1MiB to 16GiB")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -212,7 +223,9 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print(f"error: hardware={hw} is a GPU profile but no CUDA GPU is available", file=sys.stderr)
             return 2
-    m = measure(device, quick=args.get("quick", "false") == "true", threads=int(args.get("threads", 1)))
+    m = measure(
+        device, quick=args.get("quick", "false") == "true", threads=int(args.get("threads", 1)), gemv_bytes=gemv
+    )
     out = Path(args.get("out", ROOT / "conf" / "hardware" / f"{hw}-calibrated.yaml"))
     write_profile(base, m, out)
     labels = {

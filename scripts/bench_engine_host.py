@@ -76,6 +76,36 @@ def ours(mcfg, built, beams: int, tokens: int, count: bool):
     return cpu, counter.n
 
 
+def piecewise_host_ops(mcfg, built, beams: int, tokens: int) -> float:
+    """Aten ops per token the piecewise path dispatches outside its pieces (attention, K/V writes,
+    sampling, the inputs' copies): what a GPU's host still issues per token when the pieces replay
+    as CUDA graphs (here they run eagerly, and their ops are subtracted)."""
+    from systems.kv_offload.piecewise import _Pieces
+
+    ex = TorchExecutor(mcfg, "cpu", None, seed=0, model=built, decode_path="piecewise", max_beams=beams)
+    prompt = list(range(1, PROMPT + 1))
+    tree = BeamTree(PROMPT)
+    ex.prefill(tree, prompt, offload=False)
+    live = initial_beams(tree, beams, 0)
+    plan = make_scheduler("in_gpu", ex.geom, None, prompt_len=PROMPT, gen_len=tokens).plan(0, tree, live, tokens)
+    total, inside = CountOps(), [0]
+    run = _Pieces.run
+
+    def counted_run(self, i):
+        n0 = total.n
+        run(self, i)
+        inside[0] += total.n - n0
+
+    _Pieces.run = counted_run
+    try:
+        with total:
+            ex.execute_step(plan, tree, live)
+    finally:
+        _Pieces.run = run
+        ex.close()
+    return (total.n - inside[0]) / tokens
+
+
 def transformers_eager(built, beams: int, tokens: int, count: bool):
     """(CPU seconds, aten ops) of ``tokens`` greedy decode tokens with transformers' DynamicCache."""
     from transformers import DynamicCache
@@ -128,6 +158,11 @@ def main(argv=None) -> int:
             f"{name:13s} {1e3 * rows[name][0]:8.3f} ms CPU per token   {rows[name][1]:7.1f} aten ops per token "
             f"({rows[name][1] / layers:.1f} per layer)"
         )
+    outside = piecewise_host_ops(mcfg, built, a.beams, a.tokens)
+    print(
+        f"piecewise path: {outside:.1f} aten ops per token outside its CUDA-graph pieces "
+        f"({outside / layers:.1f} per layer): what a GPU's host still dispatches"
+    )
     (t_o, n_o), (t_t, n_t) = rows["ours"], rows["transformers"]
     print(
         f"ratio ours / transformers: host time {t_o / t_t:.2f}x (goal <= 0.5x), aten ops {n_o / n_t:.2f}x "

@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     repeats = int(opts.get("repeats", 3))
     prof = ROOT / "conf" / "hardware" / "cpu-calibrated.yaml"
     if opts.get("recalibrate", "true") != "false" or not prof.exists():
-        rc = subprocess.call([sys.executable, "-m", "harness.calibrate", "hardware=cpu", "threads=1"], cwd=ROOT)
+        gemv = f"gemv_bytes={model_weight_bytes(args)}"  # mem_bw as this model's decode sees it
+        rc = subprocess.call([sys.executable, "-m", "harness.calibrate", "hardware=cpu", "threads=1", gemv], cwd=ROOT)
         if rc:
             return rc
     out = results_dir_of(args) / "sweeps" / "lbs_fidelity"  # where run.py's jobs below write
@@ -78,6 +79,23 @@ def main(argv=None) -> int:
 
     report_repeats(out, [gather_runs(d) for d in reps])
     return 0
+
+
+def model_weight_bytes(args: List[str]) -> int:
+    """Weight bytes of the experiment's model under run.py's arguments ``args``: the working set of
+    the calibration's decode-GEMV bandwidth, so that a CPU's caches count as they do for this model
+    (a tiny model's weights are partly cache-resident; a 512 MiB matrix's are not)."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.config import register_configs, register_resolvers
+    from harness.model_facts import weight_bytes
+
+    register_resolvers()
+    register_configs()
+    keep = [a for a in args if a.startswith(("model=", "model."))]
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose("config", overrides=["experiment=lbs_fidelity", *keep])
+    return int(weight_bytes(cfg.model))
 
 
 def report(sweep_dir, runs, cfg):

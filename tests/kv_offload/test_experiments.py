@@ -201,7 +201,9 @@ def test_gpu_calibration_sets_efficiencies_to_one(tmp_path, monkeypatch):
     }
     seen = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(calibrate, "measure", lambda device, quick, threads: seen.update(device=device) or dict(fake))
+    monkeypatch.setattr(
+        calibrate, "measure", lambda device, quick, threads, **kw: seen.update(device=device) or dict(fake)
+    )
     base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/hardware/h100.yaml"))  # a datasheet profile
     assert base["flops_efficiency"] < 1.0 and base["mem_efficiency"] < 1.0
     assert calibrate.main(["hardware=h100", f"out={tmp_path / 'h100-calibrated.yaml'}"]) == 0
@@ -272,3 +274,36 @@ def test_calibrate_unknown_hardware_exits_2_listing_the_profiles(capsys):
     assert calibrate.main(["hardware=h300"]) == 2
     err = capsys.readouterr().err
     assert "hardware='h300' is not allowed: one of a100-80gb, cpu," in err and "_hardware_schema" not in err
+
+
+def test_calibrate_measures_the_decode_bandwidth_at_the_working_set_given(monkeypatch, tmp_path, capsys):
+    """``gemv_bytes=64MiB`` sizes the decode-GEMV matrix (the fidelity tool passes the model's weight
+    bytes); a size that is none, or outside 1 MiB..16 GiB, exits 2 before measuring. (Mutation
+    caught: the option parsed but not passed to the measurement.)"""
+    from harness import calibrate
+
+    sizes = []
+    monkeypatch.setattr(calibrate, "gemv_bandwidth", lambda device, dt, nbytes, per, sync: sizes.append(nbytes) or 1e10)
+    monkeypatch.setattr(calibrate, "_layer_launch_overhead", lambda *a: 1e-4)
+    m = calibrate.measure("cpu", quick=True, gemv_bytes=64 << 20)
+    assert sizes == [64 << 20] and m["gemv_bytes"] == 64 << 20
+    calibrate.measure("cpu", quick=True)
+    assert sizes[-1] == calibrate.GEMV_BYTES >> 3
+    seen = {}
+    monkeypatch.setattr(
+        calibrate, "measure", lambda *a, **kw: seen.update(kw) or calibrate._measure("cpu", True, 1 << 20)
+    )
+    assert calibrate.main(["hardware=cpu", "gemv_bytes=2MiB", f"out={tmp_path / 'p.yaml'}"]) == 0
+    assert seen["gemv_bytes"] == 2 << 20
+    for bad in ("1KiB", "lots", "64GiB"):
+        assert calibrate.main(["hardware=cpu", f"gemv_bytes={bad}"]) == 2
+        assert "gemv_bytes=" in capsys.readouterr().err
+
+
+def test_the_fidelity_tool_calibrates_at_its_models_weight_bytes():
+    """tiny-opt (4 layers of hidden 256, FFN 1024, vocabulary 50,272, float32): 66,215,936 bytes of
+    weights (harness.model_facts.weight_bytes), and a model override changes them."""
+    from systems.kv_offload.fidelity import model_weight_bytes
+
+    assert model_weight_bytes([]) == 66_215_936
+    assert model_weight_bytes(["model.vocab_size=1000", "beams=8"]) < 66_215_936 / 4
