@@ -285,8 +285,8 @@ def test_calibrate_measures_the_decode_bandwidth_at_the_working_set_given(monkey
     sizes = []
     monkeypatch.setattr(calibrate, "gemv_bandwidth", lambda device, dt, nbytes, per, sync: sizes.append(nbytes) or 1e10)
     monkeypatch.setattr(calibrate, "_layer_launch_overhead", lambda *a: 1e-4)
-    m = calibrate.measure("cpu", quick=True, gemv_bytes=64 << 20)
-    assert sizes == [64 << 20] and m["gemv_bytes"] == 64 << 20
+    m = calibrate.measure("cpu", quick=True, gemv_bytes=32 << 20)
+    assert sizes == [32 << 20] and m["gemv_bytes"] == 32 << 20
     calibrate.measure("cpu", quick=True)
     assert sizes[-1] == calibrate.GEMV_BYTES >> 3
     seen = {}
