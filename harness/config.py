@@ -279,6 +279,28 @@ HARDWARE_NUMBERS = {  # field: (what it is, range, what 0 or null means)
     "clock_default_mhz": ("a clock in MHz", ">= 0", "0 = no clock range"),
     "clock_step_mhz": ("a clock step in MHz", "> 0", ""),
     "kv_reserve_bytes": ("a size in bytes", ">= 0", "null = 10 % of memory_bytes"),
+    "host_memory_bytes": ("a host memory size in bytes", "> 0", "null = unknown, not checked"),
+}
+# Physically plausible values (field: lowest, highest, why): a value outside is a typo or a unit slip
+# (1e-300 FLOP/s ran as "ok" with an infinite latency; 1e308 s of launch overhead likewise), not a
+# device. Wide on purpose: from a slow CPU core to 10-100x today's largest accelerator. A field whose
+# 0 means "not set" (HARDWARE_NUMBERS' ">= 0" fields) is bounded only when set.
+PLAUSIBLE = {
+    "num_gpus": (1, 1024, "GPUs of one node or NVLink domain (the largest today: 72-576)"),
+    "memory_bytes": (2**20, 2**44, "1 MiB to 16 TiB of device memory (the largest GPU today: 288 GB)"),
+    "peak_flops": (1e8, 1e17, "0.1 GFLOP/s to 100 PFLOP/s (an H200: 0.99 PFLOP/s dense fp16)"),
+    "mem_bw": (1e8, 1e14, "0.1 GB/s to 100 TB/s (an H200: 4.8 TB/s)"),
+    "h2d_bw": (1e6, 1e13, "1 MB/s to 10 TB/s (PCIe 5 x16: 64 GB/s; NVLink-C2C: 900 GB/s)"),
+    "d2h_bw": (1e6, 1e13, "1 MB/s to 10 TB/s (PCIe 5 x16: 64 GB/s; NVLink-C2C: 900 GB/s)"),
+    "interconnect_bw": (1e6, 1e14, "1 MB/s to 100 TB/s (NVLink 5: 1.8 TB/s per GPU)"),
+    "launch_overhead_s": (1e-9, 1.0, "1 ns to 1 s per decoder-layer launch (measured: 30-500 us)"),
+    "tdp_w": (1.0, 1e4, "1 W to 10 kW (a B200: 1 kW)"),
+    "idle_w": (0.1, 1e4, "0.1 W to 10 kW"),
+    "clock_min_mhz": (1, 10_000, "1 MHz to 10 GHz"),
+    "clock_max_mhz": (1, 10_000, "1 MHz to 10 GHz"),
+    "clock_default_mhz": (1, 10_000, "1 MHz to 10 GHz"),
+    "clock_step_mhz": (1, 10_000, "1 MHz to 10 GHz"),
+    "host_memory_bytes": (2**20, 2**50, "1 MiB to 1 PiB of host memory"),
 }
 POWER_NUMBERS = {  # hardware.power: the serving power model (systems/common/gpu_model.py)
     "act_a_w": ("a power in watts", ">= 0", ""),
@@ -329,10 +351,15 @@ def check_numbers(group: str, node, limits: Dict[str, tuple]) -> None:
 
 
 def check_hardware(hw) -> None:
-    """A hardware profile's numbers (:data:`HARDWARE_NUMBERS`, ``power``: :data:`POWER_NUMBERS`) and
-    their order: the clocks set (> 0) as min <= default <= max, idle power at most the TDP (when
+    """A hardware profile's numbers (:data:`HARDWARE_NUMBERS`, ``power``: :data:`POWER_NUMBERS`), each
+    within its physically plausible range (:data:`PLAUSIBLE`), and their order: the clocks set (> 0) as min <= default <= max, idle power at most the TDP (when
     both are set). Raises ConfigError naming the field."""
     check_numbers("hardware", hw, HARDWARE_NUMBERS)
+    for key, (low, high, why) in PLAUSIBLE.items():
+        v = hw.get(key)
+        unset = v is None or (v == 0 and HARDWARE_NUMBERS[key][1] == ">= 0")
+        if not unset and not low <= v <= high:
+            raise bad(f"hardware.{key}", v, f"{HARDWARE_NUMBERS[key][0]} from {low:g} to {high:g} ({why})")
     if hw.get("power"):
         check_numbers("hardware.power", hw.power, POWER_NUMBERS)
     clocks = [(k, hw.get(k)) for k in ("clock_min_mhz", "clock_default_mhz", "clock_max_mhz") if hw.get(k)]

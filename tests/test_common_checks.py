@@ -504,3 +504,54 @@ def test_a_family_without_a_real_engine_is_simulated_never_a_keyerror(compose_cf
     ):
         B.resolve_backend(compose_cfg("system=lbs", "backend=torch"), toy)
     assert not B.resolve_backend(compose_cfg("system=lbs"), KV_OFFLOAD).simulated  # a listed family: its engine
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "hardware.peak_flops=1e-300",
+            "hardware.peak_flops=1e-300 is not allowed: a compute rate in FLOP/s from 1e+08 to 1e+17 "
+            "(0.1 GFLOP/s to 100 PFLOP/s (an H200: 0.99 PFLOP/s dense fp16))",
+        ),
+        (
+            "hardware.launch_overhead_s=1e308",
+            "hardware.launch_overhead_s=1e+308 is not allowed: a time in seconds from",
+        ),
+        (
+            "hardware.host_memory_bytes=-1",
+            "hardware.host_memory_bytes=-1 is not allowed: a host memory size in bytes > 0",
+        ),
+        (
+            "hardware.host_memory_bytes=1",
+            "hardware.host_memory_bytes=1 is not allowed: a host memory size in bytes from",
+        ),
+        (
+            "hardware.mem_bw=1e15",
+            "hardware.mem_bw=1000000000000000.0 is not allowed: a bandwidth in bytes/s from 1e+08",
+        ),
+        ("hardware.h2d_bw=5", "hardware.h2d_bw=5.0 is not allowed: a bandwidth in bytes/s from 1e+06 to 1e+13"),
+        ("hardware.num_gpus=100000", "hardware.num_gpus=100000 is not allowed: a GPU count from 1 to 1024"),
+        ("hardware.tdp_w=1e6", "hardware.tdp_w=1000000.0 is not allowed: a power in watts from 1 to 10000"),
+        (
+            "hardware.memory_bytes=1125899906842624",
+            "hardware.memory_bytes=1125899906842624 is not allowed: a device memory size in bytes from",
+        ),
+    ],
+)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_physically_implausible_hardware_number_is_refused_in_every_family(compose_cfg, family, override, message):
+    """Issue 39: peak_flops=1e-300 and launch_overhead_s=1e308 ran with status ok and an infinite
+    latency; host_memory_bytes=-1 was not checked. Each bound's reason is in the message.
+    (Mutations caught: the bounds not applied; host_memory_bytes missing from the checks.)"""
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg(*FAMILIES[family], override))
+    assert str(e.value).startswith(message), str(e.value)
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["hardware.peak_flops=1e8", "hardware.peak_flops=1e17", "hardware.launch_overhead_s=0", "hardware.tdp_w=0"],
+)
+def test_a_bound_itself_and_a_zero_that_means_unset_are_allowed(compose_cfg, override):
+    validate_config(compose_cfg(*FAMILIES["lbs"], override))

@@ -95,7 +95,7 @@ def test_in_gpu_holds_nothing_on_the_host(compose_cfg, tmp_path):
     rec = _run(compose_cfg, tmp_path, "ing", "system=in_gpu", f"beams={2**20}")
     assert rec["status"] == "oom" and "exceeds the KV budget" in rec["message"]
     fits = _run(
-        compose_cfg, tmp_path, "res", "system=lbs", "beams=4", "kv_budget=16GiB", "hardware.host_memory_bytes=1"
+        compose_cfg, tmp_path, "res", "system=lbs", "beams=4", "kv_budget=16GiB", "hardware.host_memory_bytes=1048576"
     )
     assert fits["status"] == "ok" and fits["summary"]["h2d_bytes"] == 0
 
