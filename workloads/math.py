@@ -62,35 +62,37 @@ def load_problems(path: str | Path, limit: Optional[int] = None) -> List[Problem
             f"workload.path={str(path)!r} is not allowed: a folder, not a dataset file (its .jsonl "
             f"files: {found}; pass workload.path={p / 'test.jsonl'} or the like)"
         )
-    if not p.is_file():
+    if not p.exists():
         from workloads.data import missing_hint
 
         raise ConfigError(
             f"workload.path={str(path)!r} is not allowed: no such dataset file "
             f"(pass workload.path=/path/to/test.jsonl, or {missing_hint()})"
         )
+    from harness.inputs import read_text
+
+    content = read_text(p, "workload.path", "a JSONL problem set")  # a regular UTF-8 file
     out: List[Problem] = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{p}: line {lineno} is not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(obj, dict):
-                raise ConfigError(f"{p}: line {lineno} is not a JSON object")
-            text = obj.get("problem", obj.get("question"))
-            if not isinstance(text, str) or "answer" not in obj:
-                raise ConfigError(f"{p}: line {lineno} lacks a 'problem' string or an 'answer' field")
-            if not text.strip() or obj["answer"] is None or not str(obj["answer"]).strip():
-                raise ConfigError(
-                    f"{p}: line {lineno} has an empty 'problem' or a null/empty 'answer' (every "
-                    f"problem needs its text and a reference answer to grade against)"
-                )
-            out.append(Problem(len(out), text, str(obj["answer"]), lineno))
-            if limit is not None and len(out) >= limit:
-                break
+    for lineno, line in enumerate(content.replace("\r\n", "\n").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p}: line {lineno} is not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{p}: line {lineno} is not a JSON object")
+        text = obj.get("problem", obj.get("question"))
+        if not isinstance(text, str) or "answer" not in obj:
+            raise ConfigError(f"{p}: line {lineno} lacks a 'problem' string or an 'answer' field")
+        if not text.strip() or obj["answer"] is None or not str(obj["answer"]).strip():
+            raise ConfigError(
+                f"{p}: line {lineno} has an empty 'problem' or a null/empty 'answer' (every "
+                f"problem needs its text and a reference answer to grade against)"
+            )
+        out.append(Problem(len(out), text, str(obj["answer"]), lineno))
+        if limit is not None and len(out) >= limit:
+            break
     if not out:
         raise ConfigError(f"{p}: no problems in the file")
     return out

@@ -123,12 +123,25 @@ class _Unusual(Exception):
 
 
 def _read(fast: Callable, by_line: Callable, path: Path):
+    """The vectorised reader's result, else the line-by-line one's (whose errors name the line).
+    TraceError for a path that is no regular file (a FIFO would block) or no UTF-8 text."""
     import pyarrow as pa
 
+    from harness.errors import ConfigError
+    from harness.inputs import regular_file
+
+    try:
+        regular_file(path, "trace file", "a trace file")
+    except ConfigError as e:
+        raise TraceError(f"{path}: {str(e).split(' is not allowed: ', 1)[-1]}") from None
     try:
         return fast(path)
     except (_Unusual, pa.ArrowInvalid, ValueError, KeyError, TypeError):
+        pass
+    try:
         return by_line(path)
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not a UTF-8 text file (byte {e.start} is not UTF-8: a binary file?)") from None
 
 
 def _numpy(col, dtype) -> np.ndarray:
@@ -249,7 +262,7 @@ def load_azure(path) -> Requests:
     or rows out of time order.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise TraceError(f"{path}: trace file not found; {missing_hint()}")
     t, ins, outs = _read(_azure_fast, _azure_by_line, path)
     return Requests(t - t[0], ins, outs, note=f"azure {path.name}")
@@ -302,7 +315,7 @@ def load_mooncake(path) -> Requests:
     line). Raises TraceError (file:line: field) for a line that is not such an object, a timestamp
     that is negative or not finite, a length that is not an integer >= 1, or lines out of order."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise TraceError(f"{path}: trace file not found; {missing_hint()}")
     t, ins, outs = _read(_mooncake_fast, _mooncake_by_line, path)
     return Requests(t - t[0], ins, outs, note=f"mooncake {path.name}")

@@ -79,13 +79,19 @@ class LatencyProfile:
 
 def load_profile(path) -> LatencyProfile:
     """Read a profile. Raises ConfigError naming the path when it is missing or not a profile."""
+    from harness.inputs import read_text
+
     p = Path(path)
     if not p.exists():
         raise ConfigError(
             f"system.latency_profile={str(path)!r} is not allowed: no such file (write one with "
             f"python -m systems.energy_serving.calibrate model=<a tiny-* model>)"
         )
-    d = yaml.safe_load(p.read_text()) or {}
+    text = read_text(p, "system.latency_profile", "a profile of systems.energy_serving.calibrate", 1 << 20)
+    try:
+        d = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        d = None
     if not isinstance(d, dict) or set(TERMS) - set(d.get("coefficients", {})) or "model" not in d:
         raise ConfigError(
             f"system.latency_profile={str(path)!r} is not allowed: not a profile of "

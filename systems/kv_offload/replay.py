@@ -80,8 +80,10 @@ def load_beam_tree(path, cfg) -> Tuple[List[List[int]], Dict[str, Any]]:
     p = Path(path)
     if p.is_dir():
         p = p / FILE
+    from harness.inputs import read_text
+
     try:
-        doc = json.loads(p.read_text())
+        doc = json.loads(read_text(p, "system.replay_tree", "a beam tree (beam_tree.json)", 1 << 30))
         steps = [[int(u) for u in s["kept"]] for s in doc["steps"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(
