@@ -213,12 +213,28 @@ def job_config(cfg: DictConfig) -> Tuple[Dict[str, Any], str]:
     return d, records.config_hash(d)
 
 
-def recorded(outdir: Path, chash: str, tell: Callable[[str], None] = say) -> Optional[Dict[str, Any]]:
+def recorded(
+    outdir: Path, chash: str, tell: Callable[[str], None] = say, data: Optional[Dict[str, str]] = None
+) -> Optional[Dict[str, Any]]:
     """The job's valid record in ``outdir`` (``records.load_valid_record``: this record version, status
     ok or oom, config hash ``chash``), telling (``tell``: printed and logged to run.log) that the job is
-    skipped; None when there is none. The one resume check: :func:`run` makes it before a job, the
-    sweeper before launching (with ``tell=print``: its log is Hydra's, which prints it again)."""
+    skipped; None when there is none, or when ``data`` (the job's data files, ``{path: sha256}``)
+    differs from the record's (the job runs again; a record written before data files were recorded
+    is not compared). The one resume check: :func:`run` makes it before a job."""
     prev = records.load_valid_record(outdir, chash)
+    if prev is not None and data is not None and "data_files" in prev and prev["data_files"] != data:
+        old = prev["data_files"]
+        moved = sorted(set(old) ^ set(data)) or sorted(p for p in data if old[p] != data[p])
+        tell(
+            f"running again: the data differ from the record's ({moved[0]}"
+            + (
+                f": sha256 {old[moved[0]][:12]} -> {data[moved[0]][:12]})"
+                if moved[0] in old and moved[0] in data
+                else ")"
+            )
+            + f"; the earlier record is set aside in {outdir / records.REPLACED_DIR} until this run's is valid"
+        )
+        return None
     if prev is not None:
         tell(f"skipping: valid record exists ({outdir / 'run.json'}, status {prev['status']})")
     return prev

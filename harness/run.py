@@ -121,13 +121,17 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
             )
     cfg_dict, chash = job_config(cfg)
     outdir = writable_output_dir(cfg, chash)
+    from workloads.data import data_files
+
+    data = data_files(cfg.workload)
     if cfg.get("resume", True):
-        prev = recorded(outdir, chash)
+        prev = recorded(outdir, chash, data=data)
         if prev is not None:
             return prev
     overrides = task_overrides() if overrides is None else overrides
     with logs.job_log(outdir):
-        if not cfg.get("resume", True):
+        # resume=false, or resume over a record of other data: the earlier record is set aside
+        if not cfg.get("resume", True) or records.load_valid_record(outdir, chash) is not None:
             set_aside(outdir, chash)
         aside = outdir / records.REPLACED_DIR  # also one an unfinished re-run left: settled by this run's record
         try:
@@ -161,9 +165,23 @@ def record_header(
         },
         "seed": cfg.get("seed"),
         "config_hash": chash,
+        "data_files": data_files_of(cfg),
         "overrides": overrides,
         "config": cfg_dict,
     }
+
+
+def data_files_of(cfg) -> Dict[str, str]:
+    """``{path: sha256}`` of the data files the job reads (``workloads.data.data_files``); {} where
+    the workload cannot tell (a config that does not resolve: its error record says why)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from workloads.data import data_files
+
+    try:
+        return data_files(cfg.workload)
+    except (OmegaConfBaseException, OSError):
+        return {}
 
 
 def error_record(

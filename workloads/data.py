@@ -8,8 +8,10 @@ the same folder by default. :func:`missing_hint` is the sentence every "no such 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+from typing import Dict, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -38,3 +40,37 @@ def missing_hint() -> str:
         f"get the data with `python -m workloads.fetch` (downloads the pinned public files into "
         f"{data_dir()}, the folder runs read; `--from DIR` copies a local mirror), or set TTC_DATA_DIR"
     )
+
+
+_DIGESTS: Dict[Tuple, str] = {}  # (path, size, mtime, ctime, inode) -> sha256, for this process
+
+
+def digest(path: Path) -> str:
+    """sha256 of a file's bytes (hex). Computed once per process for a file whose size, times and
+    inode stay the same; an in-place edit that keeps the size and the mtime changes the ctime."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def data_files(workload) -> Dict[str, str]:
+    """``{resolved path: sha256}`` of the data files a workload reads: its ``path``, a file or every
+    regular file under a folder; {} for a workload without one (synthetic prompts and arrivals) or
+    whose path does not exist (its run says so). What run.json records and resume compares."""
+    rel = workload.get("path") if hasattr(workload, "get") else None
+    if not rel:
+        return {}
+    root = resolve(rel)
+    if root.is_file():
+        files = [root]
+    elif root.is_dir():
+        files = sorted(f for f in root.rglob("*") if f.is_file())
+    else:
+        return {}
+    return {str(f): digest(f) for f in files}

@@ -36,10 +36,15 @@ def requests_for(w, cache: Optional[Path] = None):
     """The workload's request stream (cached per resolved workload config: ``seed: ${seed}`` is
     resolved, so jobs of a sweep sharing a worker process get their own seed's stream). With
     ``cache`` (a folder), a trace's stream is also stored there and read back by later runs while
-    the config, the trace files (path, size, mtime) and the loaders' source stay the same."""
+    the config, the trace files' contents (sha256) and the loaders' source stay the same; a cache
+    file that cannot be read is computed again."""
     from omegaconf import OmegaConf
 
+    import workloads.data
+
     key = OmegaConf.to_yaml(w, resolve=True)
+    if w.kind in ("trace", "servegen"):  # the files' contents too: an edit is another stream
+        key += repr(sorted(workloads.data.data_files(w).items()))
     if key not in _REQ_CACHE:
         _REQ_CACHE.clear()
         stored = cache is not None and w.kind in ("trace", "servegen")
@@ -55,19 +60,14 @@ def _stored_requests(key: str, w, cache: Path):
     import workloads.data
     import workloads.serving
 
-    root = workloads.data.resolve(w.path)
     h = hashlib.sha1(key.encode())
     for module in (workloads.serving, workloads.data):
         h.update(Path(module.__file__).read_bytes())
-    for f in sorted(root.rglob("*")) if root.is_dir() else [root]:
-        try:
-            st = f.stat()
-        except OSError:  # missing: build_requests names it
-            continue
-        h.update(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode())
+    for f, sha in sorted(workloads.data.data_files(w).items()):  # by content: an edit is a new stream
+        h.update(f"{f}:{sha}".encode())
     path = cache / f"requests_{h.hexdigest()[:16]}.npz"
-    if path.exists():
-        z = np.load(path)
+    z = _load_npz(path)
+    if z is not None:
         return workloads.serving.Requests(z["arrival_s"], z["input_len"], z["output_len"], str(z["note"]))
     req = workloads.serving.build_requests(w)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,6 +78,23 @@ def _stored_requests(key: str, w, cache: Path):
         )
     os.replace(tmp, path)  # a job running beside reads the whole file or none
     return req
+
+
+def _load_npz(path: Path) -> Optional[dict]:
+    """The arrays of a cache file, or None when there is none or it cannot be read (truncated,
+    corrupted, another format): the caller computes it again and replaces it, with a warning."""
+    import zipfile
+
+    if not path.exists():
+        return None
+    try:
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        from harness.logs import say
+
+        say(f"the cache file {path} could not be read ({type(e).__name__}: {e}); computed again", warning=True)
+        return None
 
 
 def parallelism(cfg):
@@ -209,9 +226,9 @@ def window_profile(cfg, table, req, kv_cap: float, p: int, g: int) -> dict:
         ]
     )
     path = cache_dir(cfg) / f"window_profile_{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
-    if path.exists():
-        z = np.load(path)
-        return {k: z[k] for k in z.files}
+    z = _load_npz(path)
+    if z is not None:
+        return z
     rng = np.random.default_rng(0)
     cost = TableCost(table)
     ttft = np.full((len(loads), len(ci)), np.inf)
