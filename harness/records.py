@@ -97,13 +97,14 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False).encode())
 
 
-def atomic_write_parquet(path: Path, table, metadata: Optional[Dict[str, str]] = None) -> None:
+def atomic_write_parquet(path: Path, table, metadata: Optional[Dict[str, str]] = None) -> str:
     """Write a table to parquet atomically: a pandas DataFrame, a list of row dicts with the same
     keys, or a dict of columns (name -> 1-D numpy array or list, equal lengths); rows and columns
     typed as pandas would: int64, float64, bool, str, all-None (null), else pyarrow's inference.
     ``metadata``: key -> text added to the file's schema metadata (``pyarrow.parquet.read_schema(path)
     .metadata``; a run's tables say there whether they are simulated, :func:`table_metadata`).
-    Written with :func:`write_parquet`'s settings."""
+    Written with :func:`write_parquet`'s settings. Returns the sha256 of the file's bytes (run.json's
+    ``table_sha256``: a record counts as recorded only while its tables read back the same)."""
     import io
 
     buf = io.BytesIO()
@@ -120,7 +121,22 @@ def atomic_write_parquet(path: Path, table, metadata: Optional[Dict[str, str]] =
             {**(t.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in metadata.items()}}
         )
     write_parquet(t, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    data = buf.getvalue()
+    atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def tables_intact(outdir: Path, rec: Dict[str, Any]) -> bool:
+    """Whether every table the record lists (``table_sha256``: path relative to ``outdir`` -> sha256)
+    is there with the bytes written (a truncated or replaced ``steps.parquet`` beside a valid run.json
+    is no record); a record written before tables were hashed is taken as it is."""
+    for rel, sha in (rec.get("table_sha256") or {}).items():
+        try:
+            if hashlib.sha256((Path(outdir) / rel).read_bytes()).hexdigest() != sha:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def table_metadata(simulated: bool, backend: str, hardware: str, system: str, model: str) -> Dict[str, str]:
@@ -386,10 +402,13 @@ def same_config(rec: Dict[str, Any], cfg_hash: str) -> bool:
 
 def load_valid_record(outdir: Path, cfg_hash: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """Return the run.json in ``outdir`` if it is a finished, valid record (status ok/oom, same
-    record version and, when given, the same config hash); else None."""
+    record version, its tables intact (:func:`tables_intact`) and, when given, the same config
+    hash); else None."""
     rec = read_record(outdir)
     if rec is None or rec.get("record_version") != RECORD_VERSION or rec.get("status") not in VALID_STATUSES:
         return None
     if cfg_hash is not None and not same_config(rec, cfg_hash):
+        return None
+    if not tables_intact(outdir, rec):
         return None
     return rec

@@ -298,10 +298,19 @@ def _record_job(
         )
         for rep in repeats:  # each repeat's tables in its own folder (repeat 0: the job's)
             for name, df in rep.result.tables.items():
+                rel = str((rep.outdir / f"{name}.parquet").relative_to(outdir))
                 try:
-                    records.atomic_write_parquet(rep.outdir / f"{name}.parquet", df, meta)
+                    sha = records.atomic_write_parquet(rep.outdir / f"{name}.parquet", df, meta)
+                    rec.setdefault("table_sha256", {})[rel] = sha
                 except Exception as e:  # a table that cannot be written must not lose the record
-                    rec.setdefault("table_errors", {})[f"{rep.dir_name}/{name}"] = str(e)
+                    rec.setdefault("table_errors", {})[rel] = f"{type(e).__name__}: {e}"
+        if rec.get("table_errors") and rec["status"] in records.VALID_STATUSES:
+            # its results are kept in the record, but it is no result a re-run would skip
+            first = next(iter(rec["table_errors"].items()))
+            rec["message"] = "; ".join(
+                m for m in (rec.get("message"), f"table {first[0]} could not be written ({first[1]})") if m
+            )
+            rec["status"], rec["status_before_table_error"] = "error", rec["status"]
         records.atomic_write_json(outdir / "run.json", rec)
         if later:
             mirror_log = mirror_later(outdir, tracking, wandb_name, wandb_group)

@@ -175,3 +175,45 @@ def test_a_record_of_another_config_is_not_taken_for_the_jobs_own(tmp_path):
     records.atomic_write_json(tmp_path / "run.json", rec)
     assert records.load_valid_record(tmp_path, "aaa") is not None
     assert records.load_valid_record(tmp_path, "bbb") is None
+
+
+def test_a_record_whose_table_does_not_read_back_is_run_again(compose_cfg, tmp_path, capsys):
+    """A truncated steps.parquet beside a valid run.json counted as recorded (issue 39). run.json now
+    holds each table's sha256; resume runs the job again when a table differs, and the re-run's
+    table is whole. (Mutation caught: load_valid_record without tables_intact.)"""
+    import hashlib
+
+    from harness.run import run
+
+    cfg = lambda: compose_cfg("system=lbs", "backend=sim", output_dir=tmp_path / "job")  # noqa: E731
+    first = run(cfg())
+    steps = tmp_path / "job" / "steps.parquet"
+    assert first["table_sha256"]["steps.parquet"] == hashlib.sha256(steps.read_bytes()).hexdigest()
+    assert records.load_valid_record(tmp_path / "job") is not None
+    steps.write_bytes(steps.read_bytes()[:100])
+    assert records.load_valid_record(tmp_path / "job") is None
+    capsys.readouterr()
+    again = run(cfg())
+    assert "skipping" not in capsys.readouterr().out and again["status"] == "ok"
+    assert hashlib.sha256(steps.read_bytes()).hexdigest() == again["table_sha256"]["steps.parquet"]
+
+
+def test_a_table_that_cannot_be_written_leaves_no_ok_record(compose_cfg, tmp_path, monkeypatch):
+    """A failed table write kept status ok, which resume skipped (issue 39): the record is now an
+    error naming the table, its summary kept, and a re-run is not skipped. (Mutation caught: the
+    table error recorded beside status ok, as before.)"""
+    from harness.run import exit_code, run
+
+    write = records.atomic_write_parquet
+
+    def failing(path, table, metadata=None):
+        if path.name == "groups.parquet":
+            raise OSError(28, "No space left on device")
+        return write(path, table, metadata)
+
+    monkeypatch.setattr(records, "atomic_write_parquet", failing)
+    rec = run(compose_cfg("system=lbs", "backend=sim", "kv_budget=2GiB", output_dir=tmp_path / "job"))
+    assert rec["status"] == "error" and rec["status_before_table_error"] == "ok" and exit_code(rec) == 1
+    assert "table groups.parquet could not be written (OSError: [Errno 28] No space left on device)" in rec["message"]
+    assert rec["summary"]["e2e_s"] > 0 and "groups.parquet" not in rec["table_sha256"]
+    assert records.load_valid_record(tmp_path / "job") is None
