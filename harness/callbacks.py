@@ -65,6 +65,11 @@ class SweepReport(Callback):
         target = config.get("report")
         report_failed = False
         t_report = time.time()
+        # the verdicts of an earlier report are set aside: harness.reproduce collects verdicts.csv,
+        # and this report's failure must not leave the earlier one there as if it were this sweep's
+        verdicts, previous = sweep_dir / "verdicts.csv", sweep_dir / ".verdicts.previous.csv"
+        if verdicts.exists():
+            verdicts.replace(previous)
         try:
             if target:
                 run_report(get_method(target), sweep_dir, runs, config)  # with repeats: intervals
@@ -79,9 +84,15 @@ class SweepReport(Callback):
             )
             if written:
                 print(f"report: {', '.join(written)} in {sweep_dir}")
+            previous.unlink(missing_ok=True)
         except Exception:
             log.error("report %s failed: %s", target or "summary", traceback.format_exc())
             print(f"report {target or 'summary'} failed: {traceback.format_exc().splitlines()[-1]}", file=sys.stderr)
+            if previous.exists():
+                print(
+                    f"the earlier report's verdicts are kept in {previous}, out of harness.reproduce's collection",
+                    file=sys.stderr,
+                )
             report_failed = True
         if self._any_written_since_start(runs):
             self._mirror_to_wandb(config, sweep_dir, flat)

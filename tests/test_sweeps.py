@@ -349,3 +349,52 @@ def test_check_only_sweep_checks_and_runs_nothing(tmp_path):
     bad = subprocess.run([*cmd, "seed=-1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: seed=-1 is not allowed")
     assert not list(tmp_path.iterdir())
+
+
+def failing_report(sweep_dir, runs, cfg):
+    """A report that raises (``report=tests.test_sweeps.failing_report``)."""
+    raise RuntimeError("the report broke")
+
+
+def verdict_report(sweep_dir, runs, cfg):
+    """A report that writes one verdict (``report=tests.test_sweeps.verdict_report``)."""
+    from harness.verdict import Row, write
+
+    write(sweep_dir, [Row(paper="lbs", figure="t", quantity="q", paper_value=1.0, ours=1.0)])
+
+
+@pytest.mark.parametrize("report,rc", [("failing_report", 1), ("verdict_report", 0)])
+def test_a_failed_report_leaves_no_earlier_verdicts_to_collect(tmp_path, report, rc):
+    """A failed report left the previous verdicts.csv, which harness.reproduce collected as the
+    sweep's (issue 39). The earlier file is set aside before the report runs: a failure leaves it
+    out of the collection (kept as .verdicts.previous.csv), a success replaces it. (Mutation
+    caught: the set-aside dropped: the stale verdicts.csv stays after the failure.)"""
+    sweep = tmp_path / "sweeps" / "v"
+    sweep.mkdir(parents=True)
+    (sweep / "verdicts.csv").write_text("figure,metric\nstale,stale\n")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "system=in_gpu",
+            "beams=4",
+            "backend=sim",
+            f"report=tests.test_sweeps.{report}",
+            "tracking=none",
+            f"results_dir={tmp_path}",
+            "sweep_name=v",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == rc, out.stderr[-2000:]
+    if rc:
+        assert not (sweep / "verdicts.csv").exists()
+        assert (sweep / ".verdicts.previous.csv").read_text().startswith("figure,metric\nstale")
+        assert "earlier report's verdicts are kept in" in out.stderr
+    else:
+        assert "stale" not in (sweep / "verdicts.csv").read_text() and not (sweep / ".verdicts.previous.csv").exists()
