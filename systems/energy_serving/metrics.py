@@ -75,6 +75,50 @@ def prediction_error(req: Columns, dec: Columns, gaps: np.ndarray, gap_times: np
     return out
 
 
+VLLM_PERCENTILES = (99,)  # vllm bench serve's default --metric-percentiles
+
+
+def vllm_bench_metrics(
+    req: Dict[str, np.ndarray], itls: np.ndarray, duration_s: float, slo_ttft_s: float, slo_tpot_s: float
+) -> Dict[str, Any]:
+    """The result keys of ``vllm bench serve`` (``vllm/benchmarks/serve.py``, ``calculate_metrics``),
+    in its units (milliseconds, per second), computed from our per-request arrays, so that a serving
+    run compares with a vLLM benchmark number for number. Per completed request: TTFT; E2EL (finish
+    minus arrival); TPOT = (E2EL - TTFT) / (output tokens - 1) for requests of more than one output
+    token; ITL: every gap between two tokens of a request (pooled: our "TBT" percentiles are these).
+    ``request_goodput``: completed requests per second that meet every SLO jointly (TTFT <= slo_ttft,
+    TPOT <= slo_tpot; a one-token request has no TPOT and passes it, as vLLM counts it).
+    Means, medians, standard deviations (population, numpy's) and the p99 of each; 0 when empty, as
+    vLLM writes them. ``duration`` is the run's makespan (s)."""
+    done = np.isfinite(req["finish_s"].astype(float))
+    ttft = req["ttft_s"].astype(float)[done]
+    e2el = (req["finish_s"].astype(float) - req["arrival_s"].astype(float))[done]
+    out = req["generated"].astype(float)[done]
+    many = out > 1
+    tpot = np.where(many, (e2el - ttft) / np.maximum(out - 1, 1), 0.0)
+    good = (ttft <= slo_ttft_s) & (tpot <= slo_tpot_s)
+    dur = float(duration_s)
+    total_in = int(req["input_len"][done].sum())
+    total_out = int(out.sum())
+    m: Dict[str, Any] = {
+        "duration": dur,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": done.sum() / dur if dur > 0 else None,
+        "request_goodput": good.sum() / dur if dur > 0 else None,
+        "output_throughput": total_out / dur if dur > 0 else None,
+        "total_token_throughput": (total_in + total_out) / dur if dur > 0 else None,
+    }
+    for name, x in (("ttft", ttft), ("tpot", tpot[many]), ("itl", np.asarray(itls, float)), ("e2el", e2el)):
+        x = x if len(x) else np.zeros(1)
+        m[f"mean_{name}_ms"] = float(np.mean(x)) * 1e3
+        m[f"median_{name}_ms"] = float(np.median(x)) * 1e3
+        m[f"std_{name}_ms"] = float(np.std(x)) * 1e3
+        for p in VLLM_PERCENTILES:
+            m[f"p{p}_{name}_ms"] = float(np.percentile(x, p)) * 1e3
+    return m
+
+
 def summarize(res, slo_ttft: float, slo_tbt: float) -> Dict[str, Any]:
     """Summary scalars (SI units) of a :class:`systems.energy_serving.driver.ServeResult`, the same on
     every backend. ``energy_j`` None = not measured (kept None, never 0). Knob means (clock, chunk,

@@ -47,7 +47,7 @@ from systems.energy_serving.calibrate import load_profile
 from systems.energy_serving.config import TRACE_FORMATS, WORKLOAD_KINDS
 from systems.energy_serving.controllers import CONTROLLERS
 from systems.energy_serving.driver import Driver
-from systems.energy_serving.metrics import summarize
+from systems.energy_serving.metrics import summarize, vllm_bench_metrics
 from systems.energy_serving.profiler import (
     ProfileError,
     clock_scaled,
@@ -304,6 +304,8 @@ def run(cfg, ctx) -> RunResult:
         message=msg,
         summary=summ,
         display=display_rows(applied),
+        # vllm bench serve's result keys and units (ms), for a comparison number for number
+        extra={"vllm_bench": vllm_bench_metrics(res.requests, res.gaps, res.makespan_s, w.slo_ttft_s, w.slo_tbt_s)},
         tables={
             "requests": res.requests,
             "decisions": res.decisions,
