@@ -38,9 +38,15 @@ class DenseKV:
     def __init__(self, kv: torch.Tensor):
         self.kv = kv
         self.layers = kv.unbind(0)  # per-layer views, made once (a decode step asks for each every token)
+        self.split = [layer.unbind(0) for layer in self.layers]  # (keys, values) per layer, made once
 
     def layer_kv(self, layer_idx: int) -> torch.Tensor:
         return self.layers[layer_idx]
+
+    def layer_kv_split(self, layer_idx: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_idx``'s (keys, values) views, ``[batch, num_kv_heads, capacity, head_dim]``
+        each: the buffer is resident for the cache's life, so the views are made once."""
+        return self.split[layer_idx]
 
     def layer_done(self, layer_idx: int, start: int, q_len: int) -> None:
         pass
@@ -66,13 +72,13 @@ class BufferLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        buf = self.provider.layer_kv(self.layer_idx)
+        split = getattr(self.provider, "layer_kv_split", None)  # a resident buffer's views, made once
+        keys, values = split(self.layer_idx) if split else self.provider.layer_kv(self.layer_idx).unbind(0)
         n, q = self.length, key_states.shape[-2]
-        if n + q > buf.shape[-2]:
+        if n + q > keys.shape[-2]:
             raise RuntimeError(
-                f"layer {self.layer_idx}: {n + q} tokens exceed the device buffer's capacity {buf.shape[-2]}"
+                f"layer {self.layer_idx}: {n + q} tokens exceed the device buffer's capacity {keys.shape[-2]}"
             )
-        keys, values = buf.unbind(0)  # few dispatched ops per layer and token: the host's work
         keys.narrow(-2, n, q).copy_(key_states)
         values.narrow(-2, n, q).copy_(value_states)
         self.length = n + q
