@@ -59,3 +59,20 @@ def note_load(warning: Optional[str]) -> None:
         from harness.logs import say
 
         say(warning, warning=True)
+
+
+def available_memory() -> Optional[int]:
+    """Host memory available now (bytes): ``MemAvailable`` of /proc/meminfo (Linux: free + what the
+    kernel can reclaim without swapping); else free pages x page size (``os.sysconf``); None where
+    neither exists (not checked)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None

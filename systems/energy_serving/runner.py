@@ -63,6 +63,34 @@ PROFILE_BIAS_RANGE = (-0.5, 0.5)
 PROFILE_NOISE_RANGE = (0.0, 0.3)
 
 
+# A serving run's memory, measured on this CPU (2026-12-05; simulated vanilla runs of llama-3.1-8b,
+# 12 k and 120 k requests of 64 output tokens, 120 k of 256: peak RSS 146 MB, 885 MB, 3,074 MB): per
+# request ~0.7 KB and per output token ~95 B (the per-request arrays and tables, the per-token gaps,
+# timeline and iterations), beside ~150 MB for the process.
+SERVING_BYTES_PER_REQUEST = 700
+SERVING_BYTES_PER_OUTPUT_TOKEN = 95
+
+
+def check_serving_memory(requests: float, mean_output_len: float, field: str, value) -> None:
+    """Exit 2 (ConfigError naming ``field``) when a run of ``requests`` expected requests of
+    ``mean_output_len`` output tokens would need more than this machine's available memory
+    (:func:`harness.machine.available_memory`; not checked where it is unknown): ``rate=1000
+    workload.duration_s=10000`` was accepted and held 1.8 GB, unfinished, after 120 s."""
+    from harness.machine import available_memory
+
+    need = requests * (SERVING_BYTES_PER_REQUEST + SERVING_BYTES_PER_OUTPUT_TOKEN * mean_output_len)
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise bad(
+            field,
+            value,
+            f"a value whose run fits this machine's memory: {requests:,.0f} expected requests of "
+            f"{mean_output_len:g} output tokens need ~{need / 2**30:.1f} GiB (measured: "
+            f"{SERVING_BYTES_PER_REQUEST} B per request + {SERVING_BYTES_PER_OUTPUT_TOKEN} B per output token), "
+            f"{avail / 2**30:.1f} GiB available (MemAvailable); shorten workload.duration_s or lower the rate",
+        )
+
+
 def validate(cfg) -> None:
     """Raise ConfigError before any work for a bad workload, system or hardware combination."""
     w, s, hw = cfg.workload, cfg.system, cfg.hardware
@@ -94,6 +122,7 @@ def validate(cfg) -> None:
                 f"a rate giving at most {MAX_REQUESTS:,} requests in a run (asked for: {peak:g} req/s x "
                 f"workload.duration_s={float(w.duration_s):g} s = {expected:,.0f} expected requests)",
             )
+        check_serving_memory(expected, float(w.output_len), f"workload.{peak_field}", w[peak_field])
     if w.kind == "burst":  # an empty or inverted window would be a plain Poisson stream
         check_number("workload.burst_start_s", w.burst_start_s, "a time in s", ">= 0")
         if not float(w.burst_start_s) < float(w.burst_end_s):

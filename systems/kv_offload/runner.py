@@ -18,7 +18,6 @@ the steps done so far (``scripts/gpu_validate.py`` uses it to keep inside a devi
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import List, Optional, Tuple
 
@@ -198,20 +197,10 @@ def _live_budget(ctx: RunContext) -> Optional[int]:
 
 
 def available_host_memory() -> Optional[int]:
-    """Host memory available now (bytes): ``MemAvailable`` of /proc/meminfo (Linux: free + what the
-    kernel can reclaim without swapping); else free pages x page size (``os.sysconf``); None where
-    neither exists (not checked)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
+    """Host memory available now (bytes): :func:`harness.machine.available_memory`."""
+    from harness.machine import available_memory
+
+    return available_memory()
 
 
 def host_memory(cfg, ctx: RunContext) -> Tuple[Optional[int], str]:

@@ -362,3 +362,23 @@ def test_a_servegen_target_rate_beyond_the_request_bound_exits_2(compose_cfg):
         r"\[68400, 72000\) s \(at most 10,000,000; the trace's own rates give",
     ):
         validate(compose_cfg("system=beam", "workload.target_tokens_per_s=1e9"))
+
+
+def test_a_stream_that_would_not_fit_this_machines_memory_is_refused(compose_cfg, monkeypatch):
+    """rate=1000 workload.duration_s=10000 (10 M requests, below MAX_REQUESTS) was accepted and held
+    1.8 GB, unfinished, after 120 s (issue 39). With 1 GiB available, 64 output tokens a request
+    (6,780 B each: 700 + 95 x 64): 158,000 expected requests fit (1.071e9 B), 160,000 do not
+    (1.085e9 B). Mutation caught: the check left out."""
+    import harness.machine
+    from systems.energy_serving import runner
+
+    monkeypatch.setattr(harness.machine, "available_memory", lambda: 1 << 30)
+    runner.validate(compose_cfg("system=beam", "workload=poisson", "rate=2", "workload.duration_s=79000"))
+    with pytest.raises(
+        ConfigError,
+        match=r"workload.rate=2.0 is not allowed: a value whose run fits this machine's memory: 160,000 "
+        r"expected requests of 64 output tokens need ~1.0 GiB .* 1.0 GiB available \(MemAvailable\)",
+    ):
+        runner.validate(compose_cfg("system=beam", "workload=poisson", "rate=2", "workload.duration_s=80000"))
+    monkeypatch.setattr(harness.machine, "available_memory", lambda: None)  # unknown: not checked
+    runner.validate(compose_cfg("system=beam", "workload=poisson", "rate=2", "workload.duration_s=80000"))
