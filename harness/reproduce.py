@@ -285,6 +285,9 @@ def not_run(v: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
     return ref[[(p, f) not in done for p, f in zip(ref["paper"], ref["figure"])]].reset_index(drop=True)
 
 
+VERDICTS = ("reproduced", "partly", "not reproduced", "no result")
+
+
 def write_reproduction(
     results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None, only: Optional[List[str]] = None
 ) -> Path:
@@ -314,7 +317,18 @@ def write_reproduction(
         f"**{len(missing)} not run** ({why}; listed last). Verdicts of {len(v)} paper numbers "
         "(one per source of ours; a stated min-max pair is one range): **"
         + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("reproduced", "partly", "not reproduced", "no result"))
-        + "**.",
+        + "**"
+        + (
+            " ("
+            + "; ".join(
+                f"{paper}: " + " / ".join(str(int((g == k).sum())) for k in VERDICTS) + f" of {len(g)}"
+                for paper, g in v.groupby("paper")["verdict"]
+            )
+            + ", as reproduced / partly / not reproduced / no result)"
+            if len(v) and "paper" in v
+            else ""
+        )
+        + ".",
         "",
     ]
     cut = (
