@@ -29,6 +29,18 @@ def _cache(geom, batch: int, cap: int):
     return GroupCache(DenseKV(kv), geom.num_layers, 0), kv
 
 
+def prefilled_pair(model, geom):
+    """Two caches (with their buffers) of 3 beams, each after transformers' prefill of the same 7
+    random tokens, and 3 random next tokens: one side for transformers, one for the path tested."""
+    torch.manual_seed(0)
+    prompt = torch.randint(0, SMALL["vocab_size"], (3, 7))
+    caches = [_cache(geom, 3, 12) for _ in range(2)]
+    with torch.no_grad():
+        for cache, _ in caches:
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    return caches, torch.randint(0, SMALL["vocab_size"], (3,))
+
+
 @pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-qwen2"])
 def test_lean_decode_gives_transformers_logits_and_kv(name):
     """Prefill 7 tokens of 3 beams through transformers, then 5 decode tokens both ways, each on its
@@ -38,13 +50,8 @@ def test_lean_decode_gives_transformers_logits_and_kv(name):
     model, geom = _model(name)
     dec = lean_decoder(model)
     assert dec is not None
-    torch.manual_seed(0)
-    prompt = torch.randint(0, SMALL["vocab_size"], (3, 7))
-    caches = [_cache(geom, 3, 12) for _ in range(2)]
+    caches, y = prefilled_pair(model, geom)
     with torch.no_grad():
-        for cache, _ in caches:
-            model(input_ids=prompt, past_key_values=cache, use_cache=True)
-        y = torch.randint(0, SMALL["vocab_size"], (3,))
         for _ in range(5):
             want = model(input_ids=y[:, None], past_key_values=caches[0][0], use_cache=True).logits
             got = dec(y, caches[1][0])

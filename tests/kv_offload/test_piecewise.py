@@ -10,7 +10,7 @@ from harness.errors import ConfigError
 from harness.run import run
 from systems.kv_offload.decoder import lean_decoder
 from systems.kv_offload.piecewise import PiecewiseDecoder, capture_sizes
-from tests.kv_offload.test_decoder import SMALL, _cache, _model
+from tests.kv_offload.test_decoder import SMALL, _cache, _model, prefilled_pair
 from tests.kv_offload.test_torch_engine import BUDGET, MODEL, WORK
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,13 +29,8 @@ def test_piecewise_gives_transformers_log_probs_and_kv_at_a_padded_size(name):
     model, geom = _model(name)
     pw = PiecewiseDecoder(lean_decoder(model), 4, _logp, graphs=False)
     assert pw.padded(3) == 4
-    torch.manual_seed(0)
-    prompt = torch.randint(0, SMALL["vocab_size"], (3, 7))
-    caches = [_cache(geom, 3, 12) for _ in range(2)]
+    caches, y = prefilled_pair(model, geom)
     with torch.no_grad():
-        for cache, _ in caches:
-            model(input_ids=prompt, past_key_values=cache, use_cache=True)
-        y = torch.randint(0, SMALL["vocab_size"], (3,))
         for _ in range(5):
             want = _logp(model(input_ids=y[:, None], past_key_values=caches[0][0], use_cache=True).logits[:, -1])
             got = pw(y, caches[1][0])
