@@ -192,17 +192,35 @@ def check_cpu_model(m, engine: str, role: str = "model") -> None:
         )
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin")  # what transformers' from_pretrained and vLLM load
+
+
 def check_weights(m, role: str = "model") -> None:
-    """``<role>.weights`` must be ``random`` or an existing local checkpoint directory (nothing is
-    fetched from a hub); ConfigError before any work otherwise. One rule for the real engines that
-    load weights (LBS on torch, BEAM on vLLM; FastTTS inspects its checkpoints further)."""
+    """``<role>.weights`` must be ``random`` or a local checkpoint directory holding a valid
+    config.json and weight files (:data:`WEIGHT_FILES`; nothing is fetched from a hub); ConfigError
+    before any work otherwise (an LBS weights folder without weights ended in a ValueError record).
+    One rule for the real engines that load weights (LBS on torch, BEAM on vLLM; FastTTS inspects
+    its checkpoints further: tokenizer, architecture, shapes)."""
+    import json
     from pathlib import Path
 
     weights = str(_get(m, "weights") or "random")
-    if weights != "random" and not Path(weights).is_dir():
+    if weights == "random":
+        return
+    path = Path(weights).expanduser()
+    where = f"{role}.weights={weights!r} is not allowed"
+    allowed = "random or a local checkpoint directory (config.json and weights; nothing is fetched from a hub)"
+    if not path.is_dir():
+        raise ConfigError(f"{where}: no such directory; allowed: {allowed}")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"{where}: the directory has no config.json; allowed: {allowed}")
+    try:
+        json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{where}: its config.json is not valid JSON ({e})") from None
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
         raise ConfigError(
-            f"{role}.weights={weights!r} is not allowed: random or an existing local checkpoint "
-            f"directory (config.json and weights; nothing is fetched from a hub)"
+            f"{where}: no weights in the directory (none of {', '.join(WEIGHT_FILES)}); allowed: {allowed}"
         )
 
 

@@ -425,18 +425,29 @@ def test_a_hydra_group_option_that_does_not_exist_is_one_clear_error():
         ("system=beam", "backend=vllm", "model=tiny-llama", "workload=poisson"),
     ],
 )
-def test_a_weights_path_that_is_no_directory_is_refused_where_weights_are_loaded(compose_cfg, overrides, tmp_path):
+def test_a_weights_path_that_is_no_checkpoint_is_refused_where_weights_are_loaded(compose_cfg, overrides, tmp_path):
     """One rule (harness.model_facts.check_weights) for LBS on torch and BEAM on vLLM: LBS made an error
-    record after ~10 s (QA); BEAM's own copy of the check had no test. Mutations caught: either call
-    dropped; a file accepted as a checkpoint directory."""
-    for weights in ("/nonexistent", str(tmp_path / "f")):
-        (tmp_path / "f").write_text("")
+    record after ~10 s (QA), and a folder without weights ended in a ValueError record (issue 39).
+    Mutations caught: either call dropped; a file accepted as a checkpoint directory; a folder
+    without config.json or without weight files accepted."""
+    allowed = "allowed: random or a local checkpoint directory (config.json and weights; nothing is fetched from a hub)"
+    (tmp_path / "f").write_text("")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    (tmp_path / "noweights").mkdir()
+    (tmp_path / "noweights" / "config.json").write_text("{}")
+    cases = {
+        "/nonexistent": f"no such directory; {allowed}",
+        str(tmp_path / "f"): f"no such directory; {allowed}",
+        str(tmp_path / "empty"): f"the directory has no config.json; {allowed}",
+        str(tmp_path / "bad"): "its config.json is not valid JSON",
+        str(tmp_path / "noweights"): f"no weights in the directory (none of *.safetensors, *.bin); {allowed}",
+    }
+    for weights, why in cases.items():
         with pytest.raises(ConfigError) as e:
             validate_config(compose_cfg(*overrides, f"model.weights={weights}"))
-        assert str(e.value) == (
-            f"model.weights={weights!r} is not allowed: random or an existing local checkpoint "
-            f"directory (config.json and weights; nothing is fetched from a hub)"
-        )
+        assert str(e.value).startswith(f"model.weights={weights!r} is not allowed: {why}"), str(e.value)
 
 
 def test_an_experiment_without_dash_m_says_it_runs_its_sweep(capsys):

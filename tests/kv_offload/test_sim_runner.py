@@ -115,7 +115,7 @@ def test_same_seed_same_result_and_resume_skips(compose_cfg, capsys):
         (["prompt_len=2048"], r"prompt_len=2048 is not allowed: an integer below the model's max_position \(2048\)"),
         (
             ["backend=torch", "model=tiny-opt", "model.weights=/nonexistent"],  # QA: an error record after ~10 s
-            r"model.weights='/nonexistent' is not allowed: random or an existing local checkpoint directory",
+            r"model.weights='/nonexistent' is not allowed: no such directory; allowed: random or a local checkpoint",
         ),
         (
             ["prompt_len=100", "gen_len=1949"],
