@@ -479,7 +479,8 @@ NAME_MAX_BYTES = 100
 def check_names(cfg) -> None:
     """``system.name``, ``model.name``, ``hardware.name``, ``workload.name`` and ``verifier.name`` become
     parts of folder names (a run's ``<time>-<system>-<model>``, a sweep job's folder): each must be one
-    path segment, not empty, not ``.`` or ``..``, at most :data:`NAME_MAX_BYTES` bytes. Raises ConfigError."""
+    path segment, not empty, not ``.`` or ``..``, at most :data:`NAME_MAX_BYTES` bytes; ``sweep_name``, when
+    set, at most as long (a 300-byte one ended in an OSError traceback). Raises ConfigError."""
     for group in ("system", "model", "hardware", "workload", "verifier"):
         node = cfg.get(group)
         if node is None or "name" not in node:
@@ -499,6 +500,9 @@ def check_names(cfg) -> None:
                 name,
                 f"a name of 1-{NAME_MAX_BYTES} bytes without '/', a backslash or NUL, not '.' or '..' (it names folders)",
             )
+    sweep = cfg.get("sweep_name")  # its '/' and '..' are the sweep-folder check's (harness.folders)
+    if sweep is not None and len(str(sweep).encode()) > NAME_MAX_BYTES:
+        raise bad("sweep_name", sweep, f"a name of at most {NAME_MAX_BYTES} bytes (it names the sweep's folder)")
 
 
 def validate_common(cfg) -> None:

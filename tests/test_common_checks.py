@@ -566,3 +566,12 @@ def test_a_physically_implausible_hardware_number_is_refused_in_every_family(com
 )
 def test_a_bound_itself_and_a_zero_that_means_unset_are_allowed(compose_cfg, override):
     validate_config(compose_cfg(*FAMILIES["lbs"], override))
+
+
+def test_a_sweep_name_too_long_for_a_folder_exits_before_any_work(compose_cfg):
+    """sweep_name of 300 bytes ended in an OSError traceback (File name too long) after the sweeper
+    had started (issue 39); now exit 2 with the rule, checked with every job. 100 bytes pass.
+    (Mutation caught: the length left unchecked.)"""
+    validate_config(compose_cfg(*FAMILIES["lbs"], "sweep_name=" + "a" * 100))
+    with pytest.raises(ConfigError, match=r"sweep_name='a{101}' is not allowed: a name of at most 100 bytes"):
+        validate_config(compose_cfg(*FAMILIES["lbs"], "sweep_name=" + "a" * 101))
