@@ -224,10 +224,11 @@ def check_key_of_options(key: str, args: List[str], conf_dir) -> None:
         )
 
 
-def check_value_type(key: str, value: str) -> None:
-    """Raise ConfigError when ``value`` (each value of an ``a,b`` sweep) converts to the type of
-    the field ``key`` in none of its group's schemas that declare it as a bool, an integer or a
-    number (``system.prefetch=maybe``: Hydra's "Error merging override", exit 1)."""
+def check_value_type(key: str, value: str, whole: bool = False) -> None:
+    """Raise ConfigError when ``value`` (each value of an ``a,b`` sweep; ``whole``: the value as one,
+    a list literal ``[1,2]``) converts to the type of the field ``key`` in none of its group's schemas
+    that declare it as a bool, an integer or a number (``system.prefetch=maybe``,
+    ``hardware.memory_bytes=[1,2]``: Hydra's "Error merging override", exit 1)."""
     group, *path = key.split(".")
     if not path:  # ``system=lbs`` selects an option: check_group_options' job
         return
@@ -243,7 +244,7 @@ def check_value_type(key: str, value: str) -> None:
         word = TYPE_WORDS.get(type(node).__name__.removesuffix("Node"))
         if isinstance(node, ValueNode) and word:
             typed.append((node, word))
-    for v in (x.strip() for x in value.split(",")):
+    for v in [value] if whole else (x.strip() for x in value.split(",")):
         if typed and v != "null" and not any(_converts(node, v, ValidationError) for node, _ in typed):
             raise bad(key, v, typed[0][1])
 
@@ -462,8 +463,11 @@ def preflight(args: List[str], conf_dir) -> None:
         check_key(key, conf_dir, cache)
         check_key_of_options(key, args, conf_dir)
         value = a.split("=", 1)[1]
-        if key.split(".")[0] in CONFIG_GROUPS and not any(c in value for c in "()[]{}*$'\""):
-            check_value_type(key, value)
+        if key.split(".")[0] in CONFIG_GROUPS:
+            if value.startswith("[") and value.endswith("]"):  # a list literal: whole, not a sweep
+                check_value_type(key, value, whole=True)
+            elif not any(c in value for c in "()[]{}*$'\""):
+                check_value_type(key, value)
 
 
 def check_tool_values(

@@ -278,6 +278,9 @@ def test_memoised_composition_falls_back_for_additions():
         (["-m", "system=vanilla", "workload=poisson", "seed=-1,0"], "seed=-1 is not allowed: an integer >= 0"),
         (["-m", "system=vanilla", "workload=poisson", "rate=1,inf"], "workload.rate=inf is not allowed"),
         (["system.prefetch=maybe"], "system.prefetch='maybe' is not allowed: true or false"),
+        # a list for a number (issue 39: Hydra's "Error merging override", exit 1); mutation caught:
+        # list literals skipped by the preflight as sweep syntax
+        (["hardware.memory_bytes=[1,2]"], "hardware.memory_bytes='[1,2]' is not allowed: an integer"),
         # a field of another option of the group (was Hydra's "Could not override", exit 1; QA)
         (
             ["system=lbs", "system.window_s=3"],
