@@ -16,7 +16,8 @@ skipped) with its log in ``<results_dir>/reproduce/<name>.log``. Then:
   A figure with several sweeps gives the verdicts of one: the newest complete one (the page names the others).
 - ``<results_dir>/index.html``: every sweep's figures and tables on one static page.
 
-Extra arguments (``tracking=none``) go to every experiment; they are checked first as ``run.py``
+Extra arguments go to every experiment (W&B is opt-in: ``tracking=none`` unless they set
+``tracking=wandb`` or a ``tracking.`` key); they are checked first as ``run.py``
 checks its own, then by each experiment's sweep with them (``$TTC_SWEEP_CHECK_ONLY``: its up-front
 checks of its jobs, nothing run); an unknown option or key, or a value an experiment's jobs refuse,
 exits 2 before anything runs. An experiment that fails is
@@ -84,6 +85,14 @@ def _tell_failure(r: Dict, lines: int = 5) -> None:
         return
     tail = Path(r["log"]).read_text(errors="replace").splitlines()[-lines:]
     print(f"[reproduce] last lines of {r['log']}:\n" + "\n".join(f"  {ln}" for ln in tail), file=sys.stderr, flush=True)
+
+
+def with_tracking_default(overrides: List[str]) -> List[str]:
+    """The experiments' overrides with ``tracking=none`` first unless they choose tracking themselves:
+    a reproduction is 30 experiments, each a sweep whose W&B run would be logged (W&B is opt-in:
+    ``tracking=wandb``)."""
+    own = any(o.lstrip("+~").split("=", 1)[0].split(".")[0] == "tracking" for o in overrides)
+    return list(overrides) if own else ["tracking=none", *overrides]
 
 
 def check_overrides(
@@ -491,7 +500,7 @@ def main(argv=None) -> int:
     real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
     if not a.collect_only:
         try:
-            runs = run_all(names, a.results_dir, real, a.overrides, a.timeout)
+            runs = run_all(names, a.results_dir, real, with_tracking_default(a.overrides), a.timeout)
         except KeyboardInterrupt:  # one line, not a traceback; each sweep keeps what it recorded
             print(
                 f"interrupted: every record written before is intact; the same command again skips them "

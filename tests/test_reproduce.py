@@ -304,3 +304,19 @@ def test_a_sweep_on_a_subset_of_the_problems_says_so_in_reproduction(tmp_path):
     rows = [ln for ln in md.splitlines() if ln.startswith("| ")]
     assert any("goodput gain" in ln and "| sim, first 2 problems |" in ln for ln in rows)
     assert any("speedup" in ln and "| sim |" in ln for ln in rows)
+
+
+def test_a_reproduction_tracks_nothing_unless_asked(tmp_path, monkeypatch):
+    """W&B is opt-in for harness.reproduce (issue 40): every experiment gets tracking=none unless the
+    command chooses tracking itself. (Mutation caught: the overrides passed on as given.)"""
+    seen = []
+
+    def fake_run_all(names, results_dir, real, overrides, timeout):
+        seen.append(overrides)
+        raise KeyboardInterrupt  # stop before collecting
+
+    monkeypatch.setattr(R, "run_all", fake_run_all)
+    R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path)])
+    R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), "tracking=wandb"])
+    R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), "tracking.mode=online"])
+    assert seen == [["tracking=none"], ["tracking=wandb"], ["tracking.mode=online"]]
