@@ -41,6 +41,7 @@ import pandas as pd
 from harness.config import default_results_dir
 from harness.errors import ConfigError
 from harness.records import atomic_write_bytes
+from harness.verdict import VERDICTS
 
 ROOT = Path(__file__).resolve().parent.parent
 # real-engine studies (CPU here): module -> sweep folder it writes
@@ -294,9 +295,6 @@ def not_run(v: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
     return ref[[(p, f) not in done for p, f in zip(ref["paper"], ref["figure"])]].reset_index(drop=True)
 
 
-VERDICTS = ("reproduced", "partly", "not reproduced", "no result")
-
-
 def write_reproduction(
     results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None, only: Optional[List[str]] = None
 ) -> Path:
@@ -325,7 +323,7 @@ def write_reproduction(
         f"**{len(ref) - len(missing)} of {len(ref)} paper numbers run** (rows of results/reference/*.csv), "
         f"**{len(missing)} not run** ({why}; listed last). Verdicts of {len(v)} paper numbers "
         "(one per source of ours; a stated min-max pair is one range): **"
-        + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("reproduced", "partly", "not reproduced", "no result"))
+        + ", ".join(f"{counts.get(k, 0)} {k}" for k in VERDICTS)
         + "**"
         + (
             " ("
