@@ -15,7 +15,7 @@ with transformers' own forward (float64) for each. Another architecture decodes 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +58,30 @@ def _fuse_qkv(attn):
 
 
 DECODE_PATHS = ("auto", "lean", "piecewise", "transformers")
+
+
+def decode_path_problem(
+    path: str, lean: bool, cuda: bool, batch_invariant: bool, model: str
+) -> Optional[Tuple[str, Any, str]]:
+    """Why ``system.decode_path=path`` (with ``system.batch_invariant``) cannot run: ``(field, value,
+    what is allowed)``, or None when it can. ``lean``: the model is one the lean arithmetic covers
+    (:func:`lean_supported`); ``cuda``: the engine's device is a CUDA GPU; ``model``: its name for the
+    message. The one rule for the runner's check before any work and the engine's constructor."""
+    if path not in DECODE_PATHS:
+        return "decode_path", path, " | ".join(DECODE_PATHS)
+    if path in ("lean", "piecewise") and not lean:
+        return (
+            "decode_path",
+            path,
+            f"auto or transformers for {model}: the lean arithmetic covers {', '.join(LEAN_TYPES)} (pre-norm OPT)",
+        )
+    if batch_invariant and not (path == "piecewise" or (path == "auto" and lean and cuda)):
+        return (
+            "batch_invariant",
+            True,
+            "false unless decode_path=piecewise (or auto on a CUDA GPU): it pads the piecewise path's groups",
+        )
+    return None
 
 
 def lean_supported(model_type: str, hf_config) -> bool:

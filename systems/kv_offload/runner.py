@@ -143,27 +143,19 @@ def validate_backend(cfg, backend) -> None:
 
 def check_decode_path(cfg, device: str) -> None:
     """``system.decode_path`` and ``system.batch_invariant`` against the model and the device (the
-    torch engine only; ``systems.kv_offload.decoder``, ``systems.kv_offload.piecewise``)."""
-    from systems.kv_offload.decoder import DECODE_PATHS, LEAN_TYPES, lean_supported
+    torch engine only; :func:`systems.kv_offload.decoder.decode_path_problem`)."""
+    from systems.kv_offload.decoder import decode_path_problem, lean_supported
 
     s, m = cfg.system, cfg.model
-    path = s.get("decode_path", "auto")
-    if path not in DECODE_PATHS:
-        raise bad("system.decode_path", path, " | ".join(DECODE_PATHS))
-    lean = lean_supported(m.hf_model_type, m.get("hf_config"))
-    if path in ("lean", "piecewise") and not lean:
-        raise bad(
-            "system.decode_path",
-            path,
-            f"auto or transformers for {m.name} ({m.hf_model_type}): the lean arithmetic covers "
-            f"{', '.join(LEAN_TYPES)} (pre-norm OPT)",
-        )
-    if s.get("batch_invariant") and not (path == "piecewise" or (path == "auto" and lean and device == "cuda")):
-        raise bad(
-            "system.batch_invariant",
-            True,
-            "false unless decode_path=piecewise (or auto on a CUDA GPU): it pads the piecewise path's groups",
-        )
+    problem = decode_path_problem(
+        s.get("decode_path", "auto"),
+        lean_supported(m.hf_model_type, m.get("hf_config")),
+        device == "cuda",
+        bool(s.get("batch_invariant")),
+        f"{m.name} ({m.hf_model_type})",
+    )
+    if problem:
+        raise bad(f"system.{problem[0]}", problem[1], problem[2])
 
 
 def _executor(cfg, ctx: RunContext, budget) -> Executor:

@@ -19,7 +19,7 @@ import torch
 
 from harness.meters import time_basis
 from systems.kv_offload.cache import DenseKV, GroupCache
-from systems.kv_offload.decoder import DECODE_PATHS, LEAN_TYPES, lean_decoder
+from systems.kv_offload.decoder import DECODE_PATHS, decode_path_problem, lean_decoder
 from systems.kv_offload.kvstore import DeviceBuffer, KVBudgetExceeded, PlanMismatch, TieredKVStore
 from systems.kv_offload.layerwise_exec import LayerwiseExec
 from systems.kv_offload.model import shared_model
@@ -126,16 +126,10 @@ class TorchExecutor:
 
     def _decoders(self, path: str, max_beams: Optional[int], batch_invariant: bool):
         """(lean, piecewise) decoders for ``path``; sets ``decode_path``, the record's words for it."""
-        if path not in DECODE_PATHS:
-            raise ValueError(f"decode_path={path!r}: one of {', '.join(DECODE_PATHS)}")
-        lean = lean_decoder(self.model) if path != "transformers" else None
-        if lean is None and path in ("lean", "piecewise"):
-            raise ValueError(
-                f"decode_path={path}: the lean arithmetic covers {', '.join(LEAN_TYPES)} (pre-norm OPT), "
-                f"not {self.model.config.model_type}; decode_path=transformers or auto decodes it"
-            )
-        if batch_invariant and not (path == "piecewise" or (path == "auto" and lean is not None and self.cuda)):
-            raise ValueError(f"batch_invariant=true pads the piecewise path's groups; decode_path={path} has none")
+        lean = lean_decoder(self.model) if path in DECODE_PATHS and path != "transformers" else None
+        problem = decode_path_problem(path, lean is not None, self.cuda, batch_invariant, self.model.config.model_type)
+        if problem:
+            raise ValueError(f"{problem[0]}={problem[1]!r} is not allowed: {problem[2]}")
         if lean is None:
             self.decode_path = "transformers forward"
             return None, None

@@ -115,3 +115,17 @@ def test_a_decode_setting_the_model_or_device_cannot_take_exits_before_any_work(
     with pytest.raises(ConfigError, match=message):
         run(cfg)
     assert not (tmp_path / "run.json").exists()
+
+
+def test_the_engine_refuses_what_the_runner_refuses():
+    """The engine's constructor and the runner's check share one rule
+    (``decoder.decode_path_problem``): the same settings fail both, with the same words."""
+    from systems.kv_offload.torch_engine import TorchExecutor
+
+    model, geom = _model("tiny-opt")
+    for kw, message in (
+        (dict(decode_path="graphs"), "decode_path='graphs' is not allowed: auto | lean | piecewise | transformers"),
+        (dict(decode_path="lean", batch_invariant=True), "batch_invariant=True is not allowed: false unless"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            TorchExecutor(None, "cpu", model=(model, geom), max_beams=4, **kw)
