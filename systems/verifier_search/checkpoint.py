@@ -60,17 +60,13 @@ def inspect(field: str, model_cfg, role: str, real_engine: bool = True) -> dict:
     real path runs (generator: ``*ForCausalLM``; verifier, when ``real_engine``:
     ``Qwen2ForProcessRewardModel``, or ``*ForCausalLM`` when ``prm_kind=lm``), or its
     shapes differ from the chosen config ``{field}={name}`` (every differing key is listed)."""
+    from harness.model_facts import check_weights
+
+    check_weights(model_cfg, field)  # the rule every real engine shares: a folder, a valid config.json, weights
     path = Path(str(model_cfg.weights)).expanduser()
     where = f"{field}.weights={str(model_cfg.weights)!r}"
     allowed = "random, or a local HuggingFace checkpoint directory (config.json, *.safetensors, tokenizer files)"
-    if not path.is_dir():
-        raise ConfigError(f"{where} is not allowed: no such directory; allowed: {allowed}")
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"{where} is not allowed: the directory has no config.json; allowed: {allowed}")
-    try:
-        hf = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{where}: config.json is not valid JSON ({e})") from None
+    hf = json.loads((path / "config.json").read_text())
     if not any(path.glob("*.safetensors")):
         raise ConfigError(f"{where} is not allowed: no *.safetensors weights in the directory; allowed: {allowed}")
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
