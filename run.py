@@ -40,7 +40,7 @@ EXIT = {"code": 0}  # a single run's exit status, set by main() (Hydra discards 
 def main(cfg: DictConfig) -> None:
     import multiprocessing
 
-    from harness.folders import in_multirun, remove_unused_run_dir
+    from harness.folders import JobFolderBusy, in_multirun, remove_unused_run_dir
     from harness.isolation import run_isolated, should_isolate
     from harness.process import end_startup, terminate_as_interrupt
     from harness.run import exit_code, run
@@ -53,7 +53,8 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         if not _record_invalid_sweep_job(cfg, e):
-            remove_unused_run_dir()
+            if not isinstance(e, JobFolderBusy):  # that folder is another run's, running now
+                remove_unused_run_dir()
             sys.exit(2)
         return
     except KeyboardInterrupt as e:  # SIGINT (Ctrl-C); RunInterrupted: after the job's record was written
@@ -84,12 +85,17 @@ def main(cfg: DictConfig) -> None:
 
 def _record_invalid_sweep_job(cfg: DictConfig, err: Exception) -> bool:
     """In a multirun, an invalid job is recorded (status error) so the sweep goes on; a record already
-    in its folder (one of another config, which the job refused to replace) stays."""
+    in its folder (one of another config, which the job refused to replace) stays, and a folder
+    another process holds (JobFolderBusy: it runs that job now) gets nothing from this one."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         return False
+    from harness.folders import JobFolderBusy
+
+    if isinstance(err, JobFolderBusy):  # another process writes that folder's record now: nothing here
+        return True
     from harness import records
     from harness.run import error_record, task_overrides
 

@@ -1,15 +1,17 @@
 """Where a job's record goes and what is already there: the job's identity (its resolved config and
-hash), its output folder (checked before Hydra makes it, removed when a rejected run made it), a
-valid record to resume from, another config's record to refuse, and an earlier record set aside
-while ``resume=false`` runs the job again.
+hash), its output folder (checked before Hydra makes it: never a system folder or a folder of
+someone else's files; removed when a rejected run made it), the lock a job holds on its folder while
+it runs, a valid record to resume from, another config's record to refuse, and an earlier record set
+aside while ``resume=false`` runs the job again.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -64,6 +66,7 @@ class OutputDirCheck(Callback):
                 except OmegaConfBaseException:
                     pass  # a name that does not resolve: the job's validation says so
             check_folder(key, path, "a folder (leave it out for the default under results_dir)")
+            check_not_foreign(Path(path), "output_dir" if key == "hydra.run.dir" and config.get("output_dir") else key)
             name, sweeps = str(config.get("sweep_name")), Path(str(results_dir)) / "sweeps"
             named = Path(path).resolve() == (sweeps / name).resolve()  # the default hydra.sweep.dir
             not_a_name = Path(name).name != name or name in (".", "..")  # a path: its folder escapes sweeps/
@@ -97,6 +100,70 @@ class OutputDirCheck(Callback):
             sys.exit(2)
 
 
+LOCK_NAME = ".job.lock"  # the lock a running job holds in its folder (job_lock); the file stays, empty
+
+# What a job's folder holds (harness.run, Hydra): a folder holding any of these is one of ours.
+OUR_FILES = ("run.json", "run.log", ".hydra", LOCK_NAME, "multirun.yaml", "runs.parquet")
+
+
+def check_not_foreign(path: Path, key: str) -> None:
+    """Raise ConfigError when the run or sweep folder ``path`` (named by the setting ``key``) is a
+    system folder (``/``, a folder directly under it such as ``/etc`` or ``/tmp``, or the home
+    folder) or an existing folder that is not empty and holds no file of a run or sweep of ours
+    (:data:`OUR_FILES`, in it or in a folder of it: a sweep's job folders): Hydra and the job would write ``.hydra/``, ``run.log``, ``run.json`` and
+    tables over same-named files of someone else's (``output_dir=~`` was accepted). A missing or
+    empty folder, or one of an earlier run (its record, its log), passes."""
+    real = Path(path).expanduser().resolve()
+    system = real == Path(real.anchor) or real.parent == Path(real.anchor) or real == Path.home().resolve()
+    foreign = (
+        not system
+        and real.is_dir()
+        and any(True for _ in real.iterdir())
+        and not any((d / name).exists() for d in (real, *_subfolders(real)) for name in OUR_FILES)
+    )
+    if system or foreign:
+        what = "a system folder" if system else "a folder that is not empty and holds no run or sweep of ours"
+        raise ConfigError(
+            f"{key}: {str(path)!r} is {what}: a run would write .hydra/, run.log, run.json and its "
+            f"tables among its files; nothing was run. Pass a new or empty folder, or one an earlier "
+            f"run wrote ({', '.join(OUR_FILES[:3])})"
+        )
+
+
+def _subfolders(path: Path) -> List[Path]:
+    return [d for d in path.iterdir() if d.is_dir() and not d.is_symlink()]
+
+
+class JobFolderBusy(ConfigError):
+    """Another process holds the lock of the job's folder (:func:`job_lock`): it is running a job
+    there now. Nothing is written: not even an error record, which could land over its record."""
+
+
+@contextmanager
+def job_lock(outdir: Path, key: str) -> Iterator[None]:
+    """Hold the lock of the job's folder ``outdir`` (``outdir/.job.lock``, an advisory file lock of
+    the ``filelock`` library: ``flock`` where the file system has it, a marker file elsewhere) for
+    the block, the whole life of the job, so two processes never write one record (two runs into one
+    ``output_dir=`` started 0.3 s apart both checked the folder, both ran, and the later record
+    replaced the earlier). The lock is released when the block ends or the process dies (``kill
+    -9`` included). Raises :class:`JobFolderBusy`, naming ``key``, when another process holds it."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(outdir / LOCK_NAME), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise JobFolderBusy(
+            f"{key}: {str(outdir)!r} is in use: another process runs a job there now (it holds "
+            f"{outdir / LOCK_NAME}); nothing was run. Wait for it to end, or pass another folder "
+            f"({_OTHER_FOLDER[key]})"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def topmost_missing(path: Path) -> Path:
     """The topmost folder of ``path`` (``path`` itself included) that does not exist yet: what making
     ``path`` creates (``results_dir=/tmp/new`` -> ``/tmp/new``, when /tmp exists). Taken on the real
@@ -122,6 +189,7 @@ def remove_unused_run_dir() -> None:
 
     d = OutputDirCheck.new_run_dir
     log_name = f"{HydraConfig.get().job.name}.log" if HydraConfig.initialized() else "run.log"
+    # a folder holding a job's lock was claimed by a job (this one's, or one running there now): kept
     if d is not None and d.is_dir() and {p.name for p in d.iterdir()} <= {".hydra", "run.log", log_name}:
         logging.shutdown()  # Hydra's run.log handler lets go of the file
         shutil.rmtree(d, ignore_errors=True)
@@ -159,15 +227,32 @@ def output_dir(cfg) -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
+def output_dir_key(cfg) -> str:
+    """The setting that names the job's folder: ``output_dir``, ``hydra.sweep.dir`` or ``hydra.run.dir``."""
+    return "output_dir" if cfg.get("output_dir") else "hydra.sweep.dir" if in_multirun() else "hydra.run.dir"
+
+
 def writable_output_dir(cfg, chash: str) -> Path:
     """The job's output directory, created; ConfigError naming the setting when it cannot be written
     or holds the record of a config other than the job's (config hash ``chash``, see
     :func:`check_no_other_record`)."""
     outdir = output_dir(cfg)
-    key = "output_dir" if cfg.get("output_dir") else "hydra.sweep.dir" if in_multirun() else "hydra.run.dir"
+    key = output_dir_key(cfg)
     records.check_writable(outdir, key)
     check_no_other_record(outdir, chash, key)
     return outdir
+
+
+@contextmanager
+def claimed_output_dir(cfg, chash: str) -> Iterator[Path]:
+    """:func:`writable_output_dir`, held by the job for the block (:func:`job_lock`) and checked
+    again once held: a record another config's job wrote there since the first check is refused
+    (ConfigError), never replaced. Yields the folder."""
+    outdir = writable_output_dir(cfg, chash)
+    key = output_dir_key(cfg)
+    with job_lock(outdir, key):
+        check_no_other_record(outdir, chash, key)
+        yield outdir
 
 
 _OTHER_FOLDER = {

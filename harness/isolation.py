@@ -15,10 +15,12 @@ from harness import records
 from harness.backend import resolve_backend
 from harness.errors import RunInterrupted
 from harness.family import family_of
-from harness.folders import in_multirun, job_config, task_overrides, writable_output_dir
+from harness.folders import JobFolderBusy, in_multirun, job_config, task_overrides, writable_output_dir
 from harness.logs import say
 from harness.process import terminate_as_interrupt
 from harness.run import error_record, run, validate_config
+
+BUSY_EXIT = 75  # the child found its folder held by another process (EX_TEMPFAIL): no record, no error record
 
 
 def _child(cfg_yaml: str, multirun: bool, overrides: Optional[List[str]] = None) -> None:
@@ -31,6 +33,9 @@ def _child(cfg_yaml: str, multirun: bool, overrides: Optional[List[str]] = None)
         run(OmegaConf.create(cfg_yaml), multirun=multirun, overrides=overrides)
     except KeyboardInterrupt:  # its record says so (RunInterrupted); the parent stops too
         sys.exit(130)
+    except JobFolderBusy as e:  # another process's job: the parent must write no record either
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(BUSY_EXIT)
 
 
 @contextmanager
@@ -80,6 +85,8 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
         if rec_path.exists():  # the child's record (interrupted, or its work had ended)
             raise RunInterrupted(str(rec_path), json.loads(rec_path.read_text()).get("status", "?")) from None
         raise
+    if p.exitcode == BUSY_EXIT:
+        raise JobFolderBusy(f"{outdir}: another process runs a job there now (the job's process said why)")
     if p.exitcode != 0 and not rec_path.exists():
         how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
         rec = error_record(

@@ -31,13 +31,13 @@ from harness.console import print_line, print_table
 from harness.errors import TYPE_WORDS, ConfigError, RunInterrupted, bad
 from harness.family import Family, family_of
 from harness.folders import (
+    claimed_output_dir,
     in_multirun,
     job_config,
     recorded,
     set_aside,
     settle_aside,
     task_overrides,
-    writable_output_dir,
 )
 from harness.logs import say
 from harness.process import collector_paused, sigint_held
@@ -120,7 +120,21 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
                 warning=True,
             )
     cfg_dict, chash = job_config(cfg)
-    outdir = writable_output_dir(cfg, chash)
+    with claimed_output_dir(cfg, chash) as outdir:  # no other process writes there till it ends
+        return _claimed_run(cfg, family, backend, multirun, outdir, cfg_dict, chash, overrides)
+
+
+def _claimed_run(
+    cfg,
+    family: Family,
+    backend: Backend,
+    multirun: bool,
+    outdir: Path,
+    cfg_dict: dict,
+    chash: str,
+    overrides: Optional[List[str]],
+) -> Dict[str, Any]:
+    """:func:`run` in the job's folder, held: the resume check, the earlier record set aside, the job."""
     from workloads.data import data_files
 
     data = data_files(cfg.workload)
