@@ -120,39 +120,25 @@ def run(cfg: DictConfig, multirun: Optional[bool] = None, overrides: Optional[Li
                 warning=True,
             )
     cfg_dict, chash = job_config(cfg)
-    with claimed_output_dir(cfg, chash) as outdir:  # no other process writes there till it ends
-        return _claimed_run(cfg, family, backend, multirun, outdir, cfg_dict, chash, overrides)
-
-
-def _claimed_run(
-    cfg,
-    family: Family,
-    backend: Backend,
-    multirun: bool,
-    outdir: Path,
-    cfg_dict: dict,
-    chash: str,
-    overrides: Optional[List[str]],
-) -> Dict[str, Any]:
-    """:func:`run` in the job's folder, held: the resume check, the earlier record set aside, the job."""
     from workloads.data import data_files
 
-    data = data_files(cfg.workload)
-    if cfg.get("resume", True):
-        prev = recorded(outdir, chash, data=data)
-        if prev is not None:
-            return prev
-    overrides = task_overrides() if overrides is None else overrides
-    with logs.job_log(outdir):
-        # resume=false, or resume over a record of other data: the earlier record is set aside
-        if not cfg.get("resume", True) or records.load_valid_record(outdir, chash) is not None:
-            set_aside(outdir, chash)
-        aside = outdir / records.REPLACED_DIR  # also one an unfinished re-run left: settled by this run's record
-        try:
-            return _run_job(cfg, family, backend, multirun, outdir, cfg_dict, chash, overrides)
-        finally:
-            if aside.is_dir():
-                settle_aside(aside, outdir)
+    with claimed_output_dir(cfg, chash) as outdir:  # no other process writes there till it ends
+        data = data_files(cfg.workload)
+        if cfg.get("resume", True):
+            prev = recorded(outdir, chash, data=data)
+            if prev is not None:
+                return prev
+        overrides = task_overrides() if overrides is None else overrides
+        with logs.job_log(outdir):
+            # resume=false, or resume over a record of other data: the earlier record is set aside
+            if not cfg.get("resume", True) or records.load_valid_record(outdir, chash) is not None:
+                set_aside(outdir, chash)
+            aside = outdir / records.REPLACED_DIR  # also one an unfinished re-run left: settled by this run's record
+            try:
+                return _run_job(cfg, family, backend, multirun, outdir, cfg_dict, chash, overrides)
+            finally:
+                if aside.is_dir():
+                    settle_aside(aside, outdir)
 
 
 def record_header(
