@@ -148,34 +148,47 @@ def make_tracker(
 
 def log_record(tracker, status: str, simulated: bool, summary: Dict[str, Any], tables: Dict[str, Any]) -> None:
     """Mirror a finished job into ``tracker``: its summary (with status and whether simulated) and
-    tables, then finish the W&B run."""
+    tables, then finish the W&B run. A failure of W&B (its folder, its disk) is a console warning:
+    the job's record is written by then, and the run's exit status is the record's."""
     try:
-        tracker.log_summary({"status": status, "simulated": simulated, **summary})
-        for name, table in tables.items():
-            tracker.log_table(name, table)
-    finally:
-        tracker.finish(status)
+        try:
+            tracker.log_summary({"status": status, "simulated": simulated, **summary})
+            for name, table in tables.items():
+                tracker.log_table(name, table)
+        finally:
+            tracker.finish(status)
+    except Exception as e:  # noqa: BLE001 (W&B raises many kinds; tracking is a mirror)
+        say(f"W&B could not mirror this run: {type(e).__name__}: {e} (the local record is complete)", warning=True)
 
 
 def mirror_later(outdir: Path, tracking, name: str, group: Optional[str]) -> Optional[Path]:
     """Start the detached process that mirrors the record in ``outdir`` into its own W&B run (module
-    doc); returns its log file, or None when W&B is disabled (``$WANDB_MODE=disabled``). In
+    doc); returns its log file, or None when W&B is disabled (``$WANDB_MODE=disabled``) or the
+    process could not start (its folder ``outdir/wandb`` cannot be made: a warning). In
     ``online`` mode it waits for that process (:data:`ONLINE_WAIT_S`) and prints a warning when the
     mirror failed or is still running."""
     if wandb_mode(tracking) == "disabled":
         return None
     logfile = Path(outdir).resolve() / MIRROR_LOG
-    logfile.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "harness.tracking", str(logfile.parent.parent), "--name", name]
-    with open(logfile, "ab") as out:
-        proc = subprocess.Popen(
-            cmd + (["--group", group] if group else []),
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+    try:
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        with open(logfile, "ab") as out:
+            proc = subprocess.Popen(
+                cmd + (["--group", group] if group else []),
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+    except OSError as e:  # the record is written: a warning, and the run's exit status is the record's
+        say(
+            f"W&B: the mirror could not start ({e.strerror or e}: {e.filename or logfile}); the local record is "
+            f"complete; `python -m harness.tracking {logfile.parent.parent}` mirrors it later",
+            warning=True,
         )
+        return None
     if wandb_mode(tracking) != "online":
         return logfile
     again = f"`python -m harness.tracking {logfile.parent.parent} --mode online` mirrors it again"

@@ -301,3 +301,43 @@ def test_a_tracker_that_cannot_start_is_a_console_warning(tmp_path, monkeypatch,
     assert (
         "warning: W&B (online) could not start, nothing of this run goes to W&B: No API key" in capsys.readouterr().err
     )
+
+
+def test_a_wandb_folder_that_cannot_be_made_is_a_warning_with_the_records_exit_status(tmp_path):
+    """``<run>/wandb`` that cannot be made (here a file of that name) after the record is written:
+    a console warning naming the folder, exit 0 and the record ok (before: a FileExistsError
+    traceback from mirror_later after the record). Mutation caught: mirror_later's mkdir outside
+    its try (the traceback)."""
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / "run.log").write_text("an earlier run\n")
+    (out / "wandb").write_text("not a folder")
+    r = subprocess.run(
+        [sys.executable, "run.py", "beams=4", "progress=false", f"output_dir={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true"),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"warning: W&B: the mirror could not start (File exists: {out / 'wandb'}); the local record is complete" in (
+        r.stderr
+    )
+    assert json.loads((out / "run.json").read_text())["status"] == "ok"
+
+
+def test_a_tracker_that_fails_after_the_record_is_a_console_warning(capsys):
+    """W&B failing while it mirrors a finished job (its disk, its folder) is a warning; the job's
+    exit status stays its record's. Mutation caught: log_record without its except (the error
+    raised after the record: a traceback, exit 1)."""
+    from harness import tracking
+
+    class Failing(tracking.NullTracker):
+        def log_summary(self, summary):
+            raise OSError(28, "No space left on device")
+
+    tracking.log_record(Failing(), "ok", True, {"x": 1}, {})
+    assert "warning: W&B could not mirror this run: OSError: [Errno 28] No space left on device" in (
+        capsys.readouterr().err
+    )
