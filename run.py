@@ -102,9 +102,7 @@ def _record_invalid_sweep_job(cfg: DictConfig, err: Exception) -> bool:
     out = Path(HydraConfig.get().runtime.output_dir)
     if (out / "run.json").exists():
         return True
-    records.atomic_write_json(
-        out / "run.json", error_record(cfg, out, task_overrides(), f"invalid configuration: {err}")
-    )
+    records.write_record(out / "run.json", error_record(cfg, out, task_overrides(), f"invalid configuration: {err}"))
     return True
 
 

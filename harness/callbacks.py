@@ -6,7 +6,6 @@ import logging
 import os
 import socket
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -39,12 +38,13 @@ class SweepReport(Callback):
         run the rest of their chunk of jobs beside a re-run of the sweep, then idle for minutes.
         The interrupted job has no record, so the re-run runs it (Ray workers and SLURM jobs are
         not the driver's children: Ray ends its own, SLURM jobs outlive the driver by design)."""
+        from harness.process import exit_if_parent_gone, watch_parent
+
         if self.driver is None or self.driver[0] != socket.gethostname() or self.driver[1] == os.getpid():
             return
         if os.getppid() == self.driver[1]:
-            _watch_driver(self.driver[1])
-        if _watched == self.driver[1] and not _alive(self.driver[1]):
-            _driver_gone(self.driver[1])
+            watch_parent("the sweep's driver")
+        exit_if_parent_gone()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.utils import get_method
@@ -149,46 +149,3 @@ class SweepReport(Callback):
                 tr.log_image(png.stem, png)
         finally:
             tr.finish()
-
-
-_watched: Optional[int] = None  # the driver pid this process watches (one watcher thread per process)
-
-
-def _watch_driver(pid: int) -> None:
-    global _watched
-    if _watched != pid:
-        _watched = pid
-        threading.Thread(target=_watch, args=(pid,), name="sweep-driver-watch", daemon=True).start()
-
-
-def _watch(pid: int) -> None:
-    while _alive(pid):
-        time.sleep(1.0)
-    _driver_gone(pid)
-
-
-def _driver_gone(pid: int) -> None:
-    print(
-        f"the sweep's driver (pid {pid}) is gone: its worker {os.getpid()} stops (jobs without a record "
-        f"run again when the sweep is re-run)",
-        file=sys.stderr,
-        flush=True,
-    )
-    os._exit(3)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc (macOS): ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True

@@ -17,7 +17,7 @@ from harness.errors import RunInterrupted
 from harness.family import family_of
 from harness.folders import JobFolderBusy, in_multirun, job_config, task_overrides, writable_output_dir
 from harness.logs import say
-from harness.process import terminate_as_interrupt
+from harness.process import terminate_as_interrupt, watch_parent
 from harness.run import error_record, run, validate_config
 
 BUSY_EXIT = 75  # the child found its folder held by another process (EX_TEMPFAIL): no record, no error record
@@ -27,6 +27,7 @@ def _child(cfg_yaml: str, multirun: bool, overrides: Optional[List[str]] = None)
     from harness.config import register_configs, register_resolvers
 
     terminate_as_interrupt()
+    watch_parent("the job's parent process")  # a sweep worker or run.py's process, killed: this job stops too
     register_resolvers()
     register_configs()
     try:
@@ -92,7 +93,7 @@ def run_isolated(cfg: DictConfig) -> Dict[str, Any]:
         rec = error_record(
             cfg, outdir, task_overrides(), f"job process died ({how}) before writing its record", backend
         )
-        records.atomic_write_json(rec_path, rec)
+        records.write_record(rec_path, rec)
         say(f"job died ({how}); recorded as error in {rec_path}")
         return rec
     rec = json.loads(rec_path.read_text())

@@ -97,6 +97,16 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False).encode())
 
 
+def write_record(path: Path, rec: Dict[str, Any]) -> None:
+    """Write a job's record (run.json) atomically, unless the process that started this one has
+    ended (a sweep's driver killed: this process exits instead, :func:`harness.process.exit_if_parent_gone`),
+    so that a re-run of the sweep never meets a record written after its driver died."""
+    from harness.process import exit_if_parent_gone
+
+    exit_if_parent_gone()
+    atomic_write_json(path, rec)
+
+
 def atomic_write_parquet(path: Path, table, metadata: Optional[Dict[str, str]] = None) -> str:
     """Write a table to parquet atomically: a pandas DataFrame, a list of row dicts with the same
     keys, or a dict of columns (name -> 1-D numpy array or list, equal lengths); rows and columns

@@ -371,6 +371,7 @@ def test_a_failed_report_leaves_no_earlier_verdicts_to_collect(tmp_path, report,
     caught: the set-aside dropped: the stale verdicts.csv stays after the failure.)"""
     sweep = tmp_path / "sweeps" / "v"
     sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("an earlier sweep\n")  # its folder: not someone else's (check_not_foreign)
     (sweep / "verdicts.csv").write_text("figure,metric\nstale,stale\n")
     out = subprocess.run(
         [

@@ -218,7 +218,7 @@ class FastBasicSweeper(Sweeper):
         if rec_path.exists():
             return
         message = f"job failed outside its run ({type(why).__name__}: {why})"
-        records.atomic_write_json(rec_path, error_record(cfg, outdir, list(overrides), message))
+        records.write_record(rec_path, error_record(cfg, outdir, list(overrides), message))
         print(f"{' '.join(overrides)}: {message}; recorded as error in {rec_path}", file=sys.stderr)
 
 
