@@ -259,12 +259,21 @@ def _converts(node, value: str, error) -> bool:
 
 def check_group_options(args, conf_dir) -> None:
     """Raise ConfigError for a command-line ``group=option`` (or ``group=a,b`` sweep) naming no
-    ``conf/<group>/<option>.yaml``, listing the options that exist."""
+    ``conf/<group>/<option>.yaml``, listing the options that exist, and for a list of options
+    (``group=[a,b]``: Hydra composes them into one run, silently)."""
     conf_dir = Path(conf_dir)
     for a in args:
         if "=" not in a or a[0] in "+~-":
             continue
         key, value = a.split("=", 1)
+        if key in CONFIG_GROUPS and value.strip().startswith("["):  # Hydra merges a list's options into one
+            raise bad(
+                key,
+                value,
+                f"one option of conf/{key}/ (a list composes its options into one run, the last one's "
+                f"values winning: {key}=[lbs,layerwise] ran layerwise); to run each, sweep them: "
+                f"python run.py -m {key}={value.strip().strip('[]')}",
+            )
         if key not in CONFIG_GROUPS or any(c in value for c in "()[]{}*$"):
             continue
         for v in (x.strip() for x in value.split(",")):

@@ -311,7 +311,7 @@ def _record_job(
                 m for m in (rec.get("message"), f"table {first[0]} could not be written ({first[1]})") if m
             )
             rec["status"], rec["status_before_table_error"] = "error", rec["status"]
-        records.atomic_write_json(outdir / "run.json", rec)
+        records.write_record(outdir / "run.json", rec)
         if later:
             mirror_log = mirror_later(outdir, tracking, wandb_name, wandb_group)
             if mirror_log:

@@ -281,6 +281,9 @@ def test_memoised_composition_falls_back_for_additions():
         # a list for a number (issue 39: Hydra's "Error merging override", exit 1); mutation caught:
         # list literals skipped by the preflight as sweep syntax
         (["hardware.memory_bytes=[1,2]"], "hardware.memory_bytes='[1,2]' is not allowed: an integer"),
+        # a list of a group's options (issue 39: Hydra composed them into one run, exit 0, running the last);
+        # mutation caught: check_group_options skipping list values as before
+        (["system=[lbs,layerwise]"], "system='[lbs,layerwise]' is not allowed: one option of conf/system/"),
         # a field of another option of the group (was Hydra's "Could not override", exit 1; QA)
         (
             ["system=lbs", "system.window_s=3"],
