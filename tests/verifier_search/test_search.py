@@ -1,12 +1,13 @@
 """Search policies, duplication order, speculative truncation; P and S on the simulated backend."""
 
+import numpy as np
 import pytest
 
 from harness.backend import Backend
 from systems.verifier_search import runner
 from systems.verifier_search.beams import Beam, request_seed, stable_hash, step_logit_biases
 from systems.verifier_search.search import Search, duplicate, select_survivors
-from systems.verifier_search.speculation import speculative_potential, truncate_keep
+from systems.verifier_search.speculation import copy_keeps, speculative_potential, truncate_keep
 
 SIM = Backend("sim", "sim", True, "test")
 
@@ -70,6 +71,40 @@ def test_truncation_bounds_and_potential():
     assert truncate_keep(10, 1.0) == 9 and truncate_keep(10, 0.0) == 1 and truncate_keep(10, 0.85) == 8
     assert speculative_potential([0.1, 0.9, 0.5, 0.7], 4) == [1, 4, 2, 3]
     assert speculative_potential([0.2, 0.8], 4) == [2, 4]
+
+
+def test_copies_keep_a_fraction_r_of_mean_R_and_std_sigma():
+    """R's rule (FastTTS §4.1, AE: R = 0.85, sigma = 0.1): a copy keeps round(r x its speculative
+    tokens), r ~ N(R, sigma) clipped to [0, 1]. With sigma = 0, r = R: 20, 12 and 7 tokens keep
+    round(17.0) = 17, round(10.2) = 10, round(5.95) = 6. With R = 0.3, sigma = 0.05 over 2,000 copies
+    of 100 tokens: keeps of mean 30 and standard deviation 5 (sampled: 30.16, 4.91).
+    Mutations caught: R's mean and std swapped in the draw (keeps [6, 2, 6]; mean 15.4, std 18.9),
+    sigma ignored (std 0)."""
+    assert copy_keeps([20, 12, 7], 0.85, 0.0, [1, 2, 3]) == [17, 10, 6]
+    keeps = np.array(copy_keeps([100] * 2000, 0.3, 0.05, list(range(2000))))
+    assert keeps.mean() == pytest.approx(30, abs=0.5) and keeps.std() == pytest.approx(5, abs=0.4)
+
+
+def test_the_configured_R_reaches_every_copys_draw_sim(compose_cfg, monkeypatch):
+    """system.spec_truncation_ratio is R's mean and system.spec_truncation_std its std, from the
+    config through the search settings and Search to each draw of copy_keeps; with sigma = 0 a copy of
+    a parent with 10 speculative tokens keeps exactly 0.5 x 10 = 5 of them.
+    Mutations caught: mean and std swapped in runner.settings, in Search's call of duplicate, in
+    duplicate's call of copy_keeps."""
+    import systems.verifier_search.search as search_mod
+
+    seen, orig = [], search_mod.copy_keeps
+
+    def spy(lengths, r_mean, r_std, keys):
+        seen.append((r_mean, r_std))
+        return orig(lengths, r_mean, r_std, keys)
+
+    monkeypatch.setattr(search_mod, "copy_keeps", spy)
+    _sim_search(compose_cfg, "fasttts_s", "system.spec_truncation_ratio=0.5", "system.spec_truncation_std=0")
+    assert seen and set(seen) == {(0.5, 0.0)}
+    a = Beam("a", spec=list(range(10)))
+    kids = duplicate([(a, 3)], True, True, 0.5, 0.0, 0, 0, 0)
+    assert [k.spec for k in kids] == [a.spec, a.spec[:5], a.spec[:5]]  # the original keeps all 10
 
 
 def test_step_bias_gives_wanted_probability():
