@@ -71,24 +71,27 @@ SERVING_BYTES_PER_REQUEST = 700
 SERVING_BYTES_PER_OUTPUT_TOKEN = 95
 
 
-def check_serving_memory(requests: float, mean_output_len: float, field: str, value) -> None:
+def check_serving_memory(
+    requests: float,
+    mean_output_len: float,
+    field: str,
+    value,
+    hint: str = "shorten workload.duration_s or lower the rate",
+) -> None:
     """Exit 2 (ConfigError naming ``field``) when a run of ``requests`` expected requests of
     ``mean_output_len`` output tokens would need more than this machine's available memory
-    (:func:`harness.machine.available_memory`; not checked where it is unknown): ``rate=1000
+    (:func:`harness.machine.check_fits_memory`; not checked where it is unknown): ``rate=1000
     workload.duration_s=10000`` was accepted and held 1.8 GB, unfinished, after 120 s."""
-    from harness.machine import available_memory
+    from harness.machine import check_fits_memory
 
-    need = requests * (SERVING_BYTES_PER_REQUEST + SERVING_BYTES_PER_OUTPUT_TOKEN * mean_output_len)
-    avail = available_memory()
-    if avail is not None and need > avail:
-        raise bad(
-            field,
-            value,
-            f"a value whose run fits this machine's memory: {requests:,.0f} expected requests of "
-            f"{mean_output_len:g} output tokens need ~{need / 2**30:.1f} GiB (measured: "
-            f"{SERVING_BYTES_PER_REQUEST} B per request + {SERVING_BYTES_PER_OUTPUT_TOKEN} B per output token), "
-            f"{avail / 2**30:.1f} GiB available (MemAvailable); shorten workload.duration_s or lower the rate",
-        )
+    check_fits_memory(
+        requests * (SERVING_BYTES_PER_REQUEST + SERVING_BYTES_PER_OUTPUT_TOKEN * mean_output_len),
+        field,
+        value,
+        f"{requests:,.0f} expected requests of {mean_output_len:g} output tokens",
+        f"measured: {SERVING_BYTES_PER_REQUEST} B per request + {SERVING_BYTES_PER_OUTPUT_TOKEN} B per output token",
+        hint,
+    )
 
 
 def validate(cfg) -> None:
