@@ -392,8 +392,9 @@ def test_a_servegen_segment_that_would_not_fit_this_machines_memory_is_refused_b
     held (issue 39). The segment's expected requests and output tokens (workloads.serving.servegen_plan,
     the fixture's windows) go through check_serving_memory before any draw: with 27 MiB available
     (28,311,552 B), [68400, 72010) s (13,209 requests of 15.18 output tokens: 28,289,820 B) fits and
-    [68400, 72020) s (13,245: 28,370,999 B) does not. Mutation caught: the ServeGen check left out
-    of validate (then 3620 s passes)."""
+    [68400, 72020) s (13,245: 28,370,999 B) does not, unless workload.max_requests=13000 caps it.
+    Mutations caught: the ServeGen check left out of validate (then 3620 s passes); the
+    max_requests cap left out (then the capped run is refused)."""
     import harness.machine
     import workloads.serving
     from systems.energy_serving import runner
