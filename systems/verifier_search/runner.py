@@ -209,10 +209,10 @@ def validate(cfg) -> None:
 # 100-token steps: 271 MB (n=2048: 554 MB); 5 / 15 / 20 iterations: 128 / 497 / 785 MB; steps of
 # 50 / 200 / 400 tokens: 174 / 478 / 717 MB. Per path ~48 KB, ~7.5 KB per iteration and ~28 B per
 # token of its length at each iteration (the simulated engines keep every iteration's token list
-# of a problem's paths; the fit is within -10 % / +15 % of each run). Each problem searched keeps
+# of a problem's paths; these constants give -8 % to +18 % of each run). Each problem searched keeps
 # ~48 B per token of its paths' final length (n=512: 1 problem 144 MB, 8 problems 317 MB; 200-token steps
-# or 20 iterations: 43 / 39 B). best_of_n, dvts, dynamic_branching, vg_search, vllm_tts and
-# kv_overflow=lbs measured at or below beam_search's 271 MB.
+# or 20 iterations: 43 / 39 B). dvts, dynamic_branching, vg_search, vllm_tts and kv_overflow=lbs
+# measured within +5 % of beam_search's 271 MB (best_of_n: 36 MB).
 TTS_BYTES_PER_PATH = 48_000
 TTS_BYTES_PER_PATH_ITERATION = 7_500
 TTS_BYTES_PER_PATH_TOKEN = 28
