@@ -76,3 +76,22 @@ def available_memory() -> Optional[int]:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
         return None
+
+
+def check_fits_memory(need: float, field: str, value, what: str, basis: str, hint: str) -> None:
+    """Exit 2 (ConfigError naming ``field`` and ``value``) when a run predicted to need ``need``
+    bytes of host memory beyond the process's own would need more than this machine's available
+    memory (:func:`available_memory`; not checked where it is unknown). The message says ``what``
+    needs it (e.g. "160,000 expected requests of 64 output tokens"), the measurement behind the
+    prediction (``basis``) and what to lower (``hint``). The one rule by which every family checks a
+    run's size against the host, before any work."""
+    from harness.errors import bad
+
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise bad(
+            field,
+            value,
+            f"a value whose run fits this machine's memory: {what} need ~{need / 2**30:.1f} GiB "
+            f"({basis}), {avail / 2**30:.1f} GiB available (MemAvailable); {hint}",
+        )

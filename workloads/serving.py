@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, NamedTuple, Tuple
 
 import numpy as np
 
@@ -587,17 +587,40 @@ def _sequential_sum(x: np.ndarray) -> float:
     return float(np.cumsum(x)[-1]) if len(x) else 0
 
 
-def load_servegen(
-    path, start_s: float, duration_s: float, target_tokens_per_s: float, rng: np.random.Generator
-) -> Requests:
-    """Sample requests from ServeGen windows in [start_s, start_s + duration_s) of day 1.
+def _client_pdfs(clients, cid, t):
+    """Client ``cid``'s (input, output) token-length PDFs for the 6-hour key containing ``t``, or
+    None when it has no dataset file or the window's PDFs are empty."""
+    ds = clients[cid][1]
+    if not ds:
+        return None
+    key = max(k for k in ds if k <= t) if any(k <= t for k in ds) else min(ds)
+    d = ds[key]
+    if any(len(d.get(f, ((),))[0]) == 0 for f in MIN_TOKENS):
+        return None
+    return d["input_tokens"], d["output_tokens"]
 
-    Each active client window yields IATs from its Gamma/Weibull (shape, scale), rescaled so the
-    window hits ``rate * s``, where ``s`` makes the expected input+output token rate equal
-    ``target_tokens_per_s`` (0 = unscaled). Token lengths come from the client's PDF for the 6-hour
-    key containing the window, or the rate-weighted pool of all clients' PDFs when the client has
-    no dataset file. Arrival times are seconds from ``start_s``.
-    """
+
+class ServegenPlan(NamedTuple):
+    """What a ServeGen segment will draw, known before any draw (:func:`servegen_plan`): the
+    segment [t0, t1) s; its active client windows (cid, window start s, length s, rate req/s,
+    pattern, shape, scale); the rate-weighted pooled PDFs (for clients without data); the rate
+    scale for the target token rate; ``expected`` requests after scaling and their expected
+    ``mean_output_tokens`` (tokens, rate-weighted over the windows; 0 drawn is served as 1)."""
+
+    clients: dict
+    t0: float
+    t1: float
+    active: list
+    pool: tuple
+    scale_rate: float
+    expected: float
+    mean_output_tokens: float
+
+
+def servegen_plan(path, start_s: float, duration_s: float, target_tokens_per_s: float) -> ServegenPlan:
+    """The :class:`ServegenPlan` of the segment [start_s, start_s + duration_s) of day 1 (reads the
+    trace windows and the PDFs of the windows the segment reads; draws nothing). Raises TraceError
+    for no active window, no token-length PDFs, or more than MAX_REQUESTS expected requests."""
     clients = _servegen_clients(str(Path(path)))
     t0, t1 = float(start_s), float(start_s) + float(duration_s)
     active = []  # (cid, win_start, win_len, rate, pattern, shape, scale)
@@ -610,22 +633,12 @@ def load_servegen(
     if not active:
         raise TraceError(f"{path}: no active client windows in [{t0}, {t1}) s")
 
-    def pdfs_for(cid, t):
-        ds = clients[cid][1]
-        if not ds:
-            return None
-        key = max(k for k in ds if k <= t) if any(k <= t for k in ds) else min(ds)
-        d = ds[key]
-        if any(len(d.get(f, ((),))[0]) == 0 for f in MIN_TOKENS):
-            return None
-        return d["input_tokens"], d["output_tokens"]
-
     # pooled PDFs (rate-weighted, in order of first appearance) for clients without data; every sum
     # left to right, as the per-window dicts of the first version added them (same floats)
     pool_parts = ([], []), ([], [])  # (token counts, weighted probabilities) per field
-    mean_tok = {}
+    mean_tok, mean_out = {}, {}
     for cid, lo, ln, rate, *_ in active:
-        pd_ = pdfs_for(cid, lo)
+        pd_ = _client_pdfs(clients, cid, lo)
         if pd_ is None:
             continue
         w = rate * ln
@@ -633,19 +646,39 @@ def load_servegen(
             keys.append(k)
             weights.append(w * p)
         mean_tok[(cid, lo)] = _sequential_sum(pd_[0][0] * pd_[0][1]) + _sequential_sum(pd_[1][0] * pd_[1][1])
+        mean_out[(cid, lo)] = float(pd_[1][0] @ pd_[1][1] / pd_[1][1].sum())
     if not pool_parts[0][0]:
         raise TraceError(f"{path}: no client in the segment has token-length PDFs (chunk-*-dataset.json)")
     pool = tuple(_pdf_arrays(_pooled(keys, weights)) for keys, weights in pool_parts)
     pool_mean = float(pool[0][0] @ pool[0][1] + pool[1][0] @ pool[1][1])
     exp_tokens = sum(rate * ln * mean_tok.get((cid, lo), pool_mean) for cid, lo, ln, rate, *_ in active)
     scale_rate = (target_tokens_per_s * (t1 - t0) / exp_tokens) if target_tokens_per_s > 0 else 1.0
-    expected = scale_rate * sum(rate * ln for _, _, ln, rate, *_ in active)
+    unscaled = sum(rate * ln for _, _, ln, rate, *_ in active)
+    expected = scale_rate * unscaled
     if expected > MAX_REQUESTS:
         raise TraceError(
             f"workload.target_tokens_per_s={target_tokens_per_s:g} would draw {expected:,.0f} requests in "
             f"[{t0:g}, {t1:g}) s (at most {MAX_REQUESTS:,}; the trace's own rates give "
             f"{expected / scale_rate:,.0f}: lower it or workload.duration_s)"
         )
+    pool_out = float(pool[1][0] @ pool[1][1])
+    out_tokens = sum(rate * ln * max(1.0, mean_out.get((cid, lo), pool_out)) for cid, lo, ln, rate, *_ in active)
+    return ServegenPlan(clients, t0, t1, active, pool, scale_rate, expected, out_tokens / unscaled)
+
+
+def load_servegen(
+    path, start_s: float, duration_s: float, target_tokens_per_s: float, rng: np.random.Generator
+) -> Requests:
+    """Sample requests from ServeGen windows in [start_s, start_s + duration_s) of day 1.
+
+    Each active client window yields IATs from its Gamma/Weibull (shape, scale), rescaled so the
+    window hits ``rate * s``, where ``s`` makes the expected input+output token rate equal
+    ``target_tokens_per_s`` (0 = unscaled). Token lengths come from the client's PDF for the 6-hour
+    key containing the window, or the rate-weighted pool of all clients' PDFs when the client has
+    no dataset file. Arrival times are seconds from ``start_s``. The segment is planned first
+    (:func:`servegen_plan`, which raises TraceError before any draw).
+    """
+    clients, t0, t1, active, pool, scale_rate, *_ = servegen_plan(path, start_s, duration_s, target_tokens_per_s)
 
     arr, ins, outs = [], [], []
     for cid, lo, ln, rate, pat, shape, scale in active:
@@ -671,7 +704,7 @@ def load_servegen(
         t = t[(t >= lo) & (t < lo + ln)]
         if len(t) == 0:
             continue
-        pd_ = pdfs_for(cid, lo)
+        pd_ = _client_pdfs(clients, cid, lo)
         (vi, pi), (vo, po) = pool if pd_ is None else (_pdf_arrays(pd_[0]), _pdf_arrays(pd_[1]))
         arr.append(t - t0)
         ins.append(rng.choice(vi, len(t), p=pi))

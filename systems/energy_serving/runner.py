@@ -57,7 +57,8 @@ from systems.energy_serving.profiler import (
     with_error,
 )
 from systems.energy_serving.sim import SimExecutor
-from workloads.serving import MAX_REQUESTS, TraceError
+from workloads.data import resolve
+from workloads.serving import MAX_REQUESTS, TraceError, servegen_plan
 
 PROFILE_BIAS_RANGE = (-0.5, 0.5)
 PROFILE_NOISE_RANGE = (0.0, 0.3)
@@ -71,24 +72,42 @@ SERVING_BYTES_PER_REQUEST = 700
 SERVING_BYTES_PER_OUTPUT_TOKEN = 95
 
 
-def check_serving_memory(requests: float, mean_output_len: float, field: str, value) -> None:
+def check_serving_memory(
+    requests: float,
+    mean_output_len: float,
+    field: str,
+    value,
+    hint: str = "shorten workload.duration_s or lower the rate",
+) -> None:
     """Exit 2 (ConfigError naming ``field``) when a run of ``requests`` expected requests of
     ``mean_output_len`` output tokens would need more than this machine's available memory
-    (:func:`harness.machine.available_memory`; not checked where it is unknown): ``rate=1000
+    (:func:`harness.machine.check_fits_memory`; not checked where it is unknown): ``rate=1000
     workload.duration_s=10000`` was accepted and held 1.8 GB, unfinished, after 120 s."""
-    from harness.machine import available_memory
+    from harness.machine import check_fits_memory
 
-    need = requests * (SERVING_BYTES_PER_REQUEST + SERVING_BYTES_PER_OUTPUT_TOKEN * mean_output_len)
-    avail = available_memory()
-    if avail is not None and need > avail:
-        raise bad(
-            field,
-            value,
-            f"a value whose run fits this machine's memory: {requests:,.0f} expected requests of "
-            f"{mean_output_len:g} output tokens need ~{need / 2**30:.1f} GiB (measured: "
-            f"{SERVING_BYTES_PER_REQUEST} B per request + {SERVING_BYTES_PER_OUTPUT_TOKEN} B per output token), "
-            f"{avail / 2**30:.1f} GiB available (MemAvailable); shorten workload.duration_s or lower the rate",
-        )
+    check_fits_memory(
+        requests * (SERVING_BYTES_PER_REQUEST + SERVING_BYTES_PER_OUTPUT_TOKEN * mean_output_len),
+        field,
+        value,
+        f"{requests:,.0f} expected requests of {mean_output_len:g} output tokens",
+        f"measured: {SERVING_BYTES_PER_REQUEST} B per request + {SERVING_BYTES_PER_OUTPUT_TOKEN} B per output token",
+        hint,
+    )
+
+
+def check_trace_memory(w, requests: float, mean_output_len: float, lower: str) -> None:
+    """:func:`check_serving_memory` of a trace or ServeGen workload: ``requests`` (expected, at most
+    ``workload.max_requests``) of ``mean_output_len`` output tokens, named ``workload.duration_s``
+    (a 24-hour ServeGen segment: ~204,000 requests of ~173 output tokens, ~3.4 GiB)."""
+    if w.max_requests is not None:
+        requests = min(requests, int(w.max_requests))
+    check_serving_memory(
+        requests,
+        mean_output_len,
+        "workload.duration_s",
+        w.duration_s,
+        f"shorten workload.duration_s, {lower} or set workload.max_requests",
+    )
 
 
 def validate(cfg) -> None:
@@ -221,9 +240,16 @@ def validate(cfg) -> None:
         if (tp, pp) != (1, 1):
             raise bad("tp/pp", (tp, pp), "tp=1 pp=1 with system.latency_profile (it was measured on one device)")
     try:
+        if w.kind == "servegen":  # its size is known before the draw: the windows' rates x the target's scale
+            plan = servegen_plan(resolve(w.path), w.start_s, w.duration_s, float(w.target_tokens_per_s))
+            check_trace_memory(w, plan.expected, plan.mean_output_tokens, "lower workload.target_tokens_per_s")
         req = requests_for(w, cache_dir(cfg))
     except TraceError as e:
         raise ConfigError(f"workload {w.name!r}: {e}") from None
+    if w.kind == "trace":  # a trace's requests in the slice are known once it is read (the file bounds them)
+        check_trace_memory(
+            w, len(req), float(np.mean(req.output_len)) if len(req) else 0.0, "lower workload.time_scale"
+        )
     if len(req) == 0:
         raise ConfigError(
             f"workload {w.name!r}: no requests in [{w.start_s}, {w.start_s + w.duration_s}) s "

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from harness.config import check_numbers
 from harness.errors import ConfigError, RunOOM, bad
@@ -199,8 +199,63 @@ def validate(cfg) -> None:
         raise bad("workload.on_too_long", w.on_too_long, f"one of {', '.join(ON_TOO_LONG)}")
     # the data set and every prompt: unknown file, malformed line, a prompt too long -> ConfigError
     t = texts(cfg)
+    check_host_memory(cfg, _on_cpu(cfg), len(t.problems))
     avg_prompt = sum(len(t.prompts[p.index]) for p in t.problems) / len(t.problems)
     _check_memory(cfg, _on_cpu(cfg), _real(cfg), avg_prompt)
+
+
+# A search's host memory, measured on this CPU (2026-12-05; simulated fasttts runs of aime24 on
+# rtx4090, peak RSS less the ~100 MB of a run with n=8): one problem, n=1024, 10 iterations of
+# 100-token steps: 271 MB (n=2048: 554 MB); 5 / 15 / 20 iterations: 128 / 497 / 785 MB; steps of
+# 50 / 200 / 400 tokens: 174 / 478 / 717 MB. Per path ~48 KB, ~7.5 KB per iteration and ~28 B per
+# token of its length at each iteration (the simulated engines keep every iteration's token list
+# of a problem's paths; these constants give -8 % to +18 % of each run). Each problem searched keeps
+# ~48 B per token of its paths' final length (n=512: 1 problem 144 MB, 8 problems 317 MB; 200-token steps
+# or 20 iterations: 43 / 39 B). dvts, dynamic_branching, vg_search, vllm_tts and kv_overflow=lbs
+# measured within +5 % of beam_search's 271 MB (best_of_n: 36 MB).
+TTS_BYTES_PER_PATH = 48_000
+TTS_BYTES_PER_PATH_ITERATION = 7_500
+TTS_BYTES_PER_PATH_TOKEN = 28
+TTS_BYTES_KEPT_PER_PATH_TOKEN = 48
+
+
+def path_tokens(iterations: int, step: float, max_len: int) -> Tuple[float, float]:
+    """(a path's expected length after ``iterations`` steps of ``step`` tokens, capped at ``max_len``
+    tokens; the sum of its lengths over the iterations), in tokens, in closed form (any count)."""
+    k = min(iterations, int(max_len // step))  # iterations before the cap
+    return min(max_len, iterations * step), step * k * (k + 1) / 2 + (iterations - k) * max_len
+
+
+def check_host_memory(cfg, on_cpu: bool, problems: int) -> None:
+    """Exit 2 naming ``n`` (:func:`harness.machine.check_fits_memory`) when the search's predicted
+    host memory does not fit this machine: ``n`` paths of ``workload.num_iterations`` steps of the
+    step model's mean tokens (:func:`step_model`, capped at its step cap and ``workload.max_model_len``)
+    over ``problems`` problems, by the constants above. n=100000000 was accepted and ran until the
+    host refused memory (MemoryError at 2.8 GB under a 3 GB limit after 4 s; all of it without)."""
+    from harness.machine import check_fits_memory
+
+    w = cfg.workload
+    mean, cap = step_model(cfg, on_cpu)
+    step = min(mean, cap)
+    n, iters = int(w.n), int(w.num_iterations)
+    final, held = path_tokens(iters, step, int(w.max_model_len))
+    per_path = (
+        TTS_BYTES_PER_PATH
+        + TTS_BYTES_PER_PATH_ITERATION * iters
+        + TTS_BYTES_PER_PATH_TOKEN * held
+        + TTS_BYTES_KEPT_PER_PATH_TOKEN * final * (problems - 1)
+    )
+    check_fits_memory(
+        n * per_path,
+        "n",
+        w.n,
+        f"{n:,} paths x {problems:,} problems ({iters:,} iterations of ~{step:g}-token steps, paths of "
+        f"~{final:,.0f} tokens)",
+        f"measured: {TTS_BYTES_PER_PATH:,} B per path + {TTS_BYTES_PER_PATH_ITERATION:,} B per path per "
+        f"iteration + {TTS_BYTES_PER_PATH_TOKEN} B per token of a path's length at each iteration + "
+        f"{TTS_BYTES_KEPT_PER_PATH_TOKEN} B per token of each earlier problem's paths",
+        "lower n, workload.num_problems or workload.num_iterations",
+    )
 
 
 def _data_path(p: str) -> Path:

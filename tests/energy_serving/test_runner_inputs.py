@@ -382,3 +382,55 @@ def test_a_stream_that_would_not_fit_this_machines_memory_is_refused(compose_cfg
         runner.validate(compose_cfg("system=beam", "workload=poisson", "rate=2", "workload.duration_s=80000"))
     monkeypatch.setattr(harness.machine, "available_memory", lambda: None)  # unknown: not checked
     runner.validate(compose_cfg("system=beam", "workload=poisson", "rate=2", "workload.duration_s=80000"))
+
+
+def test_a_servegen_segment_that_would_not_fit_this_machines_memory_is_refused_before_the_draw(
+    compose_cfg, monkeypatch
+):
+    """A 24-hour ServeGen segment (workload.start_s=0 workload.duration_s=86400, ~204,000 requests,
+    ~3.4 GiB; target_tokens_per_s=18000: ~2 M, ~33 GiB) was drawn and run whatever the machine
+    held (issue 39). The segment's expected requests and output tokens (workloads.serving.servegen_plan,
+    the fixture's windows) go through check_serving_memory before any draw: with 27 MiB available
+    (28,311,552 B), [68400, 72010) s (13,209 requests of 15.18 output tokens: 28,289,820 B) fits and
+    [68400, 72020) s (13,245: 28,370,999 B) does not, unless workload.max_requests=13000 caps it.
+    Mutations caught: the ServeGen check left out of validate (then 3620 s passes); the
+    max_requests cap left out (then the capped run is refused)."""
+    import harness.machine
+    import workloads.serving
+    from systems.energy_serving import runner
+
+    monkeypatch.setattr(harness.machine, "available_memory", lambda: 27 << 20)
+    runner.validate(compose_cfg("system=beam", "workload=servegen", "workload.duration_s=3610"))
+    runner.validate(  # at most max_requests are served
+        compose_cfg("system=beam", "workload=servegen", "workload.duration_s=3620", "workload.max_requests=13000")
+    )
+    drawn = []
+    monkeypatch.setattr(workloads.serving, "load_servegen", lambda *a: drawn.append(a))
+    with pytest.raises(
+        ConfigError,
+        match=r"workload.duration_s=3620.0 is not allowed: a value whose run fits this machine's memory: "
+        r"13,245 expected requests of 15.1792 output tokens need .* \(MemAvailable\); shorten "
+        r"workload.duration_s, lower workload.target_tokens_per_s or set workload.max_requests",
+    ):
+        runner.validate(compose_cfg("system=beam", "workload=servegen", "workload.duration_s=3620"))
+    assert not drawn  # refused before the draw
+
+
+def test_a_trace_slice_that_would_not_fit_this_machines_memory_is_refused(compose_cfg, monkeypatch):
+    """A trace workload's slice (azure_code, azure_conv, mooncake) goes through the same rule once
+    the trace is read: the fixture's azure_code has 63 requests in [0, 183) s (1,478 output tokens:
+    63 x 700 + 95 x 1,478 = 184,510 B) and a 64th at 183.06 s (15 tokens: 186,635 B). With
+    185,000 B available, workload.duration_s=183 fits and 183.1 exits 2 naming it. Mutation caught:
+    the trace check left out of validate."""
+    import harness.machine
+    from systems.energy_serving import runner
+
+    monkeypatch.setattr(harness.machine, "available_memory", lambda: 185_000)
+    runner.validate(compose_cfg("system=beam", "workload=azure_code", "workload.duration_s=183"))
+    with pytest.raises(
+        ConfigError,
+        match=r"workload.duration_s=183.1 is not allowed: a value whose run fits this machine's memory: "
+        r"64 expected requests of 23.3281 output tokens need .*; shorten workload.duration_s, lower "
+        r"workload.time_scale or set workload.max_requests",
+    ):
+        runner.validate(compose_cfg("system=beam", "workload=azure_code", "workload.duration_s=183.1"))

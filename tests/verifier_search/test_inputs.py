@@ -419,3 +419,29 @@ def test_a_simulated_run_records_no_cpu_seconds_even_where_no_verifier_call_was_
     assert rec["status"] == "ok"
     it = pd.read_parquet(out / "iterations.parquet")
     assert len(it) >= 50 and it.ver_cpu_s.isna().all() and it.gen_cpu_s.isna().all()
+
+
+def test_a_search_that_would_not_fit_this_machines_memory_is_refused(compose_cfg, monkeypatch):
+    """n had no upper bound: n=100000000 was accepted and ran until the host refused memory (issue
+    39). The search's host memory is predicted before any work (runner.check_host_memory): 10
+    iterations of 100-token steps make paths of 1,000 tokens (5,500 summed over the iterations), so a
+    path needs 48,000 + 7,500 x 10 + 28 x 5,500 = 277,000 B, plus 48 x 1,000 B for each earlier
+    problem. With 18,000,000 B available, n=64 on one problem (17,728,000 B) fits; n=68 (18,836,000 B)
+    and n=64 on two problems (20,800,000 B) exit 2 naming n. Mutations caught: the check left out of
+    validate (n=68 passes); the earlier problems' term left out (two problems pass)."""
+    import harness.machine
+    from systems.verifier_search import runner
+
+    monkeypatch.setattr(harness.machine, "available_memory", lambda: 18_000_000)
+    runner.validate(compose_cfg("system=fasttts", "backend=sim", "n=64", "workload.num_problems=1"))
+    for n, problems in ((68, 1), (64, 2)):
+        with pytest.raises(
+            ConfigError,
+            match=rf"n={n} is not allowed: a value whose run fits this machine's memory: {n} paths x "
+            rf"{problems} problems \(10 iterations of ~100-token steps, paths of ~1,000 tokens\) need "
+            r".*\(MemAvailable\); lower n, workload.num_problems or workload.num_iterations",
+        ):
+            runner.validate(compose_cfg("system=fasttts", "backend=sim", f"n={n}", f"workload.num_problems={problems}"))
+    monkeypatch.setattr(harness.machine, "available_memory", lambda: 1 << 40)  # 1 TiB
+    with pytest.raises(ConfigError, match=r"n=100000000 is not allowed: .* need ~25\d\d\d\.\d GiB"):
+        runner.validate(compose_cfg("system=fasttts", "backend=sim", "n=100000000", "workload.num_problems=1"))
