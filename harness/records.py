@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 from importlib import metadata
@@ -255,12 +256,16 @@ def check_writable(directory: Path, key: str = "results_dir") -> None:
         raise ConfigError(f"output directory {str(d)!r} ({key}) is not writable ({e.strerror or e}); {fix}") from None
 
 
+MIN_FREE_BYTES = 2**20  # a run's folder needs more free space than this (check_creatable)
+
+
 def check_creatable(directory: Path, key: str = "results_dir") -> None:
     """Raise ConfigError unless ``directory`` is, or can be created as, a writable directory:
     its nearest existing ancestor must be a directory this process may write into -- asked of
     os.access, then tried (a folder made and removed at once: root passes os.access on /proc and
-    /sys, where mkdir still fails). Leaves nothing behind (a pre-flight before Hydra makes the
-    folder). ``key``: the setting that named it."""
+    /sys, where mkdir still fails) -- on a file system with :data:`MIN_FREE_BYTES` free (a full disk
+    ended in Hydra's OSError traceback while it wrote .hydra/, leaving an empty folder). Leaves
+    nothing behind (a pre-flight before Hydra makes the folder). ``key``: the setting that named it."""
     from harness.errors import ConfigError
 
     d = Path(directory).absolute()
@@ -283,6 +288,13 @@ def check_creatable(directory: Path, key: str = "results_dir") -> None:
     if not why:
         try:
             os.rmdir(tempfile.mkdtemp(dir=p, prefix=".write-test-"))
+            free = shutil.disk_usage(p).free
+            if free < MIN_FREE_BYTES:
+                why = (
+                    f"its file system has {free:,} bytes free, under the {MIN_FREE_BYTES:,} a run needs at the "
+                    f"least (the main command's folder: ~50 KB of .hydra/, run.log, record and tables; a sweep "
+                    f"or a long run more)"
+                )
         except OSError as e:
             why = f"no folder can be made in {str(p)!r} ({e.strerror or e})"
     if why:
