@@ -66,7 +66,7 @@ class OutputDirCheck(Callback):
                 except OmegaConfBaseException:
                     pass  # a name that does not resolve: the job's validation says so
             check_folder(key, path, "a folder (leave it out for the default under results_dir)")
-            check_not_foreign(Path(path), "output_dir" if key == "hydra.run.dir" and config.get("output_dir") else key)
+            records.check_creatable(path, key)  # before any resolve(): a link loop or a file is named as such
             name, sweeps = str(config.get("sweep_name")), Path(str(results_dir)) / "sweeps"
             named = Path(path).resolve() == (sweeps / name).resolve()  # the default hydra.sweep.dir
             not_a_name = Path(name).name != name or name in (".", "..")  # a path: its folder escapes sweeps/
@@ -77,7 +77,7 @@ class OutputDirCheck(Callback):
                     f"a name: the sweep's folder under {sweeps}, no '/' or '..' "
                     "(leave it out for a timestamp; hydra.sweep.dir=PATH puts a sweep elsewhere)",
                 )
-            records.check_creatable(path, key)
+            check_not_foreign(Path(path), "output_dir" if key == "hydra.run.dir" and config.get("output_dir") else key)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)

@@ -284,6 +284,8 @@ def test_memoised_composition_falls_back_for_additions():
         # a list of a group's options (issue 39: Hydra composed them into one run, exit 0, running the last);
         # mutation caught: check_group_options skipping list values as before
         (["system=[lbs,layerwise]"], "system='[lbs,layerwise]' is not allowed: one option of conf/system/"),
+        # issue 39: repeats=100000 was accepted (14 h, every repeat's tables in memory); mutation caught: no bound
+        (["repeats=1001"], "repeats=1001 is not allowed: an integer in 1..1000"),
         # a field of another option of the group (was Hydra's "Could not override", exit 1; QA)
         (
             ["system=lbs", "system.window_s=3"],

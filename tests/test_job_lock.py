@@ -197,3 +197,18 @@ def test_an_empty_folder_or_an_earlier_runs_folder_is_accepted(tmp_path):
     for folder in (tmp_path / "new", empty, killed, swept):
         check_not_foreign(folder, "output_dir")
     assert JobFolderBusy.__mro__[1] is ConfigError  # exit 2 in run.py, as every bad input
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_a_folder_that_is_a_link_loop_is_named_as_such(tmp_path, multirun):
+    """``output_dir=`` (or ``hydra.sweep.dir=``) a symbolic link to itself: exit 2 naming the link
+    (before: Path.resolve's 'Symlink loop' RuntimeError in our check, then Hydra's FileExistsError
+    traceback, exit 1). Mutation caught: check_creatable called after the checks that resolve the
+    path."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    args = ["-m", f"hydra.sweep.dir={loop}", "beams=4"] if multirun else [f"output_dir={loop}"]
+    out = run_py(*args, f"results_dir={tmp_path / 'r'}")
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.startswith(f"error: output directory {str(loop)!r} ({key}) cannot be written: {str(loop)!r} is a")
