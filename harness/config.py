@@ -480,7 +480,8 @@ NAME_MAX_BYTES = 100
 def check_names(cfg) -> None:
     """``system.name``, ``model.name``, ``hardware.name``, ``workload.name`` and ``verifier.name`` become
     parts of folder names (a run's ``<time>-<system>-<model>``, a sweep job's folder): each must be one
-    path segment, not empty, not ``.`` or ``..``, at most :data:`NAME_MAX_BYTES` bytes; ``sweep_name``, when
+    path segment of printable characters (no NUL, tab or newline), not empty, not ``.`` or ``..``, at most
+    :data:`NAME_MAX_BYTES` bytes; ``sweep_name``, when
     set, at most as long (a 300-byte one ended in an OSError traceback). Raises ConfigError."""
     for group in ("system", "model", "hardware", "workload", "verifier"):
         node = cfg.get(group)
@@ -493,13 +494,14 @@ def check_names(cfg) -> None:
             or text in (".", "..")
             or "/" in text
             or "\\" in text
-            or "\0" in text
+            or not text.isprintable()  # NUL, a tab or a newline in a folder name breaks every shell listing
             or len(text.encode()) > NAME_MAX_BYTES
         ):
             raise bad(
                 f"{group}.name",
                 name,
-                f"a name of 1-{NAME_MAX_BYTES} bytes without '/', a backslash or NUL, not '.' or '..' (it names folders)",
+                f"a name of 1-{NAME_MAX_BYTES} bytes of printable characters without '/' or a backslash, not '.' "
+                f"or '..' (it names folders)",
             )
     sweep = cfg.get("sweep_name")  # its '/' and '..' are the sweep-folder check's (harness.folders)
     if sweep is not None and len(str(sweep).encode()) > NAME_MAX_BYTES:

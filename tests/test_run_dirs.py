@@ -329,11 +329,12 @@ def test_a_sweep_job_whose_folder_escapes_or_collides_is_refused_before_any_work
         check_job_folders([["beams=4", "resume=false"], ["beams=4", "resume=true"]], sweep, names)
 
 
-@pytest.mark.parametrize("name", ["../../../escaped", "a/b", "..", "", "x" * 101])
+@pytest.mark.parametrize("name", ["../../../escaped", "a/b", "..", "", "x" * 101, "a\tb"])
 def test_a_name_that_would_name_another_folder_exits_2_and_makes_none(tmp_path, name):
     """A run's folder is ``<time>-<system>-<model>``: ``model.name=../../../escaped`` put it outside
-    results/runs. Names are one path segment of 1-100 bytes. Mutation caught: check_names not called
-    before Hydra makes the run folder (a folder outside runs/ is left)."""
+    results/runs. Names are one path segment of 1-100 bytes of printable characters (a tab made a
+    folder ``...-lbs-a<TAB>b``). Mutations caught: check_names not called before Hydra makes the run
+    folder (a folder outside runs/ is left); the printable-characters rule dropped (the tab)."""
     import subprocess
     import sys
 
