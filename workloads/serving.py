@@ -709,6 +709,11 @@ def load_servegen(
         arr.append(t - t0)
         ins.append(rng.choice(vi, len(t), p=pi))
         outs.append(rng.choice(vo, len(t), p=po))
+    if not arr:  # workload.duration_s=1e-9: np.concatenate's ValueError traceback before
+        raise TraceError(
+            f"{path}: no request was drawn in [{t0:g}, {t1:g}) s (allowed: a segment in which requests arrive; "
+            f"widen workload.duration_s or move workload.start_s)"
+        )
     a = np.concatenate(arr)
     order = np.argsort(a, kind="stable")
     out_len = np.concatenate(outs)[order]

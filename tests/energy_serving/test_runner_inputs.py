@@ -364,6 +364,16 @@ def test_a_servegen_target_rate_beyond_the_request_bound_exits_2(compose_cfg):
         validate(compose_cfg("system=beam", "workload.target_tokens_per_s=1e9"))
 
 
+def test_a_servegen_segment_in_which_no_request_arrives_exits_2(compose_cfg):
+    """workload=servegen workload.duration_s=1e-9: no request is drawn (issue 39: np.concatenate's
+    ValueError traceback, exit 1). Mutation caught: load_servegen without its empty-draw check."""
+    from harness.errors import ConfigError
+    from systems.energy_serving.runner import validate
+
+    with pytest.raises(ConfigError, match=r"no request was drawn in \[68400, 68400\) s \(allowed: a segment"):
+        validate(compose_cfg("system=beam", "workload=servegen", "workload.duration_s=1e-9"))
+
+
 def test_a_stream_that_would_not_fit_this_machines_memory_is_refused(compose_cfg, monkeypatch):
     """rate=1000 workload.duration_s=10000 (10 M requests, below MAX_REQUESTS) was accepted and held
     1.8 GB, unfinished, after 120 s (issue 39). With 1 GiB available, 64 output tokens a request
