@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class SweepReport(Callback):
-    """On multirun end: write ``runs.parquet`` (one row per job) in the sweep dir, print the count
+    """On multirun end: write ``runs.parquet`` (one row per job) and ``summary.csv`` (the same rows, flat:
+    swept values, status, summary keys; harness.sweep_summary) in the sweep dir, print the count
     per status and, when the config names ``report: module.function``, call
     ``report(sweep_dir, runs, cfg)``. Last, exit 1 when any job's status is ``error`` (``oom`` is a
     recorded result, not an error), so scripts and CI see a failed sweep. Hydra calls end hooks in
@@ -59,6 +60,9 @@ class SweepReport(Callback):
         flat = runs.astype({c: str for c in runs.columns if runs[c].dtype == object})  # mixed-type columns
         if len(runs):
             atomic_write_parquet(sweep_dir / "runs.parquet", flat)
+            from harness.sweep_summary import write_summary_csv
+
+            write_summary_csv(sweep_dir, runs)  # one flat row per job: swept values, status, summary.*
         counts = runs["status"].value_counts() if len(runs) else {}
         by_status = ", ".join(f"{int(n)} {st}" for st, n in sorted(dict(counts).items(), key=lambda kv: kv[0] != "ok"))
         print(f"sweep {sweep_dir}: {len(runs)} records ({by_status or 'none'})")

@@ -23,6 +23,7 @@ from harness.backend import no_nvidia_gpu
 from harness.gpus import text as _text
 
 RECORD_VERSION = 1
+STATUSES = ("ok", "oom", "timeout", "error", "interrupted")  # a record's status (docs/records.md)
 VALID_STATUSES = ("ok", "oom")  # recorded results a sweep does not re-run
 REPLACED_DIR = "replaced-record"  # resume=false: a job's earlier valid record, until its new one is valid (harness.run)
 PACKAGES = (

@@ -1,5 +1,5 @@
 """The summary of an ad-hoc sweep (one without an experiment's report): a table and, when a swept
-parameter is numeric, a figure.
+parameter is numeric, a figure; and every sweep's ``summary.csv`` (:func:`write_summary_csv`).
 
 Columns: the parameters that vary across the sweep's jobs (from each record's command-line
 overrides), the status, the headline metric of each job's family (the first row of its printed
@@ -10,7 +10,7 @@ numeric swept parameter, one line per combination of the others.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pandas as pd
 
@@ -29,6 +29,45 @@ def _numeric(col: pd.Series) -> bool:
     return pd.to_numeric(col, errors="coerce").notna().all()
 
 
+def _sorted_by(t: pd.DataFrame, params: List[str]) -> pd.DataFrame:
+    """``t`` sorted by the swept columns ``params``: numbers as numbers (4 before 16), the rest as text."""
+    if not params:
+        return t
+    return t.sort_values(params, key=lambda c: pd.to_numeric(c) if _numeric(c) else c)
+
+
+SUMMARY_CSV_COLUMNS = ("status", "message", "simulated", "system", "family", "model", "hardware", "run_dir")
+
+
+def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One flat row per job of a sweep (``runs``: :func:`harness.report.gather_runs`): the swept values
+    (a column per parameter that varies, named as on the command line), then status, message,
+    simulated, system, family, model, hardware, run_dir (those not swept), then every ``summary.*``
+    column (the jobs' summary keys, named as in runs.parquet). Sorted by the swept values."""
+    params = swept(runs)
+    t = params.copy()
+    for c in SUMMARY_CSV_COLUMNS:
+        if c in runs and c not in t:
+            t[c] = runs[c].to_numpy()
+    for c in runs.columns:
+        if c.startswith("summary."):
+            t[c] = runs[c].to_numpy()
+    return _sorted_by(t, list(params.columns)).reset_index(drop=True)
+
+
+def write_summary_csv(sweep_dir, runs: pd.DataFrame) -> Optional[Path]:
+    """Write ``summary.csv`` (:func:`summary_table`) in ``sweep_dir``, atomically; None for an empty
+    sweep. Every sweep gets one (harness.callbacks); an ad-hoc sweep's figure is drawn from its
+    columns (the swept values, status and the headline's ``summary.*`` column)."""
+    from harness.records import atomic_write_bytes
+
+    if not len(runs):
+        return None
+    path = Path(sweep_dir) / "summary.csv"
+    atomic_write_bytes(path, summary_table(runs).to_csv(index=False).encode())
+    return path
+
+
 def write_summary(sweep_dir, runs: pd.DataFrame) -> List[Path]:
     """Write ``summary.md`` (and ``summary.png``/``.pdf`` when a swept parameter is numeric) in
     ``sweep_dir``; returns the files written (none for an empty sweep)."""
@@ -45,8 +84,7 @@ def write_summary(sweep_dir, runs: pd.DataFrame) -> List[Path]:
     keys = [k for k in runs.get("headline", pd.Series(dtype=object)).dropna().unique() if f"summary.{k}" in runs]
     for k in keys:
         t[k] = runs[f"summary.{k}"].to_numpy()
-    if len(params.columns):  # numbers sort as numbers (4 before 16), the rest as text
-        t = t.sort_values(list(params.columns), key=lambda c: pd.to_numeric(c) if _numeric(c) else c)
+    t = _sorted_by(t, list(params.columns))
     out = [
         write_markdown(
             t,

@@ -34,7 +34,7 @@ def test_adhoc_sweep_summary_and_runs_columns(tmp_path):
     )
     assert p.returncode == 0, p.stderr[-2000:]
     d = tmp_path / "sweeps" / "s"
-    assert "report: summary.md, summary.pdf, summary.png in" in p.stdout
+    assert "report: summary.csv, summary.md, summary.pdf, summary.png in" in p.stdout
     assert "sweep: 4 jobs ->" in p.stdout and "#0 :" not in p.stdout  # no up-front job list
     md = (d / "summary.md").read_text()
     rows = [ln for ln in md.splitlines() if ln.startswith("| l")]
