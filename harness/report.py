@@ -130,10 +130,11 @@ def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
 
 
 def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "", floatfmt: str = ",.4g") -> Path:
-    """Write a DataFrame as a markdown table (with an optional title and notes) to ``path``.
+    """Write a DataFrame as a markdown table (with an optional title and notes) to ``path``, and
+    the same table as LaTeX beside it (``<name>.tex``: :func:`latex_table`).
 
     Inside :func:`run_report` with repeats: collected per repeat, then written with every cell
-    as mean ± 95 % half width over the repeats (:func:`combine_tables`)."""
+    as mean ± 95 % half width over the repeats (:func:`combine_tables`), in both files."""
     path = Path(path)
     if _PASS is not None:
         if _PASS.collecting:
@@ -145,7 +146,47 @@ def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "
     body = df.to_markdown(index=False, floatfmt=floatfmt) if len(df) else "(no rows)"
     text = (f"# {title}\n\n" if title else "") + body + "\n" + (f"\n{notes}\n" if notes else "")
     atomic_write_bytes(path, text.encode())
+    atomic_write_bytes(path.with_suffix(".tex"), latex_table(df, title, notes, floatfmt).encode())
     return path
+
+
+def latex_table(df: pd.DataFrame, title: str = "", notes: str = "", floatfmt: str = ",.4g") -> str:
+    """The tables of a :func:`write_markdown` file as booktabs ``tabular`` s for a paper
+    (``\\usepackage{booktabs}``): ``df``, then each markdown table in ``notes`` (a report's paper
+    numbers beside ours); the title and the notes' text as ``%`` comments (for a caption). The cells
+    are the markdown's: ``df`` through the same tabulate call, format ``latex_booktabs`` instead of
+    ``pipe`` (pandas' ``to_latex`` formats numbers its own way), a notes table's cells as written;
+    LaTeX's special characters escaped."""
+    from tabulate import tabulate
+
+    out = [f"% {line}".rstrip() for line in title.strip().splitlines()] if title else []
+    out.append("% needs \\usepackage{booktabs}")
+    if len(df):
+        out.append(tabulate(df, headers="keys", tablefmt="latex_booktabs", showindex=False, floatfmt=floatfmt))
+    else:
+        out.append("% (no rows)")
+    lines = notes.strip().splitlines() if notes else []
+    i = 0
+    while i < len(lines):
+        j = i
+        while j < len(lines) and lines[j].lstrip().startswith("|"):
+            j += 1
+        block = lines[i:j]
+        if len(block) >= 2 and _MD_RULE.fullmatch(block[1].strip()):
+            cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in block]
+            align = ["right" if c.endswith(":") and not c.startswith(":") else "left" for c in cells[1]]
+            out += [
+                "",
+                tabulate(cells[2:], headers=cells[0], tablefmt="latex_booktabs", disable_numparse=True, colalign=align),
+            ]
+            i = j
+        else:
+            out.append(f"% {lines[i]}".rstrip())
+            i += 1
+    return "\n".join(out) + "\n"
+
+
+_MD_RULE = re.compile(r"\|(\s*:?-+:?\s*\|)+")  # a markdown table's alignment line
 
 
 # --- labels: every value, column, point and title says simulated or measured, from its own records ---

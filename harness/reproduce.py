@@ -4,9 +4,14 @@
     python -m harness.reproduce --real          # + the real-engine fidelity studies that fit this machine
     python -m harness.reproduce --only lbs_fig9,beam_fig7   # run and collect only these two
     python -m harness.reproduce --collect-only  # rebuild the two pages from the sweeps already recorded
+    python -m harness.reproduce --quick         # a one-minute check: one small experiment per family
 
 Each experiment runs as ``python run.py -m experiment=<name>`` (resumable: recorded jobs are
-skipped) with its log in ``<results_dir>/reproduce/<name>.log``. Then:
+skipped) with its log in ``<results_dir>/reproduce/<name>.log``, after a line ``[k/N] experiment
+NAME (elapsed 3m, ~12m left)`` (the estimate: seconds per job so far, per family, times the jobs
+left). ``--quick`` runs only :data:`QUICK`, one small simulated experiment per family (about a
+minute on 2 CPU cores), into ``<results_dir>/quick`` unless ``--results-dir`` is given: it tries
+the tools, it is not the reproduction (its pages say so). Then:
 
 - ``<results_dir>/REPRODUCTION.md``: one row per paper number -- ours, the paper's, the verdict of
   :mod:`harness.verdict` (one rule), whether ours is simulated, and a link to the figure -- read from
@@ -57,6 +62,13 @@ NOT_PAPER = {
     "fasttts_offload",
     "lbs_energy",
 }  # cross-paper studies: no paper numbers
+# --quick: one small simulated experiment per family, each at the paper's own settings (own verdicts);
+# on 2 shared CPU cores: lbs_fig4 5 jobs ~3 s, fasttts_memory 9 jobs ~37 s, beam_fig9 3 jobs ~5 s
+QUICK = ["lbs_fig4", "fasttts_memory", "beam_fig9"]
+QUICK_NOTE = (
+    "**Quick check (`--quick`): only " + ", ".join(QUICK) + ", one small simulated experiment per family. "
+    "Not the reproduction: `python -m harness.reproduce` runs every paper experiment.**"
+)
 
 
 def paper_experiments() -> List[str]:
@@ -165,22 +177,95 @@ def experiment_command(name: str, results_dir: Path, extra: List[str]) -> List[s
     ]
 
 
+_clock = time.monotonic  # the progress lines' clock (tests replace it)
+
+
+def job_count(name: str, extra: List[str] = ()) -> Optional[int]:
+    """How many jobs experiment ``name``'s sweep runs: the product of the value counts of its
+    ``hydra.sweeper.params``, each replaced by the extra overrides' own (as the sweeper does:
+    ``beams=4`` makes lbs_fig9's 225 jobs 45); None when the file cannot say (a sweep it cannot count)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    try:
+        cfg = OmegaConf.load(ROOT / "conf" / "experiment" / f"{name}.yaml")
+        params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=False) or {}
+        counts: Dict[str, int] = {}
+        for o in OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(extra)):
+            if not o.is_sweep_override():
+                counts[o.get_key_element()] = 1
+            elif o.is_discrete_sweep():
+                counts[o.get_key_element()] = len(list(o.sweep_string_iterator()))
+            else:
+                return None
+    except Exception:  # noqa: BLE001 - an estimate, never a reason to stop
+        return None
+    n = 1
+    for c in counts.values():
+        n *= c
+    return n
+
+
+def _duration(s: float) -> str:
+    s = max(0.0, s)
+    if s < 90:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{s / 60:.0f}m"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+def estimate_left(todo: List[tuple], done: List[tuple]) -> str:
+    """``~Ym left`` for the commands ``todo`` (family, jobs or None), from ``done`` (family, jobs or
+    None, seconds): per command, its jobs x the seconds per job its family's experiments took so far
+    (every family's when none of its own ran yet); a command with no job count (a real-engine study)
+    is not estimated and said so. ``estimate unknown`` before any experiment ended. Jobs a resumed
+    sweep skips (recorded before) take no time, so a resumed reproduction's estimate runs low."""
+    per_family: Dict[str, List[float]] = {}
+    for fam, jobs, secs in done:
+        if jobs:
+            per_family.setdefault(fam, [0.0, 0.0])
+            per_family[fam][0] += secs
+            per_family[fam][1] += jobs
+    total = [sum(v[0] for v in per_family.values()), sum(v[1] for v in per_family.values())]
+    if not total[1]:
+        return "estimate unknown"
+    left, unknown = 0.0, 0
+    for fam, jobs in todo:
+        if not jobs:
+            unknown += 1
+            continue
+        secs, n = per_family.get(fam, total)
+        left += jobs * secs / n
+    if unknown == len(todo):
+        return "estimate unknown"
+    return f"~{_duration(left)} left" + (f" + {unknown} not estimated" if unknown else "")
+
+
 def run_all(names: List[str], results_dir: Path, real: List[str], extra: List[str], timeout_s: float) -> pd.DataFrame:
-    """Run the experiments (and real-engine studies); returns one row per command with its status."""
+    """Run the experiments (and real-engine studies); returns one row per command with its status.
+    Before each: ``[k/N] experiment NAME (elapsed 3m, ~12m left)`` (:func:`estimate_left`)."""
     rows = []
     py = sys.executable
-    for name in names:
-        print(f"[reproduce] experiment={name} ...", flush=True)
-        r = _run(experiment_command(name, results_dir, extra), results_dir / "reproduce" / f"{name}.log", timeout_s)
-        print(f"[reproduce] experiment={name}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
+    cmds = [(name, f"experiment {name}", name.split("_")[0], job_count(name, extra)) for name in names]
+    cmds += [(mod, f"python -m {mod}", "real", None) for mod in real]
+    t0, done = _clock(), []
+    for k, (what, label, fam, jobs) in enumerate(cmds):
+        eta = estimate_left([(f, j) for _, _, f, j in cmds[k:]], done)
+        print(f"[{k + 1}/{len(cmds)}] {label} (elapsed {_duration(_clock() - t0)}, {eta})", flush=True)
+        t = _clock()
+        if fam == "real":
+            r = _run(
+                [py, "-m", what, f"results_dir={results_dir}"], results_dir / "reproduce" / f"{what}.log", timeout_s
+            )
+            rows.append({"command": f"python -m {what}", **r})
+            print(f"[reproduce] {what}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
+        else:
+            r = _run(experiment_command(what, results_dir, extra), results_dir / "reproduce" / f"{what}.log", timeout_s)
+            rows.append({"command": f"run.py -m experiment={what}", **r})
+            print(f"[reproduce] experiment={what}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
+        done.append((fam, jobs, _clock() - t))
         _tell_failure(r)
-        rows.append({"command": f"run.py -m experiment={name}", **r})
-    for mod in real:
-        print(f"[reproduce] python -m {mod} ...", flush=True)
-        r = _run([py, "-m", mod, f"results_dir={results_dir}"], results_dir / "reproduce" / f"{mod}.log", timeout_s)
-        print(f"[reproduce] {mod}: exit {r['rc']} in {r['wall_s']:.0f} s", flush=True)
-        _tell_failure(r)
-        rows.append({"command": f"python -m {mod}", **r})
     return pd.DataFrame(rows)
 
 
@@ -296,11 +381,16 @@ def not_run(v: pd.DataFrame, ref: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_reproduction(
-    results_dir: Path, v: pd.DataFrame, runs: Optional[pd.DataFrame] = None, only: Optional[List[str]] = None
+    results_dir: Path,
+    v: pd.DataFrame,
+    runs: Optional[pd.DataFrame] = None,
+    only: Optional[List[str]] = None,
+    note: str = "",
 ) -> Path:
     """``REPRODUCTION.md``: how many paper numbers (rows of results/reference/*.csv) were run, counts
     per verdict, then one row per paper number and source of ours, and last the paper numbers of
-    figures without a collected sweep (``not run``), per figure. ``only``: the experiments collected (--only)."""
+    figures without a collected sweep (``not run``), per figure. ``only``: the experiments collected
+    (--only); ``note``: a paragraph under the title (--quick says what it is)."""
     counts = v["verdict"].value_counts() if len(v) else pd.Series(dtype=int)
     ref = reference_rows()
     missing = not_run(v, ref)
@@ -312,6 +402,8 @@ def write_reproduction(
         "`measured` = a real engine measured it on this machine. Built by `python -m harness.reproduce`.",
         "",
     ]
+    if note:
+        lines += [note, ""]
     if only is not None:
         lines += [
             f"Only these experiments' sweeps are collected (--only): {', '.join(only)}; any other sweep "
@@ -446,15 +538,34 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--collect-only", action="store_true", help="only rebuild REPRODUCTION.md and index.html")
     ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a one-minute check, not the reproduction: only {', '.join(QUICK)} (one per family, "
+        "simulated), into <results dir>/quick unless --results-dir is given",
+    )
+    ap.add_argument(
         "--results-dir",
-        default=default_results_dir(),
-        help="default: $TTC_RESULTS_DIR, else <repo>/results (as run.py's results_dir)",
+        default=None,
+        help="default: $TTC_RESULTS_DIR, else <repo>/results (as run.py's results_dir); with --quick, its quick/",
     )
     ap.add_argument("--timeout", type=float, default=None, help="seconds per command (default 3600)")
     ap.add_argument("overrides", nargs="*", help="extra overrides for every experiment (e.g. tracking=none)")
     a = ap.parse_args(argv)
     names = paper_experiments()
-    if a.only is not None:  # every --only counts; an empty one is an error, not "all"
+    if a.quick and (a.only is not None or a.real):
+        print(
+            "error: --quick runs its own experiments ("
+            + ", ".join(QUICK)
+            + "), simulated: drop "
+            + ("--only" if a.only is not None else "--real"),
+            file=sys.stderr,
+        )
+        return 2
+    if a.results_dir is None:
+        a.results_dir = default_results_dir() / "quick" if a.quick else default_results_dir()
+    if a.quick:
+        names, a.only = list(QUICK), list(QUICK)  # collected as with --only: the quick sweeps alone
+    elif a.only is not None:  # every --only counts; an empty one is an error, not "all"
         wanted = list(dict.fromkeys(x.strip() for o in a.only for x in o.split(",") if x.strip()))
         if not wanted:
             print(
@@ -496,6 +607,12 @@ def main(argv=None) -> int:
         return 2
     runs = None
     real = [m for m in REAL if (ROOT / (m.replace(".", "/") + ".py")).exists()] if a.real else []
+    if a.quick and not a.collect_only:
+        print(
+            f"[reproduce] --quick: {len(QUICK)} small simulated experiments, one per family, into "
+            f"{a.results_dir}; not the reproduction (python -m harness.reproduce runs all {len(paper_experiments())})",
+            flush=True,
+        )
     if not a.collect_only:
         try:
             runs = run_all(names, a.results_dir, real, with_tracking_default(a.overrides), a.timeout)
@@ -508,7 +625,7 @@ def main(argv=None) -> int:
             return 130
     collected = [*names, *(REAL[m] for m in real)] if a.only is not None else None
     v = collect(a.results_dir, collected)
-    rep = write_reproduction(a.results_dir, v, runs, collected)
+    rep = write_reproduction(a.results_dir, v, runs, collected, QUICK_NOTE if a.quick else "")
     idx = write_index(a.results_dir, collected)
     print(f"wrote {rep} ({len(v)} verdict rows) and {idx}")
     failed = runs is not None and (runs["rc"].astype(str) != "0").any()
