@@ -312,20 +312,7 @@ POWER_NUMBERS = {  # hardware.power: the serving power model (systems/common/gpu
     "limit_w": ("a power in watts", "> 0", ""),
     "tile_tokens": ("a token count", "> 0", ""),
 }
-MODEL_NUMBERS = {
-    **{
-        k: ("a count", "> 0", "")
-        for k in (
-            "num_layers",
-            "hidden_size",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "intermediate_size",
-            "vocab_size",
-        )
-    },
-    "max_position": ("a token count", "> 0", ""),
+MODEL_NUMBERS = {  # the shapes' own rule (counts, heads) is harness.model_facts.check_model_shapes
     "num_params": ("a parameter count", ">= 0", "null or 0 = derived from the shapes"),
 }
 
@@ -375,12 +362,13 @@ def check_hardware(hw) -> None:
 
 
 def check_model(group: str, m) -> None:
-    """A model's numbers (:data:`MODEL_NUMBERS`) and its attention heads: ``num_kv_heads`` divides
-    ``num_heads`` (grouped-query attention; equal for multi-head). Raises ConfigError."""
+    """A model's shapes (:func:`harness.model_facts.check_model_shapes`: counts, attention heads, what
+    its architecture requires) and its other numbers (:data:`MODEL_NUMBERS`), ``group`` being the
+    config key (``model``, ``verifier``). Raises ConfigError."""
+    from harness.model_facts import check_model_shapes
+
+    check_model_shapes(m, group)
     check_numbers(group, m, MODEL_NUMBERS)
-    heads, kv = m.get("num_heads"), m.get("num_kv_heads")
-    if heads and kv and heads % kv:
-        raise bad(f"{group}.num_kv_heads", kv, f"a divisor of {group}.num_heads={heads} (grouped-query attention)")
 
 
 # Top-level shortcuts (conf/config.yaml) other than kv_budget (check_kv_budget): each feeds its group's
