@@ -592,3 +592,14 @@ def test_model_shapes_are_checked_at_validation_for_every_family_and_backend(com
     if family == "fasttts":
         with pytest.raises(ConfigError, match=r"^verifier\.num_kv_heads=3 is not allowed: a divisor of verifier"):
             validate_config(compose_cfg(*FAMILIES[family], f"backend={backend}", "verifier.num_kv_heads=3"))
+
+
+def test_tp_must_divide_the_attention_heads_of_a_served_model(compose_cfg):
+    """Qwen2.5-Math-7B (28 heads, 4 KV heads) at tp=8 passed the KV-heads check (8 is a multiple of 4)
+    and simulated as ok; vLLM asserts heads % tp == 0 as it starts. tp=4 (a divisor of both) passes.
+    Mutation caught: the serving runner without its ``num_heads % tp`` check."""
+    base = ("system=vanilla", "workload=poisson", "hardware=a100-80gb", "model=qwen2.5-math-7b", "pp=1")
+    validate_config(compose_cfg(*base, "tp=4"))
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg(*base, "tp=8"))
+    assert str(e.value) == "tp=8 is not allowed: a divisor of the model's 28 attention heads (each GPU gets heads / tp)"

@@ -171,6 +171,10 @@ def validate(cfg) -> None:
             f"tp x pp = {tp} x {pp} = {tp * pp} GPUs is not allowed: hardware "
             f"{hw.name!r} has {hw.num_gpus} GPUs (choose tp x pp <= {hw.num_gpus})"
         )
+    if cfg.model.num_heads % tp:  # vLLM's attention asserts it when the engine starts
+        raise bad(
+            "tp", tp, f"a divisor of the model's {cfg.model.num_heads} attention heads (each GPU gets heads / tp)"
+        )
     if cfg.model.num_kv_heads % tp and tp % cfg.model.num_kv_heads:
         raise bad("tp", tp, f"a divisor or multiple of the model's {cfg.model.num_kv_heads} KV heads")
     if pp > cfg.model.num_layers:
