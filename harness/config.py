@@ -329,6 +329,41 @@ def check_number(field_name: str, value: Any, what: str, rng: str = "> 0", note:
         raise bad(field_name, value, f"{what} {rng}{finite}" + (f" ({note})" if note else ""))
 
 
+# The most iterations a loop that advances by a configured amount may run (a clock ticking by a
+# period, a sampler stepping by a tile): each is a Python-level event (a controller call, a sample, a
+# timeline bin) of ~1-100 us, so 10 million are seconds to minutes; more looks like a hang (a
+# Window-DVFS period of 1e-20 s against 900 s of serving was ~1e23 ticks; 1e-300 s never advanced).
+MAX_STEPS = 10_000_000
+
+
+def check_steps(
+    field_name: str, step: Any, horizon: float, horizon_text: str, what: str, unit: str, limit: int = MAX_STEPS
+) -> None:
+    """ConfigError, naming ``field_name``, unless a loop that advances by ``step`` from 0 up to
+    ``horizon`` (both in ``unit``) ends within ``limit`` iterations (:data:`MAX_STEPS`): the step
+    advances the clock at the horizon (``horizon + step > horizon`` in floating point; else ``t +
+    step == t`` there and the loop never ends) and ``step >= horizon / limit``. ``horizon_text`` says
+    where the horizon comes from and ``what`` what the step is, for the message. ``step`` is already
+    known to be a finite number > 0 (:func:`check_number`)."""
+    dt, end = float(step), float(horizon)
+    least = end / limit
+    allowed = f"{what} of at least {least:g} {unit}"
+    if not end + dt > end:
+        raise bad(
+            field_name,
+            step,
+            f"{allowed}: it does not advance the clock at {horizon_text} = {end:g} {unit} "
+            f"({end:g} + {dt:g} == {end:g} in floating point: the loop would never end)",
+        )
+    if dt < least:
+        raise bad(
+            field_name,
+            step,
+            f"{allowed}: {horizon_text} = {end:g} {unit} in steps of {dt:g} {unit} is {end / dt:.3g} "
+            f"iterations, more than the limit of {limit:,} (a loop that long looks hung)",
+        )
+
+
 def check_numbers(group: str, node, limits: Dict[str, tuple]) -> None:
     """:func:`check_number` for each field of ``limits`` set in ``node`` (null: a schema default)."""
     for key, (what, rng, note) in limits.items():
