@@ -313,20 +313,7 @@ POWER_NUMBERS = {  # hardware.power: the serving power model (systems/common/gpu
     "limit_w": ("a power in watts", "> 0", ""),
     "tile_tokens": ("a token count", "> 0", ""),
 }
-MODEL_NUMBERS = {
-    **{
-        k: ("a count", "> 0", "")
-        for k in (
-            "num_layers",
-            "hidden_size",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "intermediate_size",
-            "vocab_size",
-        )
-    },
-    "max_position": ("a token count", "> 0", ""),
+MODEL_NUMBERS = {  # the shapes' own rule (counts, heads) is harness.model_facts.check_model_shapes
     "num_params": ("a parameter count", ">= 0", "null or 0 = derived from the shapes"),
 }
 
@@ -341,6 +328,41 @@ def check_number(field_name: str, value: Any, what: str, rng: str = "> 0", note:
     if isinstance(value, bool) or not (math.isfinite(x) and RANGES[rng](x)):
         finite = "" if math.isfinite(x) else " and finite"
         raise bad(field_name, value, f"{what} {rng}{finite}" + (f" ({note})" if note else ""))
+
+
+# The most iterations a loop that advances by a configured amount may run (a clock ticking by a
+# period, a sampler stepping by a tile): each is a Python-level event (a controller call, a sample, a
+# timeline bin) of ~1-100 us, so 10 million are seconds to minutes; more looks like a hang (a
+# Window-DVFS period of 1e-20 s against 900 s of serving was ~1e23 ticks; 1e-300 s never advanced).
+MAX_STEPS = 10_000_000
+
+
+def check_steps(
+    field_name: str, step: Any, horizon: float, horizon_text: str, what: str, unit: str, limit: int = MAX_STEPS
+) -> None:
+    """ConfigError, naming ``field_name``, unless a loop that advances by ``step`` from 0 up to
+    ``horizon`` (both in ``unit``) ends within ``limit`` iterations (:data:`MAX_STEPS`): the step
+    advances the clock at the horizon (``horizon + step > horizon`` in floating point; else ``t +
+    step == t`` there and the loop never ends) and ``step >= horizon / limit``. ``horizon_text`` says
+    where the horizon comes from and ``what`` what the step is, for the message. ``step`` is already
+    known to be a finite number > 0 (:func:`check_number`)."""
+    dt, end = float(step), float(horizon)
+    least = end / limit
+    allowed = f"{what} of at least {least:g} {unit}"
+    if not end + dt > end:
+        raise bad(
+            field_name,
+            step,
+            f"{allowed}: it does not advance the clock at {horizon_text} = {end:g} {unit} "
+            f"({end:g} + {dt:g} == {end:g} in floating point: the loop would never end)",
+        )
+    if dt < least:
+        raise bad(
+            field_name,
+            step,
+            f"{allowed}: {horizon_text} = {end:g} {unit} in steps of {dt:g} {unit} is {end / dt:.3g} "
+            f"iterations, more than the limit of {limit:,} (a loop that long looks hung)",
+        )
 
 
 def check_numbers(group: str, node, limits: Dict[str, tuple]) -> None:
@@ -376,12 +398,13 @@ def check_hardware(hw) -> None:
 
 
 def check_model(group: str, m) -> None:
-    """A model's numbers (:data:`MODEL_NUMBERS`) and its attention heads: ``num_kv_heads`` divides
-    ``num_heads`` (grouped-query attention; equal for multi-head). Raises ConfigError."""
+    """A model's shapes (:func:`harness.model_facts.check_model_shapes`: counts, attention heads, what
+    its architecture requires) and its other numbers (:data:`MODEL_NUMBERS`), ``group`` being the
+    config key (``model``, ``verifier``). Raises ConfigError."""
+    from harness.model_facts import check_model_shapes
+
+    check_model_shapes(m, group)
     check_numbers(group, m, MODEL_NUMBERS)
-    heads, kv = m.get("num_heads"), m.get("num_kv_heads")
-    if heads and kv and heads % kv:
-        raise bad(f"{group}.num_kv_heads", kv, f"a divisor of {group}.num_heads={heads} (grouped-query attention)")
 
 
 # Top-level shortcuts (conf/config.yaml) other than kv_budget (check_kv_budget): each feeds its group's

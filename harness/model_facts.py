@@ -17,9 +17,10 @@ Units: parameters (count), bytes.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Dict, Optional
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, bad
 from harness.units import size_setting
 
 DTYPE_BYTES: Dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
@@ -65,6 +66,79 @@ def _check_type(m) -> str:
     if t not in SUPPORTED_TYPES:
         raise ValueError(f"model.hf_model_type={t!r} is not allowed: one of {', '.join(SUPPORTED_TYPES)}")
     return t
+
+
+# The shape fields every model has: positive integers (counts; max_position in tokens).
+SHAPE_COUNTS = (
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position",
+)
+ROTARY_TYPES = ("llama", "qwen2", "mistral")  # rotary position embeddings: rotate pairs of head dims
+TYPE_NAMES = {"opt": "OPT", "llama": "LLaMA", "qwen2": "Qwen2", "mistral": "Mistral"}
+# Why head_dim must be hidden_size / num_heads for the types whose engines derive it.
+DERIVED_HEAD_DIM = {
+    "opt": "OPT has no head_dim setting: transformers and vLLM derive it as hidden_size / num_heads",
+    "qwen2": "Qwen2 has no head_dim setting: vLLM derives it as hidden_size / num_heads, so another "
+    "head_dim would run a model whose KV bytes differ from the ones counted",
+}
+
+
+def check_model_shapes(m, role: str = "model") -> None:
+    """The one rule for a model's shapes, on every family and backend (harness.config.validate_common
+    calls it for ``model`` and ``verifier``; :func:`hf_config_dict` again before an engine builds it).
+    ``role`` is the config key named in the message (``model``, ``verifier``). Raises ConfigError
+    (exit 2, before any work) naming the field, the value and what is allowed:
+
+    - ``hf_model_type`` one of :data:`SUPPORTED_TYPES`;
+    - each of :data:`SHAPE_COUNTS` an integer > 0 (layers, sizes and heads are counts;
+      ``max_position`` and ``vocab_size`` at least 1);
+    - ``num_kv_heads`` divides ``num_heads`` (grouped-query attention; equal for multi-head);
+    - OPT: ``num_kv_heads == num_heads`` (multi-head attention only) and ``head_dim * num_heads ==
+      hidden_size`` (transformers' and vLLM's OPT derive head_dim = hidden_size / num_heads);
+    - LLaMA: ``num_heads`` divides ``hidden_size`` (transformers' LlamaConfig refuses otherwise, also
+      with an explicit head_dim);
+    - Qwen2: ``head_dim * num_heads == hidden_size`` (Qwen2Config has no head_dim: vLLM's Qwen2
+      derives it as hidden_size / num_heads, so another head_dim ran a model with other KV bytes
+      than the ones counted);
+    - rotary types (:data:`ROTARY_TYPES`): ``head_dim`` even (the rotary embedding rotates pairs of
+      dimensions; transformers' RoPE check refused an odd head_dim as the engine started).
+    """
+    t = str(_get(m, "hf_model_type", ""))
+    if t not in SUPPORTED_TYPES:
+        raise bad(f"{role}.hf_model_type", t, f"one of {', '.join(SUPPORTED_TYPES)}")
+    for key in SHAPE_COUNTS:
+        v = _get(m, key)
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise bad(f"{role}.{key}", v, "a token count > 0" if key == "max_position" else "a count > 0")
+    hidden, heads, kv, head_dim = (_get(m, k) for k in ("hidden_size", "num_heads", "num_kv_heads", "head_dim"))
+    if heads % kv:
+        raise bad(f"{role}.num_kv_heads", kv, f"a divisor of {role}.num_heads={heads} (grouped-query attention)")
+    if t == "opt" and kv != heads:
+        raise bad(f"{role}.num_kv_heads", kv, f"equal to {role}.num_heads={heads} (OPT has multi-head attention only)")
+    if t in ("opt", "llama", "qwen2") and hidden % heads:
+        raise bad(
+            f"{role}.num_heads",
+            heads,
+            f"a divisor of {role}.hidden_size={hidden} ({TYPE_NAMES[t]} splits the hidden size among its heads)",
+        )
+    if t in DERIVED_HEAD_DIM and head_dim * heads != hidden:
+        raise bad(
+            f"{role}.head_dim",
+            head_dim,
+            f"{role}.hidden_size / {role}.num_heads = {hidden // heads} ({DERIVED_HEAD_DIM[t]})",
+        )
+    if t in ROTARY_TYPES and head_dim % 2:
+        raise bad(
+            f"{role}.head_dim",
+            head_dim,
+            f"an even count ({TYPE_NAMES[t]}'s rotary position embedding rotates pairs of dimensions)",
+        )
 
 
 def is_prm_head(m) -> bool:
@@ -298,12 +372,13 @@ def architecture(m) -> str:
     return PRM_HEAD_ARCH if is_prm_head(m) else CAUSAL_LM[_check_type(m)]
 
 
-def hf_config_dict(m, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def hf_config_dict(m, extra: Optional[Dict[str, Any]] = None, role: str = "model") -> Dict[str, Any]:
     """A transformers ``config.json`` dict with the model's exact shapes (what vLLM reads for
     random weights, and what transformers' ``AutoConfig.for_model(**d)`` builds). ``hf_config``
     fields of the model config are added, except ``tokenizer`` (ours, not transformers');
-    ``extra`` last. Raises ValueError for a model type outside SUPPORTED_TYPES, or an OPT whose
-    heads do not tile the hidden size."""
+    ``extra`` last. Raises ConfigError (a ValueError) for shapes :func:`check_model_shapes` refuses
+    (``role`` names the config key in the message: ``model``, ``verifier``)."""
+    check_model_shapes(m, role)
     t = _check_type(m)
     dt = str(_get(m, "dtype"))
     d: Dict[str, Any] = {
@@ -317,14 +392,6 @@ def hf_config_dict(m, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         "torch_dtype": "float32" if dt == "float64" else dt,  # vLLM has no float64 kernels
     }
     if t == "opt":
-        if int(_get(m, "num_kv_heads")) != int(_get(m, "num_heads")) or int(_get(m, "head_dim")) * int(
-            _get(m, "num_heads")
-        ) != int(_get(m, "hidden_size")):
-            raise ValueError(
-                f"model {_get(m, 'name', '?')}: OPT has num_kv_heads == num_heads and head_dim == "
-                f"hidden/heads; got num_heads={_get(m, 'num_heads')}, num_kv_heads="
-                f"{_get(m, 'num_kv_heads')}, head_dim={_get(m, 'head_dim')}"
-            )
         d.update(
             ffn_dim=int(_get(m, "intermediate_size")),
             word_embed_proj_dim=int(_get(m, "hidden_size")),
@@ -358,6 +425,7 @@ __all__ = [
     "lm_head_params",
     "tied_embeddings",
     "hf_config_dict",
+    "check_model_shapes",
     "architecture",
     "is_prm_head",
     "SUPPORTED_TYPES",

@@ -575,3 +575,31 @@ def test_a_sweep_name_too_long_for_a_folder_exits_before_any_work(compose_cfg):
     validate_config(compose_cfg(*FAMILIES["lbs"], "sweep_name=" + "a" * 100))
     with pytest.raises(ConfigError, match=r"sweep_name='a{101}' is not allowed: a name of at most 100 bytes"):
         validate_config(compose_cfg(*FAMILIES["lbs"], "sweep_name=" + "a" * 101))
+
+
+@pytest.mark.parametrize(
+    "family,backend",
+    [("lbs", "sim"), ("lbs", "torch"), ("fasttts", "sim"), ("fasttts", "vllm"), ("beam", "sim"), ("beam", "vllm")],
+)
+def test_model_shapes_are_checked_at_validation_for_every_family_and_backend(compose_cfg, family, backend):
+    """An odd head_dim simulated as ok (backend=sim) and failed on the torch engine only after it
+    started (exit 1, an error record): now every family and backend refuses it in validate_common,
+    naming the field (the message is the architecture's: OPT, Qwen2 and LLaMA here). The verifier gets
+    the same rule. Mutation caught: validate_common without check_model (or check_model without
+    check_model_shapes): these ran, or failed late."""
+    with pytest.raises(ConfigError, match=r"^model\.head_dim=33 is not allowed: "):
+        validate_config(compose_cfg(*FAMILIES[family], f"backend={backend}", "model.head_dim=33"))
+    if family == "fasttts":
+        with pytest.raises(ConfigError, match=r"^verifier\.num_kv_heads=3 is not allowed: a divisor of verifier"):
+            validate_config(compose_cfg(*FAMILIES[family], f"backend={backend}", "verifier.num_kv_heads=3"))
+
+
+def test_tp_must_divide_the_attention_heads_of_a_served_model(compose_cfg):
+    """Qwen2.5-Math-7B (28 heads, 4 KV heads) at tp=8 passed the KV-heads check (8 is a multiple of 4)
+    and simulated as ok; vLLM asserts heads % tp == 0 as it starts. tp=4 (a divisor of both) passes.
+    Mutation caught: the serving runner without its ``num_heads % tp`` check."""
+    base = ("system=vanilla", "workload=poisson", "hardware=a100-80gb", "model=qwen2.5-math-7b", "pp=1")
+    validate_config(compose_cfg(*base, "tp=4"))
+    with pytest.raises(ConfigError) as e:
+        validate_config(compose_cfg(*base, "tp=8"))
+    assert str(e.value) == "tp=8 is not allowed: a divisor of the model's 28 attention heads (each GPU gets heads / tp)"

@@ -166,3 +166,151 @@ def test_one_kv_budget_rule_for_every_family():
     assert kv_budget_bytes(unset, 24 * gib, 30 * gib, gib) == -7 * gib
     with pytest.raises(ConfigError, match=r"kv_budget='lots' is not a size"):
         kv_budget_bytes({"kv_budget": "lots"}, 24 * gib, 13 * gib, gib)
+
+
+# --- the shape rule (issue 39): check_model_shapes, at validation for every family and backend ----
+VERIFIERS = sorted(p.stem for p in (ROOT / "conf" / "verifier").glob("*.yaml") if p.stem != "none")
+
+
+@pytest.mark.parametrize("group,name", [("model", n) for n in MODELS] + [("verifier", n) for n in VERIFIERS])
+def test_every_shipped_model_and_verifier_passes_the_shape_rule(group, name):
+    """Every conf/model and conf/verifier option passes as it ships (qwen-4b's 20 heads, OPT's
+    head_dim 80, math-shepherd's Mistral, the tiny ones). Mutations caught: the GQA rule reversed
+    (``kv % heads``) or OPT's ``num_kv_heads == num_heads`` applied to every type (the GQA models fail:
+    llama-3.1-8b, qwen2.5-*, tiny-llama)."""
+    mf.check_model_shapes(load(group, name), group)
+
+
+def shaped(name: str, **over):
+    m = load("verifier" if name in VERIFIERS else "model", name)
+    for k, v in over.items():
+        m[k] = v
+    return m
+
+
+# (model, overrides, the message or None when allowed): each rule just inside and just outside
+SHAPE_CASES = [
+    ("tiny-llama", {"num_layers": 1}, None),
+    ("tiny-llama", {"num_layers": 0}, "model.num_layers=0 is not allowed: a count > 0"),
+    ("tiny-llama", {"vocab_size": 1}, None),
+    ("tiny-llama", {"vocab_size": 0}, "model.vocab_size=0 is not allowed: a count > 0"),
+    ("tiny-llama", {"max_position": 1}, None),
+    ("tiny-llama", {"max_position": 0}, "model.max_position=0 is not allowed: a token count > 0"),
+    ("tiny-llama", {"intermediate_size": -1}, "model.intermediate_size=-1 is not allowed: a count > 0"),
+    ("tiny-llama", {"num_kv_heads": 4}, None),
+    (
+        "tiny-llama",
+        {"num_kv_heads": 3},
+        "model.num_kv_heads=3 is not allowed: a divisor of model.num_heads=8 (grouped-query attention)",
+    ),
+    (
+        "tiny-llama",
+        {"num_kv_heads": 16},
+        "model.num_kv_heads=16 is not allowed: a divisor of model.num_heads=8 (grouped-query attention)",
+    ),
+    ("tiny-opt", {"num_kv_heads": 4}, None),
+    (
+        "tiny-opt",
+        {"num_kv_heads": 2},
+        "model.num_kv_heads=2 is not allowed: equal to model.num_heads=4 (OPT has multi-head attention only)",
+    ),
+    (
+        "tiny-opt",
+        {"head_dim": 32},
+        "model.head_dim=32 is not allowed: model.hidden_size / model.num_heads = 64 (OPT has no head_dim "
+        "setting: transformers and vLLM derive it as hidden_size / num_heads)",
+    ),
+    ("tiny-llama", {"hidden_size": 264}, None),  # LLaMA's head_dim is its own (32 x 8 != 264)
+    (
+        "tiny-llama",
+        {"hidden_size": 260},
+        "model.num_heads=8 is not allowed: a divisor of model.hidden_size=260 (LLaMA splits the hidden "
+        "size among its heads)",
+    ),
+    ("tiny-qwen2", {"head_dim": 64}, None),
+    (
+        "tiny-qwen2",
+        {"head_dim": 62},
+        "model.head_dim=62 is not allowed: model.hidden_size / model.num_heads = 64 (Qwen2 has no head_dim "
+        "setting: vLLM derives it as hidden_size / num_heads, so another head_dim would run a model whose "
+        "KV bytes differ from the ones counted)",
+    ),
+    ("tiny-llama", {"head_dim": 30}, None),
+    (
+        "tiny-llama",
+        {"head_dim": 31},
+        "model.head_dim=31 is not allowed: an even count (LLaMA's rotary position embedding rotates pairs "
+        "of dimensions)",
+    ),
+    (
+        "math-shepherd-7b",
+        {"head_dim": 127},
+        "verifier.head_dim=127 is not allowed: an even count (Mistral's rotary position embedding rotates "
+        "pairs of dimensions)",
+    ),
+    (
+        "tiny-opt",
+        {"hf_model_type": "gpt2"},
+        "model.hf_model_type='gpt2' is not allowed: one of opt, llama, qwen2, mistral",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,over,message", SHAPE_CASES)
+def test_each_shape_rule_just_inside_and_just_outside(name, over, message):
+    """Mutations caught (each applied to harness/model_facts.py, the test seen failing, restored):
+    ``v < 1`` as ``v < 0`` (0 layers / vocab / positions passed); the GQA rule dropped (3 KV heads of 8
+    passed); the OPT ``num_kv_heads == num_heads`` rule dropped (2 of 4 passed, transformers' OPT
+    builds 4); the OPT/Qwen2 head_dim rule dropped (the torch engine refused OPT late, vLLM ran another
+    Qwen2); LLaMA's ``hidden_size % num_heads`` rule dropped (transformers' LlamaConfig refused late);
+    the even-head_dim rule dropped (transformers' RoPE check refused 31 late). A value just inside
+    builds a transformers config (the engine's own check accepts it)."""
+    from harness.errors import ConfigError
+
+    group = "verifier" if name in VERIFIERS else "model"
+    m = shaped(name, **over)
+    if message is None:
+        mf.check_model_shapes(m, group)
+        if group == "model":
+            from transformers import AutoConfig
+
+            d = {k: v for k, v in mf.hf_config_dict(m).items() if k not in ("architectures", "torch_dtype")}
+            AutoConfig.for_model(**d)
+        return
+    with pytest.raises(ConfigError) as e:
+        mf.check_model_shapes(m, group)
+    assert str(e.value) == message
+
+
+def test_a_count_must_be_an_integer():
+    """A plain config (no schema: a dict read back from a record) with 4.0 layers or true KV heads is
+    refused. Mutation caught: ``isinstance(v, numbers.Integral)`` dropped (4.0 passed, a bool counted 1)."""
+    from harness.errors import ConfigError
+
+    for key, value in (("num_layers", 4.0), ("num_kv_heads", True)):
+        m = OmegaConf.create({**OmegaConf.to_container(load("model", "tiny-llama")), key: value})
+        with pytest.raises(ConfigError) as e:
+            mf.check_model_shapes(m)
+        assert str(e.value) == f"model.{key}={value!r} is not allowed: a count > 0"
+
+
+def test_the_engines_refuse_with_the_same_rule():
+    """hf_config_dict (what vLLM and the torch engine build from) refuses what validation refuses, with
+    the same message; the torch engine's hf_config_kwargs too (as ModelGeometryError, a ValueError).
+    Mutation caught: hf_config_dict without its check_model_shapes call (its own OPT check gone, it
+    wrote a config.json with 2 KV heads that OPT ignores)."""
+    from harness.errors import ConfigError
+    from systems.kv_offload.model import ModelGeometryError, hf_config_kwargs
+
+    m = shaped("tiny-opt", num_kv_heads=2)
+    with pytest.raises(ConfigError) as want:
+        mf.check_model_shapes(m)
+    with pytest.raises(ConfigError) as got:
+        mf.hf_config_dict(m)
+    assert str(got.value) == str(want.value)
+    with pytest.raises(ModelGeometryError) as eng:
+        hf_config_kwargs(m)
+    assert str(eng.value) == str(want.value)
+    v = shaped("tiny-prm", head_dim=32)
+    with pytest.raises(ConfigError, match=r"^verifier\.head_dim=32 is not allowed"):
+        mf.hf_config_dict(v, role="verifier")

@@ -341,10 +341,22 @@ def display_rows(clock_applied: bool = True):
     ]
 
 
+def drain_s(w) -> float:
+    """Serving time allowed after the last arrival (s): half the workload's duration, at least 120 s."""
+    return max(120.0, 0.5 * float(w.duration_s))
+
+
 def stop_time(req, w) -> float:
-    """When serving stops (s), on every backend: after the last arrival, half the workload's
-    duration but at least 120 s to drain; requests unfinished then miss their SLOs."""
-    return float(req.arrival_s[-1]) + max(120.0, 0.5 * float(w.duration_s))
+    """When serving stops (s), on every backend: after the last arrival, :func:`drain_s` to drain;
+    requests unfinished then miss their SLOs."""
+    return float(req.arrival_s[-1]) + drain_s(w)
+
+
+def serving_horizon_s(w) -> float:
+    """The latest :func:`stop_time` of a workload (s): every arrival lies in [0, duration_s), so
+    duration_s + :func:`drain_s`. Validation bounds the loops over serving time with it (the
+    Window-DVFS ticks, the 1-s timeline bins) before the requests are drawn."""
+    return float(w.duration_s) + drain_s(w)
 
 
 def serve(driver, ex, ctx, desc: str):

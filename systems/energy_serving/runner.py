@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from harness.config import check_number
+from harness.config import MAX_STEPS, check_number, check_steps
 from harness.errors import ConfigError, RunOOM, bad
 from harness.family import RunResult
 from harness.model_facts import configured_kv_budget
@@ -38,6 +38,7 @@ from systems.energy_serving.build import (
     profile_context,
     requests_for,
     serve,
+    serving_horizon_s,
     slo_check,
     stop_time,
     table_grid,
@@ -110,6 +111,9 @@ def check_trace_memory(w, requests: float, mean_output_len: float, lower: str) -
     )
 
 
+TIMELINE_BIN_S = 1.0  # the driver's timeline bins (s): driver.Driver._timeline
+
+
 def validate(cfg) -> None:
     """Raise ConfigError before any work for a bad workload, system or hardware combination."""
     w, s, hw = cfg.workload, cfg.system, cfg.hardware
@@ -125,6 +129,18 @@ def validate(cfg) -> None:
     for fld in ("duration_s", "slo_ttft_s", "slo_tbt_s", "time_scale"):
         check_number(f"workload.{fld}", w[fld], "a number")
     check_number("system.window_s", s.window_s, "a Window-DVFS period in s")  # <= 0 never ticked (-5 hung)
+    horizon = serving_horizon_s(w)
+    horizon_text = "the serving horizon (workload.duration_s + max(120 s, duration_s / 2) to drain)"
+    if horizon > MAX_STEPS * TIMELINE_BIN_S:  # the result's timeline: a row per second served, built in a loop
+        raise bad(
+            "workload.duration_s",
+            w.duration_s,
+            f"a duration whose serving horizon, duration_s + max(120 s, duration_s / 2) to drain, is at most "
+            f"{MAX_STEPS * TIMELINE_BIN_S:,.0f} s (the result's timeline has a row per {TIMELINE_BIN_S:g} s "
+            f"served, at most {MAX_STEPS:,}; asked for: {horizon:,.10g} s)",
+        )
+    if s.controller == "window_dvfs":  # the driver ticks every window_s up to the stop time (1e-300 s hung)
+        check_steps("system.window_s", s.window_s, horizon, horizon_text, "a Window-DVFS period", "s")
     check_number("system.max_num_seqs", s.max_num_seqs, "a batch cap in sequences")  # 0 served nothing, status ok
     if w.kind in ("poisson", "burst", "ramp"):
         check_number("workload.rate", w.rate, "a request rate in req/s")
@@ -190,6 +206,10 @@ def validate(cfg) -> None:
             f"tp x pp = {tp} x {pp} = {tp * pp} GPUs is not allowed: hardware "
             f"{hw.name!r} has {hw.num_gpus} GPUs (choose tp x pp <= {hw.num_gpus})"
         )
+    if cfg.model.num_heads % tp:  # vLLM's attention asserts it when the engine starts
+        raise bad(
+            "tp", tp, f"a divisor of the model's {cfg.model.num_heads} attention heads (each GPU gets heads / tp)"
+        )
     if cfg.model.num_kv_heads % tp and tp % cfg.model.num_kv_heads:
         raise bad("tp", tp, f"a divisor or multiple of the model's {cfg.model.num_kv_heads} KV heads")
     if pp > cfg.model.num_layers:
@@ -205,6 +225,15 @@ def validate(cfg) -> None:
     ):  # <= 0: IndexError mid-run
         if s[fld] < 1:
             raise bad(f"system.{fld}", s[fld], f"a token count >= 1 ({what})")
+    # the profiler samples every profile_tile tokens up to profile_small_max (1e12 / 1 ate the memory)
+    check_steps(
+        "system.profile_tile",
+        s.profile_tile,
+        s.profile_small_max,
+        "system.profile_small_max",
+        "a sampling step",
+        "tokens",
+    )
     check_number("system.dvfs.delay_s", s.dvfs.delay_s, "a clock actuation delay in s", ">= 0")  # -1 was run
     bias, noise = float(s.profile_error.bias), float(s.profile_error.noise)
     if not PROFILE_BIAS_RANGE[0] <= bias <= PROFILE_BIAS_RANGE[1]:

@@ -52,21 +52,24 @@ class Clock:
         return time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
-def write_hf_config(model_cfg, path: Path, architecture: str, extra: Optional[dict] = None) -> Path:
-    """Write a transformers ``config.json`` with the model's exact shapes (random weights)."""
+def write_hf_config(
+    model_cfg, path: Path, architecture: str, extra: Optional[dict] = None, role: str = "model"
+) -> Path:
+    """Write a transformers ``config.json`` with the model's exact shapes (random weights).
+    ``role``: the config key (``model``, ``verifier``) a ConfigError for its shapes names."""
     from harness.model_facts import hf_config_dict
 
     path.mkdir(parents=True, exist_ok=True)
-    cfg = hf_config_dict(model_cfg, extra)
+    cfg = hf_config_dict(model_cfg, extra, role)
     cfg["architectures"] = [architecture]
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
     return path
 
 
-def _model_dir(model_cfg, workdir: Path, architecture: str, extra=None) -> str:
+def _model_dir(model_cfg, workdir: Path, architecture: str, extra=None, role: str = "model") -> str:
     if model_cfg.weights != "random":
         return str(Path(str(model_cfg.weights)).expanduser())
-    return str(write_hf_config(model_cfg, workdir / model_cfg.name, architecture, extra))
+    return str(write_hf_config(model_cfg, workdir / model_cfg.name, architecture, extra, role))
 
 
 def _engine(
@@ -280,7 +283,7 @@ class VllmVerifier:
                 raise ValueError(f"verifier {verifier_cfg.name} (prm_kind=lm) needs verifier.weights=/dir on vLLM")
             from systems.verifier_search.checkpoint import load_tokenizer
 
-            mdir = _model_dir(verifier_cfg, workdir, "")
+            mdir = _model_dir(verifier_cfg, workdir, "", role="verifier")
             good_bad = load_tokenizer(mdir).convert_ids_to_tokens(
                 [int(verifier_cfg.good_token_id), int(verifier_cfg.bad_token_id)]
             )
@@ -291,7 +294,7 @@ class VllmVerifier:
             )
             self.col = 0
         elif verifier_cfg.hf_model_type == "qwen2":
-            mdir = _model_dir(verifier_cfg, workdir, "Qwen2ForProcessRewardModel", {"num_labels": 2})
+            mdir = _model_dir(verifier_cfg, workdir, "Qwen2ForProcessRewardModel", {"num_labels": 2}, "verifier")
             self.col = 1
         else:
             raise ValueError(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.errors import ConfigError
-from harness.run import run
+from harness.run import run, validate_config
 from systems.common.gpu_model import StageModel
 from systems.energy_serving.controllers import Beam, EngineState
 from systems.energy_serving.profiler import build_table, sim_measure
@@ -444,3 +444,95 @@ def test_a_trace_slice_that_would_not_fit_this_machines_memory_is_refused(compos
         r"workload.time_scale or set workload.max_requests",
     ):
         runner.validate(compose_cfg("system=beam", "workload=azure_code", "workload.duration_s=183.1"))
+
+
+# --- loops that advance by a configured amount (issue 39): they must advance and end ---------------
+def test_check_steps_at_the_bound_and_beyond():
+    """harness.config.check_steps: a step of exactly horizon / MAX_STEPS passes, the next float below
+    is refused with the iteration count; a step that does not advance the clock at the horizon is
+    refused as never ending. Mutations caught: ``dt < least`` as ``dt <= least`` (the bound refused);
+    the bound dropped (1e-4 s against 1e4 s passed: 1e8 iterations); the advance check dropped (the
+    message for 1e-300 is the count's)."""
+    from harness.config import MAX_STEPS, check_steps
+
+    assert MAX_STEPS == 10_000_000
+    least = 10.0 / MAX_STEPS
+    check_steps("x.step", least, 10.0, "x.horizon", "a step", "s")
+    with pytest.raises(ConfigError) as e:
+        check_steps("x.step", np.nextafter(least, 0.0), 10.0, "x.horizon", "a step", "s")
+    assert str(e.value).startswith("x.step=") and "a step of at least 1e-06 s: x.horizon = 10 s in steps of" in str(
+        e.value
+    )
+    assert "more than the limit of 10,000,000" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        check_steps("x.step", 1e-4, 1e4, "x.horizon", "a step", "s")
+    assert "is 1e+08 iterations" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        check_steps("x.step", 1e-300, 10.0, "x.horizon", "a step", "s")
+    assert str(e.value) == (
+        "x.step=1e-300 is not allowed: a step of at least 1e-06 s: it does not advance the clock at x.horizon "
+        "= 10 s (10 + 1e-300 == 10 in floating point: the loop would never end)"
+    )
+
+
+HORIZON = "the serving horizon (workload.duration_s + max(120 s, duration_s / 2) to drain)"
+
+
+def test_a_window_dvfs_period_too_small_to_advance_or_end_exits_2(compose_cfg, tmp_path):
+    """system.window_s=1e-300 (t + dt == t: the driver's tick loop never advanced) and 1e-20 s (~1e22
+    ticks) hung the simulated Window-DVFS run. The poisson workload's 60 s serve until 60 + 120 s at
+    most, so the period must be >= 180 s / 1e7 = 1.8e-5 s: that passes, the next float below exits 2
+    naming system.window_s before any folder is made. A controller that does not tick (vanilla) does not
+    read window_s. Mutations caught: the check dropped from validate; the horizon as duration_s alone
+    (the period just below 1.8e-5 s passed); the check on every controller (vanilla refused)."""
+    base = ("system=window_dvfs", "workload=poisson")
+    validate_config(compose_cfg(*base, "system.window_s=1.8e-5"))
+    validate_config(compose_cfg("system=vanilla", "workload=poisson", "system.window_s=1e-300"))
+    below = float(np.nextafter(1.8e-5, 0.0))
+    for value, text in (
+        (below, f"{HORIZON} = 180 s in steps of {below:g} s is 1e+07 iterations, more than the limit of 10,000,000"),
+        (1e-300, f"it does not advance the clock at {HORIZON} = 180 s (180 + 1e-300 == 180 in floating point"),
+    ):
+        cfg = compose_cfg(*base, f"system.window_s={value!r}", output_dir=tmp_path / "x")
+        with pytest.raises(ConfigError) as e:
+            run(cfg)
+        assert str(e.value).startswith(
+            f"system.window_s={value!r} is not allowed: a Window-DVFS period of at least 1.8e-05 s: {text}"
+        )
+        assert not (tmp_path / "x").exists()
+
+
+def test_a_profiler_tile_too_small_for_its_region_exits_2(compose_cfg, tmp_path):
+    """system.profile_small_max=1e12 with profile_tile=1 built a set of 1e12 sample points (the run was
+    killed for memory). 1e7 points pass; 1e7 + 1 exit 2 naming system.profile_tile. Mutation caught: the
+    check dropped from validate."""
+    base = ("system=beam", "workload.duration_s=30", "system.profile_tile=1")
+    validate_config(compose_cfg(*base, "system.profile_small_max=10000000"))
+    cfg = compose_cfg(*base, "system.profile_small_max=10000001", output_dir=tmp_path / "x")
+    with pytest.raises(ConfigError) as e:
+        run(cfg)
+    assert str(e.value) == (
+        "system.profile_tile=1 is not allowed: a sampling step of at least 1 tokens: system.profile_small_max "
+        "= 1e+07 tokens in steps of 1 tokens is 1e+07 iterations, more than the limit of 10,000,000 (a loop "
+        "that long looks hung)"
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_serving_horizon_beyond_the_timeline_bound_exits_2(compose_cfg, tmp_path):
+    """workload.duration_s=1e9 with rate=0.001 (a million requests: within the request bound) asked for a
+    1-s timeline (and energy bins) of 1.5e9 rows. The horizon, duration_s + max(120, duration_s / 2),
+    may be 1e7 s: 6,666,666 s (horizon 9,999,999 s) passes, 6,666,667 s exits 2 naming
+    workload.duration_s. Mutation caught: the check dropped; the drain left out of the horizon
+    (6,666,667 passed)."""
+    base = ("system=vanilla", "workload=poisson", "rate=0.001")
+    validate_config(compose_cfg(*base, "workload.duration_s=6666666"))
+    cfg = compose_cfg(*base, "workload.duration_s=6666667", output_dir=tmp_path / "x")
+    with pytest.raises(ConfigError) as e:
+        run(cfg)
+    assert str(e.value) == (
+        "workload.duration_s=6666667.0 is not allowed: a duration whose serving horizon, duration_s + "
+        "max(120 s, duration_s / 2) to drain, is at most 10,000,000 s (the result's timeline has a row per "
+        "1 s served, at most 10,000,000; asked for: 10,000,000.5 s)"
+    )
+    assert not (tmp_path / "x").exists()

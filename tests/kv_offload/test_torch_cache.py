@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SHAPES = {
     "opt": dict(num_heads=4, num_kv_heads=4, head_dim=16, hf_config={"word_embed_proj_dim": 64}),
     "llama": dict(num_heads=4, num_kv_heads=2, head_dim=16, hf_config={"rms_norm_eps": 1e-5}),  # GQA
-    "qwen2": dict(num_heads=4, num_kv_heads=2, head_dim=32, hf_config={"tie_word_embeddings": True}),
+    "qwen2": dict(hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32, hf_config={"tie_word_embeddings": True}),
 }
 
 
