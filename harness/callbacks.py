@@ -84,7 +84,9 @@ class SweepReport(Callback):
             written = sorted(
                 p.name
                 for p in sweep_dir.iterdir()
-                if p.is_file() and p.suffix in (".png", ".pdf", ".md", ".csv") and p.stat().st_mtime >= t_report - 1
+                if p.is_file()
+                and p.suffix in (".png", ".pdf", ".md", ".tex", ".csv")
+                and p.stat().st_mtime >= t_report - 1
             )
             if written:
                 print(f"report: {', '.join(written)} in {sweep_dir}")

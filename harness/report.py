@@ -102,7 +102,9 @@ def load_reference(paper: str, figure: Optional[str] = None) -> pd.DataFrame:
 
 
 def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
-    """Save a matplotlib figure as ``<sweep_dir>/<name>.png`` and ``.pdf``; returns both paths.
+    """Save a matplotlib figure as ``<sweep_dir>/<name>.png`` and ``.pdf``, and the numbers drawn in
+    it as ``<name>.data.csv`` (:func:`figure_rows`; not ``<name>.csv``, which a sweep's ``summary.csv``
+    would meet); returns the three paths.
 
     Inside :func:`run_report` with repeats: collected per repeat, then saved with its lines, bars
     and scatter points at the mean over repeats and 95 % error bars (:func:`_draw_intervals`)."""
@@ -125,8 +127,53 @@ def save_figure(fig, sweep_dir: Path, name: str) -> Dict[str, Path]:
         fig.savefig(buf, format=ext, dpi=130, bbox_inches="tight")
         atomic_write_bytes(p, buf.getvalue())
         paths[ext] = p
+    paths["csv"] = sweep_dir / f"{name}.data.csv"  # the numbers behind the figure, as drawn
+    atomic_write_bytes(paths["csv"], figure_rows(fig).to_csv(index=False).encode())
     plt.close(fig)
     return paths
+
+
+FIGURE_COLUMNS = ["axes", "title", "xlabel", "ylabel", "kind", "series", "x", "x_label", "y", "bottom"]
+
+
+def figure_rows(fig) -> pd.DataFrame:
+    """The numbers a figure draws, one row per point (columns :data:`FIGURE_COLUMNS`): per axes
+    (index, title, axis labels) its lines (``kind`` line: x, y), bars (``kind`` bar: x = the bar's
+    centre, y its height, ``bottom`` where it starts) and scatter points (``kind`` scatter);
+    ``series`` is the legend label ('' for none), ``x_label`` the tick label at x (a category's
+    name) where there is one. Error-bar caps are left out (with repeats, the drawn means are the
+    rows). What ``<figure>.csv`` beside each saved figure holds."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.container import BarContainer, ErrorbarContainer
+
+    def label(artist) -> str:
+        text = str(artist.get_label() or "")
+        return "" if text.startswith("_") else text  # matplotlib's own names (_child0, _nolegend_)
+
+    rows: List[Dict[str, Any]] = []
+    for i, ax in enumerate(fig.axes):
+        base = {"axes": i, "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel()}
+        ticks = {float(t): lab.get_text() for t, lab in zip(ax.get_xticks(), ax.get_xticklabels()) if lab.get_text()}
+        caps = {id(ln) for c in ax.containers if isinstance(c, ErrorbarContainer) for ln in c[1]}
+        named = {id(c[0]): label(c) for c in ax.containers if isinstance(c, ErrorbarContainer) and c[0] is not None}
+
+        def add(kind: str, series: str, x, y, bottom=None) -> None:
+            xl = ticks.get(float(x)) if isinstance(x, (int, float, np.number)) else None
+            rows.append({**base, "kind": kind, "series": series, "x": x, "x_label": xl, "y": y, "bottom": bottom})
+
+        for ln in ax.lines:
+            if id(ln) not in caps:
+                for x, y in zip(ln.get_xdata(), ln.get_ydata()):
+                    add("line", named.get(id(ln), label(ln)), x, y)  # an error bar's line: its container's
+        for c in ax.containers:
+            if isinstance(c, BarContainer):
+                for bar in c.patches:
+                    add("bar", label(c), bar.get_x() + bar.get_width() / 2, bar.get_height(), bar.get_y())
+        for c in ax.collections:
+            if isinstance(c, PathCollection):
+                for x, y in np.asarray(c.get_offsets(), dtype=float):
+                    add("scatter", label(c), x, y)
+    return pd.DataFrame(rows, columns=FIGURE_COLUMNS)
 
 
 def write_markdown(df: pd.DataFrame, path: Path, title: str = "", notes: str = "", floatfmt: str = ",.4g") -> Path:

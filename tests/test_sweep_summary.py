@@ -34,7 +34,7 @@ def test_adhoc_sweep_summary_and_runs_columns(tmp_path):
     )
     assert p.returncode == 0, p.stderr[-2000:]
     d = tmp_path / "sweeps" / "s"
-    assert "report: summary.csv, summary.md, summary.pdf, summary.png in" in p.stdout
+    assert "report: summary.csv, summary.data.csv, summary.md, summary.pdf, summary.png, summary.tex in" in p.stdout
     assert "sweep: 4 jobs ->" in p.stdout and "#0 :" not in p.stdout  # no up-front job list
     md = (d / "summary.md").read_text()
     rows = [ln for ln in md.splitlines() if ln.startswith("| l")]
@@ -195,7 +195,7 @@ def test_a_figure_interrupted_while_written_leaves_the_previous_one_whole(tmp_pa
 
     fig, ax = plt.subplots()
     ax.plot([1, 2, 3])
-    before = {k: p.read_bytes() for k, p in save_figure(fig, tmp_path, "f").items()}
+    before = {p.name: p.read_bytes() for p in save_figure(fig, tmp_path, "f").values()}
     real = Figure.savefig
 
     def interrupted(self, fname, *a, **k):
@@ -210,5 +210,45 @@ def test_a_figure_interrupted_while_written_leaves_the_previous_one_whole(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         save_figure(fig2, tmp_path, "f")
     monkeypatch.setattr(Figure, "savefig", real)
-    assert {k: (tmp_path / f"f.{k}").read_bytes() for k in before} == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf", "f.png"]  # no temp file left
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.data.csv", "f.pdf", "f.png"]  # no temp file left
+
+
+def test_every_saved_figure_has_the_numbers_it_draws_beside_it(tmp_path):
+    """save_figure writes ``<name>.data.csv``: one row per point drawn (lines, bars with their bottom,
+    scatter points), its axes' labels and the category name under a bar; error-bar caps left out.
+    Mutations caught: the CSV not written; bar heights taken from y (the bottom) instead of the
+    height; error-bar caps kept as lines (2 extra rows per point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from harness.report import save_figure
+
+    fig, (a, b) = plt.subplots(1, 2)
+    a.plot([4, 16], [2.5, 7.0], label="lbs")
+    a.errorbar([4, 16], [1.0, 3.0], yerr=[0.1, 0.2], label="layerwise", capsize=2)
+    a.set_xlabel("beams")
+    a.set_ylabel("latency (s)")
+    b.bar([0, 1], [3.0, 5.0], bottom=[1.0, 0.0], label="decode")
+    b.set_xticks([0, 1], ["opt-6.7b", "llama-2-7b"])
+    b.scatter([0.5], [9.0], label="paper")
+    paths = save_figure(fig, tmp_path, "fig")
+    assert paths["csv"] == tmp_path / "fig.data.csv"
+    df = pd.read_csv(paths["csv"])
+    lines = df[df.kind == "line"]
+    assert lines[["series", "x", "y"]].values.tolist() == [
+        ["lbs", 4, 2.5],
+        ["lbs", 16, 7.0],
+        ["layerwise", 4, 1.0],
+        ["layerwise", 16, 3.0],
+    ]
+    assert set(lines.xlabel) == {"beams"} and set(lines.ylabel) == {"latency (s)"}
+    bars = df[df.kind == "bar"]
+    assert bars[["series", "x", "x_label", "y", "bottom"]].values.tolist() == [
+        ["decode", 0, "opt-6.7b", 3.0, 1.0],
+        ["decode", 1, "llama-2-7b", 5.0, 0.0],
+    ]
+    assert df[df.kind == "scatter"][["axes", "series", "x", "y"]].values.tolist() == [[1, "paper", 0.5, 9.0]]
