@@ -39,6 +39,13 @@ PACKAGES = (
     "nvidia-ml-py",
     "wandb",
     "zeus",
+    "math-verify",  # grades FastTTS answers: its version can change a grade
+    "latex2sympy2_extended",
+    "scipy",
+    "matplotlib",  # draws the figures
+    "tabulate",  # writes the markdown and LaTeX tables
+    "jsonschema",
+    "filelock",
 )
 
 
