@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from harness.records import REPLACED_DIR, read_record
+from harness.records import REPLACED_DIR, current_summary, read_record
 from harness.report import _flatten
 from harness.stats import is_number
 from harness.verdict import ATTAINMENT_POINTS, TOLERANCE, verdict
@@ -90,7 +90,7 @@ def _source(simulated: Optional[bool]) -> str:
 
 def _job_from_record(rec: Dict[str, Any], where: Path, ignore: Sequence[str]) -> Job:
     flat: Dict[str, Any] = {}
-    _flatten("", rec.get("summary") or {}, flat)
+    _flatten("", current_summary(rec.get("summary") or {}), flat)
     backend = rec.get("backend") if isinstance(rec.get("backend"), dict) else {}
     sim = backend.get("simulated")
     return Job(

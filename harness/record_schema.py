@@ -116,7 +116,7 @@ SUMMARY_KEYS: Dict[str, Dict[str, Key]] = {
         "energy_unavailable_reason": Key(TEXT, "why energy_j is None; None when it is not"),
     },
     "verifier_search": {
-        "goodput_tok_s": Key(
+        "precise_goodput_tok_s": Key(
             "tok/s",
             "precise goodput: sum over problems of the mean completed path's tokens / sum of the mean "
             "path completion times (FastTTS AE formula)",

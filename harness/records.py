@@ -25,6 +25,23 @@ from harness.gpus import text as _text
 RECORD_VERSION = 1
 STATUSES = ("ok", "oom", "timeout", "error", "interrupted")  # a record's status (docs/records.md)
 VALID_STATUSES = ("ok", "oom")  # recorded results a sweep does not re-run
+# Summary keys renamed since records were first written: old name -> current. Readers of records
+# (harness.report.record_row, harness.compare) show an older record's value under the current name.
+RENAMED_SUMMARY_KEYS = {
+    "goodput_tok_s": "precise_goodput_tok_s",  # FastTTS: not vLLM's goodput (requests meeting SLOs): issue 40
+}
+
+
+def current_summary(summary: Dict[str, Any]) -> Dict[str, Any]:
+    """``summary`` with renamed keys (:data:`RENAMED_SUMMARY_KEYS`) under their current names; a key
+    present under both names keeps the current one's value."""
+    out = {RENAMED_SUMMARY_KEYS.get(k, k): v for k, v in summary.items() if k not in RENAMED_SUMMARY_KEYS}
+    for old, new in RENAMED_SUMMARY_KEYS.items():
+        if old in summary and new not in out:
+            out[new] = summary[old]
+    return out
+
+
 REPLACED_DIR = "replaced-record"  # resume=false: a job's earlier valid record, until its new one is valid (harness.run)
 PACKAGES = (
     "torch",

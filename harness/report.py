@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from harness.family import current_name
-from harness.records import REPLACED_DIR, atomic_write_bytes
+from harness.records import RENAMED_SUMMARY_KEYS, REPLACED_DIR, atomic_write_bytes, current_summary
 from harness.stats import is_number, mean_ci
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,10 +66,10 @@ def record_row(rec: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
         "git_dirty": (rec.get("git") or {}).get("dirty"),
         "config_hash": rec.get("config_hash"),
         "overrides": " ".join(rec.get("overrides") or []),
-        "headline": (rec.get("headline") or {}).get("key"),
+        "headline": RENAMED_SUMMARY_KEYS.get(key := (rec.get("headline") or {}).get("key"), key),
         "headline_label": (rec.get("headline") or {}).get("label"),
     }
-    _flatten("summary", rec.get("summary", {}), row)
+    _flatten("summary", current_summary(rec.get("summary") or {}), row)
     _flatten("config", rec.get("config", {}), row)
     _flatten("compiled", rec.get("compiled") or {}, row)
     return row

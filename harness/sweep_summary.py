@@ -124,7 +124,7 @@ UNITS = (
 
 def unit_of(key: str) -> str:
     """The unit of a summary key by the harness's naming (``e2e_s`` -> s, ``energy_per_token_j`` -> J,
-    ``goodput_tok_s`` -> tok/s); else the key itself (a ratio or a count)."""
+    ``precise_goodput_tok_s`` -> tok/s); else the key itself (a ratio or a count)."""
     return next((f"{key}, {u}" for suffix, u in UNITS if key.endswith(suffix)), key)
 
 

@@ -217,3 +217,18 @@ def test_a_table_that_cannot_be_written_leaves_no_ok_record(compose_cfg, tmp_pat
     assert "table groups.parquet could not be written (OSError: [Errno 28] No space left on device)" in rec["message"]
     assert rec["summary"]["e2e_s"] > 0 and "groups.parquet" not in rec["table_sha256"]
     assert records.load_valid_record(tmp_path / "job") is None
+
+
+def test_an_older_records_renamed_summary_key_reads_under_its_current_name(tmp_path):
+    """FastTTS's ``goodput_tok_s`` became ``precise_goodput_tok_s`` (issue 40: not vLLM's goodput):
+    a record written before is read (sweep rows, compare) under the new name, its headline too; a
+    record holding both keeps the new one's value. Mutation caught: record_row flattening the
+    summary as written (the old column name)."""
+    from harness.records import current_summary
+    from harness.report import record_row
+
+    old = {"status": "ok", "summary": {"goodput_tok_s": 41.5, "latency_s": 2.0}, "headline": {"key": "goodput_tok_s"}}
+    row = record_row(old, tmp_path)
+    assert row["summary.precise_goodput_tok_s"] == 41.5 and "summary.goodput_tok_s" not in row
+    assert row["headline"] == "precise_goodput_tok_s" and row["summary.latency_s"] == 2.0
+    assert current_summary({"goodput_tok_s": 1.0, "precise_goodput_tok_s": 2.0}) == {"precise_goodput_tok_s": 2.0}

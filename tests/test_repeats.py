@@ -346,7 +346,7 @@ def test_fasttts_ablation_with_repeats_reports_intervals(compose_cfg, tmp_path):
         )
     run_report(report.report_ablation, sweep, gather_runs(sweep), None)
     rec = json.loads((sweep / "fasttts" / "run.json").read_text())
-    iv = mean_ci([r["summary"]["goodput_tok_s"] for r in rec["repeat_runs"]])
+    iv = mean_ci([r["summary"]["precise_goodput_tok_s"] for r in rec["repeat_runs"]])
     table = (sweep / "fig16_ablation.md").read_text()
     assert iv.half_width > 0 and f"{iv.mean:,.4g} ± {iv.half_width:.2g}" in table
     assert (sweep / "fig16_ablation.png").exists()

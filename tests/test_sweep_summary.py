@@ -178,7 +178,7 @@ def test_summary_figure_title_says_simulated_and_the_axis_its_unit(tmp_path, mon
     mixed = _runs().assign(simulated=[True] * 8 + [False])
     S.write_summary(tmp_path, mixed)
     assert seen["args"][-1] == f"sweep {tmp_path.name} (simulated and measured: each value labelled)"
-    assert S.unit_of("goodput_tok_s") == "goodput_tok_s, tok/s" and S.unit_of("speedup") == "speedup"
+    assert S.unit_of("precise_goodput_tok_s") == "precise_goodput_tok_s, tok/s" and S.unit_of("speedup") == "speedup"
 
 
 def test_a_figure_interrupted_while_written_leaves_the_previous_one_whole(tmp_path, monkeypatch):

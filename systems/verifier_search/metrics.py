@@ -49,7 +49,7 @@ def summarize(results: List[ProblemResult], last_iteration: int) -> Dict[str, fl
     steps = [len(b.tokens) / max(1, b.num_steps) for r in results for b in r.completions]
     ended, last = _step_lengths(results, last_iteration)
     return {
-        "goodput_tok_s": float(sum(tok) / sum(ct)) if ct and sum(ct) > 0 else None,
+        "precise_goodput_tok_s": float(sum(tok) / sum(ct)) if ct and sum(ct) > 0 else None,
         "latency_s": float(np.mean([r.latency_s for r in results])),
         "gen_latency_s": float(np.mean([r.gen_time_s for r in results])),
         "ver_latency_s": float(np.mean([r.ver_time_s for r in results])),

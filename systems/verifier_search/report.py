@@ -71,7 +71,7 @@ def tidy(runs: pd.DataFrame) -> pd.DataFrame:
             "search": g("config.system.search"),
             "hardware": g("config.hardware.name"),
             "kv_budget": g("config.system.kv_budget", "").astype(str) if "config.system.kv_budget" in df else "",
-            "goodput": g("summary.goodput_tok_s"),
+            "goodput": g("summary.precise_goodput_tok_s"),
             "latency": g("summary.latency_s"),
             "gen_latency": g("summary.gen_latency_s"),
             "ver_latency": g("summary.ver_latency_s"),

@@ -723,7 +723,7 @@ def run(cfg, ctx) -> RunResult:
         summ.update(b.gen.stats())
     f1, f2, pct = (lambda x: f"{x:.1f}"), (lambda x: f"{x:.2f}"), (lambda x: f"{100 * x:.1f} %")
     display = [
-        ("precise goodput (tok/s)", "goodput_tok_s", f2),
+        ("precise goodput (tok/s)", "precise_goodput_tok_s", f2),
         ("completion latency: search time per problem (s)", "latency_s", f2),
         ("  of which generator (s)", "gen_latency_s", f2),
         ("  of which verifier (s)", "ver_latency_s", f2),

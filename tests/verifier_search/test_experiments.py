@@ -69,7 +69,7 @@ def test_mixed_sweep_labels_each_value_by_its_own_record(tmp_path):
                 "status": "ok",
                 "system": system,
                 "simulated": sim,
-                "summary.goodput_tok_s": gp,
+                "summary.precise_goodput_tok_s": gp,
                 "summary.latency_s": 1.0,
                 "summary.gen_latency_s": 0.5,
                 "summary.ver_latency_s": 0.5,

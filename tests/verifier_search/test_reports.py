@@ -104,7 +104,7 @@ def test_every_report_says_units_labels_and_verdicts(small_sweep, tmp_path, monk
 def test_goodput_verdicts_hold_our_values(small_sweep, tmp_path):
     """The row of the paper's 1.5B+1.5B AIME n=8 baseline point holds our run's goodput and its verdict."""
     t = report.report_goodput(tmp_path, small_sweep, None)
-    ours = float(small_sweep.loc[small_sweep.system == "vllm_tts", "summary.goodput_tok_s"].iloc[0])
+    ours = float(small_sweep.loc[small_sweep.system == "vllm_tts", "summary.precise_goodput_tok_s"].iloc[0])
     v = pd.read_csv(tmp_path / "verdicts.csv").set_index("quantity")
     row = v.loc["goodput vllm_tts 1.5B+1.5B aime24 n=8"]
     assert row["ours"] == pytest.approx(ours) and row["paper_value"] == 88
@@ -141,7 +141,12 @@ def test_memory_rows_in_budget_order_and_gains_judged_as_ratios(tmp_path):
     for kv, gain_p in (("1.5GB", 1.58), ("14GB", 1.01), ("2GB", 1.5)):
         for system, g in (("vllm_tts", 10.0), ("fasttts_p", 10.0 * gain_p), ("fasttts_pm", 20.0)):
             rows.append(
-                {"system": system, "config.system.kv_budget": kv, "config.workload.n": 128, "summary.goodput_tok_s": g}
+                {
+                    "system": system,
+                    "config.system.kv_budget": kv,
+                    "config.workload.n": 128,
+                    "summary.precise_goodput_tok_s": g,
+                }
             )
     t = report.report_memory(tmp_path, _runs(rows), None)
     assert t["kv_budget"].tolist() == ["1.5GB", "2GB", "14GB"]
@@ -161,7 +166,7 @@ def test_r_sweep_finds_the_papers_numbers(tmp_path):
             "config.system.spec_truncation_ratio": r,
             "config.workload.n": 64,
             "config.verifier.name": "math-shepherd-7b",
-            "summary.goodput_tok_s": g,
+            "summary.precise_goodput_tok_s": g,
         }
         for s, r, g in (
             ("vllm_tts", 0.85, 12.0),
@@ -202,7 +207,7 @@ def test_r_sweep_keeps_the_baseline_whatever_r_the_sweep_ran(tmp_path):
             "config.system.spec_truncation_ratio": 0.0,
             "config.workload.n": 64,
             "config.verifier.name": "math-shepherd-7b",
-            "summary.goodput_tok_s": g,
+            "summary.precise_goodput_tok_s": g,
         }
         for s, g in (("vllm_tts", 12.0), ("fasttts", 18.0))
     ]
@@ -214,7 +219,7 @@ def test_memory_judges_only_the_papers_n(tmp_path):
     """Fig. 18 is at n=128: an n=16 row is shown but not judged against it (QA: looked up by the KV
     budget alone). Mutation caught: the n key dropped from the lookup."""
     rows = [
-        {"system": s, "config.system.kv_budget": "2GB", "config.workload.n": 16, "summary.goodput_tok_s": g}
+        {"system": s, "config.system.kv_budget": "2GB", "config.workload.n": 16, "summary.precise_goodput_tok_s": g}
         for s, g in (("vllm_tts", 10.0), ("fasttts_p", 15.0))
     ]
     t = report.report_memory(tmp_path, _runs(rows), None)
@@ -229,7 +234,7 @@ def test_without_the_baseline_the_notes_say_why(tmp_path, name):
     """No vllm_tts in the sweep: the notes say there is no gain and what to add (QA: notes began with
     '; paper: ...' and the gain figures were silently missing). Mutation caught: the note not added."""
     rows = [
-        {"system": s, "config.system.kv_budget": "2GB", "config.workload.n": 128, "summary.goodput_tok_s": 10.0}
+        {"system": s, "config.system.kv_budget": "2GB", "config.workload.n": 128, "summary.precise_goodput_tok_s": 10.0}
         for s in ("fasttts_p", "fasttts_pm", "fasttts")
     ]
     getattr(report, name)(tmp_path, _runs(rows), None)
@@ -256,7 +261,7 @@ def test_r_sweep_without_the_baseline_and_at_other_r(tmp_path):
             "config.system.spec_truncation_ratio": r,
             "config.workload.n": 64,
             "config.verifier.name": "math-shepherd-7b",
-            "summary.goodput_tok_s": g,
+            "summary.precise_goodput_tok_s": g,
         }
         for r, g in ((0.0, 18.0), (0.85, 30.0), (0.5, 25.0))
     ]

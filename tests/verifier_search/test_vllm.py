@@ -143,7 +143,7 @@ def test_two_iteration_real_run(system, tmp_path):
     assert s["problems"] == 2 and s["iterations_per_problem"] == 2
     assert s["time_basis"].startswith("wall (time.perf_counter)")  # the table says what its seconds are
     assert s["gen_requests"] > 0 and s["ver_requests"] > 0
-    assert s["goodput_tok_s"] > 0 and s["latency_s"] > 0 and s["ver_latency_s"] > 0
+    assert s["precise_goodput_tok_s"] > 0 and s["latency_s"] > 0 and s["ver_latency_s"] > 0
     assert s["completions_per_problem"] >= 8
     assert 0 < s["gen_prefix_hit_rate"] <= 1
     # random weights: no text, so no accuracy (None, not 0) and the reason
