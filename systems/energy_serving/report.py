@@ -17,12 +17,27 @@ from typing import List
 import numpy as np
 import pandas as pd
 
-from harness.report import read_table, save_figure, write_markdown
+from harness.report import read_table, save_figure
+from harness.report import write_markdown as _write_markdown
 from systems.energy_serving import paper
 from systems.energy_serving.paper import Ours
 
 PAPER_SETUPS = {("llama-3.3-70b", "2x4"), ("qwen2.5-32b", "2x2")}
 SYSTEM_ORDER = ["vanilla", "window_dvfs", "beam_dvfs_only", "beam_s1", "beam", "beam_s2"]
+
+
+TBT_NOTE = (
+    "TBT here is what `vllm bench serve` calls ITL (every gap between two tokens of a request, pooled); "
+    "its TPOT is a request's mean gap (our `tpot_*`). The run's `vllm_bench` record holds vLLM's own keys in ms."
+)
+
+
+def write_markdown(df, path, title: str = "", notes: str = "", **kw):
+    """:func:`harness.report.write_markdown` with :data:`TBT_NOTE` under every table that has a TBT
+    column, so no reader takes our TBT for vLLM's TPOT."""
+    if any("tbt" in str(c).lower() for c in df.columns):
+        notes = f"{notes}\n\n{TBT_NOTE}" if notes else TBT_NOTE
+    return _write_markdown(df, path, title=title, notes=notes, **kw)
 
 
 def _plt():

@@ -144,3 +144,16 @@ def test_tab2_with_systems_that_make_no_decision(compose_cfg, tmp_path):
     assert tab["decision_us_p99 (measured)"].isna().all()
     v = pd.read_csv(tmp_path / "verdicts.csv").set_index("quantity")
     assert v.loc["decision time (S1, S2)", "verdict"] == "no result"
+
+
+def test_every_table_with_a_tbt_column_says_tbt_is_vllms_itl(tmp_path):
+    """A BEAM table with a TBT column carries the note that our TBT is vLLM's ITL (issue 40: a
+    reader took it for TPOT), in its markdown and its LaTeX twin; a table without one does not.
+    Mutation caught: the module's write_markdown not adding the note."""
+    import pandas as pd
+
+    report.write_markdown(pd.DataFrame({"system": ["beam"], "TBT p90 (ms)": [41.0]}), tmp_path / "a.md", title="t")
+    report.write_markdown(pd.DataFrame({"system": ["beam"], "energy (J)": [3.0]}), tmp_path / "b.md", title="t")
+    assert report.TBT_NOTE in (tmp_path / "a.md").read_text()
+    assert "calls ITL" in (tmp_path / "a.tex").read_text()
+    assert "ITL" not in (tmp_path / "b.md").read_text()
