@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import math
 import os
 import re
 import subprocess
@@ -360,8 +361,8 @@ def _value(lo, hi, kind: str = "=", unit: str = "") -> str:
     from harness.verdict import fmt_range
 
     s = fmt_range(lo, hi)
-    if not s:
-        return ""
+    if not s or isinstance(lo, float) and math.isinf(lo):  # "not reached": no unit, no bound sign
+        return s
     return f"{'> ' if kind == '>=' else '< ' if kind == '<=' else ''}{s} {unit}".strip()
 
 
@@ -493,37 +494,120 @@ def write_reproduction(
     return p
 
 
-def write_index(results_dir: Path, only: Optional[List[str]] = None) -> Path:
-    """``index.html``: every sweep's figures (PNG) and markdown tables on one static page; ``only``:
-    just these sweeps (--only), as REPRODUCTION.md."""
+PAPERS = {  # the papers' order on the figure page, and their names there
+    "lbs": "LBS: locality-aware beam scheduling (MLSys 26)",
+    "fasttts": "FastTTS: generator + verifier test-time scaling (ASPLOS 26)",
+    "beam": "BEAM: energy-aware serving under TTFT/TBT SLOs (MLSys 26)",
+}
+_PAGE_STYLE = (
+    "body{font-family:sans-serif;max-width:1200px;margin:auto;padding:0 8px} img{max-width:100%;"
+    "border:1px solid #ccc} table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #bbb;"
+    "padding:2px 6px;vertical-align:top} .wide{overflow-x:auto;max-width:100%} h2{border-top:2px solid #444;"
+    "padding-top:8px} .reproduced{background:#e3f4e3} .partly{background:#fdf3d7} .not{background:#f8e1e1}"
+)
+
+
+def _markdown_html(text: str) -> str:
+    """Markdown to HTML, with a blank line put before a list that follows a paragraph line (Python-
+    Markdown reads such a list as part of the paragraph: REPRODUCTION.md's lists came out as one
+    paragraph) and every table in a horizontally scrolling box (a wide table overran the column)."""
     import markdown
 
+    lines = text.splitlines()
+    fixed = []
+    for i, line in enumerate(lines):
+        if re.match(r"\s*[-*] ", line) and i and lines[i - 1].strip() and not re.match(r"\s*[-*] ", lines[i - 1]):
+            fixed.append("")
+        fixed.append(line)
+    out = markdown.markdown("\n".join(fixed), extensions=["tables"])
+    return out.replace("<table>", "<div class='wide'><table>").replace("</table>", "</table></div>")
+
+
+def _verdict_table(v: pd.DataFrame) -> str:
+    """One paper's verdict rows as an HTML table: figure, quantity, ours, the paper's, verdict, source."""
+    head = "<tr><th>figure</th><th>quantity</th><th>ours</th><th>paper</th><th>verdict</th><th>ours is</th></tr>"
+    rows = []
+    for r in v.itertuples():
+        css = "not" if r.verdict == "not reproduced" else str(r.verdict).replace(" ", "")
+        cells = [
+            r.figure,
+            r.quantity,
+            _value(r.ours, r.ours_hi, "=", r.unit),
+            _value(r.paper_value, r.paper_hi, r.kind, r.unit),
+            r.verdict,
+            "sim" if bool(r.simulated) else "measured",
+        ]
+        rows.append(f"<tr class='{css}'>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return f"<div class='wide'><table>{head}{''.join(rows)}</table></div>"
+
+
+def _sweep_html(results_dir: Path, d: Path, what: str) -> List[str]:
+    """A sweep's figures (``what`` = figures) or its tables (tables), as HTML parts."""
+    name = html.escape(d.name)
+    if what == "figures":
+        return [
+            f"<p><img src='sweeps/{name}/{html.escape(p.name)}' alt='{html.escape(p.stem)}'></p>"
+            for p in sorted(d.glob("*.png"))
+        ]
+    parts = []
+    for p in sorted(d.glob("*.md")):
+        body = re.sub(r"(?m)^#(?=#* )", "#####", p.read_text())  # the table's own title below h4
+        parts.append(f"<h4>{html.escape(p.name)} (<a href='sweeps/{name}/{html.escape(p.stem)}.tex'>LaTeX</a>)</h4>")
+        parts.append(_markdown_html(body))
+    return parts
+
+
+def write_index(results_dir: Path, only: Optional[List[str]] = None) -> Path:
+    """``index.html``: one static page of the results. Per paper (LBS, FastTTS, BEAM): its sweeps'
+    figures first, then its paper numbers beside ours with their verdicts, then its sweeps' tables;
+    sweeps that are no paper experiment (ad-hoc) last; REPRODUCTION.md's full table is linked, not
+    put before the figures. Tables scroll sideways where they are wide; a value never reached reads
+    "not reached" (it read "inf tokens/s"). ``only``: just these sweeps (--only), as REPRODUCTION.md."""
+    sweeps = sorted(d for d in (results_dir / "sweeps").glob("*") if d.is_dir() and (only is None or d.name in only))
+    sweeps = [d for d in sweeps if any(d.glob("*.png")) or any(d.glob("*.md"))]
+    experiments = set(paper_experiments())
+    by_paper = {p: [d for d in sweeps if d.name in experiments and d.name.split("_")[0] == p] for p in PAPERS}
+    adhoc = [d for d in sweeps if not any(d in ds for ds in by_paper.values())]
+    v = collect(results_dir, [d.name for d in sweeps])
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>ttc-sched-bench results</title>",
-        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto} img{max-width:100%;"
-        "border:1px solid #ccc} table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #bbb;"
-        "padding:2px 6px} h2{border-top:2px solid #444;padding-top:8px}</style></head><body>",
+        f"<style>{_PAGE_STYLE}</style></head><body>",
         "<h1>ttc-sched-bench: figures and tables</h1>",
+        "<p>Each paper's figures, then its numbers beside ours with the verdict of <code>harness/verdict.py</code> "
+        "(<code>sim</code>: ours is simulated on the named GPU profile; <code>measured</code>: a real engine on this "
+        "machine), then its tables. The whole list, with the paper numbers not run: "
+        "<a href='REPRODUCTION.md'>REPRODUCTION.md</a>.</p>",
     ]
-    rep = results_dir / "REPRODUCTION.md"
-    if rep.exists():
-        parts.append(markdown.markdown(rep.read_text(), extensions=["tables"]))
-    sweeps = sorted(d for d in (results_dir / "sweeps").glob("*") if d.is_dir() and (only is None or d.name in only))
-    parts.append(
-        "<p>Sweeps: " + " ".join(f"<a href='#{html.escape(d.name)}'>{html.escape(d.name)}</a>" for d in sweeps) + "</p>"
-    )
-    for d in sweeps:
-        pngs, mds = sorted(d.glob("*.png")), sorted(d.glob("*.md"))
-        if not pngs and not mds:
+
+    def links(ds: List[Path]) -> str:
+        return " ".join(f"<a href='#{html.escape(d.name)}'>{html.escape(d.name)}</a>" for d in ds)
+
+    nav = [f"<b><a href='#{p}'>{p}</a></b>: {links(ds)}" for p, ds in by_paper.items() if ds]
+    nav += [f"<b><a href='#adhoc'>other sweeps</a></b>: {links(adhoc)}"] if adhoc else []
+    parts.append("<p>" + "<br>".join(nav) + "</p>")
+    for paper, ds in by_paper.items():
+        if not ds:
             continue
-        parts.append(f"<h2 id='{html.escape(d.name)}'>{html.escape(d.name)}</h2>")
-        for p in pngs:
-            parts.append(
-                f"<p><img src='sweeps/{html.escape(d.name)}/{html.escape(p.name)}' alt='{html.escape(p.stem)}'></p>"
-            )
-        for p in mds:
-            body = re.sub(r"(?m)^#(?=#* )", "####", p.read_text())  # the table's own title below h3
-            parts.append(f"<h3>{html.escape(p.name)}</h3>" + markdown.markdown(body, extensions=["tables"]))
+        parts.append(f"<h2 id='{paper}'>{html.escape(PAPERS[paper])}</h2>")
+        for d in ds:
+            parts.append(f"<h3 id='{html.escape(d.name)}'>{html.escape(d.name)}</h3>")
+            parts += _sweep_html(results_dir, d, "figures")
+        mine = v[v["paper"] == paper] if len(v) else v
+        if len(mine):
+            counts = mine["verdict"].value_counts()
+            said = ", ".join(f"{int(counts.get(k, 0))} {k}" for k in VERDICTS)
+            parts.append(f"<h3>{html.escape(paper)}: paper numbers beside ours ({said})</h3>")
+            parts.append(_verdict_table(mine))
+        for d in ds:
+            tables = _sweep_html(results_dir, d, "tables")
+            if tables:
+                parts.append(f"<h3>{html.escape(d.name)}: tables</h3>")
+                parts += tables
+    if adhoc:
+        parts.append("<h2 id='adhoc'>Other sweeps (no paper experiment)</h2>")
+        for d in adhoc:
+            parts.append(f"<h3 id='{html.escape(d.name)}'>{html.escape(d.name)}</h3>")
+            parts += _sweep_html(results_dir, d, "figures") + _sweep_html(results_dir, d, "tables")
     parts.append("</body></html>")
     out = results_dir / "index.html"
     atomic_write_bytes(out, "\n".join(parts).encode())

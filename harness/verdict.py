@@ -120,9 +120,13 @@ def write(sweep_dir, rows: List[Row]) -> Path:
 
 def fmt_range(lo, hi=None, unit: str = "", digits: int = 3) -> str:
     """``5.26-14.6 x``, ``97.2 %`` or ``50,784-52,538 GiB`` for tables (``digits`` significant digits,
-    whole numbers from 1,000 on); one value when both ends read the same; empty for a missing value."""
+    whole numbers from 1,000 on); one value when both ends read the same; empty for a missing value;
+    "not reached" for an infinite one (a threshold the runs never crossed, e.g. the offered load at
+    which every system misses its SLO: BEAM Fig. 9 printed "inf tokens/s")."""
     if _nan(lo):
         return ""
+    if math.isinf(float(lo)):
+        return "not reached" if float(lo) > 0 else "reached from the start"
     f = lambda v: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.{digits}g}"
     s = f(lo) if _nan(hi) or f(hi) == f(lo) else f"{f(lo)}-{f(hi)}"
     return f"{s} {unit}".strip()

@@ -320,3 +320,38 @@ def test_a_reproduction_tracks_nothing_unless_asked(tmp_path, monkeypatch):
     R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), "tracking=wandb"])
     R.main(["--only", "lbs_fig7", "--results-dir", str(tmp_path), "tracking.mode=online"])
     assert seen == [["tracking=none"], ["tracking=wandb"], ["tracking.mode=online"]]
+
+
+def test_the_figure_page_puts_each_papers_figures_first_and_ad_hoc_sweeps_last(tmp_path):
+    """index.html (issue 40): per paper its figures, then its numbers beside ours, then its tables;
+    ad-hoc sweeps last; REPRODUCTION.md linked, not its 192-row table before any figure; tables in a
+    scrolling box; a list after a paragraph line a list (was one paragraph); an infinite value of
+    ours "not reached" (was "inf tokens/s"). Mutations caught: the old page (REPRODUCTION.md first,
+    sweeps by name); _markdown_html without the blank line before lists; fmt_range without its
+    infinite case."""
+    _sweep(
+        tmp_path, "beam_fig9", [V.Row("beam", "fig9", "load where all miss", 6400, ours=float("inf"), unit="tokens/s")]
+    )
+    _sweep(tmp_path, "lbs_fig9", [V.Row("lbs", "fig9", "speedup", 3.4, ours=3.5, unit="x")])
+    (tmp_path / "sweeps/aaa_mine").mkdir()  # an ad-hoc sweep: a figure and a summary, no verdicts
+    (tmp_path / "sweeps/aaa_mine/fig.png").write_bytes(b"\x89PNG\r\n")
+    (tmp_path / "sweeps/lbs_fig9/notes.md").write_text("Notes:\n- first\n- second\n")
+    R.write_reproduction(tmp_path, R.collect(tmp_path))
+    page = R.write_index(tmp_path).read_text()
+    at = {
+        k: page.index(k)
+        for k in (
+            "sweeps/lbs_fig9/fig.png",
+            "lbs: paper numbers beside ours",
+            "lbs_fig9: tables",
+            "sweeps/beam_fig9/fig.png",
+            "beam: paper numbers beside ours",
+            "Other sweeps (no paper experiment)",
+            "sweeps/aaa_mine/fig.png",
+        )
+    }
+    assert list(at.values()) == sorted(at.values()), at
+    assert "<td>not reached</td>" in page and "inf" not in page
+    assert "<ul>\n<li>first</li>" in page
+    assert page.count("<div class='wide'><table>") == page.count("<table>") >= 4
+    assert "href='REPRODUCTION.md'" in page and "Not run (" not in page
