@@ -183,10 +183,15 @@ def _parse(line: str) -> Override:
 
 
 def job_dirname(job: List[str], dirname_cfg) -> str:
-    """A sweep job's folder name (``hydra.job.override_dirname``) from its override strings and
+    """A sweep job's folder name (``hydra.sweep.subdir``: its ``hydra.job.override_dirname``, made a
+    safe name by :func:`harness.config.job_folder_name`) from its override strings and
     ``hydra.job.config.override_dirname`` (exclude_keys, item_sep, kv_sep)."""
-    return override_dirname(
-        [_parse(line) for line in job], dirname_cfg.exclude_keys, dirname_cfg.item_sep, dirname_cfg.kv_sep
+    from harness.config import job_folder_name
+
+    return job_folder_name(
+        override_dirname(
+            [_parse(line) for line in job], dirname_cfg.exclude_keys, dirname_cfg.item_sep, dirname_cfg.kv_sep
+        )
     )
 
 

@@ -233,6 +233,27 @@ def results_dir_of(overrides: List[str]):
     return p if p.is_absolute() else Path(_repo_path()) / p
 
 
+JOB_FOLDER_MAX_BYTES = 200  # a file name may have 255 bytes; the rest is for temp-file prefixes and suffixes
+
+
+def job_folder_name(dirname: str) -> str:
+    """A sweep job's folder name (``hydra.sweep.subdir``) from its override dirname (``beams=4,system=lbs``):
+    each character that would make it a path or an unreadable name (``/``, a backslash, ``%`` itself,
+    a control character) percent-encoded (``workload.path=/data/x.jsonl`` ->
+    ``workload.path=%2Fdata%2Fx.jsonl``: it made folders outside the sweep's), and a name over
+    :data:`JOB_FOLDER_MAX_BYTES` bytes cut, with a hash of the whole name after it, so that distinct
+    jobs keep distinct folders (300 bytes of values ended in "File name too long"). Names made of
+    other characters (every sweep so far) stay as they were."""
+    import hashlib
+
+    out = "".join(f"%{ord(c):02X}" if c in "/\\%" or not c.isprintable() else c for c in dirname)
+    if len(out.encode()) > JOB_FOLDER_MAX_BYTES:
+        digest = hashlib.sha256(dirname.encode()).hexdigest()[:16]
+        head = out.encode()[: JOB_FOLDER_MAX_BYTES - len(digest) - 1].decode(errors="ignore")
+        out = f"{head}~{digest}"
+    return out
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("env_or"):
         OmegaConf.register_new_resolver("env_or", _env_or)
@@ -244,6 +265,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("repo_path", _repo_path)
     if not OmegaConf.has_resolver("first"):
         OmegaConf.register_new_resolver("first", _first)
+    if not OmegaConf.has_resolver("job_folder"):
+        OmegaConf.register_new_resolver("job_folder", job_folder_name)
     if not OmegaConf.has_resolver("parallel_jobs"):
         OmegaConf.register_new_resolver("parallel_jobs", _parallel_jobs)
 

@@ -81,6 +81,9 @@ SHAPE_COUNTS = (
 )
 ROTARY_TYPES = ("llama", "qwen2", "mistral")  # rotary position embeddings: rotate pairs of head dims
 TYPE_NAMES = {"opt": "OPT", "llama": "LLaMA", "qwen2": "Qwen2", "mistral": "Mistral"}
+# transformers' default padding-token id per type (OPTConfig: 1; LlamaConfig, MistralConfig and
+# Qwen2Config: none): the input embedding's padding_idx, which must be a token of the vocabulary
+DEFAULT_PAD_ID = {"opt": 1, "llama": None, "mistral": None, "qwen2": None}
 # Why head_dim must be hidden_size / num_heads for the types whose engines derive it.
 DERIVED_HEAD_DIM = {
     "opt": "OPT has no head_dim setting: transformers and vLLM derive it as hidden_size / num_heads",
@@ -106,6 +109,8 @@ def check_model_shapes(m, role: str = "model") -> None:
     - Qwen2: ``head_dim * num_heads == hidden_size`` (Qwen2Config has no head_dim: vLLM's Qwen2
       derives it as hidden_size / num_heads, so another head_dim ran a model with other KV bytes
       than the ones counted);
+    - ``vocab_size`` above the padding-token id (:data:`DEFAULT_PAD_ID`, or ``hf_config.pad_token_id``):
+      the input embedding's padding_idx;
     - rotary types (:data:`ROTARY_TYPES`): ``head_dim`` even (the rotary embedding rotates pairs of
       dimensions; transformers' RoPE check refused an odd head_dim as the engine started).
     """
@@ -132,6 +137,15 @@ def check_model_shapes(m, role: str = "model") -> None:
             f"{role}.head_dim",
             head_dim,
             f"{role}.hidden_size / {role}.num_heads = {hidden // heads} ({DERIVED_HEAD_DIM[t]})",
+        )
+    pad = _extra(m).get("pad_token_id", DEFAULT_PAD_ID[t])
+    if pad is not None and _get(m, "vocab_size") <= int(pad):
+        raise bad(
+            f"{role}.vocab_size",
+            _get(m, "vocab_size"),
+            f"more than {int(pad)}, the padding-token id of this {TYPE_NAMES[t]} config: the input embedding's "
+            f"padding_idx must be a token of the vocabulary (OPT with vocab_size=1 ended in transformers' "
+            f"'Padding_idx must be within num_embeddings' after the engine started)",
         )
     if t in ROTARY_TYPES and head_dim % 2:
         raise bad(

@@ -194,6 +194,14 @@ SHAPE_CASES = [
     ("tiny-llama", {"num_layers": 0}, "model.num_layers=0 is not allowed: a count > 0"),
     ("tiny-llama", {"vocab_size": 1}, None),
     ("tiny-llama", {"vocab_size": 0}, "model.vocab_size=0 is not allowed: a count > 0"),
+    ("tiny-opt", {"vocab_size": 2}, None),
+    (
+        "tiny-opt",
+        {"vocab_size": 1},
+        "model.vocab_size=1 is not allowed: more than 1, the padding-token id of this OPT config: the input "
+        "embedding's padding_idx must be a token of the vocabulary (OPT with vocab_size=1 ended in transformers' "
+        "'Padding_idx must be within num_embeddings' after the engine started)",
+    ),
     ("tiny-llama", {"max_position": 1}, None),
     ("tiny-llama", {"max_position": 0}, "model.max_position=0 is not allowed: a token count > 0"),
     ("tiny-llama", {"intermediate_size": -1}, "model.intermediate_size=-1 is not allowed: a count > 0"),
@@ -263,7 +271,8 @@ def test_each_shape_rule_just_inside_and_just_outside(name, over, message):
     passed); the OPT ``num_kv_heads == num_heads`` rule dropped (2 of 4 passed, transformers' OPT
     builds 4); the OPT/Qwen2 head_dim rule dropped (the torch engine refused OPT late, vLLM ran another
     Qwen2); LLaMA's ``hidden_size % num_heads`` rule dropped (transformers' LlamaConfig refused late);
-    the even-head_dim rule dropped (transformers' RoPE check refused 31 late). A value just inside
+    the even-head_dim rule dropped (transformers' RoPE check refused 31 late); the padding-id rule
+    dropped (OPT with vocab_size=1: the torch engine's error record). A value just inside
     builds a transformers config (the engine's own check accepts it)."""
     from harness.errors import ConfigError
 

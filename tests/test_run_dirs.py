@@ -313,7 +313,10 @@ def test_a_sweep_name_that_is_a_path_exits_2_before_any_folder_is_made(name, tmp
 def test_a_sweep_job_whose_folder_escapes_or_collides_is_refused_before_any_work(tmp_path):
     """Issue 39: ``model.name=../../../../escaped`` wrote both jobs of a sweep to one folder outside it
     (one record lost, exit 0); two jobs differing only in a setting left out of folder names wrote one
-    folder. Now the sweep exits 2 naming the job, before anything runs. Mutations caught: the
+    folder. Now a value's path segments are percent-encoded into one folder name inside the sweep
+    (harness.config.job_folder_name), and a job whose folder would still not be a folder of its own
+    inside the sweep (every override left out of folder names: the sweep's own folder) or would be
+    another job's exits 2 naming the job, before anything runs. Mutations caught: the
     inside-the-sweep test dropped; the collision test dropped."""
     from omegaconf import OmegaConf
 
@@ -323,8 +326,9 @@ def test_a_sweep_job_whose_folder_escapes_or_collides_is_refused_before_any_work
     names = OmegaConf.create({"exclude_keys": ["resume", "sweep_name"], "item_sep": ",", "kv_sep": "="})
     sweep = tmp_path / "sweeps" / "q"
     check_job_folders([["beams=16"], ["beams=64"]], sweep, names)
-    with pytest.raises(ConfigError, match=r"its folder .*/escaped is not inside the sweep's folder"):
-        check_job_folders([["beams=16", "model.name=../../../../escaped"]], sweep, names)
+    check_job_folders([["beams=16", "model.name=../../../../escaped"]], sweep, names)  # one folder, inside
+    with pytest.raises(ConfigError, match=r"its folder .*/q is not inside the sweep's folder"):
+        check_job_folders([["resume=false"]], sweep, names)
     with pytest.raises(ConfigError, match=r"is also the folder of the job beams=4 resume=false"):
         check_job_folders([["beams=4", "resume=false"], ["beams=4", "resume=true"]], sweep, names)
 
@@ -355,3 +359,62 @@ def test_a_name_that_would_name_another_folder_exits_2_and_makes_none(tmp_path, 
     assert out.returncode == 2, out.stderr[-2000:]
     assert "model.name=" in out.stderr and "is not allowed: a name of 1-100 bytes" in out.stderr
     assert not any(tmp_path.rglob("*")), sorted(tmp_path.rglob("*"))
+
+
+def test_a_job_folder_name_is_one_safe_name_of_bounded_length():
+    """harness.config.job_folder_name (hydra.sweep.subdir): '/', a backslash, '%' and control
+    characters percent-encoded (a path value made nested folders, and '../' ones outside the sweep);
+    a name over 200 bytes cut with a hash of the whole, so two long names that differ only at their
+    end stay two folders; an ordinary name unchanged (every existing sweep keeps its folders).
+    Mutations caught: no encoding ('/' kept); the hash of the cut part instead of the whole (the
+    two long names collide); no cut (a 300-byte name)."""
+    from harness.config import JOB_FOLDER_MAX_BYTES, job_folder_name
+
+    assert job_folder_name("beams=4,system=lbs") == "beams=4,system=lbs"
+    assert job_folder_name("workload.path=/d/x.jsonl,a=50%") == "workload.path=%2Fd%2Fx.jsonl,a=50%25"
+    assert job_folder_name("model.name=a\tb\\c") == "model.name=a%09b%5Cc"
+    long_a, long_b = "x=" + "a" * 300 + "1", "x=" + "a" * 300 + "2"
+    fa, fb = job_folder_name(long_a), job_folder_name(long_b)
+    assert fa != fb and len(fa.encode()) == len(fb.encode()) == JOB_FOLDER_MAX_BYTES
+    assert fa.startswith("x=aaa") and "/" not in fa
+
+
+def test_a_sweep_over_a_path_value_writes_one_folder_per_job_inside_the_sweep(tmp_path):
+    """``-m ... workload.path=/abs/x.jsonl``: each job's folder is one folder directly in the sweep's
+    (was nested folders named by the path's parts). Mutation caught: hydra.sweep.subdir back to
+    ${hydra.job.override_dirname}."""
+    import shutil
+    import subprocess
+    import sys
+
+    data = tmp_path / "data" / "x.jsonl"
+    data.parent.mkdir()
+    shutil.copy(ROOT / "tests/fixture_data/math/aime24/test.jsonl", data)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "system=fasttts",
+            "workload=aime24",
+            f"workload.path={data}",
+            "n=16,32",
+            "workload.num_problems=1",
+            "tracking=none",
+            "progress=false",
+            f"results_dir={tmp_path / 'r'}",
+            "sweep_name=p",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    sweep = tmp_path / "r" / "sweeps" / "p"
+    records = sorted(p.relative_to(sweep) for p in sweep.rglob("run.json"))
+    enc = str(data).replace("/", "%2F")
+    assert records == [
+        Path(f"n={n},system=fasttts,workload.num_problems=1,workload.path={enc},workload=aime24/run.json")
+        for n in (16, 32)
+    ]
