@@ -23,6 +23,7 @@ from harness.logs import say
 from harness.model_facts import check_cpu_model
 from harness.process import INTERRUPTED
 from systems.verifier_search import replay
+from systems.verifier_search.artifact import PREFIX_CACHE
 from systems.verifier_search.beams import step_logit_biases, step_probabilities
 from systems.verifier_search.checkpoint import DELIMITER, is_local
 from systems.verifier_search.config import (
@@ -99,6 +100,8 @@ def validate(cfg) -> None:
         raise bad("system.replan", s.replan, f"one of {', '.join(REPLANS)}")
     if s.kv_overflow not in KV_OVERFLOW:
         raise bad("system.kv_overflow", s.kv_overflow, f"one of {', '.join(KV_OVERFLOW)}")
+    if str(s.verifier_prefix_cache).lower() not in PREFIX_CACHE:
+        raise bad("system.verifier_prefix_cache", s.verifier_prefix_cache, f"one of {', '.join(PREFIX_CACHE)}")
     if not unset(s.replay_tokens):
         if cfg.backend.name != "sim":
             raise bad(
@@ -487,6 +490,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
     tokens (on vLLM: no logit bias, real weights). Simulated runs use the tokenizers for prompt
     lengths and ids only. ``workdir``: where a real engine with random weights gets its config.json
     (the caller removes it after ``closer``); None on the simulated backend."""
+    from systems.verifier_search.artifact import verifier_prefix_cache
     from systems.verifier_search.vllm_engine import PrmScorer
 
     w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
@@ -535,6 +539,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
             token_map=tmap,
             prompts=vprompts,
             seed=int(cfg.seed),
+            prefix_cache=verifier_prefix_cache(s.verifier_prefix_cache, v),
         )
         if alloc.offload:  # §4.3.2: each engine's KV swapped in and out around every call
             gen.configure(alloc.gen_kv_bytes, alloc.b_dec, float(cfg.hardware.h2d_bw))
@@ -579,6 +584,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
             block_size=int(s.block_size),
             seed=int(cfg.seed),
             token_budget=ver_token_budget(cfg),
+            prefix_cache=verifier_prefix_cache(s.verifier_prefix_cache, v),
         )
         ver = PrmScorer(vv, tmap, vprompts, int(cfg.seed) if src == "synthetic" else None)
 
