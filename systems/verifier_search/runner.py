@@ -23,7 +23,7 @@ from harness.logs import say
 from harness.model_facts import check_cpu_model
 from harness.process import INTERRUPTED
 from systems.verifier_search import replay
-from systems.verifier_search.artifact import PREFIX_CACHE
+from systems.verifier_search.artifact import PREFIX_CACHE, TRUNCATIONS
 from systems.verifier_search.beams import step_logit_biases, step_probabilities
 from systems.verifier_search.checkpoint import DELIMITER, is_local
 from systems.verifier_search.config import (
@@ -102,6 +102,10 @@ def validate(cfg) -> None:
         raise bad("system.kv_overflow", s.kv_overflow, f"one of {', '.join(KV_OVERFLOW)}")
     if str(s.verifier_prefix_cache).lower() not in PREFIX_CACHE:
         raise bad("system.verifier_prefix_cache", s.verifier_prefix_cache, f"one of {', '.join(PREFIX_CACHE)}")
+    if v.input_truncation not in TRUNCATIONS:
+        raise bad("verifier.input_truncation", v.input_truncation, f"one of {', '.join(TRUNCATIONS)}")
+    if v.input_truncation != "none" and not (v.input_limit and int(v.input_limit) > 1):
+        raise bad("verifier.input_limit", v.input_limit, "a token count > 1 (with verifier.input_truncation)")
     if not unset(s.replay_tokens):
         if cfg.backend.name != "sim":
             raise bad(
@@ -402,17 +406,19 @@ def texts(cfg) -> Texts:
     ``ShepherdText``). Otherwise ids are folded between token spaces (``vllm_engine.TokenMap``) and
     prompts come from the stand-in tokenizer. Raises ConfigError (before any work)."""
     from systems.verifier_search import checkpoint
+    from systems.verifier_search.artifact import input_builder
     from systems.verifier_search.vllm_engine import TokenMap
-    from workloads.math import load_problems, prompt_tokens, stand_in_tokens
+    from workloads.math import SYSTEM_PROMPT, load_problems, prompt_tokens, stand_in_tokens
 
     w, m, v = cfg.workload, cfg.model, cfg.verifier
+    pre = SYSTEM_PROMPT + "\n" if v.get("system_prompt") else ""  # the artifact's Math-Shepherd prompt
     problems = load_problems(_data_path(w.path), w.num_problems)
     space = checkpoint.token_space(str(m.weights)) if is_local(m.weights) else None
     vtok = checkpoint.load_tokenizer(str(v.weights)) if is_local(v.weights) else None
     prompts = {p.index: prompt_tokens(p, m.vocab_size, space.tok if space else None) for p in problems}
     if space and vtok is not None:
         tmap = (
-            checkpoint.ShepherdText(space, str(v.weights), v.step_tag, v.step_tag_id)
+            checkpoint.ShepherdText(space, str(v.weights), v.step_tag, v.step_tag_id, SYSTEM_PROMPT if pre else "")
             if v.prm_kind == "lm"
             else checkpoint.VerifierText(space, str(v.weights))
         )
@@ -422,12 +428,13 @@ def texts(cfg) -> Texts:
         tmap = TokenMap(tokenizer_family(m), tokenizer_family(v), v.vocab_size, w.step_delimiter_id, tag)
         vprompts = {
             p.index: (
-                checkpoint.verifier_prompt(vtok, p.text)
+                checkpoint.verifier_prompt(vtok, pre + p.text)
                 if vtok is not None
-                else stand_in_tokens(p.text + "\n", v.vocab_size)
+                else stand_in_tokens(pre + p.text + "\n", v.vocab_size)
             )
             for p in problems
         }
+    tmap = input_builder(tmap, v)  # the artifact's truncation (verifier.input_truncation)
     fit, skipped = check_limits(cfg, problems, prompts, vprompts)
     return Texts(space, tmap, fit, skipped, prompts, vprompts)
 

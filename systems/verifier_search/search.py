@@ -329,6 +329,8 @@ class Search:
                 b.scores = list(map(cache.get, keys[b.uid][1:]))  # a score is a float, never None
                 if None in b.scores:
                     raise RuntimeError(f"verifier returned no score for {b.scores.count(None)} step(s) of path {b.uid}")
+                if any(v != v for v in b.scores):  # NaN: a step cut away by the input truncation
+                    b.scores = [v for v in b.scores if v == v]  # the artifact's shorter score list
             # ------------------------------------------------ completion
             now = gen_t + ver_t
             n_done = 0

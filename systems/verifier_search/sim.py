@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from harness.errors import RunOOM
+from systems.verifier_search.artifact import CUT, mark_cut
 from systems.verifier_search.beams import _prm_hasher, _read_scores
 from systems.verifier_search.memory import ModelShape, Roofline
 from systems.verifier_search.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
@@ -677,7 +678,8 @@ class SimVerifier(_Engine):
     are prefilled in passes of at most ``token_budget`` tokens, each charged by the roofline. The
     verifier input of a path is built by ``token_map`` (as on vLLM: prompt + steps, step tags) and
     its values are the synthetic content-keyed PRM's (``beams.synthetic_prm_values``, ``seed``),
-    None where the position was served by the prefix cache (as vLLM's pooling rows). ``prefix_cache`` False (the FastTTS
+    None where the position was served by the prefix cache (as vLLM's pooling rows), NaN where the
+    input truncation cut it away (``artifact.CUT_SCORE``). ``prefix_cache`` False (the FastTTS
     artifact's vLLM 0.9.2 for ALL / STEP pooling, ``artifact.verifier_prefix_cache``): nothing is
     cached, every verification prefills each path's whole input."""
 
@@ -744,7 +746,8 @@ class SimVerifier(_Engine):
                 attn += attn_per * new * (n + hit)
                 cached += hit
                 total += n
-                vals.append(self.prm.values(pidx, toks, ends, [p >= hit for p in pos], path))
+                vs = self.prm.values(pidx, toks, ends, [p >= hit for p in pos], path)
+                vals.append(mark_cut(vs, pos) if CUT in pos else vs)
             t += self._charge(new_tokens, attn)
             for h, e in pinned:
                 cache.release(h, e, ())

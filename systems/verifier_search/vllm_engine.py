@@ -420,6 +420,7 @@ class PrmScorer:
         self.v, self.map, self.prompts, self.synthetic_seed = verifier, token_map, prompts, synthetic_seed
 
     def verify(self, pidx: int, items, paths=None) -> VerifierOutput:
+        from systems.verifier_search.artifact import CUT, mark_cut
         from systems.verifier_search.beams import synthetic_prm_values
 
         built = [self.map.build(self.prompts[pidx], toks, ends) for toks, ends in items]
@@ -430,4 +431,5 @@ class PrmScorer:
                 synthetic_prm_values(self.synthetic_seed, pidx, toks, ends, [v is not None for v in vs])
                 for (toks, ends), vs in zip(items, vals)
             ]
+        vals = [mark_cut(vs, pos) if CUT in pos else vs for vs, (_, pos) in zip(vals, built)]
         return VerifierOutput(vals, res.time_s, res.cached_tokens, res.prompt_tokens, res.cpu_s)

@@ -11,7 +11,9 @@ import pytest
 
 from harness.backend import Backend
 from systems.verifier_search import artifact, runner
-from systems.verifier_search.search import Search
+from systems.verifier_search.protocol import GenOutput, GenResult, VerifierOutput
+from systems.verifier_search.search import Search, SearchSettings
+from systems.verifier_search.vllm_engine import TokenMap
 
 SIM = Backend("sim", "cpu", True, "test")
 
@@ -94,3 +96,97 @@ def test_vllm_verifier_engine_built_with_the_rules_prefix_caching(
     gen_args, ver_args = seen
     assert gen_args.enable_prefix_caching is True
     assert ver_args.enable_prefix_caching is expected
+
+
+# ------------------------------------------------------------------ item 5: the verifier's inputs
+def _long_path(prompt_len=10, steps=50, step=100):
+    prompt = list(range(1000, 1000 + prompt_len))
+    tokens, ends = [], []
+    for k in range(steps):
+        tokens += [2000 + k] * (step - 1) + [271]
+        ends.append(len(tokens))
+    return prompt, tokens, ends
+
+
+def test_truncation_lengths_on_a_constructed_long_path():
+    """A 10-token prompt + 5000 path tokens (50 steps of 100): Skywork's input keeps the prompt and
+    the response's last 3072 - 10 - 1 tokens (steps cut away: no position), Math-Shepherd's its
+    first 4096 tokens (the later steps' tags cut away). Mutations caught: truncating the response on
+    the right, keeping ``limit - |prompt|`` tokens (no -1), positions not shifted by the cut."""
+    prompt, tokens, ends = _long_path()
+    tm = TokenMap("qwen2", "qwen2", 151936, 271, 271)
+    ids, pos = artifact.TruncatedInput(tm, "response_left", 3072).build(prompt, tokens, ends)
+    assert len(ids) == 3071 and ids[:10] == prompt and ids[10:] == tokens[-3061:]
+    kept = [p for p in pos if p != artifact.CUT]
+    assert len(kept) == 31 and all(ids[p] == 271 for p in kept) and kept[-1] == len(ids) - 1
+    assert pos[:19] == [artifact.CUT] * 19  # step 19 keeps its last 61 tokens, its tag
+    ids, pos = artifact.TruncatedInput(tm, "right", 4096).build(prompt, tokens, ends)
+    assert len(ids) == 4096 and ids == (prompt + tokens)[:4096]
+    assert pos[:40] == [10 + e - 1 for e in ends[:40]] and pos[40:] == [artifact.CUT] * 10
+    ids, pos = artifact.TruncatedInput(tm, "none", 4096).build(prompt, tokens, ends)
+    assert len(ids) == 5010
+
+
+def test_runner_builds_the_artifacts_inputs_per_verifier(compose_cfg):
+    """Skywork: truncation response_left at 3072; Math-Shepherd: right at 4096 and its prompt the
+    system prompt + "\\n" + question + "\\n"; ``verifier.input_truncation=none`` / ``system_prompt=false``
+    give the plain inputs. Mutations caught: the runner not wrapping the token map; the system
+    prompt left out of Math-Shepherd's prompt."""
+    from workloads.math import SYSTEM_PROMPT, stand_in_tokens
+
+    def texts(*o):
+        return runner.texts(compose_cfg("system=vllm_tts", "backend=sim", "workload.num_problems=1", *o))
+
+    sky = texts("verifier=skywork-prm-1.5b")
+    assert (sky.tmap.mode, sky.tmap.limit) == ("response_left", 3072)
+    assert not hasattr(texts("verifier=skywork-prm-1.5b", "verifier.input_truncation=none").tmap, "mode")
+    shep = texts("verifier=math-shepherd-7b")
+    assert (shep.tmap.mode, shep.tmap.limit) == ("right", 4096)
+    p = shep.problems[0]
+    assert shep.vprompts[p.index] == stand_in_tokens(SYSTEM_PROMPT + "\n" + p.text + "\n", 32000)
+    bare = texts("verifier=math-shepherd-7b", "verifier.system_prompt=false")
+    assert bare.vprompts[p.index] == stand_in_tokens(p.text + "\n", 32000)
+
+
+def test_simulated_search_sends_truncated_inputs_and_keeps_the_artifacts_scores(compose_cfg):
+    """A Skywork input limit 150 tokens above the longest prompt: every verifier request is at most
+    limit - 1 tokens, and the search still completes, each path with the scores of the steps not
+    cut away before they were scored. Mutation caught: the simulated verifier building untruncated
+    inputs."""
+    cfg = compose_cfg("system=vllm_tts", "backend=sim", "workload.num_problems=2")
+    limit = max(map(len, runner.texts(cfg).vprompts.values())) + 150
+    recs, results, ver = _sim_search(compose_cfg, f"verifier.input_limit={limit}", "workload.num_iterations=4", n=8)
+    for r in recs:
+        assert r.ver_prompt_tokens <= (limit - 1) * r.ver_requests
+    assert sum(r.ver_requests for r in recs) > 8
+    for r in results:
+        for b in r.completions:
+            assert b.scores and all(s == s for s in b.scores) and len(b.scores) <= len(b.step_ends)
+
+
+class _Gen:
+    """Every request ends its one step at the end token (the path completes in iteration 0), or with
+    ``delimiter`` at the step delimiter; 1 s."""
+
+    def __init__(self, delimiter=False):
+        self.out = ([5, 271], "delimiter") if delimiter else ([5, 7], "eos")
+
+    def extend(self, requests, policy):
+        toks, fin = self.out
+        return GenResult({r.uid: GenOutput(list(toks), fin, 2, 0, len(r.prompt_ids)) for r in requests}, 1.0)
+
+
+class _CutVer:
+    """Every step's position cut away (Math-Shepherd's right truncation past a step's tag)."""
+
+    def verify(self, problem, items, paths=None):
+        return VerifierOutput([[artifact.CUT_SCORE] * len(ends) for _, ends in items], 1.0)
+
+
+def test_a_step_cut_away_gets_no_score_as_in_the_artifact():
+    """A step whose score position the truncation cut away has no score (the artifact's shorter
+    list; ``agg_strategy=last`` reads the last there is, none here: 0). Mutation caught: the cut
+    step's NaN kept among the path's scores."""
+    st = SearchSettings(n=4, beam_width=2, num_iterations=2)
+    res = Search(st, _Gen(delimiter=True), _CutVer()).run_problem(0, [1, 2, 3])
+    assert len(res.completions) >= 4 and all(b.scores == [] for b in res.completions)

@@ -135,7 +135,7 @@ def test_real_run_scores_are_p_plus_at_each_tag(compose_cfg, ckpt, tmp_path, mon
     from harness.run import run
     from systems.verifier_search.runner import _data_path
     from systems.verifier_search.search import Search
-    from workloads.math import load_problems
+    from workloads.math import SYSTEM_PROMPT, load_problems
 
     seen = []
     orig = Search.run_problem
@@ -153,7 +153,10 @@ def test_real_run_scores_are_p_plus_at_each_tag(compose_cfg, ckpt, tmp_path, mon
 
     good, bad = _ids(ckpt["ov"], "good_token_id"), _ids(ckpt["ov"], "bad_token_id")
     model = MistralForCausalLM.from_pretrained(ckpt["ms"]).eval()
-    vt = ShepherdText(token_space(str(ckpt["gen"])), str(ckpt["ms"]), " ки", _ids(ckpt["ov"], "step_tag_id"))
+    # the artifact's input (verifier.system_prompt, math-shepherd-7b's default): system prompt first
+    vt = ShepherdText(
+        token_space(str(ckpt["gen"])), str(ckpt["ms"]), " ки", _ids(ckpt["ov"], "step_tag_id"), SYSTEM_PROMPT
+    )
     problems = {p.index: p for p in load_problems(_data_path(cfg.workload.path), 2)}
     checked = 0
     for r in seen:
