@@ -139,6 +139,9 @@ class TTSSystem:
     # auto = vLLM 0.9.2's rule, prefix caching off for a pooling model not pooling LAST (the AE's PRMs
     # pool ALL / STEP: every verification prefills the whole text); true | false force it
     verifier_prefix_cache: Any = "auto"
+    # a path's completion time: before_verifier (the AE's beam_search.py: stamped before the
+    # completing iteration's verifier call) | after_verifier (that call counted too)
+    completion_stamp: str = "before_verifier"
 
 
 def memory_fraction_for(model: str, verifier: str) -> float:

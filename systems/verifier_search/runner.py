@@ -23,7 +23,7 @@ from harness.logs import say
 from harness.model_facts import check_cpu_model
 from harness.process import INTERRUPTED
 from systems.verifier_search import replay
-from systems.verifier_search.artifact import PREFIX_CACHE, TRUNCATIONS
+from systems.verifier_search.artifact import COMPLETION_STAMPS, PREFIX_CACHE, TRUNCATIONS
 from systems.verifier_search.beams import step_logit_biases, step_probabilities
 from systems.verifier_search.checkpoint import DELIMITER, is_local
 from systems.verifier_search.config import (
@@ -102,6 +102,8 @@ def validate(cfg) -> None:
         raise bad("system.kv_overflow", s.kv_overflow, f"one of {', '.join(KV_OVERFLOW)}")
     if str(s.verifier_prefix_cache).lower() not in PREFIX_CACHE:
         raise bad("system.verifier_prefix_cache", s.verifier_prefix_cache, f"one of {', '.join(PREFIX_CACHE)}")
+    if s.completion_stamp not in COMPLETION_STAMPS:
+        raise bad("system.completion_stamp", s.completion_stamp, f"one of {', '.join(COMPLETION_STAMPS)}")
     if v.input_truncation not in TRUNCATIONS:
         raise bad("verifier.input_truncation", v.input_truncation, f"one of {', '.join(TRUNCATIONS)}")
     if v.input_truncation != "none" and not (v.input_limit and int(v.input_limit) > 1):
@@ -364,6 +366,7 @@ def settings(cfg, on_cpu: bool, score_source: str, space=None):
         lookahead=bool(s.lookahead_verification),
         vg_short_iterations=int(s.vg_short_iterations),
         vg_short_tokens=int(s.vg_short_tokens),
+        completion_stamp=str(s.completion_stamp),
         score_source=score_source,
         delimiter_id=delims[0],
         eos_id=ends[0],

@@ -190,3 +190,29 @@ def test_a_step_cut_away_gets_no_score_as_in_the_artifact():
     st = SearchSettings(n=4, beam_width=2, num_iterations=2)
     res = Search(st, _Gen(delimiter=True), _CutVer()).run_problem(0, [1, 2, 3])
     assert len(res.completions) >= 4 and all(b.scores == [] for b in res.completions)
+
+
+# ------------------------------------------------------------------ item 4: the completion stamp
+class _Ver:
+    """Scores every step 0.5; 10 s per call."""
+
+    def verify(self, problem, items, paths=None):
+        return VerifierOutput([[0.5] * len(ends) for _, ends in items], 10.0)
+
+
+@pytest.mark.parametrize("stamp,expected", [("before_verifier", 1.0), ("after_verifier", 11.0)])
+def test_completion_time_is_stamped_before_the_verifiers_call(stamp, expected):
+    """A scripted search (generator 1 s, verifier 10 s; every path ends in iteration 0): the
+    artifact's stamp is 1 s, the generator's time only; ``after_verifier`` adds the call's 10 s.
+    Mutation caught: the stamp taken after the verifier call (ours before issue 38)."""
+    st = SearchSettings(n=4, beam_width=2, num_iterations=3, completion_stamp=stamp)
+    res = Search(st, _Gen(), _Ver()).run_problem(0, [1, 2, 3])
+    assert len(res.completions) == 4 and res.latency_s == 11.0
+    assert [b.completion_time_s for b in res.completions] == [expected] * 4
+
+
+def test_completion_stamp_setting_reaches_the_search(compose_cfg):
+    """``system.completion_stamp`` is the search's. Mutation caught: runner.settings dropping it."""
+    cfg = compose_cfg("system=vllm_tts", "backend=sim", "system.completion_stamp=after_verifier")
+    assert runner.settings(cfg, False, "synthetic").completion_stamp == "after_verifier"
+    assert runner.settings(compose_cfg("system=vllm_tts"), False, "synthetic").completion_stamp == "before_verifier"
