@@ -110,6 +110,13 @@ class VerifierConfig(ModelConfig):
     step_tag: str = "\n\n"  # text of the step tag (lm: inserted after every step)
     good_token_id: Optional[int] = None  # lm: the "+" token
     bad_token_id: Optional[int] = None  # lm: the "-" token
+    # The verifier's input as the FastTTS artifact built it (systems/verifier_search/artifact.py):
+    # none | response_left (the response keeps its last input_limit - |prompt| - 1 tokens) | right
+    # (the input keeps its first input_limit tokens); system_prompt: the generator's system prompt +
+    # "\n" + question + "\n" as the prompt (Math-Shepherd in the artifact) instead of the question.
+    input_truncation: str = "none"
+    input_limit: Optional[int] = None
+    system_prompt: bool = False
 
 
 @dataclass

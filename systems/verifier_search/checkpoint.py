@@ -298,16 +298,17 @@ class ShepherdText(VerifierText):
     model card: ``f"{question} {output}"`` where every step of ``output`` ends with " ки"; the
     step-tag handling of search-and-learn / the FastTTS AE, §1.3): the text is question + " " +
     the steps, where every "\\n\\n" of a step's text becomes " ки\\n\\n" and a step not ending in
-    "\\n\\n" (end token, length cap) gets " ки" appended. The model card's bare question is used, not
-    the AE's system prompt + "\\n" + question + "\\n". The whole text is encoded at once (with BOS),
+    "\\n\\n" (end token, length cap) gets " ки" appended. The model card's bare question, or with
+    ``preamble`` (``verifier.system_prompt``, the default) the AE's system prompt + "\\n" + question + "\\n". The whole text is encoded at once (with BOS),
     as the model card does, and each tag's token is located by character offsets
     (:func:`tagged_ids`); a step's score is read at its last tag (``agg_strategy=last`` for a last
     step holding several "\\n\\n" pieces). A path's ids extend its parent's, so the verifier's prefix
     cache hits."""
 
-    def __init__(self, gen: TokenSpace, verifier_path: str, step_tag: str, step_tag_id: int):
+    def __init__(self, gen: TokenSpace, verifier_path: str, step_tag: str, step_tag_id: int, preamble: str = ""):
         super().__init__(gen, verifier_path)
         self.tag, self.tag_text = int(step_tag_id), step_tag
+        self.preamble = preamble  # the FastTTS artifact's: its system prompt (verifier.system_prompt)
         self._questions: Dict[Tuple[int, ...], str] = {}
         self._texts: Dict[Tuple[int, ...], str] = {}  # step tokens -> decoded text
 
@@ -329,7 +330,11 @@ class ShepherdText(VerifierText):
         return text, ends
 
     def prompt(self, problem_text: str) -> List[int]:
-        """The question's ids (for prompt lengths); :meth:`build` encodes the question's text."""
+        """The question's ids (for prompt lengths); :meth:`build` encodes the question's text. With a
+        ``preamble`` the question is preamble + "\\n" + question + "\\n" (the FastTTS artifact's
+        ``_score_outputs_math_shepherd``: ``f"{system_prompt}\\n{question}\\n {output}"``)."""
+        if self.preamble:
+            problem_text = self.preamble + "\n" + problem_text + "\n"
         ids = list(self.tok(problem_text + " ", add_special_tokens=True)["input_ids"])
         self._questions[tuple(ids)] = problem_text
         return ids

@@ -135,6 +135,13 @@ class TTSSystem:
     vg_short_tokens: int = 64
     record_tokens: bool = False  # keep every request's tokens (gen_tokens.parquet), for replay
     replay_tokens: Optional[str] = None  # simulated backend: a run dir whose recorded tokens it replays
+    # FastTTS as its artifact ran it (systems/verifier_search/artifact.py; FastTTS-AE 5bf35f5, vLLM 0.9.2):
+    # auto = vLLM 0.9.2's rule, prefix caching off for a pooling model not pooling LAST (the AE's PRMs
+    # pool ALL / STEP: every verification prefills the whole text); true | false force it
+    verifier_prefix_cache: Any = "auto"
+    # a path's completion time: before_verifier (the AE's beam_search.py: stamped before the
+    # completing iteration's verifier call) | after_verifier (that call counted too)
+    completion_stamp: str = "before_verifier"
 
 
 def memory_fraction_for(model: str, verifier: str) -> float:

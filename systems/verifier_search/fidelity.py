@@ -51,13 +51,20 @@ def mean_ci(values: Sequence[float]) -> str:
 def _timing(run_dir: Path, gen: str, ver: str):
     """(per-iteration seconds, completion latency s/problem, goodput tok/s) of a run with its times
     read from iteration columns ``gen`` + ``ver``: the formulas of ``metrics.summarize`` (FastTTS
-    AE goodput: a path completes at the cumulative time of its completing iteration)."""
+    AE goodput: a path completes at the cumulative time of its completing iteration, before that
+    iteration's verifier call unless the run's ``system.completion_stamp`` is after_verifier)."""
+    import json
+
     import pandas as pd
 
     it = pd.read_parquet(run_dir / "iterations.parquet")
     comp = pd.read_parquet(run_dir / "completions.parquet")
+    rec = run_dir / "run.json"
+    system = json.loads(rec.read_text()).get("config", {}).get("system", {}) if rec.is_file() else {}
     it["t"] = it[gen].fillna(0.0) + it[ver].fillna(0.0)
     it["cum"] = it.groupby("problem")["t"].cumsum()
+    if system.get("completion_stamp", "before_verifier") == "before_verifier":  # artifact.py
+        it["cum"] -= it[ver].fillna(0.0)
     done = comp.merge(
         it[["problem", "iteration", "cum"]],
         left_on=["problem", "completed_iteration"],

@@ -2,7 +2,8 @@
 
 - Precise goodput (tokens/s) = sum_p mean_b(tokens_b) / sum_p mean_b(completion_time_b), with
   tokens_b the completion's generated length and completion_time_b the problem's cumulative
-  generator + verifier time at the iteration where path b completed (FastTTS AE formula).
+  generator + verifier time at the iteration where path b completed, before that iteration's
+  verifier call (FastTTS AE formula and stamp; ``system.completion_stamp``, ``artifact.py``).
 - Completion latency: per problem, generator + verifier time until the search ends; averaged.
 - Prefix-cache hit rate per engine: cached prompt tokens / prompt tokens.
 - Speculative tokens: generated past a step boundary; kept = carried by surviving paths (child 0,

@@ -23,6 +23,7 @@ from harness.logs import say
 from harness.model_facts import check_cpu_model
 from harness.process import INTERRUPTED
 from systems.verifier_search import replay
+from systems.verifier_search.artifact import COMPLETION_STAMPS, PREFIX_CACHE, TRUNCATIONS
 from systems.verifier_search.beams import step_logit_biases, step_probabilities
 from systems.verifier_search.checkpoint import DELIMITER, is_local
 from systems.verifier_search.config import (
@@ -99,6 +100,14 @@ def validate(cfg) -> None:
         raise bad("system.replan", s.replan, f"one of {', '.join(REPLANS)}")
     if s.kv_overflow not in KV_OVERFLOW:
         raise bad("system.kv_overflow", s.kv_overflow, f"one of {', '.join(KV_OVERFLOW)}")
+    if str(s.verifier_prefix_cache).lower() not in PREFIX_CACHE:
+        raise bad("system.verifier_prefix_cache", s.verifier_prefix_cache, f"one of {', '.join(PREFIX_CACHE)}")
+    if s.completion_stamp not in COMPLETION_STAMPS:
+        raise bad("system.completion_stamp", s.completion_stamp, f"one of {', '.join(COMPLETION_STAMPS)}")
+    if v.input_truncation not in TRUNCATIONS:
+        raise bad("verifier.input_truncation", v.input_truncation, f"one of {', '.join(TRUNCATIONS)}")
+    if v.input_truncation != "none" and not (v.input_limit and int(v.input_limit) > 1):
+        raise bad("verifier.input_limit", v.input_limit, "a token count > 1 (with verifier.input_truncation)")
     if not unset(s.replay_tokens):
         if cfg.backend.name != "sim":
             raise bad(
@@ -357,6 +366,7 @@ def settings(cfg, on_cpu: bool, score_source: str, space=None):
         lookahead=bool(s.lookahead_verification),
         vg_short_iterations=int(s.vg_short_iterations),
         vg_short_tokens=int(s.vg_short_tokens),
+        completion_stamp=str(s.completion_stamp),
         score_source=score_source,
         delimiter_id=delims[0],
         eos_id=ends[0],
@@ -399,17 +409,19 @@ def texts(cfg) -> Texts:
     ``ShepherdText``). Otherwise ids are folded between token spaces (``vllm_engine.TokenMap``) and
     prompts come from the stand-in tokenizer. Raises ConfigError (before any work)."""
     from systems.verifier_search import checkpoint
+    from systems.verifier_search.artifact import input_builder
     from systems.verifier_search.vllm_engine import TokenMap
-    from workloads.math import load_problems, prompt_tokens, stand_in_tokens
+    from workloads.math import SYSTEM_PROMPT, load_problems, prompt_tokens, stand_in_tokens
 
     w, m, v = cfg.workload, cfg.model, cfg.verifier
+    pre = SYSTEM_PROMPT + "\n" if v.get("system_prompt") else ""  # the artifact's Math-Shepherd prompt
     problems = load_problems(_data_path(w.path), w.num_problems)
     space = checkpoint.token_space(str(m.weights)) if is_local(m.weights) else None
     vtok = checkpoint.load_tokenizer(str(v.weights)) if is_local(v.weights) else None
     prompts = {p.index: prompt_tokens(p, m.vocab_size, space.tok if space else None) for p in problems}
     if space and vtok is not None:
         tmap = (
-            checkpoint.ShepherdText(space, str(v.weights), v.step_tag, v.step_tag_id)
+            checkpoint.ShepherdText(space, str(v.weights), v.step_tag, v.step_tag_id, SYSTEM_PROMPT if pre else "")
             if v.prm_kind == "lm"
             else checkpoint.VerifierText(space, str(v.weights))
         )
@@ -419,12 +431,13 @@ def texts(cfg) -> Texts:
         tmap = TokenMap(tokenizer_family(m), tokenizer_family(v), v.vocab_size, w.step_delimiter_id, tag)
         vprompts = {
             p.index: (
-                checkpoint.verifier_prompt(vtok, p.text)
+                checkpoint.verifier_prompt(vtok, pre + p.text)
                 if vtok is not None
-                else stand_in_tokens(p.text + "\n", v.vocab_size)
+                else stand_in_tokens(pre + p.text + "\n", v.vocab_size)
             )
             for p in problems
         }
+    tmap = input_builder(tmap, v)  # the artifact's truncation (verifier.input_truncation)
     fit, skipped = check_limits(cfg, problems, prompts, vprompts)
     return Texts(space, tmap, fit, skipped, prompts, vprompts)
 
@@ -487,6 +500,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
     tokens (on vLLM: no logit bias, real weights). Simulated runs use the tokenizers for prompt
     lengths and ids only. ``workdir``: where a real engine with random weights gets its config.json
     (the caller removes it after ``closer``); None on the simulated backend."""
+    from systems.verifier_search.artifact import verifier_prefix_cache
     from systems.verifier_search.vllm_engine import PrmScorer
 
     w, s, m, v = cfg.workload, cfg.system, cfg.model, cfg.verifier
@@ -535,6 +549,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
             token_map=tmap,
             prompts=vprompts,
             seed=int(cfg.seed),
+            prefix_cache=verifier_prefix_cache(s.verifier_prefix_cache, v),
         )
         if alloc.offload:  # §4.3.2: each engine's KV swapped in and out around every call
             gen.configure(alloc.gen_kv_bytes, alloc.b_dec, float(cfg.hardware.h2d_bw))
@@ -579,6 +594,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
             block_size=int(s.block_size),
             seed=int(cfg.seed),
             token_budget=ver_token_budget(cfg),
+            prefix_cache=verifier_prefix_cache(s.verifier_prefix_cache, v),
         )
         ver = PrmScorer(vv, tmap, vprompts, int(cfg.seed) if src == "synthetic" else None)
 

@@ -46,6 +46,9 @@ class SearchSettings:
     lookahead: bool = True
     vg_short_iterations: int = 3
     vg_short_tokens: int = 64
+    # before_verifier: a path's completion time excludes its completing iteration's verifier call
+    # (the FastTTS artifact, artifact.py) | after_verifier: includes it
+    completion_stamp: str = "before_verifier"
     score_source: str = "synthetic"  # what the verifier's values are (recorded): prm | synthetic
     delimiter_id: int = 271
     eos_id: int = 151643
@@ -314,6 +317,7 @@ class Search:
                     items.append((toks, ends))
                     owners.append(ks)
                     paths.append(path_prefix + b.uid)
+            before_verifier = gen_t + ver_t  # the artifact's completion stamp (artifact.py)
             # no verifier call: 0 CPU s on a real engine, not measured (None) on the simulator
             vo = (
                 self.ver.verify(pidx, items, paths)
@@ -329,8 +333,10 @@ class Search:
                 b.scores = list(map(cache.get, keys[b.uid][1:]))  # a score is a float, never None
                 if None in b.scores:
                     raise RuntimeError(f"verifier returned no score for {b.scores.count(None)} step(s) of path {b.uid}")
+                if any(v != v for v in b.scores):  # NaN: a step cut away by the input truncation
+                    b.scores = [v for v in b.scores if v == v]  # the artifact's shorter score list
             # ------------------------------------------------ completion
-            now = gen_t + ver_t
+            now = before_verifier if st.completion_stamp == "before_verifier" else gen_t + ver_t
             n_done = 0
             for b in active:
                 total = len(prompt) + len(b.tokens)

@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from harness.errors import RunOOM
+from systems.verifier_search.artifact import CUT, mark_cut
 from systems.verifier_search.beams import _prm_hasher, _read_scores
 from systems.verifier_search.memory import ModelShape, Roofline
 from systems.verifier_search.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
@@ -677,7 +678,10 @@ class SimVerifier(_Engine):
     are prefilled in passes of at most ``token_budget`` tokens, each charged by the roofline. The
     verifier input of a path is built by ``token_map`` (as on vLLM: prompt + steps, step tags) and
     its values are the synthetic content-keyed PRM's (``beams.synthetic_prm_values``, ``seed``),
-    None where the position was served by the prefix cache (as vLLM's pooling rows)."""
+    None where the position was served by the prefix cache (as vLLM's pooling rows), NaN where the
+    input truncation cut it away (``artifact.CUT_SCORE``). ``prefix_cache`` False (the FastTTS
+    artifact's vLLM 0.9.2 for ALL / STEP pooling, ``artifact.verifier_prefix_cache``): nothing is
+    cached, every verification prefills each path's whole input."""
 
     def __init__(
         self,
@@ -691,9 +695,11 @@ class SimVerifier(_Engine):
         token_map,
         prompts: Dict[int, List[int]],
         seed: int,
+        prefix_cache: bool = True,
     ):
         self.m, self.hw, self.block, self.budget = model, hw, int(block), int(token_budget)
         self.map, self.prompts, self.prm = token_map, prompts, SyntheticPrm(seed)
+        self.prefix_cache = prefix_cache  # off: every input prefilled whole, its blocks its own (artifact.py)
         self.paths = PathHashes(self.block)
         self.configure(kv_bytes, max_num_seqs)
 
@@ -717,9 +723,12 @@ class SimVerifier(_Engine):
                 path = paths[i + j] if paths else ""
                 seq, pos = build(prompt, toks, ends)
                 n = len(seq)
-                hs = hashes(seq, path)
-                remember(path, seq, hs)
-                hit = cache.hit_tokens(hs, n)
+                if self.prefix_cache:
+                    hs = hashes(seq, path)
+                    remember(path, seq, hs)
+                    hit = cache.hit_tokens(hs, n)
+                else:  # no shared blocks: the whole input prefilled into blocks of its own
+                    hs, hit = [], 0
                 extra = -(-n // B) - len(hs)
                 if not cache.try_admit(hs, extra):
                     for h, e in pinned:
@@ -737,7 +746,8 @@ class SimVerifier(_Engine):
                 attn += attn_per * new * (n + hit)
                 cached += hit
                 total += n
-                vals.append(self.prm.values(pidx, toks, ends, [p >= hit for p in pos], path))
+                vs = self.prm.values(pidx, toks, ends, [p >= hit for p in pos], path)
+                vals.append(mark_cut(vs, pos) if CUT in pos else vs)
             t += self._charge(new_tokens, attn)
             for h, e in pinned:
                 cache.release(h, e, ())

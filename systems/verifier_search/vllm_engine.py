@@ -81,6 +81,7 @@ def _engine(
     max_num_seqs: int,
     block_size: int,
     seed: int,
+    prefix_caching: bool = True,
     **kw,
 ):
     # in-process engine core and worker (set here, not at import: importing this module changes nothing)
@@ -94,7 +95,7 @@ def _engine(
         skip_tokenizer_init=weights_random,
         dtype=TORCH_DTYPES[dtype],
         max_model_len=max_model_len,
-        enable_prefix_caching=True,
+        enable_prefix_caching=prefix_caching,
         enforce_eager=True,
         kv_cache_memory_bytes=int(kv_bytes),
         max_num_seqs=int(max_num_seqs),
@@ -249,7 +250,8 @@ class VllmGenerator:
 
 
 class VllmVerifier:
-    """The PRM engine with ALL-token pooling (prefix cache on). ``score`` returns P(correct) at the
+    """The PRM engine with ALL-token pooling (prefix cache on unless ``prefix_cache`` is False: the
+    FastTTS artifact's vLLM 0.9.2 turned it off, ``artifact.verifier_prefix_cache``). ``score`` returns P(correct) at the
     requested positions that this call computed; positions served from the prefix cache were
     computed by an earlier request for the same prefix (the caller keeps those scores).
 
@@ -274,6 +276,7 @@ class VllmVerifier:
         block_size: int,
         seed: int,
         token_budget: int,
+        prefix_cache: bool = True,
     ):
         from vllm.config import PoolerConfig
 
@@ -310,6 +313,7 @@ class VllmVerifier:
             max_num_seqs,
             block_size,
             seed,
+            prefix_caching=prefix_cache,  # artifact.verifier_prefix_cache (off as on the AE's vLLM 0.9.2)
             pooler_config=PoolerConfig(tok_pooling_type="ALL"),
             enable_chunked_prefill=True,
             max_num_batched_tokens=token_budget,
@@ -416,6 +420,7 @@ class PrmScorer:
         self.v, self.map, self.prompts, self.synthetic_seed = verifier, token_map, prompts, synthetic_seed
 
     def verify(self, pidx: int, items, paths=None) -> VerifierOutput:
+        from systems.verifier_search.artifact import CUT, mark_cut
         from systems.verifier_search.beams import synthetic_prm_values
 
         built = [self.map.build(self.prompts[pidx], toks, ends) for toks, ends in items]
@@ -426,4 +431,5 @@ class PrmScorer:
                 synthetic_prm_values(self.synthetic_seed, pidx, toks, ends, [v is not None for v in vs])
                 for (toks, ends), vs in zip(items, vals)
             ]
+        vals = [mark_cut(vs, pos) if CUT in pos else vs for vs, (_, pos) in zip(vals, built)]
         return VerifierOutput(vals, res.time_s, res.cached_tokens, res.prompt_tokens, res.cpu_s)

@@ -135,23 +135,28 @@ def test_real_run_scores_are_p_plus_at_each_tag(compose_cfg, ckpt, tmp_path, mon
     from harness.run import run
     from systems.verifier_search.runner import _data_path
     from systems.verifier_search.search import Search
-    from workloads.math import load_problems
+    from workloads.math import SYSTEM_PROMPT, load_problems
 
     seen = []
     orig = Search.run_problem
     monkeypatch.setattr(Search, "run_problem", lambda self, *a, **k: seen.append(orig(self, *a, **k)) or seen[-1])
-    cfg = compose_cfg(*_args(ckpt, None, *SMALL), output_dir=tmp_path / "run")
+    # the prefix cache forced on (the artifact's vLLM 0.9.2 has it off for STEP pooling: auto), so the
+    # scores of the rows vLLM returns for the uncached positions only are checked too
+    cfg = compose_cfg(*_args(ckpt, None, *SMALL, "system.verifier_prefix_cache=true"), output_dir=tmp_path / "run")
     rec = run(cfg)
     assert rec["status"] == "ok", rec.get("message")
     s = rec["summary"]
     assert s["problems"] == 2 and s["iterations_per_problem"] == 2 and s["score_source"] == "prm"
-    assert s["ver_prefix_hit_rate"] > 0  # the prefix cache stays on for this pooling mode
+    assert s["ver_prefix_hit_rate"] > 0  # our pooling mode keeps the prefix cache when asked
     comp = pd.read_parquet(tmp_path / "run" / "completions.parquet")
     assert comp["score_last"].between(0, 1, inclusive="neither").all() and comp["score_last"].nunique() > 1
 
     good, bad = _ids(ckpt["ov"], "good_token_id"), _ids(ckpt["ov"], "bad_token_id")
     model = MistralForCausalLM.from_pretrained(ckpt["ms"]).eval()
-    vt = ShepherdText(token_space(str(ckpt["gen"])), str(ckpt["ms"]), " ки", _ids(ckpt["ov"], "step_tag_id"))
+    # the artifact's input (verifier.system_prompt, math-shepherd-7b's default): system prompt first
+    vt = ShepherdText(
+        token_space(str(ckpt["gen"])), str(ckpt["ms"]), " ки", _ids(ckpt["ov"], "step_tag_id"), SYSTEM_PROMPT
+    )
     problems = {p.index: p for p in load_problems(_data_path(cfg.workload.path), 2)}
     checked = 0
     for r in seen:
