@@ -124,6 +124,10 @@ class TTSSystem:
     spec_truncation_std: float = 0.1
     spec_max_beams: int = 256  # AE cap on speculative sequences
     lookahead_verification: bool = True
+    # the FastTTS artifact's look-ahead score copy (docs/verifier_search.md; FastTTS-AE/search/beam_search.py
+    # _beam_search): copies of a look-ahead-scored survivor take its score for the different step they
+    # generate and skip the verifier for it. Off = each step scored as its own (a bug in the artifact?)
+    ae_compat_lookahead: bool = False
     memory_fraction: float = 0.9
     gen_memory_share: float = 0.5  # baseline split of the KV budget (generator share)
     kv_budget: Any = None  # bytes or "512MiB"; None = derived (plan.kv_budget)

@@ -355,6 +355,7 @@ def settings(cfg, on_cpu: bool, score_source: str, space=None):
         r_std=float(s.spec_truncation_std),
         spec_max_beams=int(s.spec_max_beams),
         lookahead=bool(s.lookahead_verification),
+        ae_compat_lookahead=bool(s.ae_compat_lookahead),
         vg_short_iterations=int(s.vg_short_iterations),
         vg_short_tokens=int(s.vg_short_tokens),
         score_source=score_source,
