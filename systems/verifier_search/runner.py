@@ -36,7 +36,7 @@ from systems.verifier_search.config import (
     TTS_SYSTEM_NUMBERS,
 )
 from systems.verifier_search.memory import ModelShape, Roofline
-from systems.verifier_search.memory_plan import REPLANS, MemoryPlan, kv_budget, unset
+from systems.verifier_search.memory_plan import M_BATCH_CAPS, REPLANS, MemoryPlan, kv_budget, unset
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,8 @@ def validate(cfg) -> None:
         raise bad("system.replan", s.replan, f"one of {', '.join(REPLANS)}")
     if s.kv_overflow not in KV_OVERFLOW:
         raise bad("system.kv_overflow", s.kv_overflow, f"one of {', '.join(KV_OVERFLOW)}")
+    if s.m_batch_caps not in M_BATCH_CAPS:
+        raise bad("system.m_batch_caps", s.m_batch_caps, f"one of {', '.join(M_BATCH_CAPS)}")
     if not unset(s.replay_tokens):
         if cfg.backend.name != "sim":
             raise bad(
