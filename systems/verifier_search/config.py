@@ -98,6 +98,8 @@ class TTSSystem:
     prefix_aware (P): dynamic prefix-aware scheduling (§4.2): siblings adjacent, parents in order.
     memory (M): asymmetric KV allocation from the roofline search (§4.3); off = fixed split
         ``gen_memory_share`` of the KV budget and vLLM's default batch caps (``systems/verifier_search/memory_plan.py``).
+        m_batch_caps: the engines' batch caps under M: ``artifact`` (``max_num_seqs`` on both, as the
+        FastTTS artifact) or ``roofline`` (the search's B_dec / B_pre).
     replan: when the memory plan is made: ``per_run`` (once, before the engines start; the only
         choice vLLM can honour) or ``per_iteration`` (before every iteration; simulator only).
     offload: the §4.3.2 extension (simulated backend only).
@@ -124,11 +126,18 @@ class TTSSystem:
     spec_truncation_std: float = 0.1
     spec_max_beams: int = 256  # AE cap on speculative sequences
     lookahead_verification: bool = True
+    # the FastTTS artifact's look-ahead score copy (docs/verifier_search.md; FastTTS-AE/search/beam_search.py
+    # _beam_search): copies of a look-ahead-scored survivor take its score for the different step they
+    # generate and skip the verifier for it. Off = each step scored as its own (a bug in the artifact?)
+    ae_compat_lookahead: bool = False
     memory_fraction: float = 0.9
     gen_memory_share: float = 0.5  # baseline split of the KV budget (generator share)
     kv_budget: Any = None  # bytes or "512MiB"; None = derived (plan.kv_budget)
     cpu_kv_budget: Any = "512MiB"  # the default on a real CPU engine (host memory is shared)
-    max_num_seqs: int = 256  # vLLM default batch cap (baseline)
+    max_num_seqs: int = 256  # vLLM default batch cap (baseline; M's too with m_batch_caps=artifact)
+    # M's batch caps (memory_plan.M_BATCH_CAPS): artifact = max_num_seqs on both engines, as the FastTTS
+    # artifact (vLLM 0.9.2's default 256, never set in FastTTS-AE/benchmarks/configs); roofline = M's B_dec / B_pre
+    m_batch_caps: str = "artifact"
     block_size: int = 32  # KV block (tokens); CPU wants multiples of 32
     score_source: str = "auto"  # auto (prm with real verifier weights, else synthetic) | prm | synthetic
     vg_short_iterations: int = 3  # VG-search: iterations 0-2 use short steps

@@ -21,7 +21,8 @@ the paper's fractions exactly the artifact's pairs; else ``gen_memory_share`` of
 default batch cap ``max_num_seqs``. M on: the roofline search of ``memory.py`` planned with a cost profile (the
 hardware profile's rooflines: a GPU's datasheet, or this CPU's profile measured by
 ``systems.verifier_search.calibrate``, never placeholder numbers), each engine keeping room for one
-``max_model_len`` sequence (vLLM refuses to start otherwise).
+``max_model_len`` sequence (vLLM refuses to start otherwise); its batch sizes B_dec and B_pre size the
+KV split, and cap the engines' batches only with ``system.m_batch_caps=roofline`` (:data:`M_BATCH_CAPS`).
 
 A plan that does not fit the device (weights beyond the memory share, an engine without room for one
 ``max_model_len`` sequence) raises ``RunOOM``: a recorded result (status oom), never bad input; a
@@ -30,6 +31,7 @@ value no configuration could accept (an unparsable or non-positive ``kv_budget``
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Tuple
 
@@ -38,6 +40,14 @@ from harness.model_facts import default_kv_budget, kv_budget_bytes
 from systems.verifier_search.memory import Allocation, MemoryTooSmall, ModelShape, Roofline, search_allocation
 
 REPLANS = ("per_run", "per_iteration")
+# M's batch caps (``system.m_batch_caps``). ``artifact`` (default): both engines keep vLLM's batch cap
+# ``system.max_num_seqs`` = 256 and M sets only the KV split, as the FastTTS artifact runs them: its
+# configs (davidshiao55/TTC 5bf35f5, FastTTS-AE/benchmarks/configs/<pair>/<set>/<variant>/*.yaml) set
+# each engine's gpu_memory_utilization only, never max_num_seqs, so vLLM 0.9.2's default applies: 256
+# (vllm/engine/arg_utils.py, EngineArgs._set_default_args_v0; the artifact's GeneratorLLMEngine is a
+# V0 LLMEngine; V1 also gives 256 below 70 GB of device memory). ``roofline`` (until issue 38): the
+# roofline search's B_dec and B_pre also cap the generator's and the verifier's batches.
+M_BATCH_CAPS = ("artifact", "roofline")
 ACTIVATION_RESERVE = 0.05  # share of the engines' memory kept for activations (FastTTS family)
 CPU_PROFILE = "cpu-tts"  # conf/hardware/cpu-tts.yaml: this CPU, measured by systems.verifier_search.calibrate
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
@@ -118,6 +128,8 @@ class MemoryPlan:
         self.memory, self.offload = bool(s.memory), bool(s.offload) and not real
         self.max_model_len, self.num_iterations = int(w.max_model_len), int(w.num_iterations)
         self.floor_g, self.floor_v = one_sequence_kv(cfg, self.gen), one_sequence_kv(cfg, self.ver)
+        # M's batch caps (M_BATCH_CAPS): None = the roofline's B_dec / B_pre
+        self.batch_cap = int(s.max_num_seqs) if s.get("m_batch_caps", "artifact") == "artifact" else None
         if self.memory:
             hw = cost_profile(cfg, on_cpu and real)
             self.profile = str(hw.name)
@@ -173,6 +185,8 @@ class MemoryPlan:
             a = Allocation(a.b_pre, a.b_dec, a.gen_kv_bytes - (self.floor_v - a.ver_kv_bytes), self.floor_v, a.t_tot_s)
         if not a.offload and a.gen_kv_bytes < self.floor_g:
             a = Allocation(a.b_pre, a.b_dec, self.floor_g, a.ver_kv_bytes - (self.floor_g - a.gen_kv_bytes), a.t_tot_s)
+        if self.batch_cap is not None:  # the artifact's caps: vLLM's max_num_seqs on both engines
+            a = replace(a, b_pre=self.batch_cap, b_dec=self.batch_cap)
         return a
 
     def per_run(self, n: int, avg_prompt: float, step_mean: float) -> Allocation:

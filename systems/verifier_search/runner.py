@@ -37,7 +37,7 @@ from systems.verifier_search.config import (
     TTS_SYSTEM_NUMBERS,
 )
 from systems.verifier_search.memory import ModelShape, Roofline
-from systems.verifier_search.memory_plan import REPLANS, MemoryPlan, kv_budget, unset
+from systems.verifier_search.memory_plan import M_BATCH_CAPS, REPLANS, MemoryPlan, kv_budget, unset
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,8 @@ def validate(cfg) -> None:
         raise bad("verifier.input_truncation", v.input_truncation, f"one of {', '.join(TRUNCATIONS)}")
     if v.input_truncation != "none" and not (v.input_limit and int(v.input_limit) > 1):
         raise bad("verifier.input_limit", v.input_limit, "a token count > 1 (with verifier.input_truncation)")
+    if s.m_batch_caps not in M_BATCH_CAPS:
+        raise bad("system.m_batch_caps", s.m_batch_caps, f"one of {', '.join(M_BATCH_CAPS)}")
     if not unset(s.replay_tokens):
         if cfg.backend.name != "sim":
             raise bad(
@@ -364,6 +366,7 @@ def settings(cfg, on_cpu: bool, score_source: str, space=None):
         r_std=float(s.spec_truncation_std),
         spec_max_beams=int(s.spec_max_beams),
         lookahead=bool(s.lookahead_verification),
+        ae_compat_lookahead=bool(s.ae_compat_lookahead),
         vg_short_iterations=int(s.vg_short_iterations),
         vg_short_tokens=int(s.vg_short_tokens),
         completion_stamp=str(s.completion_stamp),

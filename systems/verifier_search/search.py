@@ -44,6 +44,7 @@ class SearchSettings:
     r_std: float = 0.1
     spec_max_beams: int = 256
     lookahead: bool = True
+    ae_compat_lookahead: bool = False  # the FastTTS artifact's look-ahead score copy (TTSSystem.ae_compat_lookahead)
     vg_short_iterations: int = 3
     vg_short_tokens: int = 64
     # before_verifier: a path's completion time excludes its completing iteration's verifier call
@@ -217,7 +218,10 @@ class Search:
     ``generator`` and ``verifier`` follow ``protocol.Generator`` / ``protocol.Verifier``; the
     generator gets each iteration's :class:`~systems.verifier_search.speculation.SpeculationPolicy`. The score
     cache (content key -> selection score) makes a path whose steps were all scored before skip the
-    verifier (look-ahead verification).
+    verifier (look-ahead verification). With ``ae_compat_lookahead`` (the FastTTS artifact's
+    behaviour, ``FastTTS-AE/search/beam_search.py``, ``_beam_search``) the copies of a survivor whose
+    next step was look-ahead-scored take that score for the step they generate instead (a different
+    step: they keep only part of the speculative tokens) and skip the verifier in that iteration.
     """
 
     def __init__(
@@ -258,6 +262,9 @@ class Search:
         gen_t = ver_t = 0.0
         iters = 1 if st.search == "best_of_n" else st.num_iterations
         prev_potential: Dict[str, int] = {}
+        compat = st.ae_compat_lookahead and st.speculative and st.lookahead
+        lookahead_key: Dict[str, int] = {}  # compat: uid -> key of its look-ahead-scored step
+        inherit: Dict[str, float] = {}  # compat: copy's uid -> its survivor's look-ahead score
         path_prefix = f"{pidx}/"  # + uid: the path's name (GenRequest.path)
         for it in range(iters):
             active = [b for b in beams if not b.done]
@@ -305,7 +312,11 @@ class Search:
                 b.finish = o.finish
             # ------------------------------------------------ verification (+ look-ahead)
             items, owners, paths = [], [], []
+            inherited = inherit if compat and not last else {}  # the artifact verifies the last step
+            lookahead_key = {}
             for b in active:
+                if b.uid in inherited:  # compat: the survivor's look-ahead score, no verifier call
+                    continue
                 toks, ends, ks = b.tokens, list(b.step_ends), keys[b.uid][1:]
                 if st.speculative and st.lookahead and not last:
                     cut = _first_boundary(b.spec, bounds)
@@ -313,6 +324,8 @@ class Search:
                         toks = [*b.tokens, *b.spec[:cut]]
                         ends.append(len(toks))
                         ks.append(_step_key(ks[-1], b.spec[:cut]))
+                        if compat and ks[-2] not in cache:  # as the artifact: its step needed the verifier
+                            lookahead_key[b.uid] = ks[-1]
                 if not all(map(cache.__contains__, ks)):  # map: no Python frame per key
                     items.append((toks, ends))
                     owners.append(ks)
@@ -331,6 +344,8 @@ class Search:
                         cache[k] = v
             for b in active:
                 b.scores = list(map(cache.get, keys[b.uid][1:]))  # a score is a float, never None
+                if b.uid in inherited:
+                    b.scores[-1] = inherited[b.uid]
                 if None in b.scores:
                     raise RuntimeError(f"verifier returned no score for {b.scores.count(None)} step(s) of path {b.uid}")
                 if any(v != v for v in b.scores):  # NaN: a step cut away by the input truncation
@@ -394,7 +409,11 @@ class Search:
             pot = speculative_potential([aggregate(p.scores, st.agg) for p, _ in selected], st.beam_width)
             beams = duplicate(selected, st.prefix_aware, st.speculative, st.r_mean, st.r_std, st.seed, pidx, it)
             prev_potential = {}
+            inherit = {}
             for (p, cnt), m in zip(selected, pot):
+                if p.uid in lookahead_key:  # compat only: its copies (children 1..) inherit the score
+                    v = cache[lookahead_key[p.uid]]
+                    inherit.update((f"{p.uid}.{c}", v) for c in range(1, cnt))
                 for c in range(cnt):  # child c of p, as duplicate names it
                     uid = f"{p.uid}.{c}"
                     prev_potential[uid] = m

@@ -36,7 +36,7 @@ def test_both_backends_size_their_engines_from_one_plan(compose_cfg, monkeypatch
     monkeypatch.setattr(engines, "VllmGenerator", FakeEngine)
     monkeypatch.setattr(engines, "VllmVerifier", FakeEngine)
     FakeEngine.made = []
-    common = ["system=fasttts", "hardware=cpu-tts", "kv_budget=48MiB", *TINY, "n=32"]
+    common = ["system=fasttts", "hardware=cpu-tts", "kv_budget=48MiB", "system.m_batch_caps=roofline", *TINY, "n=32"]
     sim = runner.build(compose_cfg(*common, "backend=sim"), SIM, None)
     real = runner.build(compose_cfg(*common, "backend=vllm"), CPU, tmp_path)
     a = sim.alloc
@@ -104,3 +104,24 @@ def test_kv_budget_default_is_the_model_facts_rule(compose_cfg):
     assert kv_budget(cfg, on_cpu=False) == int(want)
     assert kv_budget(compose_cfg("system=fasttts", "kv_budget=3GiB"), False) == 3 * 2**30
     assert kv_budget(compose_cfg("system=fasttts", "backend=vllm", *TINY), True) == 512 * 2**20  # cpu_kv_budget
+
+
+def test_m_batch_caps_follow_the_artifact_unless_set_to_the_roofline(compose_cfg):
+    """system.m_batch_caps: by default (``artifact``, the FastTTS artifact: vLLM's max_num_seqs = 256
+    on both engines) M sets the KV split only and both engines keep max_num_seqs, at n=512 on the
+    paper's 1.5B+1.5B RTX 4090 setting, where the roofline caps B_dec and B_pre below 256;
+    ``roofline`` (the behaviour before issue 38) caps them there. The KV split is the same.
+    Mutations caught: the setting ignored (always the roofline's caps, or never); the default set to
+    roofline; the artifact's cap given to one engine only; a constant 256 instead of max_num_seqs."""
+    common = ["system=fasttts", "backend=sim", "hardware=rtx4090", "n=512", "workload.num_problems=1"]
+    art = runner.build(compose_cfg(*common), SIM, None)
+    roof = runner.build(compose_cfg(*common, "system.m_batch_caps=roofline"), SIM, None)
+    assert roof.alloc.b_dec < 256 and roof.alloc.b_pre < 256  # the roofline caps both here
+    assert (art.alloc.b_dec, art.alloc.b_pre) == (256, 256)
+    assert (art.gen.max_num_seqs, art.ver.max_num_seqs) == (256, 256)
+    assert (roof.gen.max_num_seqs, roof.ver.max_num_seqs) == (roof.alloc.b_dec, roof.alloc.b_pre)
+    assert (art.alloc.gen_kv_bytes, art.alloc.ver_kv_bytes) == (roof.alloc.gen_kv_bytes, roof.alloc.ver_kv_bytes)
+    cap = compose_cfg(*common, "system.max_num_seqs=300")
+    assert runner.build(cap, SIM, None).alloc.b_dec == 300  # the cap is max_num_seqs, not a constant
+    with pytest.raises(ConfigError, match="system.m_batch_caps"):
+        runner.validate(compose_cfg(*common, "system.m_batch_caps=none"))

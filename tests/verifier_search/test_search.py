@@ -297,3 +297,77 @@ def test_batched_stable_hashes_are_stable_hash():
     assert stable_hashes((), [5]) == [stable_hash(5)]
     assert request_seeds(3, 0, 0, ["5", "1.2"]) == [request_seed(3, 0, 0, "5"), request_seed(3, 0, 0, "1.2")]
     assert request_seeds(3, 0, 0, ["5"]) == [1138947524]
+
+
+def _lookahead_copies(compose_cfg, monkeypatch, *extra):
+    """Copies (child c >= 1) of survivors sent to the verifier with a look-ahead step, in the iteration
+    after (not the last): (copy uid, whether the verifier got it, its score, the survivor's
+    look-ahead score, whether its step is the survivor's look-ahead step, its own PRM score, whether
+    the survivor's own step was scored first in that call: look-ahead-scored as the artifact has it)."""
+    import systems.verifier_search.search as search_mod
+    from systems.verifier_search.beams import synthetic_prm_score
+
+    cfg = compose_cfg("system=fasttts_s", "backend=sim", "n=64", "workload.num_problems=3", *extra)
+    runner.validate(cfg)
+    st, problems, prompts, gen, ver, hook, *_ = runner.build(cfg, SIM, None)
+    iters, cur, scored = [], {"verified": {}, "cands": {}}, set()
+    real_verify, real_select = ver.verify, search_mod.select_survivors
+
+    def verify(pidx, items, paths=None):
+        out = real_verify(pidx, items, paths)
+        for (toks, ends), path in zip(items, paths):  # path "p/uid"
+            # the artifact's look-ahead-scored path: its step was first scored now, with the next one
+            new = len(ends) > 1 and (pidx, tuple(toks[: ends[-2]])) not in scored
+            cur["verified"][path.split("/")[1]] = (toks, ends, new)
+        scored.update((pidx, tuple(toks[:e])) for toks, ends in items for e in ends)
+        return out
+
+    def select(policy, cands, *a):
+        cur["cands"] = {b.uid: b for b in cands}
+        return real_select(policy, cands, *a)
+
+    def on_iteration(rec):
+        iters.append((rec, dict(cur)))
+        cur.update(verified={}, cands={})
+
+    monkeypatch.setattr(ver, "verify", verify)
+    monkeypatch.setattr(search_mod, "select_survivors", select)
+    s = Search(st, gen, ver, on_iteration=on_iteration, before_iteration=hook)
+    for p in problems:
+        s.run_problem(p.index, prompts[p.index])
+    out = []
+    for (rec, now), (nxt, after) in zip(iters, iters[1:]):
+        if nxt.problem != rec.problem or nxt.iteration == st.num_iterations - 1:
+            continue
+        for uid in rec.selected.split(";"):
+            toks, ends, new = now["verified"].get(uid, ([], [], False))
+            if len(ends) != rec.iteration + 2:  # no look-ahead in this iteration
+                continue
+            la = toks[: ends[-1]]
+            la_score = synthetic_prm_score(int(cfg.seed), rec.problem, la)
+            for cuid, b in after["cands"].items():
+                if cuid.rsplit(".", 1)[0] == uid and not cuid.endswith(".0"):
+                    own = synthetic_prm_score(int(cfg.seed), rec.problem, b.tokens)
+                    out.append((cuid, cuid in after["verified"], b.scores[-1], la_score, b.tokens == la, own, new))
+    return out
+
+
+def test_ae_compat_lookahead_copies_inherit_the_survivors_score_sim(compose_cfg, monkeypatch):
+    """system.ae_compat_lookahead (the FastTTS artifact's behaviour, off by default): on, every copy
+    of a look-ahead-scored survivor makes no verifier call in the next iteration and carries the
+    survivor's look-ahead score, also when it generated a different step; off, a copy with a
+    different step is verified and carries its own step's score. Mutations caught: the setting not
+    passed by runner.settings (or ignored by the search: no copy inherits); the copies sent to the
+    verifier all the same; the inherited score not put on the copy (its own, or none); copies of a
+    survivor whose own step was scored before (only its look-ahead sent) inheriting too."""
+    on = _lookahead_copies(compose_cfg, monkeypatch, "system.ae_compat_lookahead=true")
+    inherit, other = [c for c in on if c[6]], [c for c in on if not c[6] and not c[4]]
+    assert len([c for c in inherit if not c[4]]) >= 10 and len(other) >= 5
+    assert all(not verified and score == la for _, verified, score, la, *_ in inherit)
+    assert all(own != la for _, _, _, la, same, own, _ in inherit if not same)  # not their own score
+    # a survivor whose step was scored before (the artifact skips its verifier call): no inheritance
+    assert all(verified and score == own for _, verified, score, _, _, own, _ in other)
+    off = _lookahead_copies(compose_cfg, monkeypatch)
+    differ = [c for c in off if not c[4]]
+    assert len(differ) >= 10
+    assert all(verified and score == own != la for _, verified, score, la, _, own, _ in differ)
