@@ -34,26 +34,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
+from harness.records import BOOKKEEPING_KEYS as BOOKKEEPING
 from harness.records import REPLACED_DIR, current_summary, read_record
 from harness.report import _flatten
 from harness.stats import is_number
 from harness.verdict import ATTAINMENT_POINTS, TOLERANCE, verdict
 
-# the config keys records.config_hash leaves out (paths and bookkeeping): not part of a job's identity
-BOOKKEEPING = frozenset(
-    {
-        "results_dir",
-        "sweep_name",
-        "tracking",
-        "progress",
-        "output_dir",
-        "resume",
-        "hydra",
-        "isolate",
-        "report",
-        "experiment_name",
-    }
-)
 COLUMNS = ["job", "metric", "a", "b", "delta", "rel_delta", "same", "note"]
 
 

@@ -410,9 +410,10 @@ def hardware_inventory() -> Dict[str, Any]:
     return inv
 
 
-def config_hash(cfg_dict: Dict[str, Any]) -> str:
-    """Hash of the resolved config minus bookkeeping keys (output paths, tracking, progress)."""
-    drop = {
+# The config keys that are bookkeeping (output paths, tracking, progress), not part of a job's identity:
+# config_hash leaves them out, and harness.compare matches jobs without them.
+BOOKKEEPING_KEYS = frozenset(
+    {
         "results_dir",
         "sweep_name",
         "tracking",
@@ -424,7 +425,12 @@ def config_hash(cfg_dict: Dict[str, Any]) -> str:
         "report",
         "experiment_name",
     }
-    core = {k: v for k, v in cfg_dict.items() if k not in drop}
+)
+
+
+def config_hash(cfg_dict: Dict[str, Any]) -> str:
+    """Hash of the resolved config minus bookkeeping keys (:data:`BOOKKEEPING_KEYS`)."""
+    core = {k: v for k, v in cfg_dict.items() if k not in BOOKKEEPING_KEYS}
     return hashlib.sha256(json.dumps(_jsonable(core), sort_keys=True).encode()).hexdigest()[:16]
 
 
