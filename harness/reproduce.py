@@ -182,29 +182,20 @@ _clock = time.monotonic  # the progress lines' clock (tests replace it)
 
 
 def job_count(name: str, extra: List[str] = ()) -> Optional[int]:
-    """How many jobs experiment ``name``'s sweep runs: the product of the value counts of its
-    ``hydra.sweeper.params``, each replaced by the extra overrides' own (as the sweeper does:
+    """How many jobs experiment ``name``'s sweep runs: its ``hydra.sweeper.params`` expanded with the
+    extra overrides as the sweeper expands them (``hydra_plugins.harness_sweeper.sweep_jobs``:
     ``beams=4`` makes lbs_fig9's 225 jobs 45); None when the file cannot say (a sweep it cannot count)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
+    from hydra_plugins.harness_sweeper import sweep_jobs
+
     try:
         cfg = OmegaConf.load(ROOT / "conf" / "experiment" / f"{name}.yaml")
         params = OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=False) or {}
-        counts: Dict[str, int] = {}
-        for o in OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(extra)):
-            if not o.is_sweep_override():
-                counts[o.get_key_element()] = 1
-            elif o.is_discrete_sweep():
-                counts[o.get_key_element()] = len(list(o.sweep_string_iterator()))
-            else:
-                return None
+        return len(sweep_jobs(params, extra, OverridesParser.create()))
     except Exception:  # noqa: BLE001 - an estimate, never a reason to stop
         return None
-    n = 1
-    for c in counts.values():
-        n *= c
-    return n
 
 
 def _duration(s: float) -> str:

@@ -30,6 +30,27 @@ LOCAL_LAUNCHERS = ("JoblibLauncher", "BasicLauncher")  # run jobs on this host
 CHECK_ONLY = "TTC_SWEEP_CHECK_ONLY"  # set (non-empty): the sweep's checks only (point 7 of the module doc)
 
 
+def sweep_jobs(params: Dict[str, Any], arguments: Sequence[str], parser: OverridesParser) -> List[List[str]]:
+    """Every job's overrides: the Cartesian product of a sweep's ``params`` (key -> ``a,b,c``) and the
+    command line's ``arguments`` (a key given on both: the command line's values). The sweeper's jobs,
+    and what ``harness.reproduce`` counts. Raises HydraException for a sweep that is not a list of
+    values (``interval(...)``)."""
+    overrides = parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + list(arguments))
+    lists: Dict[str, List[str]] = {}
+    for o in overrides:
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            lists[key] = [f"{key}={o.get_value_element_as_str()}"]
+        elif o.is_discrete_sweep():
+            lists[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            raise HydraException(
+                f"{FastBasicSweeper.__name__} does not support sweep type {o.value_type.name} "
+                f"({o.input_line}); list the values (a=1,2,3) or use range(...)"
+            )
+    return [list(job) for job in itertools.product(*lists.values())]
+
+
 class FastBasicSweeper(Sweeper):
     """Cartesian product of the swept values (``a=1,2 b=x,y`` -> 4 jobs), jobs in order of the
     parameters (config groups first in experiment files, so jobs sharing them run back to back);
@@ -103,21 +124,9 @@ class FastBasicSweeper(Sweeper):
 
     def jobs(self, arguments: List[str]) -> List[List[str]]:
         """Every job's overrides: the Cartesian product of ``params`` and the command line's."""
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        overrides = parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()] + list(arguments))
-        lists: Dict[str, List[str]] = {}
-        for o in overrides:
-            key = o.get_key_element()
-            if not o.is_sweep_override():
-                lists[key] = [f"{key}={o.get_value_element_as_str()}"]
-            elif o.is_discrete_sweep():
-                lists[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
-            else:
-                raise HydraException(
-                    f"{type(self).__name__} does not support sweep type {o.value_type.name} "
-                    f"({o.input_line}); list the values (a=1,2,3) or use range(...)"
-                )
-        return [list(job) for job in itertools.product(*lists.values())]
+        return sweep_jobs(
+            self.params, arguments, OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        )
 
     def recorded(self, job: Sequence[str], tell=print) -> bool:
         """Whether the job has a valid record of its config (``harness.folders.recorded``, the check
