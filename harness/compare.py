@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pandas as pd
 
 from harness.records import BOOKKEEPING_KEYS as BOOKKEEPING
-from harness.records import REPLACED_DIR, current_summary, read_record
+from harness.records import current_summary, read_record, records_below
 from harness.report import _flatten
 from harness.stats import is_number
 from harness.verdict import ATTAINMENT_POINTS, TOLERANCE, verdict
@@ -113,13 +113,7 @@ def load_jobs(folder: Path, ignore: Sequence[str] = ()) -> Tuple[List[Job], bool
         if rec is None:
             raise BadInput(f"{folder / 'run.json'}: not a readable record")
         return [_job_from_record(rec, folder, ignore)], True
-    jobs = []
-    for p in sorted(folder.rglob("run.json")):
-        if REPLACED_DIR in p.relative_to(folder).parts:  # a record a resume=false re-run set aside
-            continue
-        rec = read_record(p.parent)
-        if rec is not None:
-            jobs.append(_job_from_record(rec, p.parent, ignore))
+    jobs = [_job_from_record(rec, where, ignore) for where, rec in records_below(folder)]
     if jobs:
         return jobs, False
     runs = folder / "runs.parquet"

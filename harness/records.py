@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from harness.backend import no_nvidia_gpu
 from harness.gpus import text as _text
@@ -445,6 +445,20 @@ def read_record(outdir: Path) -> Optional[Dict[str, Any]]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return rec if isinstance(rec, dict) else None
+
+
+def records_below(folder: Path) -> List[Tuple[Path, Dict[str, Any]]]:
+    """Every job's record below ``folder`` (a sweep's): (its folder, the parsed run.json), by path;
+    records a ``resume=false`` re-run set aside (``replaced-record/``) and unreadable ones left out.
+    What a sweep's runs.parquet (harness.report.gather_runs) and harness.compare read."""
+    out = []
+    for p in sorted(Path(folder).rglob("run.json")):
+        if REPLACED_DIR in p.relative_to(folder).parts:
+            continue
+        rec = read_record(p.parent)
+        if rec is not None:
+            out.append((p.parent, rec))
+    return out
 
 
 def same_config(rec: Dict[str, Any], cfg_hash: str) -> bool:

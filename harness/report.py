@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from harness.family import current_name
-from harness.records import RENAMED_SUMMARY_KEYS, REPLACED_DIR, atomic_write_bytes, current_summary
+from harness.records import RENAMED_SUMMARY_KEYS, atomic_write_bytes, current_summary, records_below
 from harness.stats import is_number, mean_ci
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,16 +77,7 @@ def record_row(rec: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
 
 def gather_runs(sweep_dir: Path) -> pd.DataFrame:
     """Every ``run.json`` below ``sweep_dir`` as one row (see :func:`record_row`)."""
-    rows = []
-    for p in sorted(Path(sweep_dir).rglob("run.json")):
-        if REPLACED_DIR in p.relative_to(sweep_dir).parts:  # a record a resume=false re-run set aside
-            continue
-        try:
-            rec = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        rows.append(record_row(rec, p.parent))
-    return pd.DataFrame(rows)
+    return pd.DataFrame([record_row(rec, folder) for folder, rec in records_below(sweep_dir)])
 
 
 def load_reference(paper: str, figure: Optional[str] = None) -> pd.DataFrame:
