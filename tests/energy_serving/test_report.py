@@ -29,6 +29,23 @@ def test_reference_table_is_well_formed():
     assert set(ref.bound) <= {"=", ">=", "<=", "min", "max"}
 
 
+def test_fig7_and_tab1_sweep_every_ttft_slo_they_are_judged_at():
+    """The paper states no TTFT SLO for Fig. 7 or Tab. 1, so their numbers are judged at each of our
+    TTFT SLOs (paper.OUR_SLO_TTFT_S): both experiments must run each, or a verdict row reads 'no
+    result'. Mutation caught: beam_tab1.yaml without its workload.slo_ttft_s sweep (2 s only, as
+    before issue 38)."""
+    import yaml
+
+    from systems.energy_serving.paper import OUR_SLO_TTFT_S
+    from tests.conftest import ROOT
+
+    for name in ("beam_fig7", "beam_tab1"):
+        exp = yaml.safe_load((ROOT / "conf" / "experiment" / f"{name}.yaml").read_text())
+        params = exp["hydra"]["sweeper"]["params"]
+        swept = [float(x) for x in str(params.get("workload.slo_ttft_s", "")).split(",") if x]
+        assert swept == list(OUR_SLO_TTFT_S), name
+
+
 def test_labels_come_from_each_record_and_slos_are_stated(compose_cfg, tmp_path):
     """A sweep mixing a simulated and a measured record (a copy marked measured, as a vLLM run is):
     each row says which it is, the title says the table is mixed and states the SLOs. Mutation
