@@ -347,7 +347,7 @@ def test_a_real_cpu_runs_oom_names_this_cpu_not_the_hardware_profile(compose_cfg
     for real, where in ((True, "on this CPU"), (False, "on rtx4090")):
         plan = MemoryPlan(cfg, True, real)
         with pytest.raises(RunOOM, match=f"KV memory too small (for M's plan )?{where}"):
-            plan.check_fits(plan.per_run(8, 400.0, 64.0))
+            plan.check_fits(plan.per_run(8, 400.0))
 
 
 @pytest.mark.parametrize(
