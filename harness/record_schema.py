@@ -161,7 +161,7 @@ SUMMARY_KEYS: Dict[str, Dict[str, Key]] = {
         "replan": Key(TEXT, "system.replan: the memory plan made per_run or per_iteration"),
         "plan_profile": Key(TEXT, "the hardware profile the memory plan used (None without a plan)"),
         "plan_step_tokens": Key(
-            "tokens", "step length S_dec the per-run memory plan assumed (its prior: memory_plan.MemoryPlan)"
+            "tokens", "step length S_dec M's per-run plan assumed (its prior: memory_plan.MemoryPlan; None without M)"
         ),
         "problems_skipped": Key("count", "problems skipped, their prompt too long (workload.on_too_long=skip)"),
         "simulated": Key(FLAG, "whether the backend was simulated"),

@@ -166,7 +166,7 @@ class MemoryPlan:
         self.batch_cap = int(s.max_num_seqs) if s.get("m_batch_caps", "artifact") == "artifact" else None
         self.step_cap = step_cap(cfg, on_cpu)
         self._steps_sum, self._steps_count = 0.0, 0  # step lengths observed so far (observe)
-        self.run_step = None  # S_dec of the last per_run plan (tokens)
+        self.run_step = None  # S_dec of the last per_run plan of M (tokens; None without M)
         if self.memory:
             hw = cost_profile(cfg, on_cpu and real)
             self.profile = str(hw.name)
@@ -264,7 +264,8 @@ class MemoryPlan:
     def per_run(self, n: int, avg_prompt: float) -> Allocation:
         """The plan for a whole run: paths at mid-search length (``avg_prompt`` + half the
         iterations' steps of :meth:`step_mean` tokens; before any step, the prior)."""
-        step_mean = self.run_step = self.step_mean(avg_prompt)
+        step_mean = self.step_mean(avg_prompt)
+        self.run_step = step_mean if self.memory else None
         ctx = min(self.max_model_len, avg_prompt + step_mean * (self.num_iterations / 2 + 1))
         return self.plan(n, ctx - step_mean, ctx, step_mean)
 
