@@ -45,8 +45,8 @@ def test_exact_profile_and_the_true_mean_give_the_plan_before_issue_38_bit_for_b
     every field bit for bit, per run and per iteration. The numbers below were printed by the code
     before this change (commit 64dc8b6, ``MemoryPlan.per_run(n, 173.0, 100.0)`` and
     ``per_iteration(n, 150, 350.0, 100.0)``), 1.5B+1.5B on a simulated RTX 4090 with the roofline's
-    batch caps. Mutation: a table whose exact profile is not read as ratio 1.0 (e.g. interpolated
-    times instead of the ratio) fails this at t_tot_s."""
+    batch caps. Mutation: the search reading the table's times interpolated in B at the nearest
+    profiled context (instead of the roofline x the interpolated ratio) fails this."""
     got = {}
     for n in (64, 512):
         cfg = compose_cfg(*RTX, f"n={n}", "system.m_batch_caps=roofline", "system.profile_error.noise=0")
