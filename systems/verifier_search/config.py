@@ -148,6 +148,10 @@ class TTSSystem:
     # system.profile_error: bias 0, noise 0.02; systems/energy_serving/config.py). Simulated backend
     # only: a real engine's measured profile carries its own error. bias=0, noise=0: the exact roofline
     profile_error: ProfileErrorConfig = field(default_factory=ProfileErrorConfig)
+    # M's step length before any step completes (memory_plan.MemoryPlan.step_prior): ``fit`` (default)
+    # = min(max_step_tokens, (max_model_len - prompt) / num_iterations), the longest mean step with
+    # which a path still fits max_model_len, or a fixed token count (> 0) written in the config
+    m_step_prior: Any = "fit"
     block_size: int = 32  # KV block (tokens); CPU wants multiples of 32
     score_source: str = "auto"  # auto (prm with real verifier weights, else synthetic) | prm | synthetic
     vg_short_iterations: int = 3  # VG-search: iterations 0-2 use short steps

@@ -144,9 +144,20 @@ def test_plan_never_reads_the_true_step_mean(compose_cfg):
     assert 300 < plans[0][1] < 410  # the prior, (4096 - the mean prompt) / 10
 
 
+def test_a_fixed_step_prior_is_used_until_steps_are_observed(compose_cfg):
+    """system.m_step_prior=64: S_dec = 64 tokens before any step, the observed mean after.
+    Mutation: the setting ignored (the ``fit`` prior, 369.6 here) fails this."""
+    mp = MemoryPlan(compose_cfg(*RTX, "system.m_step_prior=64"), on_cpu=False, real=False)
+    assert mp.step_mean(400.0) == 64.0
+    mp.observe([30, 50])
+    assert mp.step_mean(400.0) == 40.0
+
+
 @pytest.mark.parametrize(
     "override,match",
     [
+        ("system.m_step_prior=0", r"system.m_step_prior=0 is not allowed: fit .* or a token count > 0"),
+        ("system.m_step_prior=often", r"system.m_step_prior='often' is not allowed: fit"),
         ("system.profile_error.noise=-0.01", r"system.profile_error.noise=-0.01 is not allowed: .* in \[0, 0.3\]"),
         ("system.profile_error.noise=1.0", r"system.profile_error.noise=1.0 is not allowed: .* in \[0, 0.3\]"),
         ("system.profile_error.bias=1.0", r"system.profile_error.bias=1.0 is not allowed: .* in \[-0.5, 0.5\]"),
