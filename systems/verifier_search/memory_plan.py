@@ -35,8 +35,8 @@ Its step length S_dec is the running mean of the step lengths observed so far in
 path before each iteration), and before any step completes a fixed prior (:meth:`MemoryPlan.step_prior`):
 min(max_step_tokens, (max_model_len - prompt) / num_iterations), the longest mean step with which a
 path still fits ``max_model_len`` at the end of the search -- what the limits the planner is given
-allow, never ``workload.step_tokens_mean`` (the simulator's truth). A per_run plan is made before
-any step, so it plans with the prior.
+allow, never ``workload.step_tokens_mean`` (the simulator's truth); ``system.m_step_prior`` may set
+a fixed token count instead. A per_run plan is made before any step, so it plans with the prior.
 
 A plan that does not fit the device (weights beyond the memory share, an engine without room for one
 ``max_model_len`` sequence) raises ``RunOOM``: a recorded result (status oom), never bad input; a
@@ -64,6 +64,7 @@ from systems.verifier_search.memory import (
 )
 
 REPLANS = ("per_run", "per_iteration")
+M_STEP_PRIOR_FIT = "fit"  # system.m_step_prior: the prior from the limits (MemoryPlan.step_prior), or tokens
 # M's batch caps (``system.m_batch_caps``). ``artifact`` (default): both engines keep vLLM's batch cap
 # ``system.max_num_seqs`` = 256 and M sets only the KV split, as the FastTTS artifact runs them: its
 # configs (davidshiao55/TTC 5bf35f5, FastTTS-AE/benchmarks/configs/<pair>/<set>/<variant>/*.yaml) set
@@ -165,6 +166,8 @@ class MemoryPlan:
         # M's batch caps (M_BATCH_CAPS): None = the roofline's B_dec / B_pre
         self.batch_cap = int(s.max_num_seqs) if s.get("m_batch_caps", "artifact") == "artifact" else None
         self.step_cap = step_cap(cfg, on_cpu)
+        prior = s.get("m_step_prior", M_STEP_PRIOR_FIT)
+        self.fixed_prior = None if prior == M_STEP_PRIOR_FIT else float(prior)  # validated: > 0
         self._steps_sum, self._steps_count = 0.0, 0  # step lengths observed so far (observe)
         self.run_step = None  # S_dec of the last per_run plan of M (tokens; None without M)
         if self.memory:
@@ -248,9 +251,12 @@ class MemoryPlan:
             self._steps_count += 1
 
     def step_prior(self, prompt_len: float) -> float:
-        """S_dec before any step completes (tokens): min(max_tokens per step, (max_model_len -
-        ``prompt_len``) / num_iterations), the longest mean step with which a path still fits
-        ``max_model_len`` at the end of the search (module docstring); at least 1."""
+        """S_dec before any step completes (tokens): with ``system.m_step_prior=fit`` (default)
+        min(max_tokens per step, (max_model_len - ``prompt_len``) / num_iterations), the longest mean
+        step with which a path still fits ``max_model_len`` at the end of the search (module
+        docstring), at least 1; else the configured token count."""
+        if self.fixed_prior is not None:
+            return self.fixed_prior
         room = (self.max_model_len - float(prompt_len)) / max(1, self.num_iterations)
         return max(1.0, min(float(self.step_cap), room))
 

@@ -10,6 +10,7 @@ for Top-1 / Pass@N (``accuracy.py``).
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import tempfile
 import traceback
@@ -37,7 +38,15 @@ from systems.verifier_search.config import (
     TTS_SYSTEM_NUMBERS,
 )
 from systems.verifier_search.memory import ModelShape, Roofline
-from systems.verifier_search.memory_plan import M_BATCH_CAPS, REPLANS, MemoryPlan, kv_budget, step_cap, unset
+from systems.verifier_search.memory_plan import (
+    M_BATCH_CAPS,
+    M_STEP_PRIOR_FIT,
+    REPLANS,
+    MemoryPlan,
+    kv_budget,
+    step_cap,
+    unset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +126,15 @@ def validate(cfg) -> None:
         raise bad("system.profile_error.bias", bias, "a relative error in [-0.5, 0.5] (-0.2 = the table is 20 % low)")
     if not isinstance(noise, (int, float)) or not PROFILE_NOISE_RANGE[0] <= noise <= PROFILE_NOISE_RANGE[1]:
         raise bad("system.profile_error.noise", noise, "a relative standard deviation in [0, 0.3]")
+    prior = s.m_step_prior
+    if prior != M_STEP_PRIOR_FIT and not (
+        isinstance(prior, (int, float)) and not isinstance(prior, bool) and math.isfinite(prior) and prior > 0
+    ):
+        raise bad(
+            "system.m_step_prior",
+            prior,
+            f"{M_STEP_PRIOR_FIT} (the longest mean step that fits max_model_len) or a token count > 0",
+        )
     if not unset(s.replay_tokens):
         if cfg.backend.name != "sim":
             raise bad(
