@@ -16,6 +16,10 @@ in this module. T_tot is separable (f(B_pre) + g(B_dec)) and the constraint is a
 budget, so the exact optimum is min over B_pre of f(B_pre) + min_{b <= D(B_pre)} g(b): a prefix
 minimum over g, vectorised (no convexity assumed). Ties go to the larger decode batch, then to
 the smaller prefill batch.
+
+M plans from a profiled table (:class:`StageTable`, :func:`profile_table`): each T_roof above is
+multiplied by the interpolated ratio profiled / roofline of a profiling pass with error (issue 38,
+item 10: M must not plan with the simulator's own cost model); without a table, the roofline.
 """
 
 from __future__ import annotations
