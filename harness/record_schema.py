@@ -160,6 +160,9 @@ SUMMARY_KEYS: Dict[str, Dict[str, Key]] = {
         "offload": Key(FLAG, "the memory plan keeps the idle engine's KV in host memory (FastTTS §4.3.2)"),
         "replan": Key(TEXT, "system.replan: the memory plan made per_run or per_iteration"),
         "plan_profile": Key(TEXT, "the hardware profile the memory plan used (None without a plan)"),
+        "plan_step_tokens": Key(
+            "tokens", "step length S_dec M's per-run plan assumed (its prior: memory_plan.MemoryPlan; None without M)"
+        ),
         "problems_skipped": Key("count", "problems skipped, their prompt too long (workload.on_too_long=skip)"),
         "simulated": Key(FLAG, "whether the backend was simulated"),
         "lbs_h2d_bytes": Key("B", "generator KV moved host->device by LBS groups", "kv_overflow=lbs"),

@@ -5,10 +5,12 @@ Hyperparameters as FastTTS (ASPLOS 26) and its artifact (``davidshiao55/TTC``, `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from omegaconf import MISSING
+
+from systems.energy_serving.config import ProfileErrorConfig
 
 SEARCHES = ("beam_search", "dvts", "best_of_n", "dynamic_branching", "vg_search")
 AGGREGATIONS = ("last", "min", "prod", "mean")
@@ -100,6 +102,9 @@ class TTSSystem:
         ``gen_memory_share`` of the KV budget and vLLM's default batch caps (``systems/verifier_search/memory_plan.py``).
         m_batch_caps: the engines' batch caps under M: ``artifact`` (``max_num_seqs`` on both, as the
         FastTTS artifact) or ``roofline`` (the search's B_dec / B_pre).
+        profile_error: M plans from a profiled stage table with this error (bias, noise; BEAM's
+        ``system.profile_error``), and from the step lengths observed so far, never the workload's
+        configured mean (``memory_plan.MemoryPlan``).
     replan: when the memory plan is made: ``per_run`` (once, before the engines start; the only
         choice vLLM can honour) or ``per_iteration`` (before every iteration; simulator only).
     offload: the §4.3.2 extension (simulated backend only).
@@ -138,6 +143,15 @@ class TTSSystem:
     # M's batch caps (memory_plan.M_BATCH_CAPS): artifact = max_num_seqs on both engines, as the FastTTS
     # artifact (vLLM 0.9.2's default 256, never set in FastTTS-AE/benchmarks/configs); roofline = M's B_dec / B_pre
     m_batch_caps: str = "artifact"
+    # M's profiling error (memory_plan.MemoryPlan): the stage table M plans from is the simulator's
+    # roofline seen through BEAM's profiling error (same meaning, ranges and default as BEAM's
+    # system.profile_error: bias 0, noise 0.02; systems/energy_serving/config.py). Simulated backend
+    # only: a real engine's measured profile carries its own error. bias=0, noise=0: the exact roofline
+    profile_error: ProfileErrorConfig = field(default_factory=ProfileErrorConfig)
+    # M's step length before any step completes (memory_plan.MemoryPlan.step_prior): ``fit`` (default)
+    # = min(max_step_tokens, (max_model_len - prompt) / num_iterations), the longest mean step with
+    # which a path still fits max_model_len, or a fixed token count (> 0) written in the config
+    m_step_prior: Any = "fit"
     block_size: int = 32  # KV block (tokens); CPU wants multiples of 32
     score_source: str = "auto"  # auto (prm with real verifier weights, else synthetic) | prm | synthetic
     vg_short_iterations: int = 3  # VG-search: iterations 0-2 use short steps

@@ -16,6 +16,10 @@ in this module. T_tot is separable (f(B_pre) + g(B_dec)) and the constraint is a
 budget, so the exact optimum is min over B_pre of f(B_pre) + min_{b <= D(B_pre)} g(b): a prefix
 minimum over g, vectorised (no convexity assumed). Ties go to the larger decode batch, then to
 the smaller prefill batch.
+
+M plans from a profiled table (:class:`StageTable`, :func:`profile_table`): each T_roof above is
+multiplied by the interpolated ratio profiled / roofline of a profiling pass with error (issue 38,
+item 10: M must not plan with the simulator's own cost model); without a table, the roofline.
 """
 
 from __future__ import annotations
@@ -153,22 +157,124 @@ class MemoryTooSmall(ValueError):
     """The KV budget cannot hold one verifier and one generator sequence."""
 
 
-def _f_pre(ver: ModelShape, hw: Roofline, n: int, b_pre: np.ndarray, s: float) -> np.ndarray:
-    """ceil(N/B_pre) * T_roof^pre(B_pre, S): :func:`t_prefill` with the scalars folded (fast path)."""
+def _f_pre(
+    ver: ModelShape, hw: Roofline, n: int, b_pre: np.ndarray, s: float, table: Optional["StageTable"] = None
+) -> np.ndarray:
+    """ceil(N/B_pre) * T^pre(B_pre, S): :func:`t_prefill` with the scalars folded (fast path), read
+    through the profiled ``table`` when one is given (:meth:`StageTable.ratio`)."""
     a = 2 * ver.body_params * s + 2 * ver.num_layers * ver.hidden_size * s * s
     t = hw.busy_s(b_pre * a, b_pre * s * ver.kv_bytes_per_token + ver.read_bytes) + hw.fixed_s(ver)
+    if table is not None:
+        t = t * table.ratio("prefill", b_pre, s)
     return np.ceil(n / b_pre) * t
 
 
-def _g_dec(gen: ModelShape, hw: Roofline, n: int, b_dec: np.ndarray, s_dec: float, s_cache: float) -> np.ndarray:
-    """ceil(N/B_dec) * S_dec * T_roof^dec(B_dec, S_cache): :func:`t_decode` folded (fast path)."""
+def _g_dec(
+    gen: ModelShape,
+    hw: Roofline,
+    n: int,
+    b_dec: np.ndarray,
+    s_dec: float,
+    s_cache: float,
+    table: Optional["StageTable"] = None,
+) -> np.ndarray:
+    """ceil(N/B_dec) * S_dec * T^dec(B_dec, S_cache): :func:`t_decode` folded (fast path), read
+    through the profiled ``table`` when one is given (:meth:`StageTable.ratio`)."""
     a = 2 * gen.num_params + 4 * gen.num_layers * gen.hidden_size * s_cache
     t = (
         hw.busy_s(b_dec * a, b_dec * s_cache * gen.kv_bytes_per_token + gen.read_bytes)
         + hw.fixed_s(gen)
         + hw.seq_s * b_dec
     )
+    if table is not None:
+        t = t * table.ratio("decode", b_dec, s_cache)
     return np.ceil(n / b_dec) * (s_dec * t)
+
+
+def table_grid(max_batch: int, max_len: int) -> tuple:
+    """The (batch sizes, context lengths) a profiling pass measures: powers of two from 1 up to the
+    first one >= ``max_batch`` (sequences), and from 16 up to the first one >= ``max_len`` (tokens),
+    each with the bound itself. Shapes (I,), (J,), ascending, float."""
+
+    def pow2(lo: int, hi: int) -> np.ndarray:
+        k = lo
+        pts = {int(hi)}
+        while True:
+            pts.add(k)
+            if k >= hi:
+                break
+            k *= 2
+        return np.array(sorted(pts), float)
+
+    return pow2(1, max(1, int(max_batch))), pow2(16, max(16, int(max_len)))
+
+
+@dataclass(frozen=True)
+class StageTable:
+    """A profiled table of one pass of each stage: T^pre(B, S) (verifier prefill of B sequences of
+    S tokens) and T^dec(B, C) (generator decode step of B sequences with C cached tokens), seconds,
+    measured at ``batches`` x ``contexts`` (shapes (I,), (J,); ``pre``, ``dec``: (I, J)).
+
+    Between and beyond the grid the table is read through the roofline's shape (the planner's own
+    model, FastTTS §4.3): the planned time of a pass is T_roof(B, S) * rho(B, S), rho the ratio
+    profiled / roofline at the grid points, interpolated bilinearly in (log2 B, log2 S) and held at
+    the grid's edges. At a grid point the plan uses the profiled time; with an exact profile (rho
+    = 1 everywhere) the plan is the roofline's, bit for bit. Built by :func:`profile_table`."""
+
+    batches: np.ndarray
+    contexts: np.ndarray
+    pre: np.ndarray
+    dec: np.ndarray
+    pre_ratio: np.ndarray
+    dec_ratio: np.ndarray
+
+    def ratio(self, stage: str, batch, ctx: float) -> np.ndarray:
+        """rho(B, S) of ``stage`` (``prefill`` | ``decode``) for batches ``batch`` (array) at one
+        context ``ctx`` (tokens): bilinear in (log2 B, log2 S), held at the edges; shape of ``batch``."""
+        r = self.pre_ratio if stage == "prefill" else self.dec_ratio
+        lb, ls = np.log2(self.batches), np.log2(self.contexts)
+        # along the context: the column pair around ctx (a + (b - a) * t: exact where a == b)
+        x = float(np.clip(np.log2(max(float(ctx), 1.0)), ls[0], ls[-1]))
+        j = int(min(np.searchsorted(ls, x, side="right") - 1, len(ls) - 2)) if len(ls) > 1 else 0
+        if len(ls) > 1:
+            t = (x - ls[j]) / (ls[j + 1] - ls[j])
+            col = r[:, j] + (r[:, j + 1] - r[:, j]) * t
+        else:
+            col = r[:, 0]
+        # along the batch
+        y = np.clip(np.log2(np.maximum(np.asarray(batch, float), 1.0)), lb[0], lb[-1])
+        if len(lb) == 1:
+            return np.broadcast_to(col[0], y.shape).astype(float)
+        i = np.minimum(np.searchsorted(lb, y, side="right") - 1, len(lb) - 2)
+        u = (y - lb[i]) / (lb[i + 1] - lb[i])
+        return col[i] + (col[i + 1] - col[i]) * u
+
+
+def profile_table(
+    gen: ModelShape,
+    ver: ModelShape,
+    dec_hw: Roofline,
+    pre_hw: Roofline,
+    max_batch: int,
+    max_len: int,
+    error=None,
+    rng: Optional[np.random.Generator] = None,
+) -> StageTable:
+    """The profiling pass M plans from: each stage's pass timed at :func:`table_grid` (``max_batch``
+    sequences, ``max_len`` tokens) as :func:`t_prefill` / :func:`t_decode` charge it on ``pre_hw`` /
+    ``dec_hw``, seen through ``error`` (a :class:`systems.energy_serving.profiler.ProfileError`,
+    BEAM's profiling error: bias and seeded Gaussian noise per measurement; None = exact), prefill
+    table first, row by row. Returns a :class:`StageTable`."""
+    b, c = table_grid(max_batch, max_len)
+    B, C = b[:, None], c[None, :]
+    pre_true = np.asarray(t_prefill(ver, pre_hw, B, C), float) * np.ones((len(b), len(c)))
+    dec_true = np.asarray(t_decode(gen, dec_hw, B, C), float) * np.ones((len(b), len(c)))
+    if error is None:
+        pre, dec = pre_true, dec_true
+    else:
+        rng = rng if rng is not None else np.random.default_rng(0)
+        pre, dec = error.apply(pre_true, rng), error.apply(dec_true, rng)
+    return StageTable(b, c, pre, dec, pre / pre_true, dec / dec_true)
 
 
 def search_allocation(
@@ -183,6 +289,7 @@ def search_allocation(
     offload: bool = False,
     offload_bw: Optional[float] = None,
     pre_hw: Optional[Roofline] = None,
+    table: Optional[StageTable] = None,
 ) -> Allocation:
     """Roofline-guided KV allocation (FastTTS §4.3.1; offload §4.3.2).
 
@@ -193,6 +300,7 @@ def search_allocation(
         length held in KV while decoding (tokens). s_dec: decode horizon S_dec (tokens per step).
         offload: also consider giving each stage the whole budget while the inactive model's KV
         sits in host memory; the swap of both KV sets is charged at ``offload_bw`` (B/s).
+        table: a profiled :class:`StageTable` the stage times are read from (None: the roofline).
     Returns: the Allocation minimising T_tot (ties: larger B_dec, then smaller B_pre).
     Raises: MemoryTooSmall when not even B_pre = B_dec = 1 fits.
     """
@@ -209,8 +317,8 @@ def search_allocation(
     dec_max = int(min(n, (budget_bytes - k_pre) // k_dec))
     b_pre = np.arange(1.0, pre_max + 1)
     b_dec = np.arange(1.0, dec_max + 1)
-    f = _f_pre(ver, pre_hw, n, b_pre, s_ver)
-    g = _g_dec(gen, hw, n, b_dec, s_dec, s_cache)
+    f = _f_pre(ver, pre_hw, n, b_pre, s_ver, table)
+    g = _g_dec(gen, hw, n, b_dec, s_dec, s_cache, table)
     G = np.minimum.accumulate(g)  # best g over b <= d
     Gb = np.maximum.accumulate(np.where(g <= G, b_dec, 0.0))  # largest b attaining it
     d = np.minimum(dec_max, ((budget_bytes - b_pre * k_pre) // k_dec).astype(np.int64)) - 1
@@ -223,12 +331,12 @@ def search_allocation(
     if offload:
         bp_o = min(n, int(budget_bytes // k_pre))
         b_all = np.arange(1, min(n, int(budget_bytes // k_dec)) + 1, dtype=float)
-        g_all = _g_dec(gen, hw, n, b_all, s_dec, s_cache)
+        g_all = _g_dec(gen, hw, n, b_all, s_dec, s_cache, table)
         bd_o = int(b_all[np.lexsort((-b_all, g_all))[0]])
         swap = 2.0 * budget_bytes / (offload_bw or hw.bw)
         t_off = float(
-            _f_pre(ver, pre_hw, n, np.array([bp_o], float), s_ver)[0]
-            + _g_dec(gen, hw, n, np.array([bd_o], float), s_dec, s_cache)[0]
+            _f_pre(ver, pre_hw, n, np.array([bp_o], float), s_ver, table)[0]
+            + _g_dec(gen, hw, n, np.array([bd_o], float), s_dec, s_cache, table)[0]
             + swap
         )
         if t_off < best.t_tot_s:
@@ -246,6 +354,7 @@ def brute_force_allocation(
     s_ctx: float,
     s_dec: float,
     pre_hw: Optional[Roofline] = None,
+    table: Optional[StageTable] = None,
 ) -> Allocation:
     """Reference: every feasible (B_pre, B_dec) pair in [1, n]^2; same objective and tie rule.
     O(n^2); for tests."""
@@ -258,8 +367,8 @@ def brute_force_allocation(
             if bp * k_pre + bd * k_dec > budget_bytes:
                 continue
             t = float(
-                _f_pre(ver, pre_hw or hw, n, np.array([bp], float), s_ver)[0]
-                + _g_dec(gen, hw, n, np.array([bd], float), s_dec, s_cache)[0]
+                _f_pre(ver, pre_hw or hw, n, np.array([bp], float), s_ver, table)[0]
+                + _g_dec(gen, hw, n, np.array([bd], float), s_dec, s_cache, table)[0]
             )
             key = (t, -bd, bp)
             if best is None or key < best[0]:

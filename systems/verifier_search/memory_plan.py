@@ -24,6 +24,20 @@ hardware profile's rooflines: a GPU's datasheet, or this CPU's profile measured 
 ``max_model_len`` sequence (vLLM refuses to start otherwise); its batch sizes B_dec and B_pre size the
 KV split, and cap the engines' batches only with ``system.m_batch_caps=roofline`` (:data:`M_BATCH_CAPS`).
 
+M's inputs (issue 38, item 10): M never plans with the truth. Its stage times come from a profiled
+table (:func:`systems.verifier_search.memory.profile_table`): each stage's pass timed over batch
+sizes x context lengths on the cost profile, seen through ``system.profile_error`` (BEAM's profiling
+error, ``systems.energy_serving.profiler.ProfileError``: bias and Gaussian noise per measurement,
+seeded by ``seed``; applied on the simulated backend only, as BEAM's: a real engine's profile is a
+measurement with its own error) and interpolated (:class:`~systems.verifier_search.memory.StageTable`).
+Its step length S_dec is the running mean of the step lengths observed so far in the run
+(:meth:`MemoryPlan.observe`; with ``system.replan=per_iteration`` the newest step of every active
+path before each iteration), and before any step completes a fixed prior (:meth:`MemoryPlan.step_prior`):
+min(max_step_tokens, (max_model_len - prompt) / num_iterations), the longest mean step with which a
+path still fits ``max_model_len`` at the end of the search -- what the limits the planner is given
+allow, never ``workload.step_tokens_mean`` (the simulator's truth); ``system.m_step_prior`` may set
+a fixed token count instead. A per_run plan is made before any step, so it plans with the prior.
+
 A plan that does not fit the device (weights beyond the memory share, an engine without room for one
 ``max_model_len`` sequence) raises ``RunOOM``: a recorded result (status oom), never bad input; a
 value no configuration could accept (an unparsable or non-positive ``kv_budget``) is a ConfigError.
@@ -35,11 +49,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Tuple
 
+import numpy as np
+
 from harness.errors import ConfigError, RunOOM
 from harness.model_facts import default_kv_budget, kv_budget_bytes
-from systems.verifier_search.memory import Allocation, MemoryTooSmall, ModelShape, Roofline, search_allocation
+from systems.verifier_search.memory import (
+    Allocation,
+    MemoryTooSmall,
+    ModelShape,
+    Roofline,
+    StageTable,
+    profile_table,
+    search_allocation,
+)
 
 REPLANS = ("per_run", "per_iteration")
+M_STEP_PRIOR_FIT = "fit"  # system.m_step_prior: the prior from the limits (MemoryPlan.step_prior), or tokens
 # M's batch caps (``system.m_batch_caps``). ``artifact`` (default): both engines keep vLLM's batch cap
 # ``system.max_num_seqs`` = 256 and M sets only the KV split, as the FastTTS artifact runs them: its
 # configs (davidshiao55/TTC 5bf35f5, FastTTS-AE/benchmarks/configs/<pair>/<set>/<variant>/*.yaml) set
@@ -49,6 +74,7 @@ REPLANS = ("per_run", "per_iteration")
 # roofline search's B_dec and B_pre also cap the generator's and the verifier's batches.
 M_BATCH_CAPS = ("artifact", "roofline")
 ACTIVATION_RESERVE = 0.05  # share of the engines' memory kept for activations (FastTTS family)
+PROFILE_SEED_TAG = 0xFA575  # M's profiling pass draws from default_rng([seed, tag]) (BEAM's: 0x7AB1E)
 CPU_PROFILE = "cpu-tts"  # conf/hardware/cpu-tts.yaml: this CPU, measured by systems.verifier_search.calibrate
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
 # FastTTS AE fixed gpu_memory_utilization (generator, verifier) per pair for the baseline (§4.4)
@@ -86,6 +112,15 @@ def kv_budget(cfg, on_cpu: bool) -> int:
     return int(m)
 
 
+def step_cap(cfg, on_cpu: bool) -> int:
+    """Tokens a generator call may decode per step (its ``max_tokens``): ``cpu_max_step_tokens`` on a
+    CPU with random generator weights, else ``max_step_tokens``."""
+    from systems.verifier_search.checkpoint import is_local
+
+    w = cfg.workload
+    return int(w.cpu_max_step_tokens) if on_cpu and not is_local(cfg.model.weights) else int(w.max_step_tokens)
+
+
 def one_sequence_kv(cfg, shape: ModelShape) -> int:
     """KV bytes of one ``max_model_len`` sequence plus two blocks (vLLM's start-up check)."""
     return int(shape.kv_bytes_per_token * (cfg.workload.max_model_len + 2 * cfg.system.block_size))
@@ -118,7 +153,7 @@ class MemoryPlan:
     model) a CPU; ``real``: they are real engines (vLLM)."""
 
     def __init__(self, cfg, on_cpu: bool, real: bool):
-        s, w = cfg.system, cfg.workload
+        s, w = cfg.system, cfg.workload  # never w.step_tokens_mean: the truth (module docstring)
         self.cfg, self.on_cpu = cfg, on_cpu
         self.hw_name = (
             "this CPU" if on_cpu and real else str(cfg.hardware.name)
@@ -130,14 +165,33 @@ class MemoryPlan:
         self.floor_g, self.floor_v = one_sequence_kv(cfg, self.gen), one_sequence_kv(cfg, self.ver)
         # M's batch caps (M_BATCH_CAPS): None = the roofline's B_dec / B_pre
         self.batch_cap = int(s.max_num_seqs) if s.get("m_batch_caps", "artifact") == "artifact" else None
+        self.step_cap = step_cap(cfg, on_cpu)
+        prior = s.get("m_step_prior", M_STEP_PRIOR_FIT)
+        self.fixed_prior = None if prior == M_STEP_PRIOR_FIT else float(prior)  # validated: > 0
+        self._steps_sum, self._steps_count = 0.0, 0  # step lengths observed so far (observe)
+        self.run_step = None  # S_dec of the last per_run plan of M (tokens; None without M)
         if self.memory:
             hw = cost_profile(cfg, on_cpu and real)
             self.profile = str(hw.name)
             self.dec_hw, self.pre_hw = Roofline.of(hw, "decode"), Roofline.of(hw, "prefill")
             self.offload_bw = float(cfg.hardware.h2d_bw)
+            self.table = self._profile(cfg, real)
         else:
             self.profile = None
             self.fixed = self._fixed_split()
+
+    def _profile(self, cfg, real: bool) -> StageTable:
+        """The stage table M plans from (module docstring): the cost profile's passes over
+        ``n`` sequences x ``max_model_len`` tokens, seen through ``system.profile_error`` on the
+        simulated backend (seeded by ``seed``), exact on a real engine (its profile is measured)."""
+        from systems.energy_serving.profiler import ProfileError
+
+        pe = cfg.system.profile_error
+        err = None if real else ProfileError(float(pe.bias), float(pe.noise))
+        rng = np.random.default_rng([int(cfg.get("seed") or 0), PROFILE_SEED_TAG])
+        return profile_table(
+            self.gen, self.ver, self.dec_hw, self.pre_hw, int(cfg.workload.n), self.max_model_len, err, rng
+        )
 
     def _fixed_split(self) -> Allocation:
         cfg, s = self.cfg, self.cfg.system
@@ -177,6 +231,7 @@ class MemoryPlan:
                 offload=self.offload,
                 offload_bw=self.offload_bw,
                 pre_hw=self.pre_hw,
+                table=self.table,
             )
         except MemoryTooSmall as e:
             raise RunOOM(f"KV memory too small for M's plan on {self.hw_name}: {e}") from None
@@ -189,16 +244,49 @@ class MemoryPlan:
             a = replace(a, b_pre=self.batch_cap, b_dec=self.batch_cap)
         return a
 
-    def per_run(self, n: int, avg_prompt: float, step_mean: float) -> Allocation:
+    def observe(self, step_lengths) -> None:
+        """Add completed steps' lengths (tokens) to the running mean M plans with (:meth:`step_mean`)."""
+        for x in step_lengths:
+            self._steps_sum += float(x)
+            self._steps_count += 1
+
+    def step_prior(self, prompt_len: float) -> float:
+        """S_dec before any step completes (tokens): with ``system.m_step_prior=fit`` (default)
+        min(max_tokens per step, (max_model_len - ``prompt_len``) / num_iterations), the longest mean
+        step with which a path still fits ``max_model_len`` at the end of the search (module
+        docstring), at least 1; else the configured token count."""
+        if self.fixed_prior is not None:
+            return self.fixed_prior
+        room = (self.max_model_len - float(prompt_len)) / max(1, self.num_iterations)
+        return max(1.0, min(float(self.step_cap), room))
+
+    def step_mean(self, prompt_len: float) -> float:
+        """S_dec M plans with (tokens): the mean of the step lengths observed so far, else
+        :meth:`step_prior`."""
+        if self._steps_count:
+            return self._steps_sum / self._steps_count
+        return self.step_prior(prompt_len)
+
+    def per_run(self, n: int, avg_prompt: float) -> Allocation:
         """The plan for a whole run: paths at mid-search length (``avg_prompt`` + half the
-        iterations' steps of ``step_mean`` tokens)."""
+        iterations' steps of :meth:`step_mean` tokens; before any step, the prior)."""
+        step_mean = self.step_mean(avg_prompt)
+        self.run_step = step_mean if self.memory else None
         ctx = min(self.max_model_len, avg_prompt + step_mean * (self.num_iterations / 2 + 1))
         return self.plan(n, ctx - step_mean, ctx, step_mean)
 
-    def per_iteration(self, active: int, prompt_len: int, mean_path_tokens: float, step_mean: float) -> Allocation:
-        """The plan for the coming iteration: ``active`` paths of ``prompt_len`` + ``mean_path_tokens``."""
-        ctx = prompt_len + mean_path_tokens
-        return self.plan(active, ctx, min(self.max_model_len, ctx + step_mean), step_mean)
+    def per_iteration(self, it: int, paths, prompt_len: int) -> Allocation:
+        """The plan for iteration ``it`` of ``paths`` (the active paths: ``tokens``, the generated
+        ids, and ``step_ends``, cumulative step ends) of a ``prompt_len``-token prompt: first their
+        newest steps (completed in iteration ``it`` - 1) join the observed step lengths, then the plan
+        for ``len(paths)`` paths of ``prompt_len`` + their mean length decoding :meth:`step_mean`."""
+        if it > 0:
+            self.observe(
+                p.step_ends[-1] - (p.step_ends[-2] if len(p.step_ends) > 1 else 0) for p in paths if p.step_ends
+            )
+        step_mean = self.step_mean(prompt_len)
+        ctx = prompt_len + sum(len(p.tokens) for p in paths) / len(paths)
+        return self.plan(len(paths), ctx, min(self.max_model_len, ctx + step_mean), step_mean)
 
     def check_fits(self, a: Allocation) -> None:
         """RunOOM (a recorded result) unless each engine holds one ``max_model_len`` sequence."""

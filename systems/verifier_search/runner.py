@@ -10,6 +10,7 @@ for Top-1 / Pass@N (``accuracy.py``).
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import tempfile
 import traceback
@@ -37,7 +38,15 @@ from systems.verifier_search.config import (
     TTS_SYSTEM_NUMBERS,
 )
 from systems.verifier_search.memory import ModelShape, Roofline
-from systems.verifier_search.memory_plan import M_BATCH_CAPS, REPLANS, MemoryPlan, kv_budget, unset
+from systems.verifier_search.memory_plan import (
+    M_BATCH_CAPS,
+    M_STEP_PRIOR_FIT,
+    REPLANS,
+    MemoryPlan,
+    kv_budget,
+    step_cap,
+    unset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +76,8 @@ def step_model(cfg, on_cpu: bool):
     random generator weights (real weights decide their own step lengths, capped at ``max_step_tokens``)."""
     w = cfg.workload
     if on_cpu and not is_local(cfg.model.weights):
-        return float(w.cpu_step_tokens_mean), int(w.cpu_max_step_tokens)
-    return float(w.step_tokens_mean), int(w.max_step_tokens)
+        return float(w.cpu_step_tokens_mean), step_cap(cfg, on_cpu)
+    return float(w.step_tokens_mean), step_cap(cfg, on_cpu)
 
 
 def gen_token_budget(cfg) -> int:
@@ -110,6 +119,22 @@ def validate(cfg) -> None:
         raise bad("verifier.input_limit", v.input_limit, "a token count > 1 (with verifier.input_truncation)")
     if s.m_batch_caps not in M_BATCH_CAPS:
         raise bad("system.m_batch_caps", s.m_batch_caps, f"one of {', '.join(M_BATCH_CAPS)}")
+    from systems.energy_serving.runner import PROFILE_BIAS_RANGE, PROFILE_NOISE_RANGE  # BEAM's ranges
+
+    bias, noise = s.profile_error.bias, s.profile_error.noise
+    if not isinstance(bias, (int, float)) or not PROFILE_BIAS_RANGE[0] <= bias <= PROFILE_BIAS_RANGE[1]:
+        raise bad("system.profile_error.bias", bias, "a relative error in [-0.5, 0.5] (-0.2 = the table is 20 % low)")
+    if not isinstance(noise, (int, float)) or not PROFILE_NOISE_RANGE[0] <= noise <= PROFILE_NOISE_RANGE[1]:
+        raise bad("system.profile_error.noise", noise, "a relative standard deviation in [0, 0.3]")
+    prior = s.m_step_prior
+    if prior != M_STEP_PRIOR_FIT and not (
+        isinstance(prior, (int, float)) and not isinstance(prior, bool) and math.isfinite(prior) and prior > 0
+    ):
+        raise bad(
+            "system.m_step_prior",
+            prior,
+            f"{M_STEP_PRIOR_FIT} (the longest mean step that fits max_model_len) or a token count > 0",
+        )
     if not unset(s.replay_tokens):
         if cfg.backend.name != "sim":
             raise bad(
@@ -280,9 +305,8 @@ def _check_memory(cfg, on_cpu: bool, real: bool, avg_prompt: float = 400.0) -> N
     """The memory plan's bad input before any work: ConfigError for a bad ``kv_budget`` or M
     without a measured cost profile on a real CPU. A plan that does not fit the device is not bad
     input: :func:`build` raises RunOOM and the run is recorded as oom (a sweep goes on)."""
-    mean, _ = step_model(cfg, on_cpu)
     try:
-        MemoryPlan(cfg, on_cpu, real).per_run(int(cfg.workload.n), avg_prompt, mean)
+        MemoryPlan(cfg, on_cpu, real).per_run(int(cfg.workload.n), avg_prompt)
     except RunOOM:
         pass
 
@@ -524,7 +548,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
     gen_shape, ver_shape = ModelShape.of(m), ModelShape.of(v)
     avg_prompt = sum(len(x) for x in prompts.values()) / len(prompts)
     planner = MemoryPlan(cfg, on_cpu, not backend.simulated)
-    alloc = planner.per_run(st.n, avg_prompt, mean)
+    alloc = planner.per_run(st.n, avg_prompt)  # M plans with its step prior, never `mean` (memory_plan)
     planner.check_fits(alloc)  # RunOOM (recorded as oom) before any engine starts
     if backend.simulated:
         from systems.verifier_search import sim
@@ -612,7 +636,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
         h2d_bw = float(cfg.hardware.h2d_bw)  # read once: no config access per iteration
 
         def hook(it, active, prompt_len):
-            a = planner.per_iteration(len(active), prompt_len, sum(len(b.tokens) for b in active) / len(active), mean)
+            a = planner.per_iteration(it, active, prompt_len)
             bw = h2d_bw if a.offload else None
             gen.configure(a.gen_kv_bytes, a.b_dec, bw)
             ver.configure(a.ver_kv_bytes, a.b_pre, bw)
@@ -735,6 +759,7 @@ def run(cfg, ctx) -> RunResult:
         offload=bool(alloc.offload),
         replan=str(cfg.system.replan),
         plan_profile=b.planner.profile,
+        plan_step_tokens=b.planner.run_step,
         problems_skipped=len(b.skipped),
         simulated=bool(ctx.backend.simulated),
     )

@@ -90,7 +90,9 @@ def test_kv_memory_too_small_is_a_recorded_oom_not_bad_input(compose_cfg, tmp_pa
     from harness.run import run
 
     validate(compose_cfg(*REAL, "n=8", "kv_budget=4MiB"))
-    for extra in (["system=vllm_tts", "kv_budget=4MiB"], ["system=fasttts", "kv_budget=100MiB"]):  # fixed split, M
+    # fixed split, M (150 MiB: M's search fits one verifier + one generator sequence at its planned
+    # length, ~2400 tokens with the step prior, but not one max_model_len sequence per engine)
+    for extra in (["system=vllm_tts", "kv_budget=4MiB"], ["system=fasttts", "kv_budget=150MiB"]):
         rec = run(
             compose_cfg(
                 *extra, "backend=sim", "n=8", "workload.num_problems=1", output_dir=tmp_path / extra[0].split("=")[1]
@@ -347,7 +349,7 @@ def test_a_real_cpu_runs_oom_names_this_cpu_not_the_hardware_profile(compose_cfg
     for real, where in ((True, "on this CPU"), (False, "on rtx4090")):
         plan = MemoryPlan(cfg, True, real)
         with pytest.raises(RunOOM, match=f"KV memory too small (for M's plan )?{where}"):
-            plan.check_fits(plan.per_run(8, 400.0, 64.0))
+            plan.check_fits(plan.per_run(8, 400.0))
 
 
 @pytest.mark.parametrize(

@@ -121,8 +121,8 @@ def test_ties_go_to_the_larger_decode_batch_then_the_smaller_prefill_batch(monke
 
     from systems.verifier_search import memory as M
 
-    monkeypatch.setattr(M, "_f_pre", lambda ver, hw, n, b, s: np.full(len(b), 1.0))
-    monkeypatch.setattr(M, "_g_dec", lambda gen, hw, n, b, s_dec, s_cache: np.full(len(b), 2.0))
+    monkeypatch.setattr(M, "_f_pre", lambda ver, hw, n, b, s, table=None: np.full(len(b), 1.0))
+    monkeypatch.setattr(M, "_g_dec", lambda gen, hw, n, b, s_dec, s_cache, table=None: np.full(len(b), 2.0))
     n, s_ver, s_ctx, s_dec = 40, 300, 400, 100
     k_pre, k_dec = Q15.kv_bytes_per_token * s_ver, Q15.kv_bytes_per_token * s_ctx
     budget = 10 * k_pre + 12 * k_dec

@@ -30,13 +30,16 @@ class FakeEngine:
 def test_both_backends_size_their_engines_from_one_plan(compose_cfg, monkeypatch, tmp_path):
     """Same configuration and cost profile on both backends -> the simulated engines and the vLLM
     engines get the same KV bytes and batch caps (the plan of ``MemoryPlan.per_run``).
-    Mutation caught: swapping B_dec and B_pre (or the two KV shares) in either backend's engine set-up."""
+    Mutation caught: swapping B_dec and B_pre (or the two KV shares) in either backend's engine set-up.
+    (The simulated backend's profiling error, ``system.profile_error``, is set to 0: a real engine's
+    profile is a measurement and gets none.)"""
     from systems.verifier_search import vllm_engine as engines
 
     monkeypatch.setattr(engines, "VllmGenerator", FakeEngine)
     monkeypatch.setattr(engines, "VllmVerifier", FakeEngine)
     FakeEngine.made = []
     common = ["system=fasttts", "hardware=cpu-tts", "kv_budget=48MiB", "system.m_batch_caps=roofline", *TINY, "n=32"]
+    common += ["system.profile_error.noise=0"]
     sim = runner.build(compose_cfg(*common, "backend=sim"), SIM, None)
     real = runner.build(compose_cfg(*common, "backend=vllm"), CPU, tmp_path)
     a = sim.alloc
