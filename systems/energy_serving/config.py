@@ -7,6 +7,8 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
+from systems.common.profile_error import ProfileErrorConfig
+
 WORKLOAD_KINDS = ("poisson", "burst", "ramp", "trace", "servegen")
 TRACE_FORMATS = ("azure", "mooncake")
 
@@ -53,22 +55,6 @@ class DvfsConfig:
     actuate: bool = False
     gpu_indices: Optional[List[int]] = None
     delay_s: float = 0.0085
-
-
-@dataclass
-class ProfileErrorConfig:
-    """Error of the profiling pass that builds a controller's table on the simulated backend
-    (:class:`systems.energy_serving.profiler.ProfileError`): every measured latency, energy and idle power
-    off by ``bias`` (relative, in [-0.5, 0.5]), each sample scattered with relative std ``noise``
-    (in [0, 0.3]). Default: no bias, 2 % noise -- measured A100 profiles scatter by 0.8 % (time)
-    and 1.4 % (energy) about a smooth fit over the clock (Perseus, the data folder's gpu_power/;
-    ``python -m systems.energy_serving.power_fit`` prints it), rounded up for NVML's 10-100 ms energy
-    counter updates on short windows (``nvmlDeviceGetTotalEnergyConsumption`` is refreshed every
-    10-100 ms, depending on the GPU). A real device's profile carries
-    its own error; this is not applied there."""
-
-    bias: float = 0.0
-    noise: float = 0.02
 
 
 @dataclass

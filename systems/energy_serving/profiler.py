@@ -26,6 +26,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from systems.common.profile_error import ProfileError
 from systems.energy_serving.protocol import iteration_shape
 
 
@@ -149,22 +150,6 @@ def clock_scaled(latency_now: Callable[[np.ndarray], np.ndarray], stage):
         return lat_m * scale, e_m * scale
 
     return measure
-
-
-@dataclass(frozen=True)
-class ProfileError:
-    """Error of a profiling pass (``system.profile_error``): every measured latency, energy and idle
-    power is off by ``bias`` (relative; -0.2 = 20 % low) and each sample scatters with relative
-    standard deviation ``noise`` (Gaussian, clipped at 3 sigma). See conf/system/beam.yaml for the
-    default and its source."""
-
-    bias: float = 0.0
-    noise: float = 0.0
-
-    def apply(self, x, rng: np.random.Generator) -> np.ndarray:
-        x = np.asarray(x, float)
-        z = np.clip(rng.standard_normal(x.shape), -3.0, 3.0) if self.noise else 0.0
-        return x * (1.0 + self.bias) * (1.0 + self.noise * z)
 
 
 def with_error(measure, error: ProfileError, rng: np.random.Generator):

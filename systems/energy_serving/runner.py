@@ -26,6 +26,7 @@ from harness.errors import ConfigError, RunOOM, bad
 from harness.family import RunResult
 from harness.model_facts import configured_kv_budget
 from systems.common.gpu_model import POWER_KEYS, StageModel
+from systems.common.profile_error import ProfileError, check_profile_error
 from systems.energy_serving.build import (
     build_table,
     cache_dir,
@@ -50,7 +51,6 @@ from systems.energy_serving.controllers import CONTROLLERS
 from systems.energy_serving.driver import Driver
 from systems.energy_serving.metrics import summarize, vllm_bench_metrics
 from systems.energy_serving.profiler import (
-    ProfileError,
     clock_scaled,
     decode_batch_max,
     sim_measure,
@@ -60,10 +60,6 @@ from systems.energy_serving.profiler import (
 from systems.energy_serving.sim import SimExecutor
 from workloads.data import resolve
 from workloads.serving import MAX_REQUESTS, TraceError, servegen_plan
-
-PROFILE_BIAS_RANGE = (-0.5, 0.5)
-PROFILE_NOISE_RANGE = (0.0, 0.3)
-
 
 # A serving run's memory, measured on this CPU (2026-12-05; simulated vanilla runs of llama-3.1-8b,
 # 12 k and 120 k requests of 64 output tokens, 120 k of 256: peak RSS 146 MB, 885 MB, 3,074 MB): per
@@ -235,11 +231,7 @@ def validate(cfg) -> None:
         "tokens",
     )
     check_number("system.dvfs.delay_s", s.dvfs.delay_s, "a clock actuation delay in s", ">= 0")  # -1 was run
-    bias, noise = float(s.profile_error.bias), float(s.profile_error.noise)
-    if not PROFILE_BIAS_RANGE[0] <= bias <= PROFILE_BIAS_RANGE[1]:
-        raise bad("system.profile_error.bias", bias, "a relative error in [-0.5, 0.5] (-0.2 = the table is 20 % low)")
-    if not PROFILE_NOISE_RANGE[0] <= noise <= PROFILE_NOISE_RANGE[1]:
-        raise bad("system.profile_error.noise", noise, "a relative standard deviation in [0, 0.3]")
+    check_profile_error(s.profile_error)
     if hw.kind == "gpu":
         if not (0 < hw.clock_min_mhz < hw.clock_max_mhz):
             raise bad(

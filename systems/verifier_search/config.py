@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
-from systems.energy_serving.config import ProfileErrorConfig
+from systems.common.profile_error import ProfileErrorConfig
 
 SEARCHES = ("beam_search", "dvts", "best_of_n", "dynamic_branching", "vg_search")
 AGGREGATIONS = ("last", "min", "prod", "mean")

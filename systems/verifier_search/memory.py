@@ -262,7 +262,7 @@ def profile_table(
 ) -> StageTable:
     """The profiling pass M plans from: each stage's pass timed at :func:`table_grid` (``max_batch``
     sequences, ``max_len`` tokens) as :func:`t_prefill` / :func:`t_decode` charge it on ``pre_hw`` /
-    ``dec_hw``, seen through ``error`` (a :class:`systems.energy_serving.profiler.ProfileError`,
+    ``dec_hw``, seen through ``error`` (a :class:`systems.common.profile_error.ProfileError`,
     BEAM's profiling error: bias and seeded Gaussian noise per measurement; None = exact), prefill
     table first, row by row. Returns a :class:`StageTable`."""
     b, c = table_grid(max_batch, max_len)

@@ -27,7 +27,7 @@ KV split, and cap the engines' batches only with ``system.m_batch_caps=roofline`
 M's inputs (issue 38, item 10): M never plans with the truth. Its stage times come from a profiled
 table (:func:`systems.verifier_search.memory.profile_table`): each stage's pass timed over batch
 sizes x context lengths on the cost profile, seen through ``system.profile_error`` (BEAM's profiling
-error, ``systems.energy_serving.profiler.ProfileError``: bias and Gaussian noise per measurement,
+error, ``systems.common.profile_error.ProfileError``: bias and Gaussian noise per measurement,
 seeded by ``seed``; applied on the simulated backend only, as BEAM's: a real engine's profile is a
 measurement with its own error) and interpolated (:class:`~systems.verifier_search.memory.StageTable`).
 Its step length S_dec is the running mean of the step lengths observed so far in the run
@@ -184,7 +184,7 @@ class MemoryPlan:
         """The stage table M plans from (module docstring): the cost profile's passes over
         ``n`` sequences x ``max_model_len`` tokens, seen through ``system.profile_error`` on the
         simulated backend (seeded by ``seed``), exact on a real engine (its profile is measured)."""
-        from systems.energy_serving.profiler import ProfileError
+        from systems.common.profile_error import ProfileError
 
         pe = cfg.system.profile_error
         err = None if real else ProfileError(float(pe.bias), float(pe.noise))

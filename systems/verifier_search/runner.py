@@ -23,6 +23,7 @@ from harness.family import RunResult
 from harness.logs import say
 from harness.model_facts import check_cpu_model
 from harness.process import INTERRUPTED
+from systems.common.profile_error import check_profile_error
 from systems.verifier_search import replay
 from systems.verifier_search.artifact import COMPLETION_STAMPS, PREFIX_CACHE, TRUNCATIONS
 from systems.verifier_search.beams import step_logit_biases, step_probabilities
@@ -119,13 +120,7 @@ def validate(cfg) -> None:
         raise bad("verifier.input_limit", v.input_limit, "a token count > 1 (with verifier.input_truncation)")
     if s.m_batch_caps not in M_BATCH_CAPS:
         raise bad("system.m_batch_caps", s.m_batch_caps, f"one of {', '.join(M_BATCH_CAPS)}")
-    from systems.energy_serving.runner import PROFILE_BIAS_RANGE, PROFILE_NOISE_RANGE  # BEAM's ranges
-
-    bias, noise = s.profile_error.bias, s.profile_error.noise
-    if not isinstance(bias, (int, float)) or not PROFILE_BIAS_RANGE[0] <= bias <= PROFILE_BIAS_RANGE[1]:
-        raise bad("system.profile_error.bias", bias, "a relative error in [-0.5, 0.5] (-0.2 = the table is 20 % low)")
-    if not isinstance(noise, (int, float)) or not PROFILE_NOISE_RANGE[0] <= noise <= PROFILE_NOISE_RANGE[1]:
-        raise bad("system.profile_error.noise", noise, "a relative standard deviation in [0, 0.3]")
+    check_profile_error(s.profile_error)
     prior = s.m_step_prior
     if prior != M_STEP_PRIOR_FIT and not (
         isinstance(prior, (int, float)) and not isinstance(prior, bool) and math.isfinite(prior) and prior > 0
