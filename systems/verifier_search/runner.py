@@ -38,6 +38,7 @@ from systems.verifier_search.config import (
 )
 from systems.verifier_search.memory import ModelShape, Roofline
 from systems.verifier_search.memory_plan import M_BATCH_CAPS, REPLANS, MemoryPlan, kv_budget, unset
+from systems.verifier_search.step_lengths import STEP_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,19 @@ def step_model(cfg, on_cpu: bool):
     if on_cpu and not is_local(cfg.model.weights):
         return float(w.cpu_step_tokens_mean), int(w.cpu_max_step_tokens)
     return float(w.step_tokens_mean), int(w.max_step_tokens)
+
+
+def step_lengths(cfg, mean: float):
+    """The simulator's step-length model other than geometric (``workload.step_model``;
+    ``step_lengths.StepLengths`` at ``mean`` tokens per step and ``steps_per_answer_mean`` steps per
+    path), or None: the geometric chunks of ``sim.StepModel``, as the real random-weight engines'
+    logit biases (``beams.step_logit_biases``, which stay geometric)."""
+    w = cfg.workload
+    if str(w.step_model) == "geometric":
+        return None
+    from systems.verifier_search.step_lengths import StepLengths
+
+    return StepLengths(str(w.step_model), mean, float(w.steps_per_answer_mean))
 
 
 def gen_token_budget(cfg) -> int:
@@ -123,6 +137,8 @@ def validate(cfg) -> None:
                 s.replay_tokens,
                 "a run directory holding gen_tokens.parquet (a run with system.record_tokens=true)",
             )
+    if w.step_model not in STEP_MODELS:
+        raise bad("workload.step_model", w.step_model, f"one of {', '.join(STEP_MODELS)}")
     if w.agg_strategy not in AGGREGATIONS:
         raise bad("workload.agg_strategy", w.agg_strategy, f"one of {', '.join(AGGREGATIONS)}")
     if s.score_source not in SCORE_SOURCES:
@@ -531,7 +547,9 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
 
         p_d, p_e = step_probabilities(mean, float(w.steps_per_answer_mean))
         recorded = replay.load(s.replay_tokens) if not unset(s.replay_tokens) else None
-        tokens = sim.TokenSource(sim.StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size), recorded)
+        tokens = sim.TokenSource(
+            sim.StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size), recorded, step_lengths(cfg, mean)
+        )
         gen = sim.SimGenerator(
             gen_shape,
             Roofline.of(cfg.hardware, "decode"),
