@@ -210,8 +210,8 @@ def test_the_search_tells_the_generator_each_paths_steps_and_head_start(compose_
     at one here: no step reached the 2048-token cap) and ``step_age`` = the tokens after the last of
     them; some requests start with a head start. Mutation: ``Search`` sending step_age=0 (or
     path_steps=0) fails this."""
-    from systems.verifier_search import runner
     from harness.backend import Backend
+    from systems.verifier_search import runner
     from systems.verifier_search.search import Search
 
     cfg = compose_cfg("system=fasttts", "backend=sim", "n=16", "workload.num_problems=1")
