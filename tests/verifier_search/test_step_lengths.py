@@ -5,6 +5,7 @@ is checked before any work."""
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -235,3 +236,88 @@ def test_the_search_tells_the_generator_each_paths_steps_and_head_start(compose_
         assert steps == len(ends) and age == len(tail) - (ends[-1] + 1 if ends else 0)
         with_head += age > 0
     assert with_head >= 3 and max(s for _, s, _ in seen) >= 3
+
+
+def _record(system, model, n, goodput):
+    return {
+        "status": "ok",
+        "system": system,
+        "simulated": True,
+        "summary.precise_goodput_tok_s": goodput,
+        "summary.latency_s": 1.0,
+        "summary.gen_latency_s": 0.5,
+        "summary.ver_latency_s": 0.5,
+        "config.model.name": "qwen2.5-math-1.5b",
+        "config.verifier.name": "skywork-prm-1.5b",
+        "config.workload.name": "aime24",
+        "config.workload.n": n,
+        "config.workload.step_model": model,
+        "config.system.spec_truncation_ratio": 0.85,
+        "config.system.search": "beam_search",
+        "config.hardware.name": "rtx4090",
+    }
+
+
+def test_sensitivity_report_judges_fig12_once_per_workload_model(tmp_path):
+    """Hand-made records at Fig. 12's 1.5B+1.5B AIME n=8 point (paper: vllm_tts 88, fasttts 107 tok/s):
+    geometric 88 / 107 (both reproduced, gain 107/88 = 1.216x), lognormal 44 / 110 (vllm_tts half the
+    paper's: not reproduced; fasttts within 15 %: reproduced; gain 2.5x); a record without the key is
+    geometric's (older records). Verdicts go to workload_verdicts.csv, never to verdicts.csv.
+    Mutations: the report ignoring the records' step_model (one group), or writing verdicts.csv, fail this."""
+    import pandas as pd
+
+    from systems.verifier_search.workload_report import report_workload_sensitivity
+
+    old = _record("vllm_tts", None, 8, 88.0)
+    del old["config.workload.step_model"]
+    runs = pd.DataFrame(
+        [
+            old,
+            _record("fasttts", "geometric", 8, 107.0),
+            _record("vllm_tts", "lognormal", 8, 44.0),
+            _record("fasttts", "lognormal", 8, 110.0),
+        ]
+    )
+    t = report_workload_sensitivity(tmp_path, runs).set_index("step_model")
+    assert list(t.index) == ["geometric", "lognormal"]
+    assert t.loc["geometric", "fasttts/base (sim)"] == pytest.approx(107 / 88)
+    assert t.loc["lognormal", "fasttts/base (sim)"] == pytest.approx(2.5)
+    assert t.loc["lognormal", "paper fasttts/base"] == pytest.approx(107 / 88)
+    assert list(t["verdict vllm_tts (sim)"]) == ["reproduced", "not reproduced"]
+    assert list(t["verdict fasttts (sim)"]) == ["reproduced", "reproduced"]
+    v = pd.read_csv(tmp_path / "workload_verdicts.csv")
+    assert sorted(zip(v.step_model, v.verdict)) == [
+        ("geometric", "reproduced"),
+        ("geometric", "reproduced"),
+        ("lognormal", "not reproduced"),
+        ("lognormal", "reproduced"),
+    ]
+    assert not (tmp_path / "verdicts.csv").exists()
+    md = (tmp_path / "workload_sensitivity.md").read_text()
+    assert re.search(r"\| lognormal +\| +1 \| +0 \| +1 \| +0 \|", md)  # counts: reproduced, partly, not, none
+    assert (tmp_path / "workload_sensitivity.png").exists()
+
+
+def test_sensitivity_experiment_runs_on_a_small_cut(compose_cfg, tmp_path):
+    """``experiment=fasttts_workload_sensitivity`` composes (4 workload models x 2 systems, first 3
+    problems), is not a paper experiment of harness.reproduce, and its jobs cut to n=8 and one problem
+    run under every model and report: 2 paper numbers judged per model, a gain per model."""
+    from harness.report import gather_runs
+    from harness.reproduce import paper_experiments
+    from harness.run import run
+    from systems.verifier_search.workload_report import report_workload_sensitivity
+
+    cfg = compose_cfg("experiment=fasttts_workload_sensitivity")
+    assert cfg.report == "systems.verifier_search.workload_report.report_workload_sensitivity"
+    assert cfg.workload.num_problems == 3 and "fasttts_workload_sensitivity" not in paper_experiments()
+    validate(cfg)
+    sweep = tmp_path / "sweep"
+    for model in STEP_MODELS:
+        for system in ("vllm_tts", "fasttts"):
+            over = [f"system={system}", "backend=sim", "n=8", "workload.num_problems=1", f"workload.step_model={model}"]
+            rec = run(compose_cfg(*over, output_dir=sweep / f"{model}-{system}"))
+            assert rec["status"] == "ok", rec["message"]
+    t = report_workload_sensitivity(sweep, gather_runs(sweep))
+    assert sorted(t["step_model"]) == sorted(STEP_MODELS) and (t["fasttts/base (sim)"] > 0).all()
+    v = __import__("pandas").read_csv(sweep / "workload_verdicts.csv")
+    assert v.groupby("step_model").size().to_dict() == dict.fromkeys(STEP_MODELS, 2)
