@@ -801,6 +801,10 @@ def run(cfg, ctx) -> RunResult:
         tables[replay.TABLE] = pd.DataFrame(b.gen.rows)
     if unavailable:  # real runs only: simulated summaries unchanged
         summ["offload_available"] = False
+    if not ctx.backend.simulated and str(cfg.workload.step_model) != "geometric":  # the setting is the simulator's
+        summ["step_model_in_force"] = (
+            "the generator's own (local weights)" if is_local(cfg.model.weights) else "geometric (logit biases)"
+        )
     if not ctx.backend.simulated:  # real runs only: what their seconds are
         summ["time_basis"] = TIME_BASIS
         display.insert(2, ("  seconds measured as", "time_basis", str))
