@@ -30,14 +30,17 @@ PARAMS = {  # round numbers, so that the closed forms below are worked by hand
 }
 
 
-def first_steps(lengths, age: int, path_steps: int = 0, count: int = 4000):
+def first_steps(lengths, age: int, path_steps: int = 0, count: int = 4000, second: bool = False):
     """(mean length of the first step, share ending in the end token) of ``count`` requests' streams
-    (seeds 0..count-1) whose current step already holds ``age`` tokens, through ``TokenSource``."""
+    (seeds 0..count-1) whose current step already holds ``age`` tokens, through ``TokenSource``;
+    ``second``: the mean length of the step after it instead (a whole step)."""
     src = TokenSource(StepModel(*step_probabilities(100, 8), DELIM, EOS, VOCAB), None, lengths)
     out, eos = [], 0
     for seed in range(count):
         s = src.stream(GenRequest(f"r{seed}", [1, 2], 100000, seed, path="0/0", path_steps=path_steps, step_age=age))
         end, finish = s.boundary(0, 10**9, eos_only=False)
+        if second:
+            end = s.boundary(end, 10**9, eos_only=False)[0] - end
         out.append(end)
         eos += finish == "eos"
     return float(np.mean(out)), eos / count
@@ -64,11 +67,13 @@ def test_a_head_start_changes_the_remaining_step_under_lognormal_not_geometric()
     holds 200 tokens (``GenRequest.step_age``) finishes it in ~200 more tokens under the fitted
     log-normal (E[L - 200 | L > 200] of the fitted sigma 1.12, mean 100: 200.2) but ~100 at age 0;
     under geometric both are 1/p = 100 (4000 seeds each: the standard error is ~1.6 tokens).
-    Mutation: ``TokenSource._chunk`` passing age 0 instead of the request's step_age fails this."""
+    The step after it is a whole one again (~100). Mutations: ``TokenSource._chunk`` passing age 0
+    instead of the request's step_age; ``Chunker`` keeping the age for the next step; each fails this."""
     ln = StepLengths("lognormal", 100, 8)
     fresh, _ = first_steps(ln, 0)
     late, _ = first_steps(ln, 200)
     assert abs(fresh - 100) < 6 and abs(late - ln.expected_remaining(200)) < 12 and late > fresh + 60
+    assert abs(first_steps(ln, 200, second=True)[0] - 100) < 6  # the next step starts afresh
     g0, _ = first_steps(None, 0)
     g1, _ = first_steps(None, 200)
     assert abs(g0 - 100) < 6 and abs(g1 - 100) < 6
