@@ -150,6 +150,12 @@ SUMMARY_KEYS: Dict[str, Dict[str, Key]] = {
         ),
         "n": Key("count", "paths per problem (N)"),
         "step_tokens_mean_model": Key("tokens", "configured mean step of the step model (random weights)"),
+        "step_model_in_force": Key(
+            TEXT,
+            "real engines only, when workload.step_model is not geometric (a simulator setting): the step "
+            "lengths the run had, geometric (logit biases) with random weights or the generator's own",
+            "real engine, workload.step_model not geometric",
+        ),
         "max_step_tokens": Key("tokens", "cap on a step's tokens"),
         "score_source": Key(TEXT, "where the verifier's scores come from: prm (the verifier model) or synthetic"),
         "kv_budget_bytes": Key("B", "device memory for both engines' KV"),

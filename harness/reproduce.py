@@ -61,6 +61,7 @@ NOT_PAPER = {
     "beam_fidelity",
     "beam_fidelity_sim",  # not paper figures (--real runs them)
     "fasttts_offload",
+    "fasttts_workload_sensitivity",  # re-judges Fig. 12 once per workload model: not the paper's count
     "lbs_energy",
 }  # cross-paper studies: no paper numbers
 # --quick: one small simulated experiment per family, each at the paper's own settings (own verdicts);

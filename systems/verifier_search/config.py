@@ -66,6 +66,13 @@ class MathWorkload:
     geometric, seeded per request. (In the last iteration a path decodes to the end token without
     the stop string, FastTTS §1.1: that step averages ``step_tokens_mean * steps_per_answer_mean``
     tokens before the caps.)
+
+    ``step_model`` (the simulated backend's workload; issue 38, item 9; ``step_lengths.py``):
+    ``lognormal`` (default), ``empirical`` or ``lognormal_heavy``: step lengths from the distribution
+    fitted to MATH-500 solutions split on "\n\n" (``workloads/step_lengths.json``, ``python -m
+    workloads.step_fit``) at the means above, a remaining step length that depends on how far the
+    step got, and a path length (steps) per problem; ``geometric``: the memoryless model above. A
+    real engine with random weights always samples the geometric model (its logit biases).
     """
 
     name: str = MISSING
@@ -85,6 +92,7 @@ class MathWorkload:
     eos_token_id: int = 151643
     step_tokens_mean: float = 100.0  # FastTTS Fig. 3-right: about 100 tokens per step
     steps_per_answer_mean: float = 8.0
+    step_model: str = "lognormal"  # lognormal | geometric | empirical | lognormal_heavy (step_lengths.STEP_MODELS)
     # real vLLM on CPU (random weights, 2 cores): shorter steps so a whole problem set runs in
     # minutes; used instead of step_tokens_mean / max_step_tokens when the engine runs on a CPU
     cpu_step_tokens_mean: float = 4.0

@@ -27,7 +27,9 @@ class GenRequest:
     M_i (§4.1.1), larger = speculates longer under the cap. ``path``: the path's name in the search
     tree, problem-qualified (``"3/0.1.2"``; its parent is ``"3/0.1"``), whose prompt extends the
     parent's: the simulator hashes only the blocks past what it hashed for the parent (vLLM hashes
-    blocks itself)."""
+    blocks itself). ``path_steps``: steps the path holds before ``prompt_ids``' speculative tail,
+    ``step_age``: tokens of the unfinished step at the end of ``prompt_ids`` (a speculative head
+    start), both for the simulator's step-length model (``step_lengths``; a real engine ignores them)."""
 
     uid: str
     prompt_ids: List[int]
@@ -36,6 +38,8 @@ class GenRequest:
     stop_at_delimiter: bool = True
     potential: int = 1
     path: str = ""
+    path_steps: int = 0
+    step_age: int = 0
 
 
 @dataclass

@@ -48,6 +48,7 @@ from systems.verifier_search.memory_plan import (
     step_cap,
     unset,
 )
+from systems.verifier_search.step_lengths import STEP_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,19 @@ def step_model(cfg, on_cpu: bool):
     if on_cpu and not is_local(cfg.model.weights):
         return float(w.cpu_step_tokens_mean), step_cap(cfg, on_cpu)
     return float(w.step_tokens_mean), step_cap(cfg, on_cpu)
+
+
+def step_lengths(cfg, mean: float):
+    """The simulator's step-length model other than geometric (``workload.step_model``;
+    ``step_lengths.StepLengths`` at ``mean`` tokens per step and ``steps_per_answer_mean`` steps per
+    path), or None: the geometric chunks of ``sim.StepModel``, as the real random-weight engines'
+    logit biases (``beams.step_logit_biases``, which stay geometric)."""
+    w = cfg.workload
+    if str(w.step_model) == "geometric":
+        return None
+    from systems.verifier_search.step_lengths import StepLengths
+
+    return StepLengths(str(w.step_model), mean, float(w.steps_per_answer_mean))
 
 
 def gen_token_budget(cfg) -> int:
@@ -143,6 +157,8 @@ def validate(cfg) -> None:
                 s.replay_tokens,
                 "a run directory holding gen_tokens.parquet (a run with system.record_tokens=true)",
             )
+    if w.step_model not in STEP_MODELS:
+        raise bad("workload.step_model", w.step_model, f"one of {', '.join(STEP_MODELS)}")
     if w.agg_strategy not in AGGREGATIONS:
         raise bad("workload.agg_strategy", w.agg_strategy, f"one of {', '.join(AGGREGATIONS)}")
     if s.score_source not in SCORE_SOURCES:
@@ -550,7 +566,9 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
 
         p_d, p_e = step_probabilities(mean, float(w.steps_per_answer_mean))
         recorded = replay.load(s.replay_tokens) if not unset(s.replay_tokens) else None
-        tokens = sim.TokenSource(sim.StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size), recorded)
+        tokens = sim.TokenSource(
+            sim.StepModel(p_d, p_e, st.delimiter_id, st.eos_id, m.vocab_size), recorded, step_lengths(cfg, mean)
+        )
         gen = sim.SimGenerator(
             gen_shape,
             Roofline.of(cfg.hardware, "decode"),
@@ -803,6 +821,10 @@ def run(cfg, ctx) -> RunResult:
         tables[replay.TABLE] = pd.DataFrame(b.gen.rows)
     if unavailable:  # real runs only: simulated summaries unchanged
         summ["offload_available"] = False
+    if not ctx.backend.simulated and str(cfg.workload.step_model) != "geometric":  # the setting is the simulator's
+        summ["step_model_in_force"] = (
+            "the generator's own (local weights)" if is_local(cfg.model.weights) else "geometric (logit biases)"
+        )
     if not ctx.backend.simulated:  # real runs only: what their seconds are
         summ["time_basis"] = TIME_BASIS
         display.insert(2, ("  seconds measured as", "time_basis", str))

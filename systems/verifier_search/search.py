@@ -22,6 +22,7 @@ import numpy as np
 from systems.verifier_search.beams import Beam, aggregate, request_seeds, stable_hash, stable_hashes
 from systems.verifier_search.protocol import Generator, GenRequest, Verifier, VerifierOutput
 from systems.verifier_search.speculation import SpeculationPolicy, copy_keeps, speculative_potential
+from systems.verifier_search.step_lengths import head_start
 
 
 @dataclass
@@ -288,6 +289,7 @@ class Search:
             seeds = request_seeds(st.seed, pidx, it, [b.uid for b in requested])
             room = st.max_model_len - len(prompt)  # path tokens the model length leaves
             req_prefix = f"p{pidx}.i{it}."  # + uid: the request's uid
+            heads = [head_start(b.spec, bounds, 0, len(b.step_ends)) for b in requested]  # (steps, age)
             reqs = [
                 GenRequest(
                     uid=req_prefix + b.uid,
@@ -297,8 +299,10 @@ class Search:
                     stop_at_delimiter=not last,
                     potential=prev_potential.get(b.uid, 1),
                     path=path_prefix + b.uid,
+                    path_steps=steps,
+                    step_age=age,
                 )
-                for b, seed in zip(requested, seeds)
+                for b, seed, (steps, age) in zip(requested, seeds, heads)
             ]
             res = self.gen.extend(reqs, SpeculationPolicy(st.speculative and not last, st.spec_max_beams))
             gen_t += res.time_s

@@ -9,8 +9,9 @@ caching over hashed full blocks with LRU eviction of unpinned blocks, a prompt h
 ``len - 1`` tokens (vLLM recomputes the last one); one decode token per running sequence per
 step. Every speculative decision is the :class:`~systems.verifier_search.speculation.SpeculationPolicy`'s.
 
-Tokens come from a :class:`TokenSource`: sampled from the step-length model of the real random-
-weight runs (geometric steps ending at the delimiter or the end token, seeded per request), or
+Tokens come from a :class:`TokenSource`: sampled from the step-length model (``workload.step_model``:
+the fitted, not memoryless ``step_lengths`` models, or the geometric steps of the real random-weight
+runs; steps end at the delimiter or the end token, seeded per request), or
 replayed from a real run's recorded outputs (``system.replay_tokens``), so that simulator and
 engine search the same tree. Approximations (stated in docs/verifier_search.md): a request reserves KV for its
 whole step at admission (no preemption or recompute; speculative tokens beyond free blocks count
@@ -295,7 +296,9 @@ class TokenStream:
     :meth:`TokenSource.prepare`), so a stream is the same however far it is read.
 
     ``ends[i]`` / ``is_eos[i]``: the exclusive end of boundary i and whether it is the end token;
-    the first ``materialised`` of them are in ``tokens``, the rest drawn ahead."""
+    the first ``materialised`` of them are in ``tokens``, the rest drawn ahead. ``chunk``: where the
+    chunk lengths come from, ``model.chunk`` (geometric, memoryless) unless given (a
+    ``step_lengths.Chunker`` of the request: ``workload.step_model`` other than geometric)."""
 
     def __init__(
         self,
@@ -303,8 +306,10 @@ class TokenStream:
         rng_len: np.random.Generator,
         rng_body: np.random.Generator,
         recorded: Sequence[int] = (),
+        chunk=None,
     ):
         self.m, self.rng_len, self.rng_body = model, rng_len, rng_body
+        self.chunk = chunk or model.chunk  # (rng) -> (tokens to the next boundary, end token?)
         self.tokens: List[int] = list(recorded)  # materialised tokens
         self.ends: List[int] = []  # exclusive end of every boundary token
         self.is_eos: List[bool] = []
@@ -316,7 +321,7 @@ class TokenStream:
         self.materialised = len(self.ends)
 
     def _draw(self) -> None:
-        n, eos = self.m.chunk(self.rng_len)
+        n, eos = self.chunk(self.rng_len)
         self.length += n
         self.ends.append(self.length)
         self.is_eos.append(eos)
@@ -374,26 +379,38 @@ class TokenSource:
     """Token streams of requests: sampled from ``model`` with each request's seed, or, for uids in
     ``recorded`` (uid -> tokens a real engine produced), those tokens first. :meth:`prepare` builds
     the streams of a batch of requests together (their generators' seeding vectorised); :meth:`stream`
-    hands each out once, or builds one not prepared."""
+    hands each out once, or builds one not prepared. ``lengths``: a ``step_lengths.StepLengths``
+    (``workload.step_model`` other than geometric) that draws each stream's chunk lengths, given the
+    request's problem, its path's steps and its current step's head start (``GenRequest.step_age``,
+    ``path_steps``); None: ``model``'s geometric chunks."""
 
-    def __init__(self, model: StepModel, recorded: Optional[Dict[str, Sequence[int]]] = None):
-        self.model, self.recorded = model, recorded or {}
+    def __init__(
+        self, model: StepModel, recorded: Optional[Dict[str, Sequence[int]]] = None, lengths: Optional[object] = None
+    ):
+        self.model, self.recorded, self.lengths = model, recorded or {}, lengths
         self.ready: Dict[str, TokenStream] = {}
+
+    def _chunk(self, r: GenRequest, rec: Sequence[int]):
+        """The chunk source of ``r``'s stream (None: the model's geometric one)."""
+        if self.lengths is None:
+            return None
+        from systems.verifier_search.step_lengths import head_start, problem_of
+
+        m = self.model
+        steps, age = head_start(rec, frozenset((m.delimiter_id, m.eos_id)), r.step_age, r.path_steps)
+        return self.lengths.chunker(problem_of(r.path), steps, age).chunk
+
+    def _new(self, r: GenRequest, g_len, g_body) -> TokenStream:
+        rec = self.recorded.get(r.uid, ())
+        return TokenStream(self.model, g_len, g_body, rec, self._chunk(r, rec))
 
     def prepare(self, requests: Sequence[GenRequest]) -> None:
         gens = generators([e for r in requests for e in ([r.seed, 0], [r.seed, 1])])
-        self.ready = {
-            r.uid: TokenStream(self.model, gens[2 * i], gens[2 * i + 1], self.recorded.get(r.uid, ()))
-            for i, r in enumerate(requests)
-        }
+        self.ready = {r.uid: self._new(r, gens[2 * i], gens[2 * i + 1]) for i, r in enumerate(requests)}
 
     def stream(self, r: GenRequest) -> TokenStream:
         s = self.ready.pop(r.uid, None)
-        return (
-            s
-            if s is not None
-            else TokenStream(self.model, *generators([[r.seed, 0], [r.seed, 1]]), self.recorded.get(r.uid, ()))
-        )
+        return s if s is not None else self._new(r, *generators([[r.seed, 0], [r.seed, 1]]))
 
 
 # ------------------------------------------------------------------------------------- costs

@@ -14,6 +14,7 @@ EXPERIMENTS = [
     "fasttts_memory",
     "fasttts_methods",
     "fasttts_gpus",
+    "fasttts_workload_sensitivity",
 ]
 
 

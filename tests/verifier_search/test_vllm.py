@@ -142,6 +142,9 @@ def test_two_iteration_real_run(system, tmp_path):
     s = rec["summary"]
     assert s["problems"] == 2 and s["iterations_per_problem"] == 2
     assert s["time_basis"].startswith("wall (time.perf_counter)")  # the table says what its seconds are
+    # workload.step_model=lognormal (default) is the simulator's: random weights sample geometric steps.
+    # Mutation: the runner not writing step_model_in_force fails this
+    assert s["step_model_in_force"] == "geometric (logit biases)"
     assert s["gen_requests"] > 0 and s["ver_requests"] > 0
     assert s["precise_goodput_tok_s"] > 0 and s["latency_s"] > 0 and s["ver_latency_s"] > 0
     assert s["completions_per_problem"] >= 8
