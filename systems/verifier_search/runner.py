@@ -37,7 +37,7 @@ from systems.verifier_search.config import (
     TTS_SYSTEM_NUMBERS,
 )
 from systems.verifier_search.memory import ModelShape, Roofline
-from systems.verifier_search.memory_plan import M_BATCH_CAPS, REPLANS, MemoryPlan, kv_budget, unset
+from systems.verifier_search.memory_plan import KV_ACCOUNTINGS, M_BATCH_CAPS, REPLANS, MemoryPlan, kv_budget, unset
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,8 @@ def validate(cfg) -> None:
         raise bad("verifier.input_limit", v.input_limit, "a token count > 1 (with verifier.input_truncation)")
     if s.m_batch_caps not in M_BATCH_CAPS:
         raise bad("system.m_batch_caps", s.m_batch_caps, f"one of {', '.join(M_BATCH_CAPS)}")
+    if s.kv_accounting not in KV_ACCOUNTINGS:
+        raise bad("system.kv_accounting", s.kv_accounting, f"one of {', '.join(KV_ACCOUNTINGS)}")
     if not unset(s.replay_tokens):
         if cfg.backend.name != "sim":
             raise bad(
