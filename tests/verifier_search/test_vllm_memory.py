@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness import model_facts as mf
+from harness.backend import Backend
 from harness.errors import ConfigError
 from harness.vllm_memory import VLLM_032_CPU, VLLM_092_CUDA, activation_peak_bytes
 from systems.verifier_search import runner
@@ -19,8 +20,8 @@ from systems.verifier_search.memory_plan import MemoryPlan, kv_budget
 ROOT = Path(__file__).resolve().parents[2]
 # Qwen2.5-Math-1.5B (h 1536, I 8960, V 151936, bf16) as the artifact's V0 generator: T = 4096
 # (max_model_len, chunked prefill off), S = 256. Sampler: 4096 x 1536 x 2 (model output) +
-# 256 x 151936 x (2 bf16 logits + 26 V0 top-k/top-p copies) = 12,582,912 + 1,089,077,248.
-GEN_PEAK_1_5B = 1_101_660_160
+# 256 x 151936 x (2 bf16 logits + 30 V0 top-k/top-p copies) = 12,582,912 + 1,244,659,712.
+GEN_PEAK_1_5B = 1_257_242_624
 # Skywork PRM 1.5B (same body) as a pooling engine: forward only, 4096 x (4 x 1536 + 3 x 8960) x 2.
 VER_PEAK_1_5B = 270_532_608
 
@@ -46,11 +47,13 @@ def test_kv_is_memory_minus_weights_minus_each_engines_peak(compose_cfg):
     (0.20 / 0.20 of the memory, the artifact's split) each lose their weights and their own
     profiling peak; M's budget loses both. Mutation: the flat 5 % reserve (the generator 0.78 GiB
     richer) fails this; so does subtracting the generator's peak from the verifier."""
-    cfg = compose_cfg("system=vllm_tts")
+    cfg = compose_cfg("system=vllm_tts", "backend=sim")
     mem = 0.2 * cfg.hardware.memory_bytes
     a = MemoryPlan(cfg, on_cpu=False, real=False).fixed
     assert a.gen_kv_bytes == int(mem - mf.weight_bytes(cfg.model) - GEN_PEAK_1_5B)
     assert a.ver_kv_bytes == int(mem - mf.weight_bytes(cfg.verifier) - VER_PEAK_1_5B)
+    gen = runner.build(cfg, Backend("sim", "sim", True, "test"), None).gen  # the simulated engine's blocks
+    assert gen.cache.capacity == a.gen_kv_bytes // (gen.m.kv_bytes_per_token * gen.block)
     f = compose_cfg("system=fasttts")
     share = 0.4 * f.hardware.memory_bytes
     want = share - mf.weight_bytes(f.model) - mf.weight_bytes(f.verifier) - GEN_PEAK_1_5B - VER_PEAK_1_5B
@@ -134,7 +137,7 @@ def test_rule_matches_vllm_cpu_profiling_pass():
     logits' float32 copy counted). What vLLM-CPU logs itself: only the KV size it was given
     ("Explicitly set ... GiB for KV cache"); its KV cache is exactly that size (no peak taken off
     on a CPU, as ``kv_budget`` does there). Mutations: the flat 5 % (or no) reserve in place of the
-    peak, dropping the sampler term, or the V0 copy count (26 B per logit) on V1, each fails this."""
+    peak, dropping the sampler term, or the V0 copy count (30 B per logit) on V1, each fails this."""
     for T, S, dtype in ((8192, 1, "float32"), (2048, 256, "bfloat16")):
         from omegaconf import OmegaConf
 
