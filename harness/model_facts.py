@@ -332,7 +332,9 @@ def kv_bytes_per_token(m) -> int:
 #       activations, allocator slack); null = 10 % of the device memory (vLLM's default
 #       gpu_memory_utilization of 0.9). rtx4090.yaml states the reserve the LBS paper implies.
 #   FastTTS family: the engines may use ``system.memory_fraction`` of the memory (the paper's
-#       setting), 5 % of that share reserved for activations (systems/verifier_search/memory_plan.py).
+#       setting), less each engine's activation reserve: the activation peak of vLLM's start-up
+#       profiling pass (harness/vllm_memory.py; ``system.kv_accounting=vllm``, default) or 5 % of
+#       that share (``flat``) (systems/verifier_search/memory_plan.py activation_reserve).
 DEFAULT_RESERVE_FRACTION = 0.10
 
 

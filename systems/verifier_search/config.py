@@ -160,6 +160,10 @@ class TTSSystem:
     # = min(max_step_tokens, (max_model_len - prompt) / num_iterations), the longest mean step with
     # which a path still fits max_model_len, or a fixed token count (> 0) written in the config
     m_step_prior: Any = "fit"
+    # each engine's activation reserve (memory_plan.KV_ACCOUNTINGS): vllm = the activation peak of vLLM's
+    # start-up profiling pass (harness/vllm_memory.py: vLLM 0.9.2's Worker.determine_num_available_blocks /
+    # profile_run, as the FastTTS artifact's engines sized their KV); flat = 5 % of the memory share (ours until issue 38)
+    kv_accounting: str = "vllm"
     block_size: int = 32  # KV block (tokens); CPU wants multiples of 32
     score_source: str = "auto"  # auto (prm with real verifier weights, else synthetic) | prm | synthetic
     vg_short_iterations: int = 3  # VG-search: iterations 0-2 use short steps

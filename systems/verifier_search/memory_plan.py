@@ -11,7 +11,9 @@ KV budget M = bytes of KV cache per device; generator and verifier share the one
 ``kv_budget`` (top-level or ``system.kv_budget``); otherwise derived by
 ``harness.model_facts.default_kv_budget``: the engines may use ``system.memory_fraction`` of the
 device memory (the paper's setting: 0.4 for 1.5B+1.5B, else 0.9), minus both models' weights, minus
-5 % of that share for activations. A CPU engine commits its KV up front in host memory that other
+each engine's activation reserve (``system.kv_accounting``, :func:`activation_reserve`: ``vllm``, the
+default, the activation peak of vLLM's start-up profiling pass, ``harness.vllm_memory``; ``flat``, 5 %
+of the memory share, ours until issue 38). A CPU engine commits its KV up front in host memory that other
 processes share, so on a CPU (real, or simulated with a CPU profile) the default is
 ``system.cpu_kv_budget`` instead.
 
@@ -75,6 +77,10 @@ M_STEP_PRIOR_FIT = "fit"  # system.m_step_prior: the prior from the limits (Memo
 M_BATCH_CAPS = ("artifact", "roofline")
 ACTIVATION_RESERVE = 0.05  # share of the engines' memory kept for activations (FastTTS family)
 PROFILE_SEED_TAG = 0xFA575  # M's profiling pass draws from default_rng([seed, tag]) (BEAM's: 0x7AB1E)
+# How an engine's activation reserve is counted (``system.kv_accounting``): ``vllm`` (default) = the
+# activation peak of vLLM's profiling pass, as vLLM sizes KV (harness/vllm_memory.py; the FastTTS
+# artifact ran vLLM 0.9.2 on a GPU: VLLM_092_CUDA); ``flat`` = ACTIVATION_RESERVE of the memory share
+KV_ACCOUNTINGS = ("vllm", "flat")
 CPU_PROFILE = "cpu-tts"  # conf/hardware/cpu-tts.yaml: this CPU, measured by systems.verifier_search.calibrate
 HARDWARE_DIR = Path(__file__).resolve().parents[2] / "conf" / "hardware"
 # FastTTS AE fixed gpu_memory_utilization (generator, verifier) per pair for the baseline (§4.4)
@@ -94,14 +100,45 @@ def shapes(cfg) -> Tuple[ModelShape, ModelShape]:
     return ModelShape.of(cfg.model), ModelShape.of(cfg.verifier)
 
 
+def activation_reserve(cfg, role: str, share_bytes: float) -> float:
+    """Bytes the ``role`` engine (``model``: the generator, ``verifier``) keeps off its KV for
+    activations, given ``share_bytes`` of device memory (its gpu_memory_utilization x total), by
+    ``system.kv_accounting`` (:data:`KV_ACCOUNTINGS`): ``vllm``: the activation peak of vLLM's
+    start-up profiling pass (``harness.vllm_memory.activation_peak_bytes``, vLLM 0.9.2 on a GPU as
+    the FastTTS artifact ran it) over the engine's ``max_num_batched_tokens`` (runner.gen_token_budget /
+    ver_token_budget) and ``system.max_num_seqs``, the verifier a pooling model (no sampler);
+    ``flat``: :data:`ACTIVATION_RESERVE` x ``share_bytes``. Raises ConfigError for another setting."""
+    how = str(cfg.system.get("kv_accounting", "vllm"))
+    if how == "flat":
+        return ACTIVATION_RESERVE * share_bytes  # a float, as before issue 38 (bit for bit)
+    if how != "vllm":
+        raise ConfigError(f"system.kv_accounting={how!r} is not allowed: one of {', '.join(KV_ACCOUNTINGS)}")
+    from harness.vllm_memory import VLLM_092_CUDA, activation_peak_bytes
+    from systems.verifier_search.runner import gen_token_budget, ver_token_budget
+
+    gen = role == "model"
+    return activation_peak_bytes(
+        cfg[role],
+        gen_token_budget(cfg) if gen else ver_token_budget(cfg),
+        int(cfg.system.max_num_seqs),
+        pooling=not gen,
+        profile=VLLM_092_CUDA,
+    )
+
+
 def kv_budget(cfg, on_cpu: bool) -> int:
     """KV budget M in bytes (module docstring; harness.model_facts.kv_budget_bytes with this family's
-    share and reserve). Raises RunOOM when the derived budget is <= 0 (the weights do not fit: a
-    recorded oom), ConfigError for a bad or non-positive setting."""
+    share and reserve: both engines' :func:`activation_reserve`). Raises RunOOM when the derived
+    budget is <= 0 (the weights do not fit: a recorded oom), ConfigError for a bad or non-positive
+    setting."""
     s = cfg.system
     gen, ver = shapes(cfg)
     share = float(cfg.hardware.memory_bytes) * float(s.memory_fraction)
-    m = kv_budget_bytes(s, share, gen.weight_bytes + ver.weight_bytes, ACTIVATION_RESERVE * share, on_cpu=on_cpu)
+    if str(s.get("kv_accounting", "vllm")) == "flat":  # one 5 % of the whole share (ours until issue 38)
+        reserve = activation_reserve(cfg, "model", share)
+    else:  # each engine's own profiling peak
+        reserve = activation_reserve(cfg, "model", share) + activation_reserve(cfg, "verifier", share)
+    m = kv_budget_bytes(s, share, gen.weight_bytes + ver.weight_bytes, reserve, on_cpu=on_cpu)
     if m <= 0 and unset(s.kv_budget) and not on_cpu:
         raise RunOOM(
             f"memory_fraction={s.memory_fraction} of {cfg.hardware.name} leaves {m / 2**30:.2f} GiB "
@@ -200,8 +237,8 @@ class MemoryPlan:
             scale = float(s.memory_fraction) / (pair[0] + pair[1])  # 1 at the paper's fractions
             mem = float(cfg.hardware.memory_bytes)
             gm, vm = pair[0] * scale * mem, pair[1] * scale * mem
-            g = default_kv_budget(gm, self.gen.weight_bytes, ACTIVATION_RESERVE * gm)
-            v = default_kv_budget(vm, self.ver.weight_bytes, ACTIVATION_RESERVE * vm)
+            g = default_kv_budget(gm, self.gen.weight_bytes, activation_reserve(cfg, "model", gm))
+            v = default_kv_budget(vm, self.ver.weight_bytes, activation_reserve(cfg, "verifier", vm))
             self.split = (
                 f"the baseline's fixed split ({pair[0] * scale:.2f} / {pair[1] * scale:.2f} of "
                 f"{cfg.hardware.name}'s memory, FastTTS AE) minus each model's weights"

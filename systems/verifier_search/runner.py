@@ -40,6 +40,7 @@ from systems.verifier_search.config import (
 )
 from systems.verifier_search.memory import ModelShape, Roofline
 from systems.verifier_search.memory_plan import (
+    KV_ACCOUNTINGS,
     M_BATCH_CAPS,
     M_STEP_PRIOR_FIT,
     REPLANS,
@@ -144,6 +145,8 @@ def validate(cfg) -> None:
             prior,
             f"{M_STEP_PRIOR_FIT} (the longest mean step that fits max_model_len) or a token count > 0",
         )
+    if s.kv_accounting not in KV_ACCOUNTINGS:
+        raise bad("system.kv_accounting", s.kv_accounting, f"one of {', '.join(KV_ACCOUNTINGS)}")
     if not unset(s.replay_tokens):
         if cfg.backend.name != "sim":
             raise bad(

@@ -293,7 +293,10 @@ def test_the_baseline_split_follows_memory_fraction(compose_cfg):
     from systems.verifier_search.memory_plan import ACTIVATION_RESERVE, MemoryPlan
 
     for hw, frac, share in (("rtx4090", 0.4, 0.2), ("rtx4070ti", 0.9, 0.45)):
-        cfg = compose_cfg("system=vllm_tts", f"hardware={hw}", f"system.memory_fraction={frac}")
+        # the flat reserve (system.kv_accounting=flat) keeps this a test of the split alone
+        cfg = compose_cfg(
+            "system=vllm_tts", f"hardware={hw}", f"system.memory_fraction={frac}", "system.kv_accounting=flat"
+        )
         a = MemoryPlan(cfg, on_cpu=False, real=False).fixed
         mem = share * cfg.hardware.memory_bytes
         assert a.gen_kv_bytes == int(mem - mf.weight_bytes(cfg.model) - ACTIVATION_RESERVE * mem)

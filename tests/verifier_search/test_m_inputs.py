@@ -49,7 +49,9 @@ def test_exact_profile_and_the_true_mean_give_the_plan_before_issue_38_bit_for_b
     profiled context (instead of the roofline x the interpolated ratio) fails this."""
     got = {}
     for n in (64, 512):
-        cfg = compose_cfg(*RTX, f"n={n}", "system.m_batch_caps=roofline", "system.profile_error.noise=0")
+        cfg = compose_cfg(
+            *RTX, f"n={n}", "system.m_batch_caps=roofline", "system.profile_error.noise=0", "system.kv_accounting=flat"
+        )
         mp = MemoryPlan(cfg, on_cpu=False, real=False)
         mp.observe([100, 100])
         got[n] = (mp.per_run(n, 173.0), mp.per_iteration(0, [Path_(100, 250)] * n, 150))
@@ -71,7 +73,7 @@ def test_plan_with_a_profiling_error_is_the_erred_tables(compose_cfg):
     simulator's roofline: at n=64 the roofline gives B_pre = 64 (prefill's cost per sequence is
     nearly flat in the batch, so 2 % noise decides), the table B_pre = 8 and a larger generator
     share. Mutation: MemoryPlan.plan searching the true roofline (``table`` not passed) fails this."""
-    cfg = compose_cfg(*RTX, "n=64", "system.m_batch_caps=roofline")
+    cfg = compose_cfg(*RTX, "n=64", "system.m_batch_caps=roofline", "system.kv_accounting=flat")
     mp = MemoryPlan(cfg, on_cpu=False, real=False)
     mp.observe([100])
     a = mp.per_run(64, 173.0)

@@ -97,11 +97,12 @@ def test_m_on_a_real_cpu_plans_with_a_measured_profile(compose_cfg):
 
 
 def test_kv_budget_default_is_the_model_facts_rule(compose_cfg):
-    """M = memory x memory_fraction - both models' weights - 5 % of that share (harness.model_facts
-    .default_kv_budget); the 1.5B+1.5B pair at 40 % of an RTX 4090."""
+    """M = memory x memory_fraction - both models' weights - a reserve (harness.model_facts
+    .default_kv_budget); the 1.5B+1.5B pair at 40 % of an RTX 4090, with the flat reserve (5 % of
+    that share: ``system.kv_accounting=flat``; vLLM's accounting, the default: test_vllm_memory)."""
     from harness import model_facts as mf
 
-    cfg = compose_cfg("system=fasttts")
+    cfg = compose_cfg("system=fasttts", "system.kv_accounting=flat")
     share = 0.4 * cfg.hardware.memory_bytes
     want = share - mf.weight_bytes(cfg.model) - mf.weight_bytes(cfg.verifier) - 0.05 * share
     assert kv_budget(cfg, on_cpu=False) == int(want)
