@@ -84,24 +84,25 @@ def test_v0_steps_hold_prefills_only(steps):
 
 
 def test_v0_preempts_by_recompute_and_reprefills_the_whole_sequence(steps):
-    """4 blocks of 16; r0, r1: 16-token prompts (one block each), 40-token steps. V0 admits both (the
-    prompts' blocks only); after 16 decode steps each holds 2 blocks (32 tokens of KV) and the next
-    step needs 2 more: r1 (last admitted) is preempted, its 2 blocks freed; r0 decodes to its end
-    (4 blocks, evicting r1's cached blocks); r1 is prefilled again with its prompt and the 17
-    tokens it had sampled: 33 tokens, none cached, and ends with the tokens it would have made.
+    """5 blocks of 16; r0: 16-token prompt (1 block), r1: 24 tokens (1 full block + 1 partial), steps
+    of 40 and 44 tokens. V0 admits both (the prompts' blocks only: 3); after 16 decode steps r0 holds
+    2 blocks (32 tokens of KV), r1 3 (40), and the next step needs 2 more: r1 (last admitted) is
+    preempted, its 3 blocks freed (its 2 full ones cached); r0 decodes to its end at step 39 (4
+    blocks, evicting r1's first cached block); r1 is prefilled again with its prompt and the 17
+    tokens it had sampled: 41 tokens, none cached, and ends with the tokens it would have made.
     V1 reserves r0's whole step (4 blocks): r1 waits, nobody is preempted.
     Mutation: re-prefilling the prompt only (``reprefill_tokens`` without the generated tokens)
-    fails this; so does preempting the first admitted sequence (r0) instead of the last."""
-    rec = {"r0": step(40, 1000), "r1": step(40, 2000)}
-    reqs = [GenRequest(u, list(range(100 * i, 100 * i + 16)), 64, i) for i, u in enumerate(rec)]
-    gen = generator(rec, blocks=4, max_num_seqs=8, scheduler="v0")
+    fails this; so does preempting the first admitted sequence (r0: 33 tokens) instead of the last."""
+    rec = {"r0": step(40, 1000), "r1": step(44, 2000)}
+    reqs = [GenRequest("r0", list(range(16)), 64, 0), GenRequest("r1", list(range(100, 124)), 64, 1)]
+    gen = generator(rec, blocks=5, max_num_seqs=8, scheduler="v0")
     res = gen.extend(reqs, OFF)
-    assert gen.preemptions == 1 and gen.reprefilled == 33
-    assert [p for p, _ in steps if p] == [[(16, 0), (16, 0)], [(33, 0)]]
+    assert gen.preemptions == 1 and gen.reprefilled == 41
+    assert [p for p, _ in steps if p] == [[(16, 0), (24, 0)], [(41, 0)]]
     assert res.outputs["r0"].tokens == rec["r0"] and res.outputs["r1"].tokens == rec["r1"]
-    # r0 ends at decode step 39; r1 re-admitted there with 18 tokens, 22 steps to go: 1 + 39 + 1 + 22
-    assert res.time_s == 63.0
-    v1 = generator(rec, blocks=4, max_num_seqs=8, scheduler="v1")
+    # r0 ends at decode step 39; r1 re-admitted there with 18 tokens, 26 steps to go: 1 + 39 + 1 + 26
+    assert res.time_s == 67.0
+    v1 = generator(rec, blocks=5, max_num_seqs=8, scheduler="v1")
     v1.extend(reqs, OFF)
     assert v1.preemptions == 0
 
@@ -143,13 +144,11 @@ def test_sleep_charges_the_weights_both_ways_and_empties_the_prefix_cache():
     assert swapped.extend([rb], OFF).outputs["b"].cached_tokens == 48
 
 
-def test_sleeping_verifier_is_charged_its_weights():
-    """The verifier sleeps too: its call is charged 2 x weights / link more.
-    Mutation: the verifier returning without ``offload_s`` fails this."""
-    ver = SimVerifier(
+def verifier(scheduler: str = "v0") -> SimVerifier:
+    return SimVerifier(
         TINY,
         Roofline(5e10, 1e10),
-        kv_bytes=64 * 16 * 2048,
+        kv_bytes=1024 * 16 * 2048,
         max_num_seqs=8,
         block=16,
         token_budget=4096,
@@ -157,8 +156,14 @@ def test_sleeping_verifier_is_charged_its_weights():
         prompts={0: list(range(10))},
         seed=0,
         prefix_cache=False,
-        scheduler="v0",
+        scheduler=scheduler,
     )
+
+
+def test_sleeping_verifier_is_charged_its_weights():
+    """The verifier sleeps too: its call is charged 2 x weights / link more.
+    Mutation: the verifier returning without ``offload_s`` fails this."""
+    ver = verifier()
     items = [(step(8, 1000), [8])]
     t0 = ver.verify(0, items).time_s
     ver.configure(64 * 16 * 2048, 8, 1e9, "sleep")
@@ -167,10 +172,24 @@ def test_sleeping_verifier_is_charged_its_weights():
 
 def test_v0_verifier_packs_whole_inputs():
     """Without chunked prefill a pass holds whole inputs: 3 x 2500 tokens at 4096 -> 3 passes (V1's
-    chunks: ceil(7500 / 4096) = 2). Mutation: packing by the token sum fails this."""
+    chunks: ceil(7500 / 4096) = 2), in the function and in the simulated verifier's charge.
+    Mutation: packing by the token sum (in ``pack_passes``, or the v0 verifier not calling it) fails this."""
     assert pack_passes([2500, 2500, 2500], 4096) == 3
     assert pack_passes([3000, 1000, 2000], 4096) == 2 and pack_passes([0, 5], 4096) == 1
     assert pack_passes([], 4096) == 0
+    seen = []
+    real = sim.prefill_terms
+
+    def spy(m, new_tokens, attn, budget, passes=None):
+        seen.append(passes if passes is not None else -(-new_tokens // budget))
+        return real(m, new_tokens, attn, budget, passes)
+
+    items = [(step(2490, 1000 + 3000 * i), [2490]) for i in range(3)]  # + 10 prompt tokens: 2500 each
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sim, "prefill_terms", spy)
+        for scheduler in ("v0", "v1"):
+            verifier(scheduler).verify(0, items)
+    assert seen == [3, 2]
 
 
 def test_settings_validated_and_the_real_engine_records_v1(compose_cfg):
