@@ -1,7 +1,10 @@
 """vLLM 0.9.2's V0 engine as the FastTTS artifact ran it (``davidshiao55/TTC``, ``FastTTS-AE/``, commit
-5bf35f5; its ``GeneratorLLMEngine`` is a V0 ``LLMEngine``, and vLLM 0.9.2 runs pooling models, the
-AE's PRMs, on V0 only): the scheduling and offload rules of both simulated engines (``sim.py``), in one
-place.
+5bf35f5): the scheduling and offload rules of both simulated engines (``sim.py``), in one place. The
+AE's generator is a V0 ``LLMEngine`` (``models/generator_engine.py`` ``GeneratorLLMEngine``; its worker
+process sets ``VLLM_USE_V1=0`` for the generator, ``models/vllm_wrapper.py`` ``_model_process_worker``).
+That worker sets ``VLLM_USE_V1=1`` for the verifier; whichever engine vLLM 0.9.2 then gave the pooling
+PRM, it prefilled whole inputs (V0: chunked prefill off by default; V1: off by the pooling rule of
+``artifact.py``), the verifier rule ``sim.SimVerifier`` follows under ``v0``.
 
 - **Scheduler** (``system.scheduler``: :data:`SCHEDULERS`). ``v0`` (default of ``vllm_tts`` and
   ``fasttts``): vLLM 0.9.2 ``vllm/core/scheduler.py``, ``Scheduler._schedule_default`` (chunked prefill
@@ -34,8 +37,9 @@ place.
 - **Offload** (``system.offload_mode``: :data:`OFFLOAD_MODES`, with ``system.offload=true``).
   ``sleep`` (default): the AE's ``offload*`` configs (``FastTTS-AE/benchmarks/configs``): both engines at
   ``gpu_memory_utilization`` 0.95 (:data:`SLEEP_MEMORY_FRACTION`) with vLLM sleep mode level 1 around
-  every call (``LLM.sleep(level=1)``: weights copied to pinned host memory, KV discarded;
-  ``LLM.wake_up()``: weights copied back): each call is charged its weights over the host link
+  every call (``models/vllm_wrapper.py`` ``_model_process_worker``: ``model.wake_up()`` before and
+  ``model.sleep()`` after each ``generate`` / ``score``; ``LLM.sleep(level=1)``: weights copied to pinned
+  host memory, KV discarded; ``LLM.wake_up()``: weights copied back): each call is charged its weights over the host link
   both ways (:func:`sleep_s`) and starts with an empty prefix cache; the configuration chooses it,
   not a cost model. ``swap``: the paper's §4.3.2 description (the inactive engine's KV swapped
   to host memory and back; ``memory.search_allocation`` chooses it where the roofline predicts it
