@@ -804,5 +804,5 @@ def run(cfg, ctx) -> RunResult:
     if not ctx.backend.simulated:  # real runs only: what their seconds are
         summ["time_basis"] = TIME_BASIS
         display.insert(2, ("  seconds measured as", "time_basis", str))
-    message = "; ".join(x for x in (message, unavailable) if x)
+    message = "; ".join(x for x in (message, unavailable, v1_only) if x)
     return RunResult(status=status, message=message, summary=summ, display=display, tables=tables)
