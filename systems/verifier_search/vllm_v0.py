@@ -35,7 +35,9 @@ PRM, it prefilled whole inputs (V0: chunked prefill off by default; V1: off by t
   ``CacheConfig.block_size`` None -> 16, ``vllm/platforms/cuda.py`` ``check_and_update_config``); the
   CPU engine wants multiples of 32 (``cpu_block_size``). :func:`blocks` rounds a length up.
 - **Offload** (``system.offload_mode``: :data:`OFFLOAD_MODES`, with ``system.offload=true``).
-  ``sleep`` (default): the AE's ``offload*`` configs (``FastTTS-AE/benchmarks/configs``): both engines at
+  ``sleep`` (default): the AE's ``offload*`` configs (``FastTTS-AE/benchmarks/configs/<pair>/<set>/
+  {offload,spec_offload_prefix}/*.yaml``: ``offload_enabled: true``, ``gpu_memory_utilization: 0.95`` on
+  both models, no M: :func:`sleep_allocation` replaces the memory plan): both engines at
   ``gpu_memory_utilization`` 0.95 (:data:`SLEEP_MEMORY_FRACTION`) with vLLM sleep mode level 1 around
   every call (``models/vllm_wrapper.py`` ``_model_process_worker``: ``model.wake_up()`` before and
   ``model.sleep()`` after each ``generate`` / ``score``; ``LLM.sleep(level=1)``: weights copied to pinned
