@@ -631,6 +631,13 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
     return Built(st, problems, prompts, gen, ver, hook, alloc, closer, planner, skipped)
 
 
+def _preemptions(gen) -> Optional[int]:
+    """The simulated generator's recompute preemptions under ``scheduler=v0`` (inside an LBS or token-
+    recording wrapper too); None for another scheduler or a real engine."""
+    g = getattr(gen, "inner", gen)
+    return int(g.preemptions) if getattr(g, "v0", False) else None
+
+
 def grade(cfg, backend, problems, results, n: int):
     """Top-1 / Pass@N (``systems.verifier_search.accuracy``) of every problem's completed paths.
 
@@ -750,7 +757,7 @@ def run(cfg, ctx) -> RunResult:
         offload_mode=str(cfg.system.get("offload_mode", "swap")) if alloc.offload else None,
         scheduler=vllm_v0.scheduler_ran(cfg.system, ctx.backend.simulated),  # what ran (real engines: v1)
         block_size=vllm_v0.engine_block_size(cfg.system, on_cpu),
-        preemptions=getattr(b.gen, "preemptions", None),  # v0 recompute preemptions (simulator)
+        preemptions=_preemptions(b.gen),
         replan=str(cfg.system.replan),
         plan_profile=b.planner.profile,
         problems_skipped=len(b.skipped),

@@ -226,5 +226,9 @@ def test_sleep_plan_gives_each_engine_its_own_095(compose_cfg):
     assert b.alloc.gen_kv_bytes == int(share - gen_w - 0.05 * share)
     assert b.alloc.ver_kv_bytes == int(share - ver_w - 0.05 * share)
     assert b.gen.offload_mode == b.ver.offload_mode == "sleep"
+    assert (
+        runner._preemptions(b.gen) == 0
+        and runner._preemptions(generator({}, blocks=4, max_num_seqs=1, scheduler="v1")) is None
+    )
     b2 = runner.build(compose_cfg("system=fasttts_offload", "backend=sim", "kv_budget=512MiB"), SIM, None)
     assert b2.alloc.gen_kv_bytes == b2.alloc.ver_kv_bytes == 512 << 20
