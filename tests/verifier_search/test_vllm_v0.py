@@ -216,7 +216,8 @@ def test_settings_validated_and_the_real_engine_records_v1(compose_cfg):
 def test_sleep_plan_gives_each_engine_its_own_095(compose_cfg):
     """offload_mode=sleep on the simulated rtx4090: each engine gets 0.95 x 24 GiB x 0.95 less its own
     weights, batch caps 256, offload on, and both engines sleep; with kv_budget set, each gets it whole.
-    Mutation: splitting one 0.95 share between the engines fails this."""
+    The record counts preemptions under v0 only. Mutations: splitting one 0.95 share between the
+    engines, ignoring a set kv_budget, or counting preemptions (0) under v1 fails this."""
     cfg = compose_cfg("system=fasttts_offload", "backend=sim", "hardware=rtx4090", "workload.num_problems=1")
     runner.validate(cfg)
     b = runner.build(cfg, SIM, None)
