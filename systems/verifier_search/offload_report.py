@@ -2,7 +2,7 @@
 no paper numbers, no verdicts): goodput and completion latency when the generator's KV overflows its
 share, against n. Systems: the vLLM baseline (``vllm_tts``) and its search with LBS scheduling
 (``vllm_tts_lbs``, the same paths), FastTTS with vLLM's wait-and-recompute (``fasttts``), with its
-offload extension (``fasttts_offload``) and with LBS scheduling (``fasttts_lbs``).
+offload (``fasttts_offload``: the artifact's sleep mode, or the §4.3.2 KV swap) and with LBS scheduling (``fasttts_lbs``).
 
 Writes ``fasttts_offload.md``: one row per n and system with precise goodput (tok/s), completion
 latency (s per problem; generator and verifier shares), both as ratios to ``vllm_tts`` at that n (x;
@@ -31,7 +31,7 @@ MODE = {
     "summary.lbs_h2d_bytes": "host->device (GB)",
     "summary.lbs_d2h_bytes": "device->host (GB)",
     "summary.lbs_io_stall_s": "I/O stall (s)",
-    "summary.offload": "offload chosen by M",
+    "summary.offload": "offload on (sleep: by the config; swap: chosen by M)",
 }
 
 

