@@ -315,8 +315,11 @@ class VllmVerifier:
             seed,
             prefix_caching=prefix_cache,  # artifact.verifier_prefix_cache (off as on the AE's vLLM 0.9.2)
             pooler_config=PoolerConfig(tok_pooling_type="ALL"),
-            enable_chunked_prefill=True,
-            max_num_batched_tokens=token_budget,
+            # vLLM 0.9.2 (VllmConfig.__post_init__) turns chunked prefill off together with prefix
+            # caching for a pooling model whose pooler is not LAST: each input is prefilled whole, so
+            # a step's budget must hold the longest one (vLLM refuses a smaller one without chunking)
+            enable_chunked_prefill=prefix_cache,
+            max_num_batched_tokens=token_budget if prefix_cache else max(token_budget, max_model_len),
             **kw,
         )
         self._n = 0

@@ -68,8 +68,10 @@ def test_vllm_verifier_engine_built_with_the_rules_prefix_caching(
     compose_cfg, monkeypatch, tmp_path, setting, expected
 ):
     """The real verifier engine's EngineArgs (captured, no engine started): enable_prefix_caching
-    False for a Skywork-style PRM under auto, True when forced. Mutations caught: ``_engine`` keeping
-    ``enable_prefix_caching=True``; the runner not passing the setting to VllmVerifier."""
+    and enable_chunked_prefill False for a Skywork-style PRM under auto (vLLM 0.9.2 turns both off),
+    its step budget then at least max_model_len; both True when forced. Mutations caught: ``_engine``
+    keeping ``enable_prefix_caching=True``; the runner not passing the setting to VllmVerifier; the
+    verifier keeping ``enable_chunked_prefill=True``."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     pytest.importorskip("vllm")
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -96,6 +98,8 @@ def test_vllm_verifier_engine_built_with_the_rules_prefix_caching(
     gen_args, ver_args = seen
     assert gen_args.enable_prefix_caching is True
     assert ver_args.enable_prefix_caching is expected
+    assert ver_args.enable_chunked_prefill is expected
+    assert ver_args.max_num_batched_tokens >= (1 if expected else cfg.workload.max_model_len)
 
 
 # ------------------------------------------------------------------ item 5: the verifier's inputs
