@@ -141,14 +141,15 @@ def real_parallelism(cfg) -> Tuple[int, int, dict]:
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
-def cpu_rank_bind(tp: int) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` ranks: the user's own (not ``auto``), else this
-    process's allowed cores split into ``tp`` equal groups ("0|1")."""
+def cpu_rank_bind(tp: int, threads: int = 1) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` ranks: the user's own (not ``auto``), else
+    ``threads`` of this process's allowed cores per rank (``backend.threads``, as one device has;
+    0 = all of them split into ``tp`` equal groups): "0|1"."""
     own = os.environ.get(CPU_BIND_ENV, "auto")
     if own != "auto":
         return own
     cores = sorted(os.sched_getaffinity(0))
-    per = len(cores) // tp
+    per = int(threads) or len(cores) // tp
     return "|".join(",".join(str(c) for c in cores[r * per : (r + 1) * per]) for r in range(tp))
 
 
@@ -169,10 +170,12 @@ def check_parallelism(cfg, backend) -> None:
     if backend.device == "cpu":
         cores = len(os.sched_getaffinity(0))
         bind = os.environ.get(CPU_BIND_ENV, "auto")
-        if bind == "auto" and tp > cores:
+        per = int(cfg.backend.get("threads", 1)) or 1
+        if bind == "auto" and tp * per > cores:
             raise ConfigError(
                 f"{said['tp']} is not allowed for backend=vllm on this CPU: vLLM-CPU runs one worker per rank, "
-                f"each on its own cores, and this process may use {cores} (tp <= {cores})"
+                f"each on its own backend.threads={per} cores, and this process may use {cores} "
+                f"(tp x backend.threads <= {cores})"
             )
         if bind not in ("auto", "nobind") and len(bind.split("|")) != tp:
             raise ConfigError(
@@ -267,7 +270,7 @@ class VllmServer:
         )
         bind = os.environ.get(CPU_BIND_ENV)
         if cpu and tp > 1:
-            os.environ[CPU_BIND_ENV] = cpu_rank_bind(tp)  # read by the workers as they start
+            os.environ[CPU_BIND_ENV] = cpu_rank_bind(tp, threads)  # read by the workers as they start
         try:
             self.engine = LLMEngine.from_engine_args(args)
         finally:

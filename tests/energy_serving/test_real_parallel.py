@@ -90,6 +90,9 @@ def test_tensor_parallelism_needs_a_core_per_rank_on_a_cpu(compose_cfg, monkeypa
     validate_real(compose_cfg(*SMALL, "tp=2"), CPU)
     with pytest.raises(ConfigError, match=r"tp=4 is not allowed for backend=vllm on this CPU: .* may use 2"):
         validate_real(compose_cfg(*SMALL, "tp=4", "model.num_heads=8"), CPU)
+    with pytest.raises(ConfigError, match=r"backend.threads=2 cores, .* \(tp x backend.threads <= 2\)"):
+        validate_real(compose_cfg(*SMALL, "tp=2", "backend.threads=2"), CPU)
+    validate_real(compose_cfg(*SMALL, "tp=2", "backend.threads=0"), CPU)  # 0: the cores split
     monkeypatch.setenv(vllm_engine.CPU_BIND_ENV, "0|1|0|1")
     with pytest.raises(ConfigError, match=r"VLLM_CPU_OMP_THREADS_BIND='0\|1\|0\|1': it names 4 ranks"):
         validate_real(compose_cfg(*SMALL, "tp=2"), CPU)
@@ -111,7 +114,9 @@ def test_each_rank_gets_its_own_cores(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert cpu_rank_bind(2) == "0|1"
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6, 7, 8})
-    assert cpu_rank_bind(2) == "4,5|6,7"
+    assert cpu_rank_bind(2) == "4|5"  # backend.threads=1 per rank, as one device has
+    assert cpu_rank_bind(2, threads=2) == "4,5|6,7"
+    assert cpu_rank_bind(2, threads=0) == "4,5|6,7"  # 0: the cores split
     monkeypatch.setenv(vllm_engine.CPU_BIND_ENV, "1|0")
     assert cpu_rank_bind(2) == "1|0"  # the user's own
 
@@ -167,7 +172,7 @@ def test_tp2_serves_on_vllm_cpu_and_the_record_says_so(compose_cfg, tmp_path, mo
     assert (s["tp"], s["pp"], s["gpus"]) == (2, 1, 2)
     assert s["completed"] == s["requests"] > 0
     assert s["kv_budget_bytes"] == s["vllm_kv_cache_bytes"] == 24 << 20  # per rank
-    assert s["vllm_torch_threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert s["vllm_torch_threads"] == 1  # per rank: backend.threads
     its = pd.read_parquet(out / "iterations.parquet")
     assert (its.tokens <= its.budget).all() and (its.budget <= 128 + 16).all() and its.cpu_s.isna().all()
     r = pd.read_parquet(out / "requests.parquet")
