@@ -189,7 +189,7 @@ def check_parallelism(cfg, backend) -> None:
         if tp > n:
             raise ConfigError(
                 f"{said['tp']} is not allowed for backend=vllm here: it needs {tp} GPUs (one per rank), "
-                f"this machine has {n}"
+                f"this job sees {n} (CUDA_VISIBLE_DEVICES)"
             )
 
 
@@ -493,8 +493,9 @@ class VllmExecutor:
 
 class VllmServing:
     """The real backend of :func:`systems.energy_serving.runner.run`: one in-process vLLM engine, one
-    pipeline stage of ``g`` TP ranks, the controller's table measured on it (at locked clocks on the user's own GPU, else its
-    latency with the clock model), clocks applied only with ``system.dvfs.actuate=true``."""
+    pipeline stage of ``g`` TP ranks, the controller's table measured on it (at locked clocks on the
+    user's own GPU, else its latency with the clock model), clocks applied only with
+    ``system.dvfs.actuate=true``."""
 
     p = 1  # one pipeline stage (check_parallelism)
 

@@ -102,7 +102,7 @@ def test_tensor_parallelism_needs_a_gpu_per_rank_on_cuda(compose_cfg, cuda_gpus)
     """On a faked CUDA device with one GPU, tp=2 exits 2 naming the GPUs it needs; with two it
     passes. Mutation caught: no GPU count check."""
     cuda_gpus(1)
-    with pytest.raises(ConfigError, match=r"system.parallel='2x1' is not allowed .* it needs 2 GPUs .* has 1"):
+    with pytest.raises(ConfigError, match=r"system.parallel='2x1' is not allowed .* it needs 2 GPUs .* sees 1"):
         validate_real(compose_cfg(*SMALL, "system.parallel=2x1"), CUDA)
     validate_real(compose_cfg(*SMALL), CUDA)  # one GPU: fine
     cuda_gpus(2)
