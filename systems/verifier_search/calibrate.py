@@ -269,7 +269,7 @@ def calibrate(cfg, threads: int = 1) -> dict:
     import torch
 
     from systems.verifier_search.beams import step_logit_biases
-    from systems.verifier_search.runner import gen_token_budget, ver_token_budget
+    from systems.verifier_search.memory_plan import gen_token_budget, ver_token_budget
     from systems.verifier_search.vllm_engine import VllmGenerator, VllmVerifier
 
     torch.set_num_threads(threads)
@@ -329,7 +329,7 @@ def calibrate(cfg, threads: int = 1) -> dict:
 
 def fit_stages(cfg, meta: dict, dec: List[dict], pre: List[dict]) -> dict:
     """The ``measured.tts`` dict: ``meta`` + each stage's fit and points."""
-    from systems.verifier_search.runner import gen_token_budget, ver_token_budget
+    from systems.verifier_search.memory_plan import gen_token_budget, ver_token_budget
 
     return {
         **meta,

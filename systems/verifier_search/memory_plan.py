@@ -100,13 +100,28 @@ def shapes(cfg) -> Tuple[ModelShape, ModelShape]:
     return ModelShape.of(cfg.model), ModelShape.of(cfg.verifier)
 
 
+def gen_token_budget(cfg) -> int:
+    """Tokens per generator engine step (``max_num_batched_tokens``; chunked prefill off): vLLM 0.9.2's
+    default without chunked prefill, max(max_model_len, 2048) -> ``max_model_len`` (4096) here."""
+    return int(cfg.workload.max_model_len)
+
+
+def ver_token_budget(cfg) -> int:
+    """Tokens per verifier engine step (``max_num_batched_tokens``): at least ``max_model_len`` (an
+    input is prefilled whole where chunked prefill is off) and 4096. vLLM 0.9.2's V0 default for a
+    pooling model with the budget unset would be 32768 (``_POOLING_MODEL_MAX_NUM_BATCHED_TOKENS``);
+    the AE sets VLLM_USE_V1=1 for its verifier, whose V1 default differs, so which one it ran is not
+    settled here: kept at 4096 (docs/verifier_search.md)."""
+    return max(int(cfg.workload.max_model_len), 4096)
+
+
 def activation_reserve(cfg, role: str, share_bytes: float) -> float:
     """Bytes the ``role`` engine (``model``: the generator, ``verifier``) keeps off its KV for
     activations, given ``share_bytes`` of device memory (its gpu_memory_utilization x total), by
     ``system.kv_accounting`` (:data:`KV_ACCOUNTINGS`): ``vllm``: the activation peak of vLLM's
     start-up profiling pass (``harness.vllm_memory.activation_peak_bytes``, vLLM 0.9.2 on a GPU as
-    the FastTTS artifact ran it) over the engine's ``max_num_batched_tokens`` (runner.gen_token_budget /
-    ver_token_budget) and ``system.max_num_seqs``, the verifier a pooling model (no sampler);
+    the FastTTS artifact ran it) over the engine's ``max_num_batched_tokens`` (:func:`gen_token_budget` /
+    :func:`ver_token_budget`) and ``system.max_num_seqs``, the verifier a pooling model (no sampler);
     ``flat``: :data:`ACTIVATION_RESERVE` x ``share_bytes``. Raises ConfigError for another setting."""
     how = str(cfg.system.get("kv_accounting", "vllm"))
     if how == "flat":
@@ -114,7 +129,6 @@ def activation_reserve(cfg, role: str, share_bytes: float) -> float:
     if how != "vllm":
         raise ConfigError(f"system.kv_accounting={how!r} is not allowed: one of {', '.join(KV_ACCOUNTINGS)}")
     from harness.vllm_memory import VLLM_092_CUDA, activation_peak_bytes
-    from systems.verifier_search.runner import gen_token_budget, ver_token_budget
 
     gen = role == "model"
     return activation_peak_bytes(

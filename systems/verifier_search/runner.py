@@ -45,9 +45,11 @@ from systems.verifier_search.memory_plan import (
     M_STEP_PRIOR_FIT,
     REPLANS,
     MemoryPlan,
+    gen_token_budget,
     kv_budget,
     step_cap,
     unset,
+    ver_token_budget,
 )
 from systems.verifier_search.step_lengths import STEP_MODELS
 
@@ -94,16 +96,6 @@ def step_lengths(cfg, mean: float):
     from systems.verifier_search.step_lengths import StepLengths
 
     return StepLengths(str(w.step_model), mean, float(w.steps_per_answer_mean))
-
-
-def gen_token_budget(cfg) -> int:
-    """Tokens per generator engine step (``max_num_batched_tokens``; chunked prefill off)."""
-    return int(cfg.workload.max_model_len)
-
-
-def ver_token_budget(cfg) -> int:
-    """Tokens per verifier engine step (``max_num_batched_tokens``; chunked prefill on)."""
-    return max(int(cfg.workload.max_model_len), 4096)
 
 
 def tokenizer_family(m) -> str:

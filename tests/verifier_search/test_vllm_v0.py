@@ -221,6 +221,7 @@ def test_sleep_plan_gives_each_engine_its_own_095(compose_cfg):
     engines, ignoring a set kv_budget, the flat reserve under kv_accounting=vllm, or counting
     preemptions (0) under v1 fails this."""
     from harness.vllm_memory import VLLM_092_CUDA, activation_peak_bytes
+    from systems.verifier_search.memory_plan import gen_token_budget, ver_token_budget
 
     flat = compose_cfg(
         "system=fasttts_offload",
@@ -239,8 +240,8 @@ def test_sleep_plan_gives_each_engine_its_own_095(compose_cfg):
     gen_w, ver_w = ModelShape.of(cfg.model).weight_bytes, ModelShape.of(cfg.verifier).weight_bytes
     share = 0.95 * float(cfg.hardware.memory_bytes)
     assert b.alloc.offload and (b.alloc.b_dec, b.alloc.b_pre) == (256, 256)
-    peak_g = activation_peak_bytes(cfg.model, runner.gen_token_budget(cfg), 256, pooling=False, profile=VLLM_092_CUDA)
-    peak_v = activation_peak_bytes(cfg.verifier, runner.ver_token_budget(cfg), 256, pooling=True, profile=VLLM_092_CUDA)
+    peak_g = activation_peak_bytes(cfg.model, gen_token_budget(cfg), 256, pooling=False, profile=VLLM_092_CUDA)
+    peak_v = activation_peak_bytes(cfg.verifier, ver_token_budget(cfg), 256, pooling=True, profile=VLLM_092_CUDA)
     assert b.alloc.gen_kv_bytes == int(share - gen_w - peak_g)
     assert b.alloc.ver_kv_bytes == int(share - ver_w - peak_v)
     assert b.gen.offload_mode == b.ver.offload_mode == "sleep"
