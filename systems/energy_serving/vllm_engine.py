@@ -16,9 +16,11 @@ table holds latencies measured on this machine (decode batches and prefill chunk
 the simulator's profiling pass) scaled over the hardware profile's clock menu by its latency
 model, energies from its power model -- so the clock decisions are what BEAM would request on
 that GPU, recorded and never applied. Energy is measured with NVML windows when available, else
-recorded as unavailable (None, with the reason). The engine is one pipeline stage (one microbatch) of
-``tp`` ranks (:func:`real_parallelism`: 1 unless the user sets it; above 1, one vLLM worker process
-per rank). Timing: the harness fixes torch's thread count (``backend.threads``) and records the load;
+recorded as unavailable (None, with the reason). The engine is ``pp`` pipeline stages of ``tp``
+ranks (:func:`real_parallelism`: 1 x 1 unless the user sets them; above 1, one vLLM worker process
+per rank). Under PP, S2's microbatch count is the number of batches vLLM keeps in flight and every
+batch is one Iteration (:class:`VllmServer`); with one stage, one batch at a time (m recorded
+only). Timing: the harness fixes torch's thread count (``backend.threads``) and records the load;
 the thread count vLLM ran with is recorded (``vllm_torch_threads``), and the engine is warmed up
 before serving (excluded, ``harness.family.WARMUP_KEY``).
 """
@@ -770,6 +772,9 @@ class VllmServing:
             "vllm_tp": server.engine.vllm_config.parallel_config.tensor_parallel_size,
             "vllm_pp": server.engine.vllm_config.parallel_config.pipeline_parallel_size,
             "max_batches_in_flight": server.max_in_flight if server.pp > 1 else 1,
+            # under PP an iteration's latency_s is its batch's whole time in flight, not a stage's
+            # (vLLM does not report one): their sum over the makespan is no stage utilisation
+            **({"stage_utilization": None} if server.pp > 1 else {}),
             "clocks_actuated": self.clocks_applied,
             "clock_requests": len(act.log),
             "profile_points": len(self.points),

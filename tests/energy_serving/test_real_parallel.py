@@ -303,3 +303,4 @@ def test_pp2_beam_serves_on_vllm_cpu_with_s2s_microbatches(compose_cfg, tmp_path
     dec = pd.read_parquet(out / "decisions.parquet")
     assert set(dec.microbatches.dropna()) == {2, 3}
     assert s["max_batches_in_flight"] == 3
+    assert s["stage_utilization"] is None  # latency_s is a batch's time in flight, not a stage's
