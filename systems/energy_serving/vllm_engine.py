@@ -16,9 +16,11 @@ table holds latencies measured on this machine (decode batches and prefill chunk
 the simulator's profiling pass) scaled over the hardware profile's clock menu by its latency
 model, energies from its power model -- so the clock decisions are what BEAM would request on
 that GPU, recorded and never applied. Energy is measured with NVML windows when available, else
-recorded as unavailable (None, with the reason). The engine is one pipeline stage (one microbatch) of
-``tp`` ranks (:func:`real_parallelism`: 1 unless the user sets it; above 1, one vLLM worker process
-per rank). Timing: the harness fixes torch's thread count (``backend.threads``) and records the load;
+recorded as unavailable (None, with the reason). The engine is ``pp`` pipeline stages of ``tp``
+ranks (:func:`real_parallelism`: 1 x 1 unless the user sets them; above 1, one vLLM worker process
+per rank). Under PP, S2's microbatch count is the number of batches vLLM keeps in flight and every
+batch is one Iteration (:class:`VllmServer`); with one stage, one batch at a time (m recorded
+only). Timing: the harness fixes torch's thread count (``backend.threads``) and records the load;
 the thread count vLLM ran with is recorded (``vllm_torch_threads``), and the engine is warmed up
 before serving (excluded, ``harness.family.WARMUP_KEY``).
 """
@@ -42,7 +44,7 @@ from harness.meters import EnergyMeter
 from harness.model_facts import CAUSAL_LM as ARCH  # architecture class per model type
 from harness.model_facts import check_cpu_model, check_weights, hf_config_dict, kv_bytes_per_token, weight_bytes
 from systems.common.gpu_model import StageModel
-from systems.common.vllm_version import VLLM_VERSION, check_vllm_version, installed_vllm_version
+from systems.common.vllm_version import check_vllm_version, installed_vllm_version
 from systems.energy_serving.actuator import DvfsActuator
 from systems.energy_serving.build import (
     build_table,
@@ -107,7 +109,8 @@ CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def cpu_rank_bind(tp: int, threads: int = 1) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` ranks: the user's own (not ``auto``), else
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` ranks (tp x pp of them: vLLM numbers a rank
+    pp_rank x tp + tp_rank): the user's own (not ``auto``), else
     ``threads`` of this process's allowed cores per rank (``backend.threads``, as one device has;
     0 = all of them split into ``tp`` equal groups): "0|1"."""
     own = os.environ.get(CPU_BIND_ENV, "auto")
@@ -119,50 +122,80 @@ def cpu_rank_bind(tp: int, threads: int = 1) -> str:
 
 
 def check_parallelism(cfg, backend) -> None:
-    """The real path runs tensor parallelism (vLLM's ``tensor_parallel_size``: one worker process
-    per rank) and one pipeline stage; a setting it would not run exits 2 naming what it would need,
-    so a record never says a parallelism that did not run (issue 41)."""
+    """The real path runs tensor and pipeline parallelism (vLLM's ``tensor_parallel_size`` and
+    ``pipeline_parallel_size``: one worker process per rank, tp x pp ranks); a setting it could not
+    run (more ranks than cores on a CPU, or than GPUs on CUDA) exits 2 naming what it would need, so
+    a record never says a parallelism that did not run (issue 41)."""
     tp, pp, said = real_parallelism(cfg)
-    if pp != 1:
-        raise ConfigError(
-            f"{said['pp']} (pp={pp}) is not allowed for backend=vllm: the real path runs one pipeline stage. "
-            f"PP would need vLLM's batch queue (one batch in flight per stage) accounted per microbatch and "
-            f"S2's microbatch count applied to it, and vLLM-CPU {VLLM_VERSION} a patch to run PP at all "
-            f"(docs/energy_serving.md); use pp=1, or backend=sim"
-        )
-    if tp == 1:
+    ranks = tp * pp
+    if ranks == 1:
         return
+    name = (
+        said["tp"] if pp == 1 else said["pp"] if tp == 1 or said["tp"] == said["pp"] else f"{said['tp']} {said['pp']}"
+    )
     if backend.device == "cpu":
         cores = len(os.sched_getaffinity(0))
         bind = os.environ.get(CPU_BIND_ENV, "auto")
         per = int(cfg.backend.get("threads", 1)) or 1
-        if bind == "auto" and tp * per > cores:
+        if bind == "auto" and ranks * per > cores:
             raise ConfigError(
-                f"{said['tp']} is not allowed for backend=vllm on this CPU: vLLM-CPU runs one worker per rank, "
-                f"each on its own backend.threads={per} cores, and this process may use {cores} "
-                f"(tp x backend.threads <= {cores})"
+                f"{name} is not allowed for backend=vllm on this CPU: vLLM-CPU runs one worker per rank "
+                f"(tp x pp = {ranks}), each on its own backend.threads={per} cores, and this process may use "
+                f"{cores} (tp x pp x backend.threads <= {cores})"
             )
-        if bind not in ("auto", "nobind") and len(bind.split("|")) != tp:
+        if bind not in ("auto", "nobind") and len(bind.split("|")) != ranks:
             raise ConfigError(
-                f"{said['tp']} is not allowed for backend=vllm with {CPU_BIND_ENV}={bind!r}: it names "
-                f"{len(bind.split('|'))} ranks' cores ('|' between ranks); give {tp}, or unset it"
+                f"{name} is not allowed for backend=vllm with {CPU_BIND_ENV}={bind!r}: it names "
+                f"{len(bind.split('|'))} ranks' cores ('|' between ranks); give tp x pp = {ranks}, or unset it"
             )
     else:
         import torch
 
         n = torch.cuda.device_count()
-        if tp > n:
+        if ranks > n:
             raise ConfigError(
-                f"{said['tp']} is not allowed for backend=vllm here: it needs {tp} GPUs (one per rank), "
+                f"{name} is not allowed for backend=vllm here: it needs tp x pp = {ranks} GPUs (one per rank), "
                 f"this job sees {n} (CUDA_VISIBLE_DEVICES)"
             )
 
 
-def kv_bytes_per_rank(m, tp: int) -> float:
-    """KV bytes per token on one of ``tp`` ranks: vLLM splits the KV heads over the ranks, one head
-    each (replicated) when there are fewer heads than ranks."""
-    heads = int(m.num_kv_heads)
-    return kv_bytes_per_token(m) / heads * max(1, heads // tp)
+def pp_receive_buffers(worker) -> bool:
+    """vLLM-CPU's PP patch (run in every worker by ``collective_rpc`` after the engine is built):
+    allocate a later pipeline stage's receive buffer (``model_runner.intermediate_tensors``, its
+    ``max_num_tokens`` rows), which vLLM allocates only in a dummy forward pass
+    (``gpu_model_runner._dummy_run``) that vLLM-CPU 0.32 never runs with ``enforce_eager``
+    (``cpu_model_runner.warming_up_model`` returns at ``CompilationMode.NONE``); without it the
+    first step fails in ``sync_and_gather_intermediate_tensors`` (``assert self.intermediate_tensors
+    is not None``). A GPU's runner allocates it when vLLM profiles memory. True where it allocated."""
+    from vllm.distributed.parallel_state import get_pp_group
+
+    r = worker.model_runner
+    if get_pp_group().is_first_rank or r.intermediate_tensors is not None:
+        return False
+    r.intermediate_tensors = r.model.make_empty_intermediate_tensors(
+        batch_size=r.max_num_tokens, dtype=r.model_config.dtype, device=r.device
+    )
+    return True
+
+
+def decode_quota(free: int, slots: int, decodes: int, m: int) -> int:
+    """Decodes a new microbatch takes under S2's microbatch count ``m``: of the ``free`` decodes
+    (prefill done, no token in flight; ``decodes`` = D with those in flight), at most BEAM's
+    b = ceil(D/m) (Eq. 2's microbatch) and at most an even split of the free ones over the
+    ``slots`` microbatches not in flight, ceil(free / slots) (slots < 1 counts as 1). In a
+    decode-only state the batches then settle to the simulator's slot sizes (sim.SimExecutor: each
+    decode joins the emptiest of m slots, so they differ by at most one: 4 over 3 -> 2, 1, 1), from
+    any split the batches in flight had (4 over 2 from 3 + 1: 1, 2, 2, ...)."""
+    b = -(-int(decodes) // max(1, int(m)))
+    return min(int(free), b, -(-int(free) // max(1, int(slots))))
+
+
+def kv_bytes_per_rank(m, tp: int, pp: int = 1) -> float:
+    """KV bytes per token on one rank of ``tp`` x ``pp``: vLLM splits the KV heads over the TP ranks,
+    one head each (replicated) when there are fewer heads than ranks, and the layers over the
+    pipeline stages (the largest stage's ceil(layers / pp) counted)."""
+    heads, layers = int(m.num_kv_heads), int(m.num_layers)
+    return kv_bytes_per_token(m) / heads * max(1, heads // tp) * (-(-layers // pp) / layers)
 
 
 def _torch_threads(worker) -> int:
@@ -189,9 +222,21 @@ class VllmServer:
     time, which a shared machine's other processes do not inflate; on a GPU, by wall time), tp
     (vLLM's ``tensor_parallel_size``: above 1, one worker process per rank (``mp`` executor, the
     engine core and its scheduler still in this process), each on its own cores on a CPU
-    (:func:`cpu_rank_bind`); probes then time by wall time, as the model runs in the workers).
-    ``step_log``: per step (budget, total scheduled, [(external id, tokens, tokens already
-    computed before them)], [preempted external ids]).
+    (:func:`cpu_rank_bind`); probes then time by wall time, as the model runs in the workers),
+    pp (vLLM's ``pipeline_parallel_size``: tp x pp worker processes; on a CPU with
+    :func:`pp_receive_buffers` applied after the build). ``step_log``: per schedule (budget, total
+    scheduled, [(external id, tokens, tokens already computed before them)], [preempted external ids]).
+
+    Under PP (pp > 1) a step is vLLM's ``EngineCore.step_with_batch_queue``: it schedules a new
+    batch (a microbatch) and returns no tokens while fewer than ``batch_queue_size`` batches are in
+    flight, else waits for the oldest and returns its tokens. S2's microbatch count m
+    (:meth:`set_microbatches`) is applied there, a patch of vLLM's engine core: ``batch_queue_size``
+    = m before each step (the queue itself unbounded; with more than m in flight after m was
+    lowered, a step waits for the oldest and schedules none), and each new batch takes
+    :func:`decode_quota` of the free decodes (the rest skipped for that schedule through vLLM's own
+    per-request gate ``next_decode_eligible_step``) plus ``chunk`` prefill tokens (the token budget
+    = chunk + its decodes). ``done``: batches whose tokens came back (time, schedule time, step_log
+    entry, external ids of its decodes), from a tap on ``scheduler.update_from_output``.
     """
 
     def __init__(
@@ -206,6 +251,7 @@ class VllmServer:
         threads: int = 1,
         cpu: bool = True,
         tp: int = 1,
+        pp: int = 1,
     ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before importing vllm (in-process worker)
         import torch
@@ -216,7 +262,10 @@ class VllmServer:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         check_vllm_version(vllm.__version__)  # the release the tap below is written against
-        ranks = dict(tensor_parallel_size=tp, distributed_executor_backend="mp") if tp > 1 else {}
+        n_ranks = tp * pp
+        ranks = {}
+        if n_ranks > 1:
+            ranks = dict(tensor_parallel_size=tp, pipeline_parallel_size=pp, distributed_executor_backend="mp")
         args = EngineArgs(
             model=str(model_dir),
             load_format="dummy",
@@ -234,8 +283,8 @@ class VllmServer:
             **ranks,
         )
         bind = os.environ.get(CPU_BIND_ENV)
-        if cpu and tp > 1:
-            os.environ[CPU_BIND_ENV] = cpu_rank_bind(tp, threads)  # read by the workers as they start
+        if cpu and n_ranks > 1:
+            os.environ[CPU_BIND_ENV] = cpu_rank_bind(n_ranks, threads)  # read by the workers as they start
         try:
             self.engine = LLMEngine.from_engine_args(args)
         finally:
@@ -243,25 +292,87 @@ class VllmServer:
                 os.environ.pop(CPU_BIND_ENV, None)
             else:
                 os.environ[CPU_BIND_ENV] = bind
-        self.max_chunk, self.max_num_seqs, self.tp = max_chunk, max_num_seqs, tp
-        self.thread_clock = cpu and tp == 1  # the model runs in this thread
+        self.max_chunk, self.max_num_seqs, self.tp, self.pp = max_chunk, max_num_seqs, tp, pp
+        self.thread_clock = cpu and n_ranks == 1  # the model runs in this thread
         self.probe_clock = time.thread_time if self.thread_clock else time.perf_counter
-        self.threads = min(self.engine.collective_rpc(_torch_threads)) if tp > 1 else torch.get_num_threads()
-        self.sched = self.engine.engine_core.engine_core.scheduler
+        self.threads = min(self.engine.collective_rpc(_torch_threads)) if n_ranks > 1 else torch.get_num_threads()
+        self.core = self.engine.engine_core.engine_core
+        self.sched = self.core.scheduler
         self.step_log: List[tuple] = []
+        self.chunk: Optional[int] = None  # pp > 1, serving: a batch's prefill tokens (None: probes set the budget)
+        self.m = 1  # pp > 1: the microbatch count
+        self.batches: dict = {}  # pp > 1: id(scheduler output) -> (time scheduled, step_log entry, decode ids)
+        self.done: List[tuple] = []
+        self.max_in_flight = 0  # pp > 1: the most non-empty batches seen in flight at once
+        if pp > 1:
+            from collections import deque
+
+            if self.core.batch_queue is None:
+                raise RuntimeError(f"vLLM built pipeline_parallel_size={pp} without its batch queue")
+            if cpu:
+                got = self.engine.collective_rpc(pp_receive_buffers)
+                if sum(got) != tp * (pp - 1):  # every rank of every later stage
+                    raise RuntimeError(f"PP receive buffers allocated on {sum(got)} ranks, want {tp * (pp - 1)}")
+            self.core.batch_queue = deque()  # unbounded: batch_queue_size (= m, set per step) bounds it
+            self.set_microbatches(pp)
         orig, reqs = self.sched.schedule, self.sched.requests
 
         def tapped(*a, **k):
-            so = orig(*a, **k)
+            held, decs = self._hold_decodes() if pp > 1 else ([], ())
+            try:
+                so = orig(*a, **k)
+            finally:
+                for r, v in held:
+                    r.next_decode_eligible_step = v
             per = [
                 (rid.rsplit("-", 1)[0], n, reqs[rid].num_computed_tokens - n)  # computed: already advanced
                 for rid, n in so.num_scheduled_tokens.items()
             ]
             pre = [rid.rsplit("-", 1)[0] for rid in (so.preempted_req_ids or ())]
-            self.step_log.append((self.sched.max_num_scheduled_tokens, so.total_num_scheduled_tokens, per, pre))
+            entry = (self.sched.max_num_scheduled_tokens, so.total_num_scheduled_tokens, per, pre)
+            self.step_log.append(entry)
+            if pp > 1:
+                self.batches[id(so)] = (time.perf_counter(), entry, {d.rsplit("-", 1)[0] for d in decs})
+                flying = sum(1 for b in self.batches.values() if b[1][1] > 0)
+                self.max_in_flight = max(self.max_in_flight, flying)
             return so
 
         self.sched.schedule = tapped
+        if pp > 1:
+            update = self.sched.update_from_output
+
+            def returned(so, out):
+                res = update(so, out)
+                b = self.batches.pop(id(so), None)
+                if b is not None:
+                    self.done.append((time.perf_counter(), *b))
+                return res
+
+            self.sched.update_from_output = returned
+
+    def set_microbatches(self, m: int) -> int:
+        """S2's microbatch count (pp > 1; see the class docstring): at most ``m`` >= 1 batches in
+        flight from the next step on. Returns what was set."""
+        self.m = max(1, int(m))
+        return self.m
+
+    def _hold_decodes(self) -> Tuple[list, list]:
+        """Before a schedule under PP: the free decodes (running, prefill done, no token in flight)
+        beyond :func:`decode_quota` of the microbatches not in flight are held back for this
+        schedule (vLLM skips a running request while ``current_step < next_decode_eligible_step``;
+        ``schedule`` counts the step first), and the token budget is set to chunk + the decodes it
+        takes. Returns ([(request, its old gate)] to restore, internal ids of every decode)."""
+        decs = [r for r in self.sched.running if r.num_output_tokens > 0 and not r.is_prefill_chunk]
+        free = [r for r in decs if r.num_tokens_with_spec + r.num_output_placeholders > r.num_computed_tokens]
+        flying = sum(1 for b in self.batches.values() if b[1][1] > 0)
+        q = decode_quota(len(free), self.m - flying, len(decs), self.m)
+        gate = self.sched.current_step + 2
+        held = [(r, r.next_decode_eligible_step) for r in free[q:]]
+        for r, _ in held:
+            r.next_decode_eligible_step = gate
+        if self.chunk is not None:
+            self.set_budget(self.chunk + q)
+        return held, [r.request_id for r in decs]
 
     def set_budget(self, n: int) -> int:
         """Set the per-step token budget (clamped to [1, init budget]); returns what was set."""
@@ -284,7 +395,20 @@ class VllmServer:
         self.engine.add_request(rid, {"prompt_token_ids": prompt}, sp)
 
     def step(self):
-        return self.engine.step()
+        """One engine step (under PP: schedule a batch, or wait for the oldest; see the class docstring)."""
+        if self.pp == 1:
+            return self.engine.step()
+        core = self.core
+        n = len(core.batch_queue)
+        if n < self.m:
+            core.batch_queue_size = self.m
+            return self.engine.step()
+        core.batch_queue_size = n + 1  # m was lowered: wait for the oldest batch, schedule none
+        self.sched.has_requests = lambda: False
+        try:
+            return self.engine.step()
+        finally:
+            del self.sched.has_requests
 
     def busy(self) -> bool:
         return self.engine.has_unfinished_requests()
@@ -383,6 +507,10 @@ class VllmExecutor:
     def __init__(self, server: VllmServer, prompts: List[List[int]], actuator, meter, cpu: bool = True):
         self.server, self.prompts, self.act, self.meter, self.cpu = server, prompts, actuator, meter, cpu
         self.chunk, self.clock = server.max_chunk, None
+        self.pre: List[int] = []  # pp > 1: preempted since the last report
+        server.step_log.clear()
+        server.done.clear()
+        server.max_in_flight = 0
         self.clock_log: List[tuple] = []
         self.decoding: set = set()
         self.seen: set = set()
@@ -396,6 +524,9 @@ class VllmExecutor:
 
     def apply(self, d: Decision, now: float) -> None:
         self.chunk = int(d.chunk)
+        if self.server.pp > 1:
+            self.server.chunk = self.chunk
+            self.server.set_microbatches(d.microbatches)
         if d.clock_mhz != self.clock:
             self.clock = float(d.clock_mhz)
             self.act.request(self.clock, now)
@@ -412,6 +543,8 @@ class VllmExecutor:
             time.sleep(until - self.now)
             self.now = time.perf_counter() - self.start
             return None
+        if self.server.pp > 1:
+            return self._advance_batches(until)
         budget = self.server.set_budget(self.chunk + len(self.decoding))
         c0, t0 = time.thread_time(), time.perf_counter()
         outs = self.server.step()
@@ -450,6 +583,57 @@ class VllmExecutor:
             len(decodes),
         )
 
+    def _outputs(self, outs) -> Tuple[list, list]:
+        """(emitted, finished) request ids of a step's outputs (the decoding set kept)."""
+        emitted, finished = [], []
+        for o in outs:
+            r = int(o.request_id)
+            emitted += [r] * len(o.outputs[0].token_ids)
+            self.decoding.add(r)
+            if o.finished:
+                finished.append(r)
+                self.decoding.discard(r)
+        return emitted, finished
+
+    def _advance_batches(self, until: float) -> Optional[Iteration]:
+        """Under PP: step until a non-empty batch's tokens come back (one Iteration per batch, from
+        its schedule to its tokens: ``latency_s`` is its whole time in flight, every stage and the
+        waits between them, as vLLM does not report a stage's time) or until ``until`` (None)."""
+        server = self.server
+        while True:
+            outs = server.step()
+            t1 = time.perf_counter()
+            self.now = t1 - self.start
+            for _, _, _, pre in server.step_log:  # preempted as batches were scheduled
+                self.pre += [int(k) for k in pre]
+                self.decoding.difference_update(int(k) for k in pre)
+                self.preemptions += len(pre)
+            server.step_log.clear()
+            emitted, finished = self._outputs(outs)
+            if server.done:
+                t_done, t_sched, (budget, total, per, _), decs = server.done.pop(0)
+                if total > 0:
+                    sched = [(int(k), n, c) for k, n, c in per]
+                    decodes = [x for x in sched if str(x[0]) in decs]  # listed first (Iteration.n_decodes)
+                    sched = decodes + [x for x in sched if str(x[0]) not in decs]
+                    pre, self.pre = self.pre, []
+                    return Iteration(
+                        t_done - self.start,
+                        t_done - t_sched,
+                        None,
+                        sched,
+                        emitted,
+                        finished,
+                        pre,
+                        budget,
+                        self.clock or 0.0,
+                        None,
+                        iteration_shape(sched),
+                        len(decodes),
+                    )
+            if self.now >= until or not server.busy():
+                return None
+
     def close(self, now: float) -> ExecutorTotals:
         m = self.meter.end_window("serve")
         self.now = max(now, time.perf_counter() - self.start)
@@ -457,17 +641,17 @@ class VllmExecutor:
 
 
 class VllmServing:
-    """The real backend of :func:`systems.energy_serving.runner.run`: one in-process vLLM engine, one
-    pipeline stage of ``g`` TP ranks, the controller's table measured on it (at locked clocks on the
-    user's own GPU, else its latency with the clock model), clocks applied only with
+    """The real backend of :func:`systems.energy_serving.runner.run`: one vLLM engine (its scheduler
+    in this process), ``p`` pipeline stages of ``g`` TP ranks, the controller's table measured on it
+    (at locked clocks on the user's own GPU, else its latency with the clock model; under PP each
+    probe is one batch through all ``p`` stages, run one at a time, and a stage's latency is taken
+    as 1/p of it, as vLLM does not report a stage's time), clocks applied only with
     ``system.dvfs.actuate=true``."""
-
-    p = 1  # one pipeline stage (check_parallelism)
 
     def __init__(self, cfg, ctx):
         self.cfg, self.ctx = cfg, ctx
         self.cpu = ctx.backend.device == "cpu"
-        self.g = real_parallelism(cfg)[0]  # the stage's TP ranks, as the user set them (else 1)
+        self.g, self.p = real_parallelism(cfg)[:2]  # TP ranks per stage and stages, as the user set them (else 1)
         self.progress_label = f"{cfg.system.name} (wall s)"
         self.name = "vLLM"
         self.server = self.act = None
@@ -481,8 +665,8 @@ class VllmServing:
         s, m = self.cfg.system, self.cfg.model
         self.n_max, self.chunks = table_grid(s)
         max_len = int(req.input_len.max() + req.output_len.max() + 8)
-        self.budget = kv_budget_bytes(self.cfg, weight_bytes(m) / self.g, real_cpu=self.cpu)  # per rank
-        self.kv_cap = kv_capacity(self.budget, kv_bytes_per_rank(m, self.g), req)
+        self.budget = kv_budget_bytes(self.cfg, weight_bytes(m) / (self.g * self.p), real_cpu=self.cpu)  # per rank
+        self.kv_cap = kv_capacity(self.budget, kv_bytes_per_rank(m, self.g, self.p), req)
         mdir = write_model_dir(m, self.ctx.outdir / "model")
         t_init = time.perf_counter()
         model_len = max(max_len, self.n_max + 8)
@@ -507,6 +691,7 @@ class VllmServing:
                 int(self.cfg.backend.get("threads", 1)),
                 self.cpu,
                 self.g,
+                self.p,
             )
         except ValueError as e:  # vLLM's own check of max_model_len against its KV blocks
             if "max seq len" not in str(e) and "maximum model length" not in str(e):
@@ -518,7 +703,8 @@ class VllmServing:
         """The controller's table, measured on this engine (its points and time kept for the summary)."""
         s, w, m = self.cfg.system, self.cfg.workload, self.cfg.model
         server = self.server
-        stage = StageModel(m, self.cfg.hardware, self.g, 1)
+        stage = StageModel(m, self.cfg.hardware, self.g, self.p)
+        server.set_microbatches(1)  # under PP: one batch at a time, each probe's time its own
         self.act = act = DvfsActuator(actuate=bool(s.dvfs.actuate), gpu_indices=s.dvfs.gpu_indices)
         self.meter = meter = EnergyMeter()
         small_max, ctx_tok = int(s.profile_small_max), profile_context(w)
@@ -530,7 +716,11 @@ class VllmServing:
             rng = np.random.default_rng(1)
             clocks = stage.clocks(int(s.freq_step_mhz))[::-1][::10][::-1]
             measure = device_measure(
-                lambda n: server.probe_prefill(n, rng, m.vocab_size, 1), act, meter, clocks, gpus=act.num_gpus
+                lambda n: [t / self.p for t in server.probe_prefill(n, rng, m.vocab_size, 1)],
+                act,
+                meter,
+                clocks,
+                gpus=act.num_gpus,
             )
             self.measured, self.as_prefill = {}, []
         else:
@@ -541,7 +731,7 @@ class VllmServing:
                 ctx_tok,
                 decode_batch_max(small_max, int(s.max_num_seqs), ctx_tok, self.kv_cap),
             )
-            n_s, lat_s = np.array(pts), np.array([self.measured[n] for n in pts])
+            n_s, lat_s = np.array(pts), np.array([self.measured[n] for n in pts]) / self.p  # one stage
             measure = clock_scaled(lambda n: np.interp(n, n_s, lat_s), stage)
         table = build_table(measure, stage, s)
         self.profile_s = time.perf_counter() - t_prof
@@ -579,6 +769,12 @@ class VllmServing:
             "vllm_torch_threads": server.threads,
             "vllm_kv_cache_bytes": server.engine.vllm_config.cache_config.kv_cache_memory_bytes,
             "distinct_budgets": len(np.unique(res.iterations["budget"])),
+            "vllm_tp": server.engine.vllm_config.parallel_config.tensor_parallel_size,
+            "vllm_pp": server.engine.vllm_config.parallel_config.pipeline_parallel_size,
+            "max_batches_in_flight": server.max_in_flight if server.pp > 1 else 1,
+            # under PP an iteration's latency_s is its batch's whole time in flight, not a stage's
+            # (vLLM does not report one): their sum over the makespan is no stage utilisation
+            **({"stage_utilization": None} if server.pp > 1 else {}),
             "clocks_actuated": self.clocks_applied,
             "clock_requests": len(act.log),
             "profile_points": len(self.points),

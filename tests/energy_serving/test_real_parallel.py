@@ -1,7 +1,8 @@
-"""What the real serving path (backend=vllm) runs in parallel (issue 41): tensor parallelism as the
-user sets it (vLLM's tensor_parallel_size, one worker process per rank), one pipeline stage; a
-setting it would not run exits 2 before any work naming what it would need, on a CPU and on a
-(faked) CUDA device alike; records say the tp/pp that ran."""
+"""What the real serving path (backend=vllm) runs in parallel (issue 41): tensor and pipeline
+parallelism as the user sets them (vLLM's tensor_parallel_size and pipeline_parallel_size, one
+worker process per rank), S2's microbatch count applied to vLLM's batch queue under PP; a setting
+it could not run exits 2 before any work naming what it would need, on a CPU and on a (faked) CUDA
+device alike; records say the tp/pp that ran."""
 
 import os
 
@@ -67,22 +68,39 @@ def test_the_parallelism_the_real_path_runs_is_what_the_user_set(compose_cfg, ov
     assert got[:2] == (tp, pp) and got[2]["tp"] == said
 
 
-@pytest.mark.parametrize("over", [("pp=2",), ("system.pp=4",), ("system.parallel=2x4",), ("system.parallel=1x2",)])
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_pipeline_parallelism_is_refused_on_every_device(compose_cfg, over, device, two_cores, cuda_gpus):
-    """PP is not run by the real path (one pipeline stage): refused before any work, naming the
-    setting and what it would need (the batch queue per microbatch, S2's count). Mutation caught:
-    check_parallelism without the pp check (it ran on one stage and recorded pp=1)."""
-    cuda_gpus(8)
-    with pytest.raises(ConfigError, match=r"is not allowed for backend=vllm: the real path runs one pipeline stage"):
-        validate_real(compose_cfg(*SMALL, *over), CPU if device == "cpu" else CUDA)
+def test_pipeline_parallelism_needs_a_core_or_gpu_per_rank(compose_cfg, two_cores, cuda_gpus):
+    """PP runs (tp x pp worker processes): pp=2 passes on 2 cores and on 2 GPUs; tp x pp ranks
+    beyond the cores or GPUs exit 2 naming the setting and the count it needs. Mutation caught:
+    the rank count taken as tp alone (pp=4 on 2 cores and system.parallel=2x2 on 2 GPUs pass)."""
+    validate_real(compose_cfg(*SMALL, "pp=2"), CPU)
+    with pytest.raises(ConfigError, match=r"system.pp=4 is not allowed for backend=vllm on this CPU: .*tp x pp = 4"):
+        validate_real(compose_cfg(*SMALL, "system.pp=4"), CPU)
+    cuda_gpus(2)
+    validate_real(compose_cfg(*SMALL, "system.parallel=1x2"), CUDA)
+    with pytest.raises(ConfigError, match=r"system.parallel='2x2' is not allowed .* needs tp x pp = 4 GPUs .* sees 2"):
+        validate_real(compose_cfg(*SMALL, "system.parallel=2x2"), CUDA)
 
 
-def test_pp_refused_through_the_command_line_checks(compose_cfg, two_cores):
+def test_pp_checked_through_the_command_line_checks(compose_cfg, two_cores):
     from harness.run import validate_config
 
-    with pytest.raises(ConfigError, match=r"system.pp=4 \(pp=4\) is not allowed for backend=vllm"):
+    validate_config(compose_cfg(*SMALL, "pp=2"))
+    with pytest.raises(ConfigError, match=r"system.pp=4 is not allowed for backend=vllm on this CPU"):
         validate_config(compose_cfg(*SMALL, "system.pp=4"))
+
+
+def test_decode_quota_splits_free_decodes_over_free_microbatches():
+    """(free, slots not in flight, D, m) -> decodes: BEAM's b = ceil(D/m) with nothing in flight;
+    the simulator's balanced slots as batches fill (4 decodes over 3 microbatches: 2, then 1 of 2
+    over 2, then 1 of 1); an unbalanced split in flight (3 + 1 over m = 2) rebalances to 2 + 2.
+    Mutations caught: floor division (0 decodes for 1 over 2 microbatches); no ceil(D/m) cap (3
+    free with one slot take 3)."""
+    from systems.energy_serving.vllm_engine import decode_quota as q
+
+    assert [q(4, 2, 4, 2), q(5, 2, 5, 2), q(4, 4, 4, 4), q(1, 2, 1, 2)] == [2, 3, 1, 1]
+    assert [q(4, 3, 4, 3), q(2, 2, 4, 3), q(1, 1, 4, 3)] == [2, 1, 1]
+    assert [q(1, 1, 4, 2), q(3, 1, 4, 2), q(2, 1, 4, 2)] == [1, 2, 2]  # 3 + 1 in flight -> 2 + 2
+    assert q(3, 0, 3, 1) == 3  # m lowered below the batches in flight: one batch takes them
 
 
 def test_tensor_parallelism_needs_a_core_per_rank_on_a_cpu(compose_cfg, monkeypatch, two_cores):
@@ -90,11 +108,13 @@ def test_tensor_parallelism_needs_a_core_per_rank_on_a_cpu(compose_cfg, monkeypa
     validate_real(compose_cfg(*SMALL, "tp=2"), CPU)
     with pytest.raises(ConfigError, match=r"tp=4 is not allowed for backend=vllm on this CPU: .* may use 2"):
         validate_real(compose_cfg(*SMALL, "tp=4", "model.num_heads=8"), CPU)
-    with pytest.raises(ConfigError, match=r"backend.threads=2 cores, .* \(tp x backend.threads <= 2\)"):
+    with pytest.raises(ConfigError, match=r"backend.threads=2 cores, .* \(tp x pp x backend.threads <= 2\)"):
         validate_real(compose_cfg(*SMALL, "tp=2", "backend.threads=2"), CPU)
     validate_real(compose_cfg(*SMALL, "tp=2", "backend.threads=0"), CPU)  # 0: the cores split
     monkeypatch.setenv(vllm_engine.CPU_BIND_ENV, "0|1|0|1")
-    with pytest.raises(ConfigError, match=r"VLLM_CPU_OMP_THREADS_BIND='0\|1\|0\|1': it names 4 ranks"):
+    with pytest.raises(
+        ConfigError, match=r"VLLM_CPU_OMP_THREADS_BIND='0\|1\|0\|1': it names 4 ranks.*give tp x pp = 2"
+    ):
         validate_real(compose_cfg(*SMALL, "tp=2"), CPU)
 
 
@@ -102,7 +122,9 @@ def test_tensor_parallelism_needs_a_gpu_per_rank_on_cuda(compose_cfg, cuda_gpus)
     """On a faked CUDA device with one GPU, tp=2 exits 2 naming the GPUs it needs; with two it
     passes. Mutation caught: no GPU count check."""
     cuda_gpus(1)
-    with pytest.raises(ConfigError, match=r"system.parallel='2x1' is not allowed .* it needs 2 GPUs .* sees 1"):
+    with pytest.raises(
+        ConfigError, match=r"system.parallel='2x1' is not allowed .* it needs tp x pp = 2 GPUs .* sees 1"
+    ):
         validate_real(compose_cfg(*SMALL, "system.parallel=2x1"), CUDA)
     validate_real(compose_cfg(*SMALL), CUDA)  # one GPU: fine
     cuda_gpus(2)
@@ -129,6 +151,7 @@ def test_kv_bytes_per_rank_split_heads_or_replicate_them():
     m = OmegaConf.create({"num_layers": 2, "num_kv_heads": 2, "head_dim": 32, "dtype": "float32"})
     full = kv_bytes_per_token(m)
     assert [kv_bytes_per_rank(m, tp) for tp in (1, 2, 4)] == [full, full / 2, full / 2]
+    assert [kv_bytes_per_rank(m, 1, pp) for pp in (2, 4)] == [full / 2, full / 2]  # 1 of 2 layers; 4 stages: 1
 
 
 needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="tp=2 on vLLM-CPU needs 2 cores")
@@ -181,3 +204,103 @@ def test_tp2_serves_on_vllm_cpu_and_the_record_says_so(compose_cfg, tmp_path, mo
     assert (dec.trigger == "arrival").sum() == s["requests"] and (dec.microbatches == 1).all()
     assert os.environ.get(vllm_engine.CPU_BIND_ENV) is None  # set for the workers only
     assert len(ranks) == 1 and ranks[0][0] == 2 and len(ranks[0][1]) == 2  # two workers served it
+
+
+def _decode_batches(server, steps: int, m: int):
+    """Set ``m`` and take ``steps`` engine steps; per schedule (decode-only batches), the number of
+    decodes it took and the non-empty batches then in flight (itself included)."""
+    server.set_microbatches(m)
+    out, schedule = [], server.sched.schedule
+
+    def flying(*a, **k):  # non-empty batches in flight as this one is scheduled (itself included)
+        so = schedule(*a, **k)
+        if so.num_scheduled_tokens and all(n == 1 for n in so.num_scheduled_tokens.values()):
+            out.append((len(so.num_scheduled_tokens), sum(1 for b in server.batches.values() if b[1][1] > 0)))
+        return so
+
+    server.sched.schedule = flying
+    try:
+        for _ in range(steps):
+            server.step()
+    finally:
+        server.sched.schedule = schedule
+    server.step_log.clear()
+    server.done.clear()
+    return out
+
+
+@pytest.mark.vllm
+@needs_two_cores
+def test_pp2_microbatch_count_is_the_batches_vllm_keeps_in_flight(tmp_path):
+    """pp=2 on vLLM-CPU (two stage workers, one per core, the later stage's receive buffer
+    allocated by pp_receive_buffers) with 4 requests in decode: S2's m = 2 gives two batches of 2
+    decodes in flight (BEAM's b = ceil(4/2)); m = 4, after the batches in flight drain into the new
+    split, four batches of 1; m = 1 (lowered below the 4 in flight: the step waits for the oldest
+    and schedules none) one batch of 4, nothing else in flight. Mutations caught: no decode hold
+    (m = 2 runs batches of 4 and empty ones), batch_queue_size not set from m (m = 4 keeps 2 in
+    flight), no receive-buffer patch (the first step fails in the second stage's worker)."""
+    from omegaconf import OmegaConf
+
+    from systems.energy_serving.vllm_engine import VllmServer, write_model_dir
+
+    m = OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "..", "conf", "model", "tiny-llama.yaml"))
+    m.pop("defaults", None)
+    server = VllmServer(write_model_dir(m, tmp_path / "model"), "float32", 64, 8, 16 << 20, 256, tp=1, pp=2)
+    try:
+        assert server.engine.vllm_config.parallel_config.pipeline_parallel_size == 2
+        server.chunk = 64
+        for i in range(4):
+            server.add(str(i), list(range(10, 30 + i)), 40)
+        two = _decode_batches(server, 12, 2)
+        assert two[-6:] == [(2, 2)] * 6
+        four = _decode_batches(server, 14, 4)
+        assert four[-6:] == [(1, 4)] * 6
+        one = _decode_batches(server, 8, 1)
+        assert one[-4:] == [(4, 1)] * 4 and len(server.core.batch_queue) == 0
+        while server.busy():
+            server.step()
+        assert server.max_in_flight == 4
+    finally:
+        server.close()
+
+
+@pytest.mark.vllm
+@needs_two_cores
+def test_pp2_beam_serves_on_vllm_cpu_with_s2s_microbatches(compose_cfg, tmp_path):
+    """BEAM with pp=2 on vLLM-CPU: two stage workers, every request served and accounted, one
+    iteration per batch, the record says tp=1 pp=2 (and vLLM's own config says so), S1's decisions
+    m = p = 2 and S2's (candidates [3]) m = 3, which the batch queue ran: 3 batches in flight at
+    most, and no decode-only batch above ceil(D/3) for the D requests decoding. Mutations caught:
+    pipeline_parallel_size not given to vLLM (vllm_pp 1), the decision's m not applied
+    (VllmExecutor.apply without set_microbatches: at most 2 in flight)."""
+    from harness.run import run
+
+    out = tmp_path / "pp2"
+    rec = run(
+        compose_cfg(
+            *SMALL[1:],
+            "system=beam",
+            "pp=2",
+            "rate=8",
+            "workload.output_len=16",
+            "system.microbatch_candidates=[3]",
+            "system.profile_tile=32",
+            "system.profile_small_max=64",
+            "workload.slo_ttft_s=5",
+            "workload.slo_tbt_s=0.5",
+            "kv_budget=24MiB",
+            output_dir=out,
+        )
+    )
+    assert rec["status"] == "ok", rec["message"]
+    s = rec["summary"]
+    assert (s["tp"], s["pp"], s["gpus"], s["vllm_tp"], s["vllm_pp"]) == (1, 2, 2, 1, 2)
+    assert s["completed"] == s["requests"] > 0
+    its = pd.read_parquet(out / "iterations.parquet")
+    r = pd.read_parquet(out / "requests.parquet")
+    assert (r.generated == 16).all() and its.prefill_tokens.sum() == r.input_len.sum()
+    assert its.decodes.sum() == r.generated.sum() - len(r)  # every token after the first in one batch
+    dec = pd.read_parquet(out / "decisions.parquet")
+    assert set(dec.microbatches.dropna()) == {2, 3}
+    assert s["max_batches_in_flight"] == 3
+    assert s["stage_utilization"] is None  # latency_s is a batch's time in flight, not a stage's
