@@ -59,6 +59,14 @@ from systems.energy_serving.profiler import clock_scaled, decode_batch_max, devi
 from systems.energy_serving.protocol import Decision, ExecutorTotals, Iteration, iteration_shape
 
 
+def engine_gpu_indices(tp: int, pp: int, cpu: bool) -> Optional[List[int]]:
+    """The CUDA devices the engine's ranks run on, whose NVML energy the job's record sums: vLLM's
+    multiprocessing executor puts rank r (tp x pp ranks) on ``cuda:r`` of the job's visible devices
+    (``CUDA_VISIBLE_DEVICES``, mapped to NVML by UUID in :mod:`harness.gpus`), so GPUs the job sees but
+    the engine does not use are not counted. None on a CPU (no NVML counter: the meter is unavailable)."""
+    return None if cpu else list(range(int(tp) * int(pp)))
+
+
 def validate_real(cfg, backend) -> None:
     """Checks for the real vLLM path (before any work)."""
     m = cfg.model
@@ -706,7 +714,7 @@ class VllmServing:
         stage = StageModel(m, self.cfg.hardware, self.g, self.p)
         server.set_microbatches(1)  # under PP: one batch at a time, each probe's time its own
         self.act = act = DvfsActuator(actuate=bool(s.dvfs.actuate), gpu_indices=s.dvfs.gpu_indices)
-        self.meter = meter = EnergyMeter()
+        self.meter = meter = EnergyMeter(gpu_indices=engine_gpu_indices(self.g, self.p, self.cpu))
         small_max, ctx_tok = int(s.profile_small_max), profile_context(w)
         self.points = pts = sample_points(int(s.profile_tile), small_max, self.chunks, self.n_max)
         t_prof = time.perf_counter()

@@ -304,3 +304,16 @@ def test_pp2_beam_serves_on_vllm_cpu_with_s2s_microbatches(compose_cfg, tmp_path
     assert set(dec.microbatches.dropna()) == {2, 3}
     assert s["max_batches_in_flight"] == 3
     assert s["stage_utilization"] is None  # latency_s is a batch's time in flight, not a stage's
+
+
+def test_energy_is_read_over_every_gpu_the_engines_ranks_run_on():
+    """NVML energy over the engine's tp x pp ranks (cuda:0..tp*pp-1 of the job's visible devices),
+    not one GPU nor every GPU the job sees. Mutation caught: the indices of the tp ranks alone
+    (pipeline stages' GPUs left out). The meter's construction with them is read in profile_table,
+    not run here (no GPU)."""
+    from systems.energy_serving.vllm_engine import engine_gpu_indices
+
+    assert engine_gpu_indices(2, 4, cpu=False) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert engine_gpu_indices(2, 1, cpu=False) == [0, 1]
+    assert engine_gpu_indices(1, 2, cpu=False) == [0, 1]
+    assert engine_gpu_indices(2, 2, cpu=True) is None
