@@ -194,10 +194,27 @@ def memory_fraction_for(model: str, verifier: str) -> float:
     return 0.4 if (model, verifier) == ("qwen2.5-math-1.5b", "skywork-prm-1.5b") else 0.9
 
 
+# GPUs on which the FastTTS artifact offloads (its ``offload`` (baseline) and ``spec_offload_prefix``
+# (FastTTS) configs: vLLM sleep mode, both models at gpu_memory_utilization 0.95): the paper's RTX 3070 Ti
+# (8 GB, "with offloading", Fig. 15). Without it the baseline's 0.45 share of 8 GB holds the 1.5B
+# generator's 3.1 GB of weights but not vLLM's 1.2 GB profiling peak (system.kv_accounting=vllm): vLLM
+# would not start, so the artifact's baseline must have offloaded there too (an inference, stated in
+# docs/verifier_search.md).
+AE_OFFLOAD_HARDWARE = ("rtx3070ti",)
+
+
+def ae_offload_for(hardware: str) -> bool:
+    """Whether the FastTTS artifact offloads on ``hardware`` (:data:`AE_OFFLOAD_HARDWARE`). Resolver
+    ``${tts_ae_offload:${hardware.name}}`` for experiment files (fasttts_gpus)."""
+    return hardware in AE_OFFLOAD_HARDWARE
+
+
 def register(cs) -> None:
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("tts_memory_fraction"):
         OmegaConf.register_new_resolver("tts_memory_fraction", memory_fraction_for)
+    if not OmegaConf.has_resolver("tts_ae_offload"):
+        OmegaConf.register_new_resolver("tts_ae_offload", ae_offload_for)
     cs.store(group="workload", name="_math_workload_schema", node=MathWorkload)
     cs.store(group="system", name="_verifier_search_system_schema", node=TTSSystem)

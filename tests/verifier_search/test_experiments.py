@@ -90,3 +90,24 @@ def test_mixed_sweep_labels_each_value_by_its_own_record(tmp_path):
     assert "fasttts/base (measured)" not in t  # no measured pair: never a ratio across labels
     head = (tmp_path / "fig12_goodput.md").read_text().splitlines()[0]
     assert "(simulated and measured: each value labelled)" in head
+
+
+def test_fig15_offloads_both_systems_on_the_3070ti_only(compose_cfg):
+    """fasttts_gpus follows the artifact's per-configuration offload: on the RTX 3070 Ti both the
+    baseline and FastTTS sleep (each engine's KV from 0.95 of the device, offload on); on the 4070 Ti
+    neither. Without it the baseline's 0.45 share of 8 GB cannot hold the generator's weights and
+    vLLM's profiling peak (a recorded oom for every 3070 Ti baseline job). Mutations caught: the
+    resolver returning True everywhere, or the experiment's offload_mode left at swap."""
+    from systems.verifier_search import runner
+    from systems.verifier_search.config import ae_offload_for
+
+    assert ae_offload_for("rtx3070ti") and not ae_offload_for("rtx4070ti")
+    from .test_m_inputs import SIM
+
+    for system in ("vllm_tts", "fasttts"):
+        for hw, offload in (("rtx3070ti", True), ("rtx4070ti", False)):
+            cfg = compose_cfg("experiment=fasttts_gpus", f"system={system}", f"hardware={hw}", "n=8")
+            validate(cfg)
+            assert bool(cfg.system.offload) is offload and cfg.system.offload_mode == "sleep"
+            b = runner.build(cfg, SIM, None)
+            assert bool(b.alloc.offload) is offload and (b.gen.offload_mode == "sleep") is offload
