@@ -565,14 +565,7 @@ class VllmExecutor:
             self.decoding.discard(r)
         was_decoding = set(self.decoding)
         self.preemptions += len(preempted)
-        emitted, finished = [], []
-        for o in outs:
-            r = int(o.request_id)
-            emitted += [r] * len(o.outputs[0].token_ids)
-            self.decoding.add(r)
-            if o.finished:
-                finished.append(r)
-                self.decoding.discard(r)
+        emitted, finished = self._outputs(outs)
         sched = [(int(k), n, c) for k, n, c in per]
         decodes = [x for x in sched if x[0] in was_decoding]  # listed first (Iteration.n_decodes)
         sched = decodes + [x for x in sched if x[0] not in was_decoding]

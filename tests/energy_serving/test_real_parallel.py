@@ -14,19 +14,8 @@ from harness.errors import ConfigError
 from systems.energy_serving import vllm_engine
 from systems.energy_serving.vllm_engine import cpu_rank_bind, kv_bytes_per_rank, real_parallelism, validate_real
 
-SMALL = (
-    "system=vanilla",
-    "backend=vllm",
-    "model=tiny-llama",
-    "workload=poisson",
-    "rate=4",
-    "workload.duration_s=2",
-    "workload.input_len=96",
-    "workload.output_len=8",
-    "system.chunk_candidates=[32,64,128]",
-    "system.default_chunk=128",
-    "system.max_num_seqs=16",
-)
+from .test_vllm_real import SMALL  # the small real serving job, defined once
+
 CPU = Backend("vllm", "cpu", False, "this CPU")
 CUDA = Backend("vllm", "cuda", False, "faked")
 

@@ -8,19 +8,7 @@ from harness.errors import ConfigError
 from systems.common.vllm_version import VLLM_VERSION, check_vllm_version
 from systems.energy_serving import vllm_engine
 
-SMALL = (
-    "system=vanilla",
-    "backend=vllm",
-    "model=tiny-llama",
-    "workload=poisson",
-    "rate=4",
-    "workload.duration_s=2",
-    "workload.input_len=96",
-    "workload.output_len=8",
-    "system.chunk_candidates=[32,64,128]",
-    "system.default_chunk=128",
-    "system.max_num_seqs=16",
-)
+from .test_vllm_real import SMALL  # the small real serving job, defined once
 
 
 def test_the_pinned_release_matches_the_install_pins():
