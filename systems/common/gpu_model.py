@@ -36,6 +36,17 @@ import numpy as np
 POWER_KEYS = ("act_a_w", "act_b_w", "act_alpha", "mem_beta", "blocking_w", "mem_knee_frac", "limit_w", "tile_tokens")
 
 
+def kv_bytes_per_rank(m, tp: int, pp: int = 1) -> float:
+    """KV bytes per token on one rank of ``tp`` x ``pp`` (the simulator's stage model and the real
+    vLLM engine's capacity both use it): vLLM splits the KV heads over the TP ranks, one head each
+    (replicated) when there are fewer heads than ranks, and the layers over the pipeline stages (the
+    largest stage's ceil(layers / pp) counted)."""
+    from harness.model_facts import kv_bytes_per_token
+
+    heads, layers = int(m.num_kv_heads), int(m.num_layers)
+    return kv_bytes_per_token(m) / heads * max(1, heads // int(tp)) * (-(-layers // int(pp)) / layers)
+
+
 @dataclass(frozen=True)
 class PowerParams:
     """Fitted power-model parameters of one GPU (watts; fractions in [0, 1]; ``tile_tokens`` tokens)."""
@@ -94,7 +105,7 @@ class StageModel:
         self.weight_bytes_gpu = mf.weight_bytes(model) / self.pp / self.tp
         self.weight_params_gpu = mf.forward_params(model) / self.pp / self.tp
         self.read_bytes_gpu = self.weight_params_gpu * bpp
-        self.kv_bytes_token_gpu = mf.kv_bytes_per_token(model) / self.pp / self.tp  # K and V, this stage
+        self.kv_bytes_token_gpu = kv_bytes_per_rank(model, self.tp, self.pp)  # K and V, this stage's rank
         self.attn_flops_pair_gpu = 4 * self.layers * q / self.tp  # QK^T + AV per (token, ctx)
         self.flops_rate = float(hw.peak_flops) * float(hw.flops_efficiency)
         self.bw = float(hw.mem_bw) * float(hw.mem_efficiency)

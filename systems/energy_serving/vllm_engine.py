@@ -42,8 +42,8 @@ from harness.logs import say
 from harness.machine import set_threads
 from harness.meters import EnergyMeter
 from harness.model_facts import CAUSAL_LM as ARCH  # architecture class per model type
-from harness.model_facts import check_cpu_model, check_weights, hf_config_dict, kv_bytes_per_token, weight_bytes
-from systems.common.gpu_model import StageModel
+from harness.model_facts import check_cpu_model, check_weights, hf_config_dict, weight_bytes
+from systems.common.gpu_model import StageModel, kv_bytes_per_rank
 from systems.common.vllm_version import check_vllm_version, installed_vllm_version
 from systems.energy_serving.actuator import DvfsActuator
 from systems.energy_serving.build import (
@@ -196,14 +196,6 @@ def decode_quota(free: int, slots: int, decodes: int, m: int) -> int:
     any split the batches in flight had (4 over 2 from 3 + 1: 1, 2, 2, ...)."""
     b = -(-int(decodes) // max(1, int(m)))
     return min(int(free), b, -(-int(free) // max(1, int(slots))))
-
-
-def kv_bytes_per_rank(m, tp: int, pp: int = 1) -> float:
-    """KV bytes per token on one rank of ``tp`` x ``pp``: vLLM splits the KV heads over the TP ranks,
-    one head each (replicated) when there are fewer heads than ranks, and the layers over the
-    pipeline stages (the largest stage's ceil(layers / pp) counted)."""
-    heads, layers = int(m.num_kv_heads), int(m.num_layers)
-    return kv_bytes_per_token(m) / heads * max(1, heads // tp) * (-(-layers // pp) / layers)
 
 
 def _torch_threads(worker) -> int:

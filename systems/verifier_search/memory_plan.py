@@ -210,7 +210,12 @@ class MemoryPlan:
             "this CPU" if on_cpu and real else str(cfg.hardware.name)
         )  # a real CPU run's hardware profile is not where it ran
         self.gen, self.ver = shapes(cfg)
-        self.budget = kv_budget(cfg, on_cpu)
+        # offload_mode=sleep (the artifact's offload, simulated backend only): each engine its own 0.95 of
+        # the device (:meth:`_sleep_split`), so no shared budget from memory_fraction unless kv_budget is
+        # set or the engines model a CPU
+        self.sleep = not real and bool(s.offload) and s.get("offload_mode", "swap") == "sleep"
+        shared = not self.sleep or on_cpu or not unset(s.kv_budget)
+        self.budget = kv_budget(cfg, on_cpu) if shared else None
         self.memory, self.offload = bool(s.memory), bool(s.offload) and not real
         self.max_model_len, self.num_iterations = int(w.max_model_len), int(w.num_iterations)
         self.floor_g, self.floor_v = one_sequence_kv(cfg, self.gen), one_sequence_kv(cfg, self.ver)
@@ -221,7 +226,10 @@ class MemoryPlan:
         self.fixed_prior = None if prior == M_STEP_PRIOR_FIT else float(prior)  # validated: > 0
         self._steps_sum, self._steps_count = 0.0, 0  # step lengths observed so far (observe)
         self.run_step = None  # S_dec of the last per_run plan of M (tokens; None without M)
-        if self.memory:
+        if self.sleep:
+            self.memory, self.profile = False, None  # the AE's offload configs have no M
+            self.fixed = self._sleep_split()
+        elif self.memory:
             hw = cost_profile(cfg, on_cpu and real)
             self.profile = str(hw.name)
             self.dec_hw, self.pre_hw = Roofline.of(hw, "decode"), Roofline.of(hw, "prefill")
@@ -262,6 +270,37 @@ class MemoryPlan:
             v = self.budget - g
             self.split = f"the baseline's fixed split ({s.gen_memory_share:g} of the KV budget to the generator)"
         return Allocation(int(s.max_num_seqs), int(s.max_num_seqs), g, v, float("nan"))
+
+    def _sleep_split(self) -> Allocation:
+        """The plan under ``offload_mode=sleep`` (``offload`` True): both engines keep vLLM's batch cap
+        ``system.max_num_seqs`` (the AE sets none) and each gets the KV of its own
+        ``vllm_v0.SLEEP_MEMORY_FRACTION`` of the device less its weights and its activation reserve
+        (:func:`activation_reserve`), or, where ``kv_budget`` is set or the engines run on (or model)
+        a CPU, the whole KV budget each: one engine is awake at a time. Raises RunOOM when an
+        engine's weights leave no KV."""
+        from systems.verifier_search.vllm_v0 import SLEEP_MEMORY_FRACTION
+
+        cfg, s = self.cfg, self.cfg.system
+        if self.budget is not None:
+            g = v = self.budget
+            self.split = (
+                f"the artifact's sleep mode: the whole KV budget to each engine ({self.budget / 2**20:.1f} MiB)"
+            )
+        else:
+            share = SLEEP_MEMORY_FRACTION * float(cfg.hardware.memory_bytes)
+            g = int(share - self.gen.weight_bytes - activation_reserve(cfg, "model", share))
+            v = int(share - self.ver.weight_bytes - activation_reserve(cfg, "verifier", share))
+            self.split = (
+                f"the artifact's sleep mode: each engine {SLEEP_MEMORY_FRACTION} of {cfg.hardware.name}'s memory "
+                f"minus its weights and activation reserve"
+            )
+            if min(g, v) <= 0:
+                raise RunOOM(
+                    f"gpu_memory_utilization {SLEEP_MEMORY_FRACTION} of {cfg.hardware.name} leaves no KV after the "
+                    f"weights of {cfg.model.name if g <= 0 else cfg.verifier.name} (offload_mode=sleep)"
+                )
+        cap = int(s.max_num_seqs)
+        return Allocation(cap, cap, int(g), int(v), float("nan"), offload=True)
 
     def plan(self, n: int, s_ver: float, s_ctx: float, s_dec: float) -> Allocation:
         """KV bytes and batch caps for ``n`` paths, verifier inputs of ``s_ver`` tokens, generator

@@ -563,11 +563,9 @@ def build(cfg, backend, workdir: Optional[Path]) -> Built:
     st = settings(cfg, on_cpu, src, None if backend.simulated else space)  # sim: its own step ids
     gen_shape, ver_shape = ModelShape.of(m), ModelShape.of(v)
     avg_prompt = sum(len(x) for x in prompts.values()) / len(prompts)
-    planner = MemoryPlan(cfg, on_cpu, not backend.simulated)
-    sleep = backend.simulated and s.offload and s.get("offload_mode", "swap") == "sleep"  # vllm_v0: the AE's offload
-    alloc = (
-        vllm_v0.sleep_allocation(cfg, on_cpu) if sleep else planner.per_run(st.n, avg_prompt)
-    )  # M plans with its step prior, never `mean` (memory_plan)
+    planner = MemoryPlan(cfg, on_cpu, not backend.simulated)  # offload_mode=sleep: the artifact's fixed split
+    sleep = planner.sleep
+    alloc = planner.per_run(st.n, avg_prompt)  # M plans with its step prior, never `mean` (memory_plan)
     planner.check_fits(alloc)  # RunOOM (recorded as oom) before any engine starts
     block = vllm_v0.engine_block_size(s, on_cpu)
     scheduler = vllm_v0.scheduler_ran(s, backend.simulated)

@@ -35,9 +35,9 @@ PRM, it prefilled whole inputs (V0: chunked prefill off by default; V1: off by t
   ``CacheConfig.block_size`` None -> 16, ``vllm/platforms/cuda.py`` ``check_and_update_config``); the
   CPU engine wants multiples of 32 (``cpu_block_size``). :func:`blocks` rounds a length up.
 - **Offload** (``system.offload_mode``: :data:`OFFLOAD_MODES`, with ``system.offload=true``).
-  ``sleep`` (default): the AE's ``offload*`` configs (``FastTTS-AE/benchmarks/configs/<pair>/<set>/
+  ``sleep`` (what ``fasttts_offload`` and Fig. 15's 3070 Ti runs set; the schema default is ``swap``): the AE's ``offload*`` configs (``FastTTS-AE/benchmarks/configs/<pair>/<set>/
   {offload,spec_offload_prefix}/*.yaml``: ``offload_enabled: true``, ``gpu_memory_utilization: 0.95`` on
-  both models, no M: :func:`sleep_allocation` replaces the memory plan): both engines at
+  both models, no M: ``memory_plan.MemoryPlan``'s sleep split replaces M's plan): both engines at
   ``gpu_memory_utilization`` 0.95 (:data:`SLEEP_MEMORY_FRACTION`) with vLLM sleep mode level 1 around
   every call (``models/vllm_wrapper.py`` ``_model_process_worker``: ``model.wake_up()`` before and
   ``model.sleep()`` after each ``generate`` / ``score``; ``LLM.sleep(level=1)``: weights copied to pinned
@@ -67,6 +67,13 @@ def validate(system) -> None:
         raise bad("system.scheduler", system.scheduler, f"one of {', '.join(SCHEDULERS)}")
     if system.get("offload_mode", "swap") not in OFFLOAD_MODES:
         raise bad("system.offload_mode", system.offload_mode, f"one of {', '.join(OFFLOAD_MODES)}")
+    if system.get("offload") and system.get("offload_mode") == "sleep" and system.get("replan") == "per_iteration":
+        raise bad(
+            "system.replan",
+            "per_iteration",
+            "per_run with system.offload_mode=sleep (the artifact's sleep plan is fixed: each engine 0.95 of the "
+            "device, no M to re-plan), or offload_mode=swap",
+        )
 
 
 def scheduler_ran(system, simulated: bool) -> str:
@@ -108,43 +115,6 @@ def sleep_s(weight_bytes: float, link_bw: float) -> float:
     if not link_bw or link_bw <= 0:
         raise ValueError(f"a host link bandwidth > 0 B/s is needed for sleep mode, got {link_bw!r}")
     return 2.0 * float(weight_bytes) / float(link_bw)
-
-
-def sleep_kv_bytes(memory_bytes: float, weight_bytes: float, reserve) -> int:
-    """KV bytes of one engine under sleep mode: :data:`SLEEP_MEMORY_FRACTION` of the device memory,
-    less its own weights and its activation reserve ``reserve(share)`` (bytes, of that share:
-    ``memory_plan.activation_reserve`` by ``system.kv_accounting``); the sleeping engine holds neither
-    weights nor KV on the device. May be <= 0 (the caller's oom)."""
-    share = SLEEP_MEMORY_FRACTION * float(memory_bytes)
-    return int(share - float(weight_bytes) - reserve(share))
-
-
-def sleep_allocation(cfg, on_cpu: bool):
-    """The memory plan under ``offload_mode=sleep`` (``memory.Allocation``, ``offload`` True): both
-    engines keep vLLM's batch cap ``system.max_num_seqs`` (the AE sets none) and each gets the KV of
-    its own :data:`SLEEP_MEMORY_FRACTION` of the device (:func:`sleep_kv_bytes`, less the
-    engine's activation reserve, ``memory_plan.activation_reserve``), or, where ``kv_budget`` is set or the
-    engines run on (or model) a CPU, the whole KV budget each (``memory_plan.kv_budget``): one engine is
-    awake at a time. Raises RunOOM when an engine's weights leave no KV."""
-    from harness.errors import RunOOM
-    from systems.verifier_search.memory import Allocation
-    from systems.verifier_search.memory_plan import activation_reserve, kv_budget, shapes, unset
-
-    s = cfg.system
-    gen, ver = shapes(cfg)
-    if on_cpu or not unset(s.kv_budget):
-        g = v = kv_budget(cfg, on_cpu)
-    else:
-        mem = float(cfg.hardware.memory_bytes)
-        g = sleep_kv_bytes(mem, gen.weight_bytes, lambda share: activation_reserve(cfg, "model", share))
-        v = sleep_kv_bytes(mem, ver.weight_bytes, lambda share: activation_reserve(cfg, "verifier", share))
-        if min(g, v) <= 0:
-            raise RunOOM(
-                f"gpu_memory_utilization {SLEEP_MEMORY_FRACTION} of {cfg.hardware.name} leaves no KV after the "
-                f"weights of {cfg.model.name if g <= 0 else cfg.verifier.name} (offload_mode=sleep)"
-            )
-    cap = int(s.max_num_seqs)
-    return Allocation(cap, cap, int(g), int(v), float("nan"), offload=True)
 
 
 def engine_block_size(system, on_cpu: bool) -> int:

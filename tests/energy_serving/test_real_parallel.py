@@ -11,8 +11,9 @@ import pytest
 
 from harness.backend import Backend
 from harness.errors import ConfigError
+from systems.common.gpu_model import kv_bytes_per_rank
 from systems.energy_serving import vllm_engine
-from systems.energy_serving.vllm_engine import cpu_rank_bind, kv_bytes_per_rank, real_parallelism, validate_real
+from systems.energy_serving.vllm_engine import cpu_rank_bind, real_parallelism, validate_real
 
 from .test_vllm_real import SMALL  # the small real serving job, defined once
 
@@ -141,6 +142,21 @@ def test_kv_bytes_per_rank_split_heads_or_replicate_them():
     full = kv_bytes_per_token(m)
     assert [kv_bytes_per_rank(m, tp) for tp in (1, 2, 4)] == [full, full / 2, full / 2]
     assert [kv_bytes_per_rank(m, 1, pp) for pp in (2, 4)] == [full / 2, full / 2]  # 1 of 2 layers; 4 stages: 1
+
+
+def test_the_simulator_sizes_a_ranks_kv_as_the_real_engine(compose_cfg):
+    """One rule for the KV a rank holds per token (``gpu_model.kv_bytes_per_rank``): the simulator's
+    stage model charges what the real engine allocates, also where tp exceeds the KV heads (tiny-llama,
+    2 KV heads, tp=4: each rank keeps one head) or pp does not divide the layers (pp=3: the largest
+    stage's ceil). Mutation: the stage model's old kv_bytes_per_token / pp / tp fails this (512 vs
+    1024 B at tp=4)."""
+    from systems.common.gpu_model import StageModel
+
+    cfg = compose_cfg("system=vanilla", "model=tiny-llama")
+    m, hw = cfg.model, cfg.hardware
+    for tp, pp in ((1, 1), (2, 1), (4, 1), (1, 3), (2, 2)):
+        assert StageModel(m, hw, tp, pp).kv_bytes_token_gpu == kv_bytes_per_rank(m, tp, pp)
+    assert StageModel(m, hw, 4, 1).kv_bytes_token_gpu == StageModel(m, hw, 2, 1).kv_bytes_token_gpu
 
 
 needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="tp=2 on vLLM-CPU needs 2 cores")

@@ -86,7 +86,7 @@ def test_v0_steps_hold_prefills_only(steps):
 def test_v0_preempts_by_recompute_and_reprefills_the_whole_sequence(steps):
     """5 blocks of 16; r0: 16-token prompt (1 block), r1: 24 tokens (1 full block + 1 partial), steps
     of 40 and 44 tokens. V0 admits both (the prompts' blocks only: 3); after 16 decode steps r0 holds
-    2 blocks (32 tokens of KV), r1 3 (40), and the next step needs 2 more: r1 (last admitted) is
+    2 blocks (32 tokens of KV), r1 3 (40), and the next step needs a 6th of the 5 blocks: r1 (last admitted) is
     preempted, its 3 blocks freed (its 2 full ones cached); r0 decodes to its end at step 39 (4
     blocks, evicting r1's first cached block); r1 is prefilled again with its prompt and the 17
     tokens it had sampled: 41 tokens, none cached, and ends with the tokens it would have made.
@@ -251,3 +251,43 @@ def test_sleep_plan_gives_each_engine_its_own_095(compose_cfg):
     )
     b2 = runner.build(compose_cfg("system=fasttts_offload", "backend=sim", "kv_budget=512MiB"), SIM, None)
     assert b2.alloc.gen_kv_bytes == b2.alloc.ver_kv_bytes == 512 << 20
+
+
+def test_v0_admission_leaves_the_watermark_free():
+    """V0's block manager admits a sequence only if 1 % of the blocks stay free (watermark 0.01,
+    ``SelfAttnBlockSpaceManager.can_allocate``): with 100 blocks of 16, a 1,568-token prompt (98
+    blocks) is admitted, a 32-token one (2 blocks) is not (2 + the watermark's 1 > the 2 free), a
+    16-token one is (1 + 1). Mutation: WATERMARK = 0 (or the watermark not added at admission) fails this."""
+    r0, r1 = GenRequest("r0", list(range(1568)), 64, 0), GenRequest("r1", list(range(5000, 5032)), 64, 1)
+    rec = {"r0": step(4, 1000), "r1": step(4, 2000)}
+    gen = generator(rec, blocks=100, max_num_seqs=8, scheduler="v0")
+    prefill, admitted, _ = gen._admit(deque([r0, r1]), {}, 0)
+    assert [s.r.uid for s in admitted] == ["r0"] and prefill == [(1568, 0)] and gen.cache.used() == 98
+    r2 = GenRequest("r2", list(range(6000, 6016)), 64, 2)  # 1 block + the watermark's 1 = the 2 free
+    gen = generator({**rec, "r2": step(4, 3000)}, blocks=100, max_num_seqs=8, scheduler="v0")
+    assert [s.r.uid for s in gen._admit(deque([r0, r2]), {}, 0)[1]] == ["r0", "r2"] and gen.cache.used() == 99
+
+
+def test_sleep_offload_needs_no_shared_budget_from_memory_fraction(compose_cfg):
+    """fasttts_offload on an RTX 3070 Ti at its pair's memory_fraction (0.4): the sleep plan gives
+    each engine 0.95 of the 8 GB less its weights and activation peak; the 0.4 share (which cannot
+    hold both models' weights) is not asked for. With replan=per_iteration sleep is refused (its plan
+    is fixed). Mutation: MemoryPlan computing kv_budget from memory_fraction under sleep (a recorded
+    oom) fails this; so does dropping the replan check."""
+    from harness.errors import RunOOM
+    from harness.vllm_memory import VLLM_092_CUDA, activation_peak_bytes
+    from systems.verifier_search.memory_plan import MemoryPlan, gen_token_budget
+
+    cfg = compose_cfg("system=fasttts_offload", "backend=sim", "hardware=rtx3070ti", "workload.num_problems=1")
+    assert float(cfg.system.memory_fraction) == 0.4
+    mp = MemoryPlan(cfg, on_cpu=False, real=False)
+    a = mp.per_run(8, 100.0)
+    share = 0.95 * float(cfg.hardware.memory_bytes)
+    peak = activation_peak_bytes(cfg.model, gen_token_budget(cfg), 256, pooling=False, profile=VLLM_092_CUDA)
+    assert a.offload and a.gen_kv_bytes == int(share - ModelShape.of(cfg.model).weight_bytes - peak)
+    mp.check_fits(a)
+    swap = compose_cfg("system=fasttts_offload", "backend=sim", "hardware=rtx3070ti", "system.offload_mode=swap")
+    with pytest.raises(RunOOM, match="memory_fraction=0.4"):
+        MemoryPlan(swap, on_cpu=False, real=False)
+    with pytest.raises(ConfigError, match="system.replan='per_iteration' is not allowed"):
+        runner.validate(compose_cfg("system=fasttts_offload", "system.replan=per_iteration"))
