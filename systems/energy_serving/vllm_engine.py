@@ -198,6 +198,14 @@ def decode_quota(free: int, slots: int, decodes: int, m: int) -> int:
     return min(int(free), b, -(-int(free) // max(1, int(slots))))
 
 
+def _decodes_first(per, decoding) -> Tuple[list, int]:
+    """A schedule's [(request id, tokens, computed before)] (ids as vLLM's strings) with the decodes
+    (ids in ``decoding``) first, as ``Iteration`` lists them, and their count (``n_decodes``)."""
+    sched = [(int(k), n, c) for k, n, c in per]
+    decodes = [x for x in sched if x[0] in decoding]
+    return decodes + [x for x in sched if x[0] not in decoding], len(decodes)
+
+
 def _torch_threads(worker) -> int:
     """A vLLM worker's torch thread count (run in each worker by ``collective_rpc``)."""
     import torch
@@ -333,8 +341,7 @@ class VllmServer:
             self.step_log.append(entry)
             if pp > 1:
                 self.batches[id(so)] = (time.perf_counter(), entry, {d.rsplit("-", 1)[0] for d in decs})
-                flying = sum(1 for b in self.batches.values() if b[1][1] > 0)
-                self.max_in_flight = max(self.max_in_flight, flying)
+                self.max_in_flight = max(self.max_in_flight, self._in_flight())
             return so
 
         self.sched.schedule = tapped
@@ -350,6 +357,10 @@ class VllmServer:
 
             self.sched.update_from_output = returned
 
+    def _in_flight(self) -> int:
+        """Non-empty batches scheduled whose tokens have not come back (pp > 1)."""
+        return sum(1 for b in self.batches.values() if b[1][1] > 0)
+
     def set_microbatches(self, m: int) -> int:
         """S2's microbatch count (pp > 1; see the class docstring): at most ``m`` >= 1 batches in
         flight from the next step on. Returns what was set."""
@@ -364,8 +375,7 @@ class VllmServer:
         takes. Returns ([(request, its old gate)] to restore, internal ids of every decode)."""
         decs = [r for r in self.sched.running if r.num_output_tokens > 0 and not r.is_prefill_chunk]
         free = [r for r in decs if r.num_tokens_with_spec + r.num_output_placeholders > r.num_computed_tokens]
-        flying = sum(1 for b in self.batches.values() if b[1][1] > 0)
-        q = decode_quota(len(free), self.m - flying, len(decs), self.m)
+        q = decode_quota(len(free), self.m - self._in_flight(), len(decs), self.m)
         gate = self.sched.current_step + 2
         held = [(r, r.next_decode_eligible_step) for r in free[q:]]
         for r, _ in held:
@@ -558,9 +568,7 @@ class VllmExecutor:
         was_decoding = set(self.decoding)
         self.preemptions += len(preempted)
         emitted, finished = self._outputs(outs)
-        sched = [(int(k), n, c) for k, n, c in per]
-        decodes = [x for x in sched if x[0] in was_decoding]  # listed first (Iteration.n_decodes)
-        sched = decodes + [x for x in sched if x[0] not in was_decoding]
+        sched, n_dec = _decodes_first(per, was_decoding)
         return Iteration(
             self.now,
             t1 - t0,
@@ -573,7 +581,7 @@ class VllmExecutor:
             self.clock or 0.0,
             cpu if self.cpu else None,
             iteration_shape(sched),
-            len(decodes),
+            n_dec,
         )
 
     def _outputs(self, outs) -> Tuple[list, list]:
@@ -606,9 +614,7 @@ class VllmExecutor:
             if server.done:
                 t_done, t_sched, (budget, total, per, _), decs = server.done.pop(0)
                 if total > 0:
-                    sched = [(int(k), n, c) for k, n, c in per]
-                    decodes = [x for x in sched if str(x[0]) in decs]  # listed first (Iteration.n_decodes)
-                    sched = decodes + [x for x in sched if str(x[0]) not in decs]
+                    sched, n_dec = _decodes_first(per, {int(d) for d in decs})
                     pre, self.pre = self.pre, []
                     return Iteration(
                         t_done - self.start,
@@ -622,7 +628,7 @@ class VllmExecutor:
                         self.clock or 0.0,
                         None,
                         iteration_shape(sched),
-                        len(decodes),
+                        n_dec,
                     )
             if self.now >= until or not server.busy():
                 return None
