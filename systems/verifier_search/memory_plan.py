@@ -64,6 +64,7 @@ from systems.verifier_search.memory import (
     profile_table,
     search_allocation,
 )
+from systems.verifier_search.vllm_v0 import SLEEP_MEMORY_FRACTION, sleeps
 
 REPLANS = ("per_run", "per_iteration")
 M_STEP_PRIOR_FIT = "fit"  # system.m_step_prior: the prior from the limits (MemoryPlan.step_prior), or tokens
@@ -213,7 +214,7 @@ class MemoryPlan:
         # offload_mode=sleep (the artifact's offload, simulated backend only): each engine its own 0.95 of
         # the device (:meth:`_sleep_split`), so no shared budget from memory_fraction unless kv_budget is
         # set or the engines model a CPU
-        self.sleep = not real and bool(s.offload) and s.get("offload_mode", "swap") == "sleep"
+        self.sleep = not real and sleeps(s)
         shared = not self.sleep or on_cpu or not unset(s.kv_budget)
         self.budget = kv_budget(cfg, on_cpu) if shared else None
         self.memory, self.offload = bool(s.memory), bool(s.offload) and not real
@@ -278,8 +279,6 @@ class MemoryPlan:
         (:func:`activation_reserve`), or, where ``kv_budget`` is set or the engines run on (or model)
         a CPU, the whole KV budget each: one engine is awake at a time. Raises RunOOM when an
         engine's weights leave no KV."""
-        from systems.verifier_search.vllm_v0 import SLEEP_MEMORY_FRACTION
-
         cfg, s = self.cfg, self.cfg.system
         if self.budget is not None:
             g = v = self.budget

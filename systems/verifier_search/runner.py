@@ -336,7 +336,7 @@ def offload_unavailable(cfg, backend) -> str:
     without it there); '' otherwise. Not an error: an experiment such as fasttts_gpus opens the option
     to every job and backend."""
     s = cfg.system
-    sleep = s.get("offload_mode", "swap") == "sleep"
+    sleep = vllm_v0.sleeps(s)
     if not s.offload or not (s.memory or sleep) or backend.simulated:
         return ""
     what = "the artifact's vLLM sleep mode (offload_mode=sleep)" if sleep else "the §4.3.2 offload extension"

@@ -61,13 +61,19 @@ AE_BLOCK_SIZE = 16  # vLLM 0.9.2's default KV block on CUDA
 WATERMARK = 0.01
 
 
+def sleeps(system) -> bool:
+    """Whether a run asks for the artifact's sleep-mode offload: ``system.offload`` with
+    ``system.offload_mode=sleep`` (simulated only; a real engine plans without it)."""
+    return bool(system.get("offload")) and system.get("offload_mode", "swap") == "sleep"
+
+
 def validate(system) -> None:
     """ConfigError (exit 2) for a ``system.scheduler`` or ``system.offload_mode`` not allowed."""
     if system.get("scheduler", "v1") not in SCHEDULERS:
         raise bad("system.scheduler", system.scheduler, f"one of {', '.join(SCHEDULERS)}")
     if system.get("offload_mode", "swap") not in OFFLOAD_MODES:
         raise bad("system.offload_mode", system.offload_mode, f"one of {', '.join(OFFLOAD_MODES)}")
-    if system.get("offload") and system.get("offload_mode") == "sleep" and system.get("replan") == "per_iteration":
+    if sleeps(system) and system.get("replan") == "per_iteration":
         raise bad(
             "system.replan",
             "per_iteration",
