@@ -173,10 +173,13 @@ def test_sleeping_verifier_is_charged_its_weights():
 def test_v0_verifier_packs_whole_inputs():
     """Without chunked prefill a pass holds whole inputs: 3 x 2500 tokens at 4096 -> 3 passes (V1's
     chunks: ceil(7500 / 4096) = 2), in the function and in the simulated verifier's charge.
-    Mutation: packing by the token sum (in ``pack_passes``, or the v0 verifier not calling it) fails this."""
+    Mutation: packing by the token sum (in ``pack_passes``, or the v0 verifier not calling it) fails
+    this; so does starting a new pass when an input fills the budget exactly (``>=`` for ``>``)."""
     assert pack_passes([2500, 2500, 2500], 4096) == 3
     assert pack_passes([3000, 1000, 2000], 4096) == 2 and pack_passes([0, 5], 4096) == 1
     assert pack_passes([], 4096) == 0
+    # an input that fills the pass exactly still joins it (vLLM's check: the budget holds it)
+    assert pack_passes([3000, 1096], 4096) == 1 and pack_passes([3000, 1097], 4096) == 2
     seen = []
     real = sim.prefill_terms
 
