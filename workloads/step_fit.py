@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Dict, List, Sequence
 
@@ -103,8 +104,20 @@ def fit(rows: Sequence[Dict]) -> Dict:
 
 
 def read_rows(path: Path) -> List[Dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The JSON rows of a solutions file (one object per line); ConfigError for a file that is not a
+    regular UTF-8 file (``harness.inputs.read_text``, the rule for every user-given file) or a line
+    that is not JSON (naming its 1-based number)."""
+    from harness.errors import ConfigError
+    from harness.inputs import read_text
+
+    rows = []
+    for k, line in enumerate(read_text(path, "--data", "a JSONL solutions file").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"--data={str(path)!r} is not allowed: line {k} is not JSON ({e.msg})") from None
+    return rows
 
 
 def main(argv=None) -> int:
@@ -112,7 +125,14 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=SOURCE, help="solutions JSONL (relative: under the data folder)")
     ap.add_argument("--out", default=str(OUT))
     a = ap.parse_args(argv)
-    params = fit(read_rows(resolve(a.data)))
+    from harness.errors import ConfigError
+
+    try:
+        rows = read_rows(resolve(a.data))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    params = fit(rows)
     Path(a.out).write_text(json.dumps(params, indent=1) + "\n")
     s, ans = params["step"], params["answer"]
     print(

@@ -326,3 +326,15 @@ def test_sensitivity_experiment_runs_on_a_small_cut(compose_cfg, tmp_path):
     assert sorted(t["step_model"]) == sorted(STEP_MODELS) and (t["fasttts/base (sim)"] > 0).all()
     v = __import__("pandas").read_csv(sweep / "workload_verdicts.csv")
     assert v.groupby("step_model").size().to_dict() == dict.fromkeys(STEP_MODELS, 2)
+
+
+def test_step_fit_refuses_a_file_it_cannot_read(tmp_path, capsys):
+    """``python -m workloads.step_fit`` reads its solutions through harness.inputs (the rule for every
+    user-given file): a line that is not JSON or a missing file exits 2 naming it, before any fit.
+    Mutation: read_rows opening the file itself again (a JSONDecodeError traceback) fails this."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"solution": "a"}\nnot json\n')
+    assert step_fit.main(["--data", str(bad), "--out", str(tmp_path / "o.json")]) == 2
+    assert "line 2 is not JSON" in capsys.readouterr().err
+    assert step_fit.main(["--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o.json")]) == 2
+    assert not (tmp_path / "o.json").exists()
