@@ -3,19 +3,20 @@
 The engine's decode step (one new token per beam against a cache of ``n`` tokens) spends most of
 its host time in transformers' generic machinery around the arithmetic: masks it does not need for
 one query, keyword plumbing, hooks and wrappers on every module call. :class:`LeanDecoder` runs the
-same arithmetic with the model's own weights and functions (its layer norms and MLP modules, its
-rotary embedding, attention as :func:`attend` computes it), in the
-order the architecture's forward does, and writes each layer's K/V through the engine's cache
+same arithmetic with the model's own weights and functions (its RMSNorm and rotary embedding; the
+same kernels its ``nn.Linear``, ``nn.LayerNorm`` and activation modules call, called directly:
+``addmm`` on weight views transposed once, ``F.layer_norm``; attention as :func:`attend` computes
+it), in the order the architecture's forward does, and writes each layer's K/V through the engine's cache
 (``GroupCache``: its providers and ``layer_done`` hooks, so layer-wise prefetch and LBS groups work
 unchanged). Supported: OPT (pre-norm, learned positions) and the LLaMA family (LLaMA, Qwen2: RMSNorm,
-rotary positions, grouped-query attention). ``tests/kv_offload/test_decoder.py`` compares its logits
+rotary positions, grouped-query attention, gated MLP). ``tests/kv_offload/test_decoder.py`` compares its logits
 with transformers' own forward (float64) for each. Another architecture decodes through transformers
 (:func:`lean_decoder` returns None; the engine says which in its record, ``decode_path``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -34,11 +35,13 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: flo
     if q.is_cuda:
         o = F.scaled_dot_product_attention(q, keys, values, scale=scale, enable_gqa=keys.shape[1] != H)
         return o.view(B, H * D)
-    qg = q.view(B, keys.shape[1], -1, D)  # [B, H_kv, groups, D]
-    s = torch.matmul(qg, keys.transpose(-1, -2))
+    # batched matmuls on 3-D views (what torch.matmul folds the 4-D operands to, without its expand and
+    # reshape operators): rows = (beam, K/V head), each row's queries = that K/V head's query heads
+    Hkv, n = keys.shape[1], keys.shape[2]
+    s = torch.bmm(q.reshape(B * Hkv, H // Hkv, D), keys.reshape(B * Hkv, n, D).transpose(1, 2))
     if scale != 1.0:
         s = s * scale
-    return torch.matmul(torch.softmax(s, dim=-1), values).view(B, H * D)
+    return torch.bmm(torch.softmax(s, dim=-1), values.reshape(B * Hkv, n, D)).view(B, H * D)
 
 
 def _fuse_qkv(attn):
@@ -55,6 +58,29 @@ def _fuse_qkv(attn):
         for p, b in zip(projs, bias.split(sizes)):
             p.bias = torch.nn.Parameter(b, requires_grad=False)
     return weight, bias, sizes
+
+
+def _affine(linear) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """A ``nn.Linear``'s (transposed weight view, bias or None), for :func:`_dense`."""
+    return linear.weight.t(), linear.bias
+
+
+def _dense(x: torch.Tensor, weight_t: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for 2-D ``x`` ``[B, in]`` with ``weight_t = weight.t()``: the same
+    kernel ``F.linear`` calls (``addmm``, or ``mm`` without a bias), without its transpose operator."""
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+
+def _layer_norm(norm: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """A ``nn.LayerNorm``'s forward without the module call's dispatch."""
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def _act(module) -> Callable:
+    """An activation module's forward (ReLU, SiLU: ``torch.relu``, ``F.silu``), without the module call."""
+    if isinstance(module, torch.nn.ReLU) and not module.inplace:
+        return torch.relu
+    return module.forward
 
 
 DECODE_PATHS = ("auto", "lean", "piecewise", "transformers")
@@ -117,27 +143,47 @@ class LeanDecoder:
         self.base = model.model.decoder if self.kind == "opt" else model.model
         self.layers = list(self.base.layers)
         self.qkv = [_fuse_qkv(layer.self_attn) for layer in self.layers]
+        self.qkv_t = [w.t() for w, _, _ in self.qkv]  # transposed views, made once (no copies)
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
+        self.qkv_heads = [size // self.head_dim for size in self.qkv[0][2]]  # (query, key, value) heads
         # OPT scales the query before attention (q * scaling), LLaMA scales the scores
         self.scale = 1.0 if self.kind == "opt" else attn.scaling
+        self.lm_head_t = model.lm_head.weight.t()
+        if self.kind == "opt":
+            self.out = [_affine(layer.self_attn.out_proj) for layer in self.layers]
+            self.mlp = [(_affine(layer.fc1), _affine(layer.fc2), _act(layer.activation_fn)) for layer in self.layers]
+        else:
+            from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+            self.rotate = apply_rotary_pos_emb
+            self.out = [_affine(layer.self_attn.o_proj) for layer in self.layers]
+            self.mlp = [
+                (_affine(m.gate_proj), _affine(m.up_proj), _affine(m.down_proj), _act(m.act_fn))
+                for m in (layer.mlp for layer in self.layers)
+            ]
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        return self.logits(ids, cache).unsqueeze(1)
+
+    def logits(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """Logits ``[B, V]`` of the token after ``ids`` ``[B]`` (the engine's decode; no grad mode of
+        its own: the engine's step runs under one)."""
         n = cache.get_seq_length()
         h, pos = self.embed(ids, n)
         for i in range(len(self.layers)):
             q, k, v = self.pre_attn(i, h, pos)
             keys, values = cache.layers[i].update(k, v)
             h = self.post_attn(i, h, self.attention(q, keys, values))
-        return self.head(h).unsqueeze(1)
+        return self.head(h)
 
     def embed(self, ids: torch.Tensor, n):
         """``(h [B, hidden], pos)``: the tokens' embedding at position ``n`` (an int, or a long tensor
         ``[1]`` for a captured graph); ``pos`` is what :meth:`pre_attn` needs of the position (LLaMA's
         rotary ``(cos, sin)``, nothing for OPT's learned positions, added here)."""
         base = self.base
-        h = base.embed_tokens(ids)
+        h = F.embedding(ids, base.embed_tokens.weight, base.embed_tokens.padding_idx)
         if self.kind == "opt":
             if base.project_in is not None:
                 h = base.project_in(h)
@@ -148,15 +194,12 @@ class LeanDecoder:
     def pre_attn(self, i: int, h: torch.Tensor, pos):
         """Layer ``i``'s query, key, value ``[B, heads, 1, head_dim]`` (query scaled for OPT, rotated
         for LLaMA) from the residual stream ``h``."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
         layer, B, D = self.layers[i], h.shape[0], self.head_dim
-        norm = layer.self_attn_layer_norm if self.kind == "opt" else layer.input_layernorm
-        w, b, sizes = self.qkv[i]
-        q, k, v = (t.view(B, -1, 1, D) for t in F.linear(norm(h), w, b).split(sizes, dim=-1))
+        x = _layer_norm(layer.self_attn_layer_norm, h) if self.kind == "opt" else layer.input_layernorm.forward(h)
+        q, k, v = _dense(x, self.qkv_t[i], self.qkv[i][1]).view(B, -1, 1, D).split(self.qkv_heads, dim=1)
         if self.kind == "opt":
             return q * layer.self_attn.scaling, k, v
-        q, k = apply_rotary_pos_emb(q, k, *pos)
+        q, k = self.rotate(q, k, *pos)
         return q, k, v
 
     def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -166,26 +209,22 @@ class LeanDecoder:
     def post_attn(self, i: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """The residual stream after layer ``i`` from its input ``h`` and attention output ``o``."""
         layer = self.layers[i]
+        h = h + _dense(o, *self.out[i])
         if self.kind == "opt":
-            out = layer.self_attn.out_proj
-            h = h + F.linear(o, out.weight, out.bias)
-            x = layer.final_layer_norm(h)
-            x = F.linear(
-                layer.activation_fn(F.linear(x, layer.fc1.weight, layer.fc1.bias)), layer.fc2.weight, layer.fc2.bias
-            )
-            return h + x
-        out = layer.self_attn.o_proj
-        h = h + F.linear(o, out.weight, out.bias)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+            fc1, fc2, act = self.mlp[i]
+            return h + _dense(act(_dense(_layer_norm(layer.final_layer_norm, h), *fc1)), *fc2)
+        gate, up, down, act = self.mlp[i]
+        x = layer.post_attention_layernorm.forward(h)
+        return h + _dense(act(_dense(x, *gate)) * _dense(x, *up), *down)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, V]`` from the last layer's residual stream."""
         base = self.base
         if self.kind == "opt":
             if base.final_layer_norm is not None:
-                h = base.final_layer_norm(h)
+                h = _layer_norm(base.final_layer_norm, h)
             if base.project_out is not None:
                 h = base.project_out(h)
         else:
-            h = base.norm(h)
-        return self.model.lm_head(h)
+            h = base.norm.forward(h)
+        return torch.mm(h, self.lm_head_t)

@@ -161,6 +161,7 @@ class TorchExecutor:
     def _logp(self, logits: torch.Tensor) -> torch.Tensor:
         return log_probs(logits, self.temperature, self.sample_dtype)
 
+    @torch.inference_mode()
     def decode(
         self, cache: GroupCache, uids: Sequence[int], logp: torch.Tensor, start: int, T: int, on_token=None
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -170,12 +171,15 @@ class TorchExecutor:
         token k's forward. Returns tokens ``[G, T]`` (long), their log-probs ``[G, T]`` and the
         next-token log-probs after the last ``[G, V]``. Teacher forcing (``self.forced`` set by
         :meth:`force`): the tokens are the forced ones, and each beam's own draws that differ from
-        them are counted with their margin (``StepOutcome.token_flips``)."""
+        them are counted with their margin (``StepOutcome.token_flips``). Runs in inference mode (less
+        host work per operator than no-grad mode); what it returns are inference tensors (read them;
+        clone one to update it in place outside inference mode)."""
         G = len(uids)
-        toks = torch.empty(G, T, dtype=torch.long, device=self.device)
-        lps = torch.empty(G, T, dtype=self.sample_dtype, device=self.device)
         keys = beam_keys(self.seed, uids, self.device)  # sampling keyed by (seed, uid, position), not slot
-        u = uniforms(keys, torch.arange(start, start + T, device=self.device))  # [G, T]: the step's draws
+        # the step's draws [G, T], cast once to the sampling dtype (draw's own cast is then a no-op),
+        # one column per token
+        u = uniforms(keys, torch.arange(start, start + T, device=self.device)).to(self.sample_dtype).unbind(1)
+        toks, lps = [], []  # per token: [G] tokens, [G, 1] their log-probs (stacked once at the end)
         forced = None
         if self.forced is not None:
             forced = torch.tensor([self.forced[int(x)] for x in uids], dtype=torch.long, device=self.device)
@@ -184,14 +188,17 @@ class TorchExecutor:
         for k in range(T):
             if on_token is not None:
                 on_token(k)
-            y = draw(logp, u[:, k])
+            y = draw(logp, u[k])
             if forced is not None:
                 flips += y != forced[:, k]
-                margin = torch.maximum(margin, draw_margin(logp, u[:, k], forced[:, k]))
+                margin = torch.maximum(margin, draw_margin(logp, u[k], forced[:, k]))
                 y = forced[:, k]
-            toks[:, k] = y
-            lps[:, k] = logp.gather(1, y[:, None])[:, 0]
+            toks.append(y)
+            lps.append(logp.gather(1, y[:, None]))
             logp = self.next_token_logp(y, cache)
+        if not toks:
+            raise ValueError(f"decode of T={T} tokens: at least 1")
+        toks, lps = torch.stack(toks, dim=1), torch.cat(lps, dim=1)
         if forced is not None:
             self._flips.append((uids, flips, margin))
         # the piecewise path's log-probs are a static buffer the next decode overwrites
@@ -207,7 +214,7 @@ class TorchExecutor:
         if self.piecewise is not None:
             return self.piecewise(y, cache)
         if self.lean is not None:
-            return self._logp(self.lean(y, cache)[:, -1])
+            return self._logp(self.lean.logits(y, cache))
         return self._logp(self.model(input_ids=y[:, None], past_key_values=cache, use_cache=True).logits[:, -1])
 
     # ----------------------------------------------------------------------------------------------
