@@ -7,14 +7,15 @@
 Measures (the fastest of several timing windows: a ceiling): GEMM throughput (FLOP/s; fp32 on CPU, fp16 on CUDA), memory
 bandwidth as a decode step sees it (4-row matmuls against a 512 MiB weight matrix, far larger than
 the caches, several per timed window so that one launch and one synchronisation per window are
-negligible; the plain streaming-read bandwidth is recorded beside it as ``stream_bw``), copy
+negligible; the plain streaming-read bandwidth is recorded beside it as ``stream_bw``; and the same
+weight read by ``x @ W.t()`` of 1 to 64 rows, ``mem_bw_by_rows``: a decode launch of that many beams), copy
 bandwidth between the two KV pools in each direction (CPU: between two host buffers; CUDA: pinned
 host <-> device), the cost of one kernel launch (``kernel_launch_s``: many tiny ops per window),
 and the fixed cost of one decoder-layer launch (a transformers LLaMA layer at batch 1, one token,
 hidden 64: time that does not scale with work). The profile keeps the base profile's datasheet
 values under ``datasheet`` and says, per field, that it was measured and when; its efficiencies
 are 1.0 (measured ceilings are achieved rates already, on a CPU or a GPU). Nothing is actuated or
-changed on the device. Times use the real engine's basis on the device
+changed on the device. A second of GEMMs runs first (an idle CPU core starts slow). Times use the real engine's basis on the device
 (``harness.meters.time_basis``: wall on CUDA, this thread's CPU time on a CPU) and one torch thread.
 """
 
@@ -70,6 +71,39 @@ def gemv_bandwidth(device: str, dtype, nbytes: int, per_window: int, sync) -> fl
     )
 
 
+DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # the batch rows (beams of one launch) of mem_bw_by_rows
+
+
+def decode_bandwidth_by_rows(device: str, dtype, nbytes: int, per_window: int, sync, rows=DECODE_ROWS) -> dict:
+    """``{rows: bytes/s}``: the weight bytes per second of ``x @ W.t()`` (``F.linear``'s layout, as
+    every projection and the LM head of the engine's decode computes it) for ``x`` of each count of
+    ``rows`` against a square weight ``W`` of ``nbytes``. A decode matmul of few rows is neither the
+    roofline's memory ceiling nor its GEMM peak: on a CPU, a BLAS streams the weight once per small
+    block of rows (one thread, 63 MiB, 2026-12-05: 28 GB/s at 1-2 rows, 14 at 4, 9 at 8); the
+    simulator interpolates this table (``hardware.mem_bw_by_rows``; ``systems.kv_offload.sim``)."""
+    import torch
+
+    k = int((nbytes / torch.empty((), dtype=dtype).element_size()) ** 0.5)
+    w = torch.randn(k, k, device=device, dtype=dtype)
+    clock = time_basis(device)[0]
+    out = {}
+    for r in rows:
+        x = torch.randn(r, k, device=device, dtype=dtype)
+        out[r] = w.numel() * w.element_size() / _timeit(lambda: x @ w.t(), sync, per_window=per_window, clock=clock)
+    return out
+
+
+def _busy(device: str, dtype, seconds: float = 1.0) -> None:
+    """GEMMs for ``seconds`` of wall time before measuring: a CPU core that was idle runs slower for
+    its first moments (frequency scaling; a first calibration measured half the bandwidth of the next)."""
+    import torch
+
+    a = torch.randn(512, 512, device=device, dtype=dtype)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ a
+
+
 def kernel_launch_seconds(device: str, sync, per_window: int = 1000) -> float:
     """Seconds per launch of a one-element op, many per window (launch and dispatch cost)."""
     import torch
@@ -105,6 +139,7 @@ def _measure(device: str, quick: bool, gemv_bytes: Optional[int] = None) -> dict
     a = torch.randn(n, n, device=device, dtype=dt)
     b = torch.randn(n, n, device=device, dtype=dt)
     clock = time_basis(device)[0]
+    _busy(device, dt, 0.2 if quick else 1.0)
     t = _timeit(lambda: a @ b, sync, clock=clock)
     flops = 2 * n**3 / t
     size = (1 << 30 if cuda else 256 << 20) >> (2 if quick else 0)
@@ -115,6 +150,7 @@ def _measure(device: str, quick: bool, gemv_bytes: Optional[int] = None) -> dict
     gemv_bytes = gemv_bytes or GEMV_BYTES >> (3 if quick else 0)
     gemv_window = 50 if cuda else 4
     mem_bw = gemv_bandwidth(device, dt, gemv_bytes, gemv_window, sync)
+    by_rows = decode_bandwidth_by_rows(device, dt, gemv_bytes, gemv_window, sync)
     launch_kernel = kernel_launch_seconds(device, sync, per_window=1000 if not quick else 200)
     host = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
     dev = torch.empty(size, dtype=torch.uint8, device=device)
@@ -125,6 +161,7 @@ def _measure(device: str, quick: bool, gemv_bytes: Optional[int] = None) -> dict
         "time_basis": time_basis(device)[1],
         "peak_flops": flops,
         "mem_bw": mem_bw,
+        "mem_bw_by_rows": by_rows,
         "stream_bw": stream_bw,
         "h2d_bw": h2d,
         "d2h_bw": d2h,
@@ -176,13 +213,19 @@ def write_profile(base: dict, measured: dict, out: Path) -> Path:
     prof["description"] = f"{base.get('description', '')} -- ceilings measured by harness.calibrate on {date}"
     prof["measured"] = {
         "date": date,
-        **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in measured.items()},
+        **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in measured.items() if k != "mem_bw_by_rows"},
     }
     prof["datasheet"] = {k: base.get(k) for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s")}
     sources = dict(base.get("sources", {}))
     for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s"):
         prof[k] = float(measured[k])
         sources[k] = f"measured by python -m harness.calibrate on {date} (datasheet value under datasheet:)"
+    if measured.get("mem_bw_by_rows"):
+        prof["mem_bw_by_rows"] = {int(r): float(v) for r, v in measured["mem_bw_by_rows"].items()}
+        sources["mem_bw_by_rows.*"] = (
+            f"measured by python -m harness.calibrate on {date}: x @ W.t() of each count of rows on "
+            f"{measured.get('gemv_bytes', 0) / 2**20:.0f} MiB"
+        )
     prof["sources"] = sources
     # measured ceilings are achieved rates already: discounting them again would count twice
     prof["flops_efficiency"] = prof["mem_efficiency"] = 1.0
@@ -240,6 +283,9 @@ def main(argv=None) -> int:
         f"{'stream_bw':11s} {m['stream_bw'] / 1e9:10.2f} G   streaming read B/s (recorded, not used: decode "
         f"matmuls see mem_bw)"
     )
+    if m.get("mem_bw_by_rows"):
+        rows = "  ".join(f"{r}: {v / 1e9:.1f}" for r, v in m["mem_bw_by_rows"].items())
+        print(f"{'mem_bw_by_rows':18s} {rows} (rows: GB/s of x @ W.t())")
     print(f"{'launch_overhead_s':18s} {m['launch_overhead_s'] * 1e6:10.1f} us per decoder layer")
     print(
         f"{'kernel_launch_s':18s} {m['kernel_launch_s'] * 1e6:10.1f} us per kernel launch (decode GEMVs: "

@@ -37,6 +37,9 @@ class HardwareConfig:
     memory_bytes: int = MISSING  # device memory per GPU (bytes)
     peak_flops: float = MISSING  # dense fp16/bf16 tensor FLOP/s per GPU
     mem_bw: float = MISSING  # device memory bandwidth (B/s)
+    # weight bytes/s of a decode matmul by its rows (beams of one launch), measured by harness.calibrate;
+    # empty = mem_bw at every batch (the LBS family's cost model, systems/kv_offload/sim.py)
+    mem_bw_by_rows: Dict[int, float] = field(default_factory=dict)
     h2d_bw: float = MISSING  # effective host->device copy bandwidth, pinned (B/s)
     d2h_bw: float = MISSING  # effective device->host copy bandwidth, pinned (B/s)
     launch_overhead_s: float = 0.0  # fixed cost per decoder layer per forward launch (s)
@@ -415,6 +418,13 @@ def check_hardware(hw) -> None:
             raise bad(f"hardware.{key}", v, f"{HARDWARE_NUMBERS[key][0]} from {low:g} to {high:g} ({why})")
     if hw.get("power"):
         check_numbers("hardware.power", hw.power, POWER_NUMBERS)
+    low, high, why = PLAUSIBLE["mem_bw"]
+    for rows, v in (hw.get("mem_bw_by_rows") or {}).items():  # a record's JSON holds the keys as text
+        if isinstance(rows, bool) or not str(rows).isdigit() or int(rows) < 1:
+            raise bad("hardware.mem_bw_by_rows", rows, "a count of rows (an integer >= 1) as each key")
+        check_number(f"hardware.mem_bw_by_rows.{rows}", v, "a bandwidth in bytes/s", "> 0")
+        if not low <= v <= high:
+            raise bad(f"hardware.mem_bw_by_rows.{rows}", v, f"a bandwidth in bytes/s from {low:g} to {high:g} ({why})")
     clocks = [(k, hw.get(k)) for k in ("clock_min_mhz", "clock_default_mhz", "clock_max_mhz") if hw.get(k)]
     for (k1, f1), (k2, f2) in zip(clocks, clocks[1:]):
         if f1 > f2:

@@ -39,6 +39,17 @@ from systems.common.groups import consecutive_groups, group_capacity, group_size
 from systems.kv_offload.beamset import PrefixOrder, union_tokens
 from systems.kv_offload.tree import Beam, BeamTree
 
+# The engine's sampling, per beam and token, over its [V] row of the vocabulary (torch_engine.log_probs,
+# sampling.draw): log-softmax (read for the max, read for the sum of exponentials, read + write), the
+# exponentials (read + write) and their cumulative sum (read + write): 8 passes, in the sampling dtype.
+SAMPLING_PASSES = 8
+
+
+def sampling_dtype(model_dtype: str) -> str:
+    """The engine's sampling dtype for a model's: float64 for a float64 model, else float32 (a
+    float16/bfloat16 model's log-probabilities are summed over a search in float32)."""
+    return "float64" if model_dtype == "float64" else "float32"
+
 
 @dataclass(frozen=True)
 class KVGeometry:

@@ -2,10 +2,12 @@
 profile (SIMULATED numbers).
 
 Cost model (per decoder layer, per forward launch; ``b`` beams, ``s`` cached tokens):
-- compute: roofline ``max(flops / (peak_flops * flops_efficiency), bytes / (mem_bw * mem_efficiency))
-  + launch_overhead_s`` with ``flops = 2 b P_layer + 4 b s (n_heads head_dim)`` and
-  ``bytes = P_layer * dtype + b (s + 1) kv_layer_token`` (weights re-read once per group launch;
-  KV read by attention);
+- compute: roofline ``max(flops / (peak_flops * flops_efficiency), t_bytes) + launch_overhead_s`` with
+  ``flops = 2 b P_layer + 4 b s (n_heads head_dim)`` and ``t_bytes = P_layer * dtype / bw(b) + b (s + 1)
+  kv_layer_token / (mem_bw * mem_efficiency)`` (weights re-read once per group launch, at the rate a
+  matmul of ``b`` rows reads them: ``hardware.mem_bw_by_rows`` where measured, else ``mem_bw``; KV
+  read by attention); the LM head likewise, plus the sampling's passes over each beam's vocabulary
+  row (``plan.SAMPLING_PASSES``);
 - transfers: bytes / ``h2d_bw`` or ``d2h_bw`` (one copy engine per direction);
 - overlap (a GPU profile; on a ``kind: cpu`` profile every copy is synchronous and adds to the
   compute, :func:`copies_overlap`): layer-wise prefetches the first offloaded layer while the
@@ -39,7 +41,7 @@ import numpy as np
 
 from harness.model_facts import dtype_bytes, layer_params
 from systems.common.groups import copies_overlap, group_time
-from systems.kv_offload.plan import KVGeometry, StepPlan
+from systems.kv_offload.plan import SAMPLING_PASSES, KVGeometry, StepPlan, sampling_dtype
 from systems.kv_offload.protocol import EnergyWindow, StepOutcome
 from systems.kv_offload.tree import Beam, BeamTree, mix64_array
 
@@ -96,7 +98,21 @@ class CostModel:
         self.geom = KVGeometry.from_model(m)
         self.peak = hw.peak_flops * hw.flops_efficiency
         self.bw = hw.mem_bw * hw.mem_efficiency
+        table = sorted((int(r), float(v) * hw.mem_efficiency) for r, v in (hw.get("mem_bw_by_rows") or {}).items())
+        self._rows = np.array([r for r, _ in table], dtype=np.float64)
+        self._s_per_byte = np.array([1.0 / v for _, v in table])
+        self.sample_bytes = dtype_bytes(sampling_dtype(m.dtype))
         self.power = power
+
+    def weight_bw(self, b: int) -> float:
+        """Bytes/s at which a decode launch of ``b`` beams reads weights: ``hardware.mem_bw_by_rows``
+        (measured per count of rows) interpolated linearly in seconds per byte between its rows, and
+        beyond its last row growing with the rows (compute-bound); ``mem_bw`` without a table."""
+        if not len(self._rows):
+            return self.bw
+        if b > self._rows[-1]:
+            return 1.0 / (self._s_per_byte[-1] * b / self._rows[-1])
+        return 1.0 / float(np.interp(b, self._rows, self._s_per_byte))
 
     def _charge(self, t_flops, t_bytes, launches):
         """(seconds, joules) of kernels taking ``max(t_flops, t_bytes)`` at ``P_busy(f, r)``,
@@ -113,13 +129,16 @@ class CostModel:
         s = np.asarray(s, dtype=np.float64)
         qd = self.m.num_heads * self.m.head_dim
         flops = 2.0 * b * self.P + 4.0 * b * s * qd
-        byts = self.P * self.db + b * (s + 1) * self.geom.kv_layer_token
-        return self._charge(flops / self.peak, byts / self.bw, 1)
+        t_bytes = self.P * self.db / self.weight_bw(b) + b * (s + 1) * self.geom.kv_layer_token / self.bw
+        return self._charge(flops / self.peak, t_bytes, 1)
 
     def head(self, b):
-        """Final norm + LM head for ``b`` beams (one token) -> (seconds, joules)."""
+        """Final norm + LM head + sampling for ``b`` beams (one token) -> (seconds, joules): the LM
+        head's weights read at :meth:`weight_bw`, then the sampling's :data:`SAMPLING_PASSES` passes
+        over each beam's vocabulary row in the sampling dtype at ``mem_bw``."""
         hv = self.m.hidden_size * self.m.vocab_size
-        return self._charge(2.0 * b * hv / self.peak, hv * self.db / self.bw, 1)
+        sampling = SAMPLING_PASSES * b * self.m.vocab_size * self.sample_bytes / self.bw
+        return self._charge(2.0 * b * hv / self.peak, hv * self.db / self.weight_bw(b) + sampling, 1)
 
     def prefill(self, n_tokens: int):
         """The prompt's forward -> (seconds, joules)."""

@@ -24,7 +24,7 @@ from systems.kv_offload.kvstore import DeviceBuffer, KVBudgetExceeded, PlanMisma
 from systems.kv_offload.layerwise_exec import LayerwiseExec
 from systems.kv_offload.model import shared_model
 from systems.kv_offload.piecewise import PiecewiseDecoder
-from systems.kv_offload.plan import StepPlan
+from systems.kv_offload.plan import StepPlan, sampling_dtype
 from systems.kv_offload.protocol import EnergyWindow, StepOutcome
 from systems.kv_offload.sampling import beam_keys, draw, draw_margin, uniforms
 from systems.kv_offload.tree import Beam, BeamTree
@@ -107,7 +107,7 @@ class TorchExecutor:
         self.seed, self.temperature, self.scheduler = seed, float(temperature), scheduler
         self.max_len = max_len
         self.record_tree = record_tree
-        self.sample_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        self.sample_dtype = getattr(torch, sampling_dtype(str(self.dtype).removeprefix("torch.")))  # the sim's too
         self.lean, self.piecewise = self._decoders(decode_path, max_beams, batch_invariant)
         self.next_logp: Dict[int, torch.Tensor] = {}  # uid -> [V] log-probs of its next token
         self.forced: Optional[Dict[int, List[int]]] = None  # teacher forcing: uid -> this step's tokens

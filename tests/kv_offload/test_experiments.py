@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.config import HardwareConfig
+from harness.config import HardwareConfig, check_hardware
 from harness.run import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,8 +156,11 @@ def test_calibration_writes_a_dated_measured_profile(tmp_path):
     assert prof["name"] == "cpu-calibrated" and prof["measured"]["date"]
     assert prof["h2d_bw"] == pytest.approx(m["h2d_bw"]) and prof["datasheet"]["h2d_bw"] == base["h2d_bw"]
     assert "measured by python -m harness.calibrate" in prof["sources"]["peak_flops"]
+    rows = prof["mem_bw_by_rows"]  # x @ W.t() of 1 to 64 rows, integer keys
+    assert sorted(rows) == [1, 2, 4, 8, 16, 32, 64] and all(v > 1e6 for v in rows.values())
+    assert "mem_bw_by_rows.*" in prof["sources"]
     prof.pop("defaults")
-    OmegaConf.merge(OmegaConf.structured(HardwareConfig), prof)  # passes the schema
+    check_hardware(OmegaConf.merge(OmegaConf.structured(HardwareConfig), prof))  # passes the schema and the checks
 
 
 def test_fidelity_sweep_bytes_match_exactly(tmp_path):

@@ -1,0 +1,110 @@
+"""The LBS family's simulated cost of a decode launch (systems/kv_offload/sim.py, CostModel): the
+weight-read rate of a launch of b beams from the measured table ``hardware.mem_bw_by_rows``, and the
+sampling's passes over each beam's vocabulary row, on worked numbers. (Mutations caught: the table's
+last row used for every larger launch instead of growing with the rows; bandwidth, not seconds per
+byte, interpolated; the sampling term dropped, or counted once per launch instead of per beam; the
+table applied to the KV read as well as the weights; a key of 0 rows accepted.)"""
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness.config import HardwareConfig, check_hardware
+from harness.errors import ConfigError
+from systems.kv_offload.plan import SAMPLING_PASSES, sampling_dtype
+from systems.kv_offload.sim import CostModel
+
+GB = 1e9
+
+
+def hardware(**kw):
+    base = dict(
+        name="t",
+        memory_bytes=1 << 30,
+        peak_flops=1e17,  # compute never binds at these sizes: times below are the bytes' alone
+        mem_bw=10 * GB,
+        h2d_bw=1 * GB,
+        d2h_bw=1 * GB,
+        launch_overhead_s=0.0,
+        flops_efficiency=1.0,
+        mem_efficiency=1.0,
+    )
+    base.update(kw)
+    return OmegaConf.merge(OmegaConf.structured(HardwareConfig), base)
+
+
+def model(**kw):
+    m = dict(
+        num_layers=2,
+        hidden_size=100,
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=50,
+        intermediate_size=400,
+        vocab_size=1000,
+        dtype="float32",
+        hf_model_type="opt",
+        num_params=None,
+    )
+    m.update(kw)
+    return OmegaConf.create(m)
+
+
+def test_weight_rate_interpolates_seconds_per_byte_and_grows_beyond_the_table():
+    cm = CostModel(hardware(mem_bw_by_rows={1: 20 * GB, 4: 5 * GB}), model())
+    assert cm.weight_bw(1) == pytest.approx(20 * GB)
+    assert cm.weight_bw(4) == pytest.approx(5 * GB)
+    # 2 rows: a third of the way from 1/20 to 1/5 ns per byte: 0.05 + 0.05 = 0.1 ns/B = 10 GB/s
+    assert cm.weight_bw(2) == pytest.approx(10 * GB)
+    assert cm.weight_bw(8) == pytest.approx(2.5 * GB)  # twice the last row's rows: twice its time
+    assert CostModel(hardware(), model()).weight_bw(8) == 10 * GB  # no table: mem_bw at every batch
+
+
+def test_a_table_read_from_a_records_json_has_text_keys():
+    hw = OmegaConf.create({**OmegaConf.to_container(hardware()), "mem_bw_by_rows": {"1": 20 * GB, "4": 5 * GB}})
+    cm = CostModel(hw, model())
+    assert cm.weight_bw(2) == pytest.approx(10 * GB)
+
+
+def test_head_charges_the_lm_head_at_the_batchs_rate_and_the_sampling_per_beam():
+    m = model()
+    cm = CostModel(hardware(mem_bw_by_rows={1: 20 * GB, 4: 5 * GB}), m)
+    head_bytes = 100 * 1000 * 4  # hidden x vocabulary, float32
+    for b, rate in ((1, 20 * GB), (2, 10 * GB), (4, 5 * GB)):
+        sampling = 8 * b * 1000 * 4 / (10 * GB)  # 8 passes over each beam's [V] row at mem_bw
+        assert float(cm.head(b)[0]) == pytest.approx(head_bytes / rate + sampling)
+    assert SAMPLING_PASSES == 8
+    # a float64 model samples in float64: twice the sampling bytes
+    cm64 = CostModel(hardware(), model(dtype="float64"))
+    assert float(cm64.head(3)[0]) == pytest.approx((100 * 1000 * 8 + 8 * 3 * 1000 * 8) / (10 * GB))
+
+
+def test_layer_reads_weights_at_the_batchs_rate_and_kv_at_mem_bw():
+    m = model()
+    cm = CostModel(hardware(mem_bw_by_rows={1: 20 * GB, 4: 5 * GB}), m)
+    kv_layer_token = 2 * 2 * 50 * 4
+    t = float(cm.layer_decode(4, 9)[0])
+    assert t == pytest.approx(cm.P * 4 / (5 * GB) + 4 * 10 * kv_layer_token / (10 * GB))
+
+
+def test_the_engine_samples_in_the_dtype_the_simulator_charges():
+    assert [sampling_dtype(d) for d in ("float64", "float32", "float16", "bfloat16")] == [
+        "float64",
+        "float32",
+        "float32",
+        "float32",
+    ]
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ({0: 1e9}, "a count of rows (an integer >= 1)"),
+        ({"x": 1e9}, "a count of rows (an integer >= 1)"),
+        ({4: -1.0}, "a bandwidth in bytes/s > 0"),
+        ({4: 1e20}, "a bandwidth in bytes/s from"),
+    ],
+)
+def test_a_bad_rows_table_is_refused_naming_it(table, message):
+    with pytest.raises(ConfigError, match="mem_bw_by_rows") as e:
+        check_hardware(OmegaConf.create({**OmegaConf.to_container(hardware()), "mem_bw_by_rows": table}))
+    assert message in str(e.value)
