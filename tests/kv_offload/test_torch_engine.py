@@ -395,3 +395,30 @@ def test_in_gpu_oom_on_a_real_engine_says_it_was_predicted(compose_cfg, tmp_path
     df = report.tidy(gather_runs(tmp_path))
     cells = dict(zip(df.simulated, [report._fmt_speed(r) for _, r in df.iterrows()]))
     assert cells == {False: "OOM (predicted)", True: "OOM"}
+
+
+def test_host_work_benchmark_prints_its_ratios():
+    """scripts/bench_engine_host.py at two beams and two tokens, one round: its output, not its timing
+    (a benchmark prints ratios; no test times it). Both baselines and the piecewise count appear."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run(
+        [sys.executable, str(root / "scripts/bench_engine_host.py"), "--beams", "2", "--tokens", "2", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    for line in (
+        "ratio ours / transformers (greedy): host time",
+        "ratio ours / transformers sampling",
+        "piecewise path:",
+    ):
+        assert line in p.stdout, p.stdout
+    bad = subprocess.run(
+        [sys.executable, str(root / "scripts/bench_engine_host.py"), "--beams", "0"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--beams 0: at least 1" in bad.stderr
