@@ -5,7 +5,7 @@
     python -m harness.calibrate hardware=cpu gemv_bytes=64MiB   # mem_bw at a model's weight bytes
 
 Measures (the fastest of several timing windows: a ceiling): GEMM throughput (FLOP/s; fp32 on CPU, fp16 on CUDA), memory
-bandwidth as a decode step sees it (4-row matmuls against a 512 MiB weight matrix, far larger than
+bandwidth as a decode step sees it (4-row matmuls ``v @ W`` against a 512 MiB weight matrix, far larger than
 the caches, several per timed window so that one launch and one synchronisation per window are
 negligible; the plain streaming-read bandwidth is recorded beside it as ``stream_bw``; and the same
 weight read by ``x @ W.t()`` of 1 to 64 rows, ``mem_bw_by_rows``: a decode launch of that many beams), copy
@@ -15,7 +15,7 @@ and the fixed cost of one decoder-layer launch (a transformers LLaMA layer at ba
 hidden 64: time that does not scale with work). The profile keeps the base profile's datasheet
 values under ``datasheet`` and says, per field, that it was measured and when; its efficiencies
 are 1.0 (measured ceilings are achieved rates already, on a CPU or a GPU). Nothing is actuated or
-changed on the device. A second of GEMMs runs first (an idle CPU core starts slow). Times use the real engine's basis on the device
+changed on the device. A second of GEMMs (0.2 s with ``quick``) runs first (an idle CPU core starts slow). Times use the real engine's basis on the device
 (``harness.meters.time_basis``: wall on CUDA, this thread's CPU time on a CPU) and one torch thread.
 """
 

@@ -37,9 +37,10 @@ class HardwareConfig:
     memory_bytes: int = MISSING  # device memory per GPU (bytes)
     peak_flops: float = MISSING  # dense fp16/bf16 tensor FLOP/s per GPU
     mem_bw: float = MISSING  # device memory bandwidth (B/s)
-    # weight bytes/s of a decode matmul by its rows (beams of one launch), measured by harness.calibrate;
-    # empty = mem_bw at every batch (the LBS family's cost model, systems/kv_offload/sim.py)
-    mem_bw_by_rows: Dict[int, float] = field(default_factory=dict)
+    # weight bytes/s of a decode matmul by its rows (beams of one launch), measured by harness.calibrate
+    # (achieved rates: mem_efficiency does not discount them); empty = mem_bw at every batch (the LBS
+    # family's cost model, systems/kv_offload/sim.py); on the command line: +hardware.mem_bw_by_rows.4=1e10
+    mem_bw_by_rows: Dict[Any, float] = field(default_factory=dict)  # rows: an int, or its digits as text
     h2d_bw: float = MISSING  # effective host->device copy bandwidth, pinned (B/s)
     d2h_bw: float = MISSING  # effective device->host copy bandwidth, pinned (B/s)
     launch_overhead_s: float = 0.0  # fixed cost per decoder layer per forward launch (s)

@@ -136,7 +136,7 @@ class LeanDecoder:
     :meth:`embed` (token + position), :meth:`pre_attn` (layer ``l``'s norm, Q/K/V, rotary),
     :meth:`post_attn` (output projection, MLP, residuals), :meth:`head` (final norm, LM head);
     attention (:func:`attend`, on the cache's K/V) runs between them. Activations are ``[B, hidden]``
-    (one token per beam: ``F.linear`` on 2-D input is one matmul, no views)."""
+    (one token per beam: each projection is one ``addmm`` on 2-D input, no views)."""
 
     def __init__(self, model):
         self.model, self.kind = model, model.config.model_type

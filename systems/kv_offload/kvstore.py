@@ -136,7 +136,8 @@ class DevicePool:
         nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
         ch = nbytes if charge is None else int(charge)
         self._check(kind, self.used[kind] + ch, what, ch)
-        t = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        with torch.inference_mode(False):  # the store's buffers outlive a decode: never inference tensors
+            t = torch.empty(tuple(shape), dtype=dtype, device=self.device)
         buf = DeviceBuffer(t, kind, ch, self, what)
         self.used[kind] += ch
         self.physical += nbytes
@@ -196,7 +197,8 @@ class HostPool:
         t = self.segs.get(sid)
         if t is None or t.shape[3] != length:
             L, two, H, D = self.shape
-            t = torch.empty((L, two, H, length, D), dtype=self.dtype, pin_memory=self.pin)
+            with torch.inference_mode(False):  # never an inference tensor, whoever allocates it
+                t = torch.empty((L, two, H, length, D), dtype=self.dtype, pin_memory=self.pin)
             self.segs[sid] = t
         return t
 
@@ -235,7 +237,8 @@ class HostLayers:
         """Layer ``l``'s tensor (allocated on first use)."""
         t = self.layers.get(layer)
         if t is None:
-            t = self.layers[layer] = torch.empty(self.shape, dtype=self.dtype, pin_memory=self.pin)
+            with torch.inference_mode(False):  # never an inference tensor, whoever allocates it
+                t = self.layers[layer] = torch.empty(self.shape, dtype=self.dtype, pin_memory=self.pin)
         return t
 
     @property

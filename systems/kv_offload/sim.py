@@ -98,7 +98,8 @@ class CostModel:
         self.geom = KVGeometry.from_model(m)
         self.peak = hw.peak_flops * hw.flops_efficiency
         self.bw = hw.mem_bw * hw.mem_efficiency
-        table = sorted((int(r), float(v) * hw.mem_efficiency) for r, v in (hw.get("mem_bw_by_rows") or {}).items())
+        # measured rates, achieved already: not discounted by mem_efficiency (harness.calibrate)
+        table = sorted((int(r), float(v)) for r, v in (hw.get("mem_bw_by_rows") or {}).items())
         self._rows = np.array([r for r, _ in table], dtype=np.float64)
         self._s_per_byte = np.array([1.0 / v for _, v in table])
         self.sample_bytes = dtype_bytes(sampling_dtype(m.dtype))
@@ -106,12 +107,11 @@ class CostModel:
 
     def weight_bw(self, b: int) -> float:
         """Bytes/s at which a decode launch of ``b`` beams reads weights: ``hardware.mem_bw_by_rows``
-        (measured per count of rows) interpolated linearly in seconds per byte between its rows, and
-        beyond its last row growing with the rows (compute-bound); ``mem_bw`` without a table."""
+        (measured per count of rows) interpolated linearly in seconds per byte between its rows (its
+        first and last rows' rates outside them: beyond the table the roofline's compute term is the
+        bound); ``mem_bw`` without a table."""
         if not len(self._rows):
             return self.bw
-        if b > self._rows[-1]:
-            return 1.0 / (self._s_per_byte[-1] * b / self._rows[-1])
         return 1.0 / float(np.interp(b, self._rows, self._s_per_byte))
 
     def _charge(self, t_flops, t_bytes, launches):
@@ -134,11 +134,16 @@ class CostModel:
 
     def head(self, b):
         """Final norm + LM head + sampling for ``b`` beams (one token) -> (seconds, joules): the LM
-        head's weights read at :meth:`weight_bw`, then the sampling's :data:`SAMPLING_PASSES` passes
-        over each beam's vocabulary row in the sampling dtype at ``mem_bw``."""
+        head's weights read at :meth:`weight_bw` (its roofline, one launch), then the sampling's own
+        memory-bound kernels at ``mem_bw`` (no launch of their own: a layer's fixed cost covers the
+        step's dispatch): the logits cast to the sampling dtype when the model's differs (read + write),
+        and :data:`SAMPLING_PASSES` passes over each beam's vocabulary row in the sampling dtype."""
         hv = self.m.hidden_size * self.m.vocab_size
-        sampling = SAMPLING_PASSES * b * self.m.vocab_size * self.sample_bytes / self.bw
-        return self._charge(2.0 * b * hv / self.peak, hv * self.db / self.weight_bw(b) + sampling, 1)
+        t, e = self._charge(2.0 * b * hv / self.peak, hv * self.db / self.weight_bw(b), 1)
+        row = b * self.m.vocab_size
+        cast = row * (self.db + self.sample_bytes) if self.db != self.sample_bytes else 0
+        ts, es = self._charge(0.0, (cast + SAMPLING_PASSES * row * self.sample_bytes) / self.bw, 0)
+        return t + ts, e + es
 
     def prefill(self, n_tokens: int):
         """The prompt's forward -> (seconds, joules)."""

@@ -1,9 +1,10 @@
 """The LBS family's simulated cost of a decode launch (systems/kv_offload/sim.py, CostModel): the
 weight-read rate of a launch of b beams from the measured table ``hardware.mem_bw_by_rows``, and the
-sampling's passes over each beam's vocabulary row, on worked numbers. (Mutations caught: the table's
-last row used for every larger launch instead of growing with the rows; bandwidth, not seconds per
-byte, interpolated; the sampling term dropped, or counted once per launch instead of per beam; the
-table applied to the KV read as well as the weights; a key of 0 rows accepted.)"""
+sampling's passes over each beam's vocabulary row, on worked numbers. (Mutations caught: the weight
+time growing with the rows beyond the table; bandwidth, not seconds per byte, interpolated; the
+sampling term dropped, counted once per launch instead of per beam, hidden under the LM head's
+compute, or without the float16 logits' cast; the table applied to the KV read as well as the
+weights; a key of 0 rows accepted; the engine sampling in a dtype of its own.)"""
 
 import pytest
 from omegaconf import OmegaConf
@@ -55,7 +56,7 @@ def test_weight_rate_interpolates_seconds_per_byte_and_grows_beyond_the_table():
     assert cm.weight_bw(4) == pytest.approx(5 * GB)
     # 2 rows: a third of the way from 1/20 to 1/5 ns per byte: 0.05 + 0.05 = 0.1 ns/B = 10 GB/s
     assert cm.weight_bw(2) == pytest.approx(10 * GB)
-    assert cm.weight_bw(8) == pytest.approx(2.5 * GB)  # twice the last row's rows: twice its time
+    assert cm.weight_bw(8) == pytest.approx(5 * GB)  # beyond the table: its last rate (compute then binds)
     assert CostModel(hardware(), model()).weight_bw(8) == 10 * GB  # no table: mem_bw at every batch
 
 
@@ -76,6 +77,16 @@ def test_head_charges_the_lm_head_at_the_batchs_rate_and_the_sampling_per_beam()
     # a float64 model samples in float64: twice the sampling bytes
     cm64 = CostModel(hardware(), model(dtype="float64"))
     assert float(cm64.head(3)[0]) == pytest.approx((100 * 1000 * 8 + 8 * 3 * 1000 * 8) / (10 * GB))
+    # a float16 model's logits are cast to float32 first (read 2 + write 4 bytes each)
+    cm16 = CostModel(hardware(), model(dtype="float16"))
+    assert float(cm16.head(3)[0]) == pytest.approx((100 * 1000 * 2 + 3 * 1000 * (2 + 4) + 8 * 3 * 1000 * 4) / (10 * GB))
+
+
+def test_the_sampling_is_not_hidden_under_the_lm_heads_compute():
+    """A compute-bound LM head (1 GFLOP/s) still pays the sampling's memory passes after it."""
+    cm = CostModel(hardware(peak_flops=1e9), model())
+    flops = 2 * 2 * 100 * 1000
+    assert float(cm.head(2)[0]) == pytest.approx(flops / 1e9 + 8 * 2 * 1000 * 4 / (10 * GB))
 
 
 def test_layer_reads_weights_at_the_batchs_rate_and_kv_at_mem_bw():
@@ -86,13 +97,33 @@ def test_layer_reads_weights_at_the_batchs_rate_and_kv_at_mem_bw():
     assert t == pytest.approx(cm.P * 4 / (5 * GB) + 4 * 10 * kv_layer_token / (10 * GB))
 
 
-def test_the_engine_samples_in_the_dtype_the_simulator_charges():
-    assert [sampling_dtype(d) for d in ("float64", "float32", "float16", "bfloat16")] == [
-        "float64",
-        "float32",
-        "float32",
-        "float32",
-    ]
+@pytest.mark.parametrize("dtype, sampled", [("float64", "float64"), ("float32", "float32"), ("bfloat16", "float32")])
+def test_the_engine_samples_in_the_dtype_the_simulator_charges(dtype, sampled):
+    import torch
+
+    from harness.config import ModelConfig
+    from systems.kv_offload.torch_engine import TorchExecutor
+
+    assert sampling_dtype(dtype) == sampled
+    conf = OmegaConf.load("conf/model/tiny-opt.yaml")
+    conf.pop("defaults")
+    m = OmegaConf.merge(OmegaConf.structured(ModelConfig), conf)
+    m.num_layers, m.hidden_size, m.intermediate_size, m.vocab_size = 1, 32, 64, 100
+    m.num_heads = m.num_kv_heads = 2
+    m.head_dim = 16
+    m.hf_config.word_embed_proj_dim = 32
+    ex = TorchExecutor(m, "cpu", None, seed=0, dtype=dtype)
+    assert ex.sample_dtype == getattr(torch, sampled)
+    ex.close()
+
+
+def test_a_rows_table_can_be_given_on_the_command_line(compose_cfg):
+    cfg = compose_cfg(
+        "system=lbs", "hardware=rtx4090", "+hardware.mem_bw_by_rows.4=1e11", "+hardware.mem_bw_by_rows.1=4e11"
+    )
+    check_hardware(cfg.hardware)
+    cm = CostModel(cfg.hardware, cfg.model)
+    assert cm.weight_bw(2) == pytest.approx(1 / (1 / 4e11 + (1 / 1e11 - 1 / 4e11) / 3))
 
 
 @pytest.mark.parametrize(

@@ -62,7 +62,7 @@ def kernel_j(t_flops: float, t_bytes: float) -> float:
 def test_lbs_group_energy_by_hand(compose_cfg):
     """One LBS group of 4 beams decodes 1 token at 100 cached tokens after loading 20 MB over PCIe
     (20 ms of I/O stall). Compute: per layer a decode kernel + one launch gap, then the LM head +
-    one launch gap (its bytes: the LM head's weights and the sampling's passes); stall at P_idle. Mutations caught: the I/O stall charged at busy power
+    one launch gap, then the sampling's passes (a memory-bound kernel, no gap); stall at P_idle. Mutations caught: the I/O stall charged at busy power
     (P_busy(0) or P_busy(1) instead of P_idle); P_idle dropped from the launch gaps or the stall;
     r taken as the memory-bound share (t_bytes / t) instead of t_flops / t."""
     m = plain(compose_cfg("model=tiny-opt").model)
@@ -72,8 +72,8 @@ def test_lbs_group_energy_by_hand(compose_cfg):
     qd = m.num_heads * m.head_dim
     layer = kernel_j((2 * b * P + 4 * b * s * qd) / 1e12, (P * db + b * (s + 1) * kvl) / 1e11) + P_IDLE * 1e-5
     hv = m.hidden_size * m.vocab_size
-    sampling = 8 * b * m.vocab_size * 4  # 8 passes over each beam's float32 vocabulary row
-    head = kernel_j(2 * b * hv / 1e12, (hv * db + sampling) / 1e11) + P_IDLE * 1e-5
+    sampling = 8 * b * m.vocab_size * 4  # 8 passes over each beam's float32 vocabulary row: memory-bound
+    head = kernel_j(2 * b * hv / 1e12, hv * db / 1e11) + P_IDLE * 1e-5 + kernel_j(0.0, sampling / 1e11)
     stall_s = load / 1e9
     expect_compute = L * layer + head
 
