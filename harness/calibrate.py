@@ -4,6 +4,10 @@
     python -m harness.calibrate hardware=h200 out=PATH  # on a CUDA machine: pinned copies, fp16 GEMM
     python -m harness.calibrate hardware=cpu gemv_bytes=64MiB   # mem_bw at a model's weight bytes
 
+A profile is used as ``hardware=<name>`` from ``conf/hardware/<name>.yaml`` (the default ``out``;
+one written elsewhere: copy it there; its ``name`` is its file's stem). ``quick=true``: a check of
+the tool, not a calibration (an eighth of the matrices, fewer windows, 0.2 s of warm-up).
+
 Measures (the fastest of several timing windows: a ceiling): GEMM throughput (FLOP/s; fp32 on CPU, fp16 on CUDA), memory
 bandwidth as a decode step sees it (4-row matmuls ``v @ W`` against a 512 MiB weight matrix, far larger than
 the caches, several per timed window so that one launch and one synchronisation per window are
@@ -208,7 +212,7 @@ def write_profile(base: dict, measured: dict, out: Path) -> Path:
     """Base profile (datasheet) + measured ceilings -> a new YAML profile named ``<base>-calibrated``."""
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     prof = {k: v for k, v in base.items() if k not in ("defaults",)}
-    name = f"{base['name']}-calibrated"
+    name = out.stem  # hardware=<name> selects conf/hardware/<name>.yaml
     prof["name"] = name
     prof["description"] = f"{base.get('description', '')} -- ceilings measured by harness.calibrate on {date}"
     prof["measured"] = {
@@ -220,11 +224,16 @@ def write_profile(base: dict, measured: dict, out: Path) -> Path:
     for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_overhead_s"):
         prof[k] = float(measured[k])
         sources[k] = f"measured by python -m harness.calibrate on {date} (datasheet value under datasheet:)"
+    if "gemv_bytes" in measured:
+        sources["mem_bw"] += f": 4-row v @ W on {measured['gemv_bytes'] / 2**20:.0f} MiB"
     if measured.get("mem_bw_by_rows"):
-        prof["mem_bw_by_rows"] = {int(r): float(v) for r, v in measured["mem_bw_by_rows"].items()}
+        # keys as text: what a command-line override names (hardware.mem_bw_by_rows.4=...)
+        prof["mem_bw_by_rows"] = {str(int(r)): float(v) for r, v in measured["mem_bw_by_rows"].items()}
         sources["mem_bw_by_rows.*"] = (
-            f"measured by python -m harness.calibrate on {date}: x @ W.t() of each count of rows on "
-            f"{measured.get('gemv_bytes', 0) / 2**20:.0f} MiB"
+            f"measured by python -m harness.calibrate on {date}: weight bytes/s of x @ W.t() with x of that many "
+            f"rows on {measured.get('gemv_bytes', 0) / 2**20:.0f} MiB; the LBS simulator reads a launch's weights "
+            f"at its beams' rate (interpolated in seconds per byte; outside the rows, the first or last rate), "
+            f"mem_bw then only for KV and sampling"
         )
     prof["sources"] = sources
     # measured ceilings are achieved rates already: discounting them again would count twice
@@ -278,7 +287,10 @@ def main(argv=None) -> int:
         "d2h_bw": "pool copy B/s",
     }
     for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw"):
-        print(f"{k:11s} {m[k] / 1e9:10.2f} G   {labels[k]:16s} (datasheet {base.get(k, 0) / 1e9:.2f})")
+        where = (
+            f", {m['gemv_per_window']} per timed window on {m['gemv_bytes'] / 2**20:.0f} MiB" if k == "mem_bw" else ""
+        )
+        print(f"{k:11s} {m[k] / 1e9:10.2f} G   {labels[k]:16s} (datasheet {base.get(k, 0) / 1e9:.2f}{where})")
     print(
         f"{'stream_bw':11s} {m['stream_bw'] / 1e9:10.2f} G   streaming read B/s (recorded, not used: decode "
         f"matmuls see mem_bw)"
@@ -287,10 +299,7 @@ def main(argv=None) -> int:
         rows = "  ".join(f"{r}: {v / 1e9:.1f}" for r, v in m["mem_bw_by_rows"].items())
         print(f"{'mem_bw_by_rows':18s} {rows} (rows: GB/s of x @ W.t())")
     print(f"{'launch_overhead_s':18s} {m['launch_overhead_s'] * 1e6:10.1f} us per decoder layer")
-    print(
-        f"{'kernel_launch_s':18s} {m['kernel_launch_s'] * 1e6:10.1f} us per kernel launch (decode GEMVs: "
-        f"{m['gemv_per_window']} per timed window on {m['gemv_bytes'] / 2**20:.0f} MiB)"
-    )
+    print(f"{'kernel_launch_s':18s} {m['kernel_launch_s'] * 1e6:10.1f} us per kernel launch")
     print(f"wrote {out}")
     return 0
 

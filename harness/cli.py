@@ -224,6 +224,79 @@ def check_key_of_options(key: str, args: List[str], conf_dir) -> None:
         )
 
 
+def _option_keys(conf_dir: Path, group: str, option: str, _seen: tuple = ()) -> Optional[Dict]:
+    """The keys one option of ``group`` sets itself (its yaml, and the options of the same group its
+    defaults list, recursively; not the schemas' empty mappings), an empty mapping as {}; None when
+    it cannot be read."""
+    from omegaconf import DictConfig, OmegaConf
+
+    def keys(node) -> Dict:
+        if not isinstance(node, DictConfig):
+            return {}
+        return {str(k): keys(node._get_node(k)) if OmegaConf.is_dict(node._get_node(k)) else {} for k in node.keys()}
+
+    def union(a: Dict, b: Dict) -> Dict:
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = union(out.get(k, {}), v)
+        return out
+
+    try:
+        y = OmegaConf.load(conf_dir / group / f"{option}.yaml")
+    except Exception:
+        return None
+    tree: Dict = {}
+    for d in y.pop("defaults") if "defaults" in y else []:
+        if isinstance(d, str) and not d.startswith("_") and d not in _seen:
+            inherited = _option_keys(conf_dir, group, d, (*_seen, option))
+            if inherited is None:
+                return None
+            tree = union(tree, inherited)
+    return union(tree, keys(y))
+
+
+def check_mapping_key(key: str, value: str, args: List[str], conf_dir) -> None:
+    """A key into an open mapping of its group (``hardware.mem_bw_by_rows.4``, ``hardware.power.x``)
+    that the selected option does not hold was Hydra's "Could not override ... Key '4' is not in
+    struct" with exit 1: raises ConfigError saying to add it with ``+``. The option is the one on the
+    command line, else ``conf/config.yaml``'s default; with an experiment or a sweep of the group,
+    Hydra decides."""
+    import yaml
+
+    group, *path = key.split(".")
+    if group not in CONFIG_GROUPS or not path or any(a.split("=", 1)[0] in ("experiment", "+experiment") for a in args):
+        return
+    conf_dir = Path(conf_dir)
+    tree: Optional[Dict] = _group_tree(conf_dir, group)
+    depth = 0
+    while tree is not None and depth < len(path) and path[depth] in tree:
+        tree, depth = tree[path[depth]], depth + 1
+    if tree is not None or depth >= len(path):  # not a key inside an open mapping
+        return
+    chosen = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == group]
+    if chosen:
+        option = chosen[-1]
+    else:
+        defaults = yaml.safe_load((conf_dir / "config.yaml").read_text()).get("defaults") or []
+        option = next((d[group] for d in defaults if isinstance(d, dict) and group in d), None)
+    if not option or any(c in str(option) for c in ",()[]{}*$"):
+        return
+    node = _option_keys(conf_dir, group, str(option))
+    if node is None:  # an option that cannot be read: Hydra's to report
+        return
+    for p in path[:depth]:  # down to the mapping, as this option sets it ({} where it sets nothing)
+        node = node.get(p, {})
+    held = sorted(node)
+    for p in path[depth:]:
+        if p not in node:
+            mapping = ".".join([group, *path[:depth]])
+            raise ConfigError(
+                f"{key!r}: {group}={option} has no {key} to override ({mapping} holds "
+                f"{', '.join(held) if held else 'nothing'}); add it with +{key}={value}"
+            )
+        node = node[p]
+
+
 def check_value_type(key: str, value: str, whole: bool = False) -> None:
     """Raise ConfigError when ``value`` (each value of an ``a,b`` sweep; ``whole``: the value as one,
     a list literal ``[1,2]``) converts to the type of the field ``key`` in none of its group's schemas
@@ -472,6 +545,7 @@ def preflight(args: List[str], conf_dir) -> None:
         check_key(key, conf_dir, cache)
         check_key_of_options(key, args, conf_dir)
         value = a.split("=", 1)[1]
+        check_mapping_key(key, value, args, conf_dir)
         if key.split(".")[0] in CONFIG_GROUPS:
             if value.startswith("[") and value.endswith("]"):  # a list literal: whole, not a sweep
                 check_value_type(key, value, whole=True)
@@ -533,7 +607,8 @@ def tool_args(argv: List[str], doc: str, allowed: Optional[Iterable[str]] = None
             raise SystemExit(2)
         if allowed is not None and key not in allowed:
             print(
-                f"error: {key}={value!r} is not allowed: one of {', '.join(sorted(allowed))} (--help describes them)",
+                f"error: {key!r} is not an option of this tool{_nearest(key, allowed)} (its options: "
+                f"{', '.join(sorted(allowed))}; --help shows its usage)",
                 file=sys.stderr,
             )
             raise SystemExit(2)

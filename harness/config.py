@@ -39,7 +39,8 @@ class HardwareConfig:
     mem_bw: float = MISSING  # device memory bandwidth (B/s)
     # weight bytes/s of a decode matmul by its rows (beams of one launch), measured by harness.calibrate
     # (achieved rates: mem_efficiency does not discount them); empty = mem_bw at every batch (the LBS
-    # family's cost model, systems/kv_offload/sim.py); on the command line: +hardware.mem_bw_by_rows.4=1e10
+    # family's cost model, systems/kv_offload/sim.py); on the command line: hardware.mem_bw_by_rows.4=1e10
+    # (a row the profile has) or +hardware.mem_bw_by_rows.4=1e10 (a new one)
     mem_bw_by_rows: Dict[Any, float] = field(default_factory=dict)  # rows: an int, or its digits as text
     h2d_bw: float = MISSING  # effective host->device copy bandwidth, pinned (B/s)
     d2h_bw: float = MISSING  # effective device->host copy bandwidth, pinned (B/s)
@@ -420,10 +421,14 @@ def check_hardware(hw) -> None:
     if hw.get("power"):
         check_numbers("hardware.power", hw.power, POWER_NUMBERS)
     low, high, why = PLAUSIBLE["mem_bw"]
-    for rows, v in (hw.get("mem_bw_by_rows") or {}).items():  # a record's JSON holds the keys as text
+    seen = set()
+    for rows, v in (hw.get("mem_bw_by_rows") or {}).items():  # keys: ints, or their digits as text
         if isinstance(rows, bool) or not str(rows).isdigit() or int(rows) < 1:
             raise bad("hardware.mem_bw_by_rows", rows, "a count of rows (an integer >= 1) as each key")
-        check_number(f"hardware.mem_bw_by_rows.{rows}", v, "a bandwidth in bytes/s", "> 0")
+        if int(rows) in seen:
+            raise bad("hardware.mem_bw_by_rows", rows, f"each count of rows once (row {int(rows)} is given twice)")
+        seen.add(int(rows))
+        check_number(f"hardware.mem_bw_by_rows.{rows}", v, f"a bandwidth in bytes/s from {low:g} to {high:g}", "> 0")
         if not low <= v <= high:
             raise bad(f"hardware.mem_bw_by_rows.{rows}", v, f"a bandwidth in bytes/s from {low:g} to {high:g} ({why})")
     clocks = [(k, hw.get(k)) for k in ("clock_min_mhz", "clock_default_mhz", "clock_max_mhz") if hw.get(k)]

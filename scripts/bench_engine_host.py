@@ -142,9 +142,9 @@ def transformers_eager(built, beams: int, tokens: int, count: bool, sample: bool
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--beams", type=int, default=64)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--beams", type=int, default=64, help="beams decoded together (default 64)")
+    ap.add_argument("--tokens", type=int, default=32, help="decode tokens per timed round (default 32)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds after a warm-up; the best counts (default 5)")
     a = ap.parse_args(argv)
     bad = [f"--{k} {v}: at least 1" for k, v in vars(a).items() if v < 1]
     if bad:

@@ -293,6 +293,15 @@ def test_memoised_composition_falls_back_for_additions():
             "system=beam, beam_dvfs_only, beam_s1, beam_s2, vanilla, window_dvfs",
         ),
         (["-m", "system=beam,lbs", "system.window_s=3"], "'system.window_s' is not a field of system=lbs;"),
+        # a key inside an open mapping the option does not hold, without '+' (was Hydra's "Could not
+        # override ... not in struct", exit 1); mutation caught: check_mapping_key not called
+        (
+            ["hardware.mem_bw_by_rows.4=1e10"],
+            "'hardware.mem_bw_by_rows.4': hardware=rtx4090 has no hardware.mem_bw_by_rows.4 to override "
+            "(hardware.mem_bw_by_rows holds nothing); add it with +hardware.mem_bw_by_rows.4=1e10",
+        ),
+        (["hardware.power.nope=5"], "(hardware.power holds act_a_w, act_alpha, act_b_w, blocking_w, limit_w,"),
+        (["+hardware.mem_bw_by_rows.4=-5"], "hardware.mem_bw_by_rows.4=-5.0 is not allowed: a bandwidth in bytes/s"),
     ],
 )
 def test_bad_input_stops_single_runs_and_sweeps_before_work(tmp_path, args, message):

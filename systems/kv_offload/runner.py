@@ -56,7 +56,10 @@ def validate(cfg) -> None:
         raise bad("workload.beam_width", w.beam_width, "an integer >= 1")
     if w.beams < 1 or w.beams % w.beam_width:
         raise bad(
-            "beams", w.beams, f"a positive multiple of beam_width={w.beam_width} (beams = beam size x beam width)"
+            "beams",
+            w.beams,
+            f"a positive multiple of beam_width={w.beam_width} (beams = beam size x beam width; the width is "
+            f"workload.beam_width)",
         )
     if w.beams > MAX_BEAMS:  # per-beam state is built before any memory model could refuse it
         raise bad("beams", w.beams, f"at most {MAX_BEAMS:,} (the papers' searches use up to 256)")
@@ -518,5 +521,12 @@ class StepwiseSearch:
             message = "; ".join(m for m in (message, note) if m)
         if self.real:  # the real engine's best path (token ids) for inspection
             extra["best_tokens"] = best.tokens
+        elif cfg.hardware.get("mem_bw_by_rows"):  # a rows table replaces mem_bw for weight reads
+            rows = sorted(int(r) for r in cfg.hardware.mem_bw_by_rows)
+            note = (
+                f"simulated weight reads at hardware.mem_bw_by_rows (rows {', '.join(map(str, rows))}, "
+                f"interpolated; below and above them the first and last rows' rates), not mem_bw"
+            )
+            message = "; ".join(m for m in (message, note) if m)
         display = display_rows(summary, sysc)
         return RunResult(status=status, message=message, summary=summary, display=display, tables=tables, extra=extra)

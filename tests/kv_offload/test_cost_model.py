@@ -131,7 +131,8 @@ def test_a_rows_table_can_be_given_on_the_command_line(compose_cfg):
     [
         ({0: 1e9}, "a count of rows (an integer >= 1)"),
         ({"x": 1e9}, "a count of rows (an integer >= 1)"),
-        ({4: -1.0}, "a bandwidth in bytes/s > 0"),
+        ({4: -1.0}, "a bandwidth in bytes/s from 1e+08 to 1e+14 > 0"),
+        ({4: 1e9, "4": 2e9}, "row 4 is given twice"),
         ({4: 1e20}, "a bandwidth in bytes/s from"),
     ],
 )
@@ -139,3 +140,52 @@ def test_a_bad_rows_table_is_refused_naming_it(table, message):
     with pytest.raises(ConfigError, match="mem_bw_by_rows") as e:
         check_hardware(OmegaConf.create({**OmegaConf.to_container(hardware()), "mem_bw_by_rows": table}))
     assert message in str(e.value)
+
+
+def test_a_row_the_profile_holds_is_overridden_without_plus_a_new_one_needs_it(tmp_path):
+    """The pre-flight check of a key inside an open mapping (harness.cli.check_mapping_key), on a
+    profile holding a table with text keys as harness.calibrate writes them: its row 4 may be
+    overridden plainly; row 3 needs '+' (else Hydra's "not in struct", exit 1)."""
+    import shutil
+    from pathlib import Path
+
+    from harness.cli import check_mapping_key
+
+    root = Path(__file__).resolve().parents[2]
+    conf = tmp_path / "conf"
+    shutil.copytree(root / "conf", conf)
+    prof = OmegaConf.load(root / "conf/hardware/cpu.yaml")
+    prof.mem_bw_by_rows = {"1": 8e9, "4": 4e9}
+    OmegaConf.save(prof, conf / "hardware/t-rows.yaml")
+    check_mapping_key("hardware.mem_bw_by_rows.4", "2e9", ["hardware=t-rows"], conf)
+    with pytest.raises(ConfigError, match=r"holds 1, 4\); add it with \+hardware.mem_bw_by_rows.3=2e9"):
+        check_mapping_key("hardware.mem_bw_by_rows.3", "2e9", ["hardware=t-rows"], conf)
+    check_mapping_key("hardware.mem_bw_by_rows.3", "2e9", ["experiment=lbs_fig9"], conf)  # Hydra decides
+
+
+def test_a_simulated_run_says_a_rows_table_is_in_force(tmp_path):
+    """A one-row table changes every launch's weight reads: the status line says so."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "system=lbs",
+            "model=opt-6.7b",
+            "beams=64",
+            "+hardware.mem_bw_by_rows.4=4e11",
+            "+hardware.mem_bw_by_rows.1=8e11",
+            "tracking=none",
+            f"results_dir={tmp_path}",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert "simulated weight reads at hardware.mem_bw_by_rows (rows 1, 4, interpolated" in out.stdout + out.stderr

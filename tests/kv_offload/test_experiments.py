@@ -157,7 +157,8 @@ def test_calibration_writes_a_dated_measured_profile(tmp_path):
     assert prof["h2d_bw"] == pytest.approx(m["h2d_bw"]) and prof["datasheet"]["h2d_bw"] == base["h2d_bw"]
     assert "measured by python -m harness.calibrate" in prof["sources"]["peak_flops"]
     rows = prof["mem_bw_by_rows"]  # x @ W.t() of 1 to 64 rows, integer keys
-    assert sorted(rows) == [1, 2, 4, 8, 16, 32, 64] and all(v > 1e6 for v in rows.values())
+    assert sorted(int(r) for r in rows) == [1, 2, 4, 8, 16, 32, 64] and all(v > 1e6 for v in rows.values())
+    assert all(isinstance(r, str) for r in rows)  # text keys: what a command-line override names
     assert "mem_bw_by_rows.*" in prof["sources"]
     prof.pop("defaults")
     check_hardware(OmegaConf.merge(OmegaConf.structured(HardwareConfig), prof))  # passes the schema and the checks
