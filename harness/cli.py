@@ -255,7 +255,7 @@ def _option_keys(conf_dir: Path, group: str, option: str, _seen: tuple = ()) -> 
     return union(tree, keys(y))
 
 
-def check_mapping_key(key: str, value: str, args: List[str], conf_dir) -> None:
+def check_mapping_key(key: str, value: str, args: List[str], conf_dir, _cache: Optional[dict] = None) -> None:
     """A key into an open mapping of its group (``hardware.mem_bw_by_rows.4``, ``hardware.power.x``)
     that the selected option does not hold was Hydra's "Could not override ... Key '4' is not in
     struct" with exit 1: raises ConfigError saying to add it with ``+``. The option is the one on the
@@ -267,7 +267,8 @@ def check_mapping_key(key: str, value: str, args: List[str], conf_dir) -> None:
     if group not in CONFIG_GROUPS or not path or any(a.split("=", 1)[0] in ("experiment", "+experiment") for a in args):
         return
     conf_dir = Path(conf_dir)
-    tree: Optional[Dict] = _group_tree(conf_dir, group)
+    cache = _cache if _cache is not None else {}
+    tree: Optional[Dict] = cache.get(group) or cache.setdefault(group, _group_tree(conf_dir, group))  # check_key's
     depth = 0
     while tree is not None and depth < len(path) and path[depth] in tree:
         tree, depth = tree[path[depth]], depth + 1
@@ -545,7 +546,7 @@ def preflight(args: List[str], conf_dir) -> None:
         check_key(key, conf_dir, cache)
         check_key_of_options(key, args, conf_dir)
         value = a.split("=", 1)[1]
-        check_mapping_key(key, value, args, conf_dir)
+        check_mapping_key(key, value, args, conf_dir, cache)
         if key.split(".")[0] in CONFIG_GROUPS:
             if value.startswith("[") and value.endswith("]"):  # a list literal: whole, not a sweep
                 check_value_type(key, value, whole=True)
