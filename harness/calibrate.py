@@ -62,17 +62,27 @@ def _timeit(fn, sync, repeats=5, warmup=2, per_window=1, clock=time.perf_counter
 GEMV_BYTES = 512 << 20  # decode-bandwidth weight matrix: beyond any cache
 
 
-def gemv_bandwidth(device: str, dtype, nbytes: int, per_window: int, sync) -> float:
-    """Bytes/s of a decode-shaped matmul (4 rows x a square weight matrix of ``nbytes``), timed over
-    windows of ``per_window`` matmuls: the memory ceiling of the roofline."""
+def _weight_read_bw(device: str, dtype, nbytes: int, per_window: int, sync, rows, transposed: bool) -> dict:
+    """``{r: bytes/s}``: the weight bytes per second of a matmul of ``r`` rows (each of ``rows``) against
+    one square weight of ``nbytes`` (``x @ W``, or ``x @ W.t()`` when ``transposed``), timed over
+    windows of ``per_window`` matmuls."""
     import torch
 
     k = int((nbytes / torch.empty((), dtype=dtype).element_size()) ** 0.5)
     w = torch.randn(k, k, device=device, dtype=dtype)
-    v = torch.randn(4, k, device=device, dtype=dtype)
-    return (
-        w.numel() * w.element_size() / _timeit(lambda: v @ w, sync, per_window=per_window, clock=time_basis(device)[0])
-    )
+    wt = w.t() if transposed else w
+    clock = time_basis(device)[0]
+    out = {}
+    for r in rows:
+        x = torch.randn(r, k, device=device, dtype=dtype)
+        out[r] = w.numel() * w.element_size() / _timeit(lambda: x @ wt, sync, per_window=per_window, clock=clock)
+    return out
+
+
+def gemv_bandwidth(device: str, dtype, nbytes: int, per_window: int, sync) -> float:
+    """Bytes/s of a decode-shaped matmul (4 rows x a square weight matrix of ``nbytes``), timed over
+    windows of ``per_window`` matmuls: the memory ceiling of the roofline."""
+    return _weight_read_bw(device, dtype, nbytes, per_window, sync, (4,), transposed=False)[4]
 
 
 DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64)  # the batch rows (beams of one launch) of mem_bw_by_rows
@@ -85,16 +95,7 @@ def decode_bandwidth_by_rows(device: str, dtype, nbytes: int, per_window: int, s
     roofline's memory ceiling nor its GEMM peak: on a CPU, a BLAS streams the weight once per small
     block of rows (one thread, 63 MiB, 2026-12-05: 28 GB/s at 1-2 rows, 14 at 4, 9 at 8); the
     simulator interpolates this table (``hardware.mem_bw_by_rows``; ``systems.kv_offload.sim``)."""
-    import torch
-
-    k = int((nbytes / torch.empty((), dtype=dtype).element_size()) ** 0.5)
-    w = torch.randn(k, k, device=device, dtype=dtype)
-    clock = time_basis(device)[0]
-    out = {}
-    for r in rows:
-        x = torch.randn(r, k, device=device, dtype=dtype)
-        out[r] = w.numel() * w.element_size() / _timeit(lambda: x @ w.t(), sync, per_window=per_window, clock=clock)
-    return out
+    return _weight_read_bw(device, dtype, nbytes, per_window, sync, rows, transposed=True)
 
 
 def _busy(device: str, dtype, seconds: float = 1.0) -> None:

@@ -224,10 +224,9 @@ def check_key_of_options(key: str, args: List[str], conf_dir) -> None:
         )
 
 
-def _option_keys(conf_dir: Path, group: str, option: str, _seen: tuple = ()) -> Optional[Dict]:
-    """The keys one option of ``group`` sets itself (its yaml, and the options of the same group its
-    defaults list, recursively; not the schemas' empty mappings), an empty mapping as {}; None when
-    it cannot be read."""
+def _option_keys(conf_dir: Path, group: str, option: str) -> Optional[Dict]:
+    """The keys one option of ``group`` sets in its own yaml (an empty mapping as {}, not the schemas'
+    open ones); None when it cannot be read or extends another option (its defaults name one)."""
     from omegaconf import DictConfig, OmegaConf
 
     def keys(node) -> Dict:
@@ -235,24 +234,14 @@ def _option_keys(conf_dir: Path, group: str, option: str, _seen: tuple = ()) -> 
             return {}
         return {str(k): keys(node._get_node(k)) if OmegaConf.is_dict(node._get_node(k)) else {} for k in node.keys()}
 
-    def union(a: Dict, b: Dict) -> Dict:
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = union(out.get(k, {}), v)
-        return out
-
     try:
         y = OmegaConf.load(conf_dir / group / f"{option}.yaml")
     except Exception:
         return None
-    tree: Dict = {}
-    for d in y.pop("defaults") if "defaults" in y else []:
-        if isinstance(d, str) and not d.startswith("_") and d not in _seen:
-            inherited = _option_keys(conf_dir, group, d, (*_seen, option))
-            if inherited is None:
-                return None
-            tree = union(tree, inherited)
-    return union(tree, keys(y))
+    defaults = y.pop("defaults") if "defaults" in y else []
+    if any(isinstance(d, str) and not d.startswith("_") for d in defaults):
+        return None
+    return keys(y)
 
 
 def check_mapping_key(key: str, value: str, args: List[str], conf_dir, _cache: Optional[dict] = None) -> None:
@@ -283,7 +272,7 @@ def check_mapping_key(key: str, value: str, args: List[str], conf_dir, _cache: O
     if not option or any(c in str(option) for c in ",()[]{}*$"):
         return
     node = _option_keys(conf_dir, group, str(option))
-    if node is None:  # an option that cannot be read: Hydra's to report
+    if node is None:  # an option that cannot be read or extends another: Hydra's to report
         return
     for p in path[:depth]:  # down to the mapping, as this option sets it ({} where it sets nothing)
         node = node.get(p, {})

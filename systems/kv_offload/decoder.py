@@ -142,11 +142,11 @@ class LeanDecoder:
         self.model, self.kind = model, model.config.model_type
         self.base = model.model.decoder if self.kind == "opt" else model.model
         self.layers = list(self.base.layers)
-        self.qkv = [_fuse_qkv(layer.self_attn) for layer in self.layers]
-        self.qkv_t = [w.t() for w, _, _ in self.qkv]  # transposed views, made once (no copies)
+        fused = [_fuse_qkv(layer.self_attn) for layer in self.layers]
+        self.qkv = [(w.t(), b) for w, b, _ in fused]  # (transposed weight view, bias), for _dense
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
-        self.qkv_heads = [size // self.head_dim for size in self.qkv[0][2]]  # (query, key, value) heads
+        self.qkv_heads = [size // self.head_dim for size in fused[0][2]]  # (query, key, value) heads
         # OPT scales the query before attention (q * scaling), LLaMA scales the scores
         self.scale = 1.0 if self.kind == "opt" else attn.scaling
         self.lm_head_t = model.lm_head.weight.t()
@@ -196,7 +196,7 @@ class LeanDecoder:
         for LLaMA) from the residual stream ``h``."""
         layer, B, D = self.layers[i], h.shape[0], self.head_dim
         x = _layer_norm(layer.self_attn_layer_norm, h) if self.kind == "opt" else layer.input_layernorm.forward(h)
-        q, k, v = _dense(x, self.qkv_t[i], self.qkv[i][1]).view(B, -1, 1, D).split(self.qkv_heads, dim=1)
+        q, k, v = _dense(x, *self.qkv[i]).view(B, -1, 1, D).split(self.qkv_heads, dim=1)
         if self.kind == "opt":
             return q * layer.self_attn.scaling, k, v
         q, k = self.rotate(q, k, *pos)

@@ -17,6 +17,17 @@ from systems.energy_serving.vllm_engine import cpu_rank_bind, real_parallelism, 
 
 from .test_vllm_real import SMALL  # the small real serving job, defined once
 
+# BEAM on the small job: profiling tiles and SLOs small enough for a tiny model on a CPU
+BEAM_SMALL = (
+    *SMALL[1:],
+    "system=beam",
+    "system.profile_tile=32",
+    "system.profile_small_max=64",
+    "workload.slo_ttft_s=5",
+    "workload.slo_tbt_s=0.5",
+    "kv_budget=24MiB",
+)
+
 CPU = Backend("vllm", "cpu", False, "this CPU")
 CUDA = Backend("vllm", "cuda", False, "faked")
 
@@ -184,14 +195,8 @@ def test_tp2_serves_on_vllm_cpu_and_the_record_says_so(compose_cfg, tmp_path, mo
     out = tmp_path / "tp2"
     rec = run(
         compose_cfg(
-            *SMALL[1:],
-            "system=beam",
+            *BEAM_SMALL,
             "tp=2",
-            "system.profile_tile=32",
-            "system.profile_small_max=64",
-            "workload.slo_ttft_s=5",
-            "workload.slo_tbt_s=0.5",
-            "kv_budget=24MiB",
             output_dir=out,
         )
     )
@@ -283,17 +288,11 @@ def test_pp2_beam_serves_on_vllm_cpu_with_s2s_microbatches(compose_cfg, tmp_path
     out = tmp_path / "pp2"
     rec = run(
         compose_cfg(
-            *SMALL[1:],
-            "system=beam",
+            *BEAM_SMALL,
             "pp=2",
             "rate=8",
             "workload.output_len=16",
             "system.microbatch_candidates=[3]",
-            "system.profile_tile=32",
-            "system.profile_small_max=64",
-            "workload.slo_ttft_s=5",
-            "workload.slo_tbt_s=0.5",
-            "kv_budget=24MiB",
             output_dir=out,
         )
     )

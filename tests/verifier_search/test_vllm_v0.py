@@ -15,18 +15,9 @@ from systems.verifier_search.speculation import SpeculationPolicy
 from systems.verifier_search.vllm_engine import TokenMap
 
 from .test_artifact import SIM
+from .test_speculation import TINY  # the tiny generator's shape, defined once
 
 EOS, DELIM = 151643, 271
-TINY = ModelShape(
-    num_params=4e7,
-    num_layers=4,
-    hidden_size=256,
-    kv_bytes_per_token=2048,
-    weight_bytes=1.6e8,
-    vocab_size=151936,
-    head_params=3.9e7,
-    dtype_bytes=4,
-)
 OFF = SpeculationPolicy(False)
 
 
