@@ -311,3 +311,38 @@ def test_the_fidelity_tool_calibrates_at_its_models_weight_bytes():
 
     assert model_weight_bytes([]) == 66_215_936
     assert model_weight_bytes(["model.vocab_size=1000", "beams=8"]) < 66_215_936 / 4
+
+
+def test_the_rows_table_times_the_engines_layout_and_a_profile_is_named_after_its_file(monkeypatch, tmp_path):
+    """mem_bw_by_rows times ``x @ W.t()`` (F.linear's layout, the engine's projections and LM head:
+    a transposed weight view), mem_bw the plain ``v @ W``; a profile written to ``mine.yaml`` is
+    ``hardware=mine``. (Mutations caught: the table timed on ``x @ W``; the name taken from the base
+    profile.)"""
+    import torch
+
+    from harness import calibrate
+
+    layouts = {}
+
+    def one_call(fn, sync, **kw):  # record the weight operand's layout instead of timing
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Spy(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten.mm.default:
+                    layouts.setdefault("calls", []).append((args[0].shape[0], args[1].is_contiguous()))
+                return func(*args, **(kwargs or {}))
+
+        with Spy():
+            fn()
+        return 1.0
+
+    monkeypatch.setattr(calibrate, "_timeit", one_call)
+    calibrate.gemv_bandwidth("cpu", torch.float32, 1 << 20, 1, lambda: None)
+    assert layouts.pop("calls") == [(4, True)]  # v @ W: the weight as stored
+    rows = calibrate.decode_bandwidth_by_rows("cpu", torch.float32, 1 << 20, 1, lambda: None, rows=(1, 8))
+    assert sorted(rows) == [1, 8] and layouts["calls"] == [(1, False), (8, False)]  # x @ W.t(): a transposed view
+    base = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/hardware/cpu.yaml"))
+    m = {k: 1e9 for k in ("peak_flops", "mem_bw", "h2d_bw", "d2h_bw")} | {"launch_overhead_s": 1e-4}
+    out = calibrate.write_profile(base, m, tmp_path / "mine.yaml")
+    assert OmegaConf.load(out).name == "mine"

@@ -422,3 +422,20 @@ def test_host_work_benchmark_prints_its_ratios():
         [sys.executable, str(root / "scripts/bench_engine_host.py"), "--beams", "0"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "--beams 0: at least 1" in bad.stderr
+
+
+def test_the_stores_buffers_are_never_inference_tensors():
+    """The engine's decode runs in inference mode; a buffer the store allocates there (an LBS prefetch
+    slot, a layer-wise staging buffer, a host segment or layer) outlives it and is written later outside
+    it, which an inference tensor refuses. (Mutation caught: DevicePool.alloc without
+    ``inference_mode(False)``.)"""
+    from systems.kv_offload.kvstore import HostLayers, HostPool
+
+    pool = DevicePool(torch.device("cpu"), budget=None)
+    with torch.inference_mode():
+        buf = pool.alloc((2, 3), torch.float32)
+        seg = HostPool(2, 1, 4, torch.float32).ensure(0, 5)
+        layer = HostLayers(8, 2, 1, 4, torch.float32).layer(0)
+    for t in (buf.tensor, seg, layer):
+        assert not t.is_inference()
+        t.zero_()  # written outside inference mode
